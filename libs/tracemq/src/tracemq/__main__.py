@@ -1,0 +1,3 @@
+from tracemq.cli import main
+
+main()

@@ -1,0 +1,130 @@
+"""Admin client: topic create / update / delete / list on a broker, over the admin topic.
+
+The target broker must be registered (checked in the routing database first, so a typo gives
+:class:`~tracemq.errors.UnknownBrokerError` at once instead of a time-out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from tracemq.errors import AdminError, AdminTimeoutError, UnknownBrokerError
+from tracemq.naming import validate_queue_count, validate_topic
+from tracemq.protocol import admin as proto
+from tracemq.protocol._envelope import ProtocolError
+from tracemq.routing.registry import RegistryReader, connect
+
+
+class AdminClient:
+    """Sends admin requests to brokers and waits for their replies."""
+
+    def __init__(self, control_bootstrap: str, redis_url: str, *, redis_prefix: str = "tmq:",
+                 timeout_s: float = 15.0) -> None:
+        self.control_bootstrap = control_bootstrap
+        self.redis_url = redis_url
+        self.redis_prefix = redis_prefix
+        self.timeout_s = timeout_s
+        self._producer: AIOKafkaProducer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._redis = connect(redis_url)
+        self._reader = RegistryReader(self._redis, redis_prefix)
+        self._tps: list[TopicPartition] = []
+
+    async def __aenter__(self) -> AdminClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        self._producer = AIOKafkaProducer(bootstrap_servers=self.control_bootstrap)
+        await self._producer.start()
+        self._consumer = AIOKafkaConsumer(bootstrap_servers=self.control_bootstrap, group_id=None,
+                                          enable_auto_commit=False)
+        await self._consumer.start()
+        # Brokers create the reply topic with one partition; read every partition it may have.
+        await self._consumer.topics()  # refreshes metadata without auto-creating anything
+        parts = self._consumer.partitions_for_topic(proto.ADMIN_REPLY_TOPIC)
+        if not parts:
+            raise UnknownBrokerError(
+                f"no broker has started on {self.control_bootstrap}: "
+                f"{proto.ADMIN_REPLY_TOPIC!r} does not exist"
+            )
+        self._tps = [TopicPartition(proto.ADMIN_REPLY_TOPIC, p) for p in sorted(parts)]
+        self._consumer.assign(self._tps)
+        await self._consumer.seek_to_end(*self._tps)
+        for tp in self._tps:
+            await self._consumer.position(tp)
+
+    async def close(self) -> None:
+        if self._producer:
+            await self._producer.stop()
+        if self._consumer:
+            await asyncio.wait_for(self._consumer.stop(), 10)
+        await self._redis.aclose()
+
+    async def brokers(self) -> dict[str, dict[str, Any]]:
+        return await self._reader.brokers()
+
+    async def _target(self, broker: str) -> None:
+        known = await self._reader.brokers()
+        if broker not in known:
+            names = ", ".join(sorted(known)) or "none"
+            raise UnknownBrokerError(f"unknown broker {broker!r}; registered brokers: {names}")
+
+    async def request(self, broker: str, op: proto.AdminOp, body: dict[str, Any]) -> dict[str, Any]:
+        """Send one request to ``broker`` and return the reply body; raise on error or time-out."""
+        assert self._producer is not None and self._consumer is not None, "call start() first"
+        await self._target(broker)
+        req = proto.AdminRequest(type=op, request_id=uuid.uuid4().hex, broker=broker,
+                                 ts=int(time.time() * 1000), body=body)
+        await self._producer.send_and_wait(proto.ADMIN_TOPIC, proto.encode(req),
+                                           key=broker.encode())
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
+        while (left := deadline - asyncio.get_running_loop().time()) > 0:
+            batch = await self._consumer.getmany(timeout_ms=int(min(left, 1.0) * 1000))
+            for rec in (r for recs in batch.values() for r in recs):
+                try:
+                    reply = proto.decode_reply(rec.value)
+                except ProtocolError:
+                    continue
+                if reply.request_id != req.request_id:
+                    continue
+                if not reply.ok:
+                    raise AdminError(f"broker {broker!r} refused {op}: {reply.error}")
+                return reply.body
+        raise AdminTimeoutError(f"no reply from broker {broker!r} to {op} within {self.timeout_s}s")
+
+    async def create_topic(self, broker: str, topic: str, *, read_queues: int = 8,
+                           write_queues: int = 8, perm: int = 6) -> dict[str, Any]:
+        validate_topic(topic, allow_system=False)
+        validate_queue_count(read_queues, "read_queues")
+        validate_queue_count(write_queues, "write_queues")
+        return await self.request(broker, "topic.create", {
+            "topic": topic, "read_queues": read_queues, "write_queues": write_queues, "perm": perm})
+
+    async def update_topic(self, broker: str, topic: str, *, read_queues: int | None = None,
+                           write_queues: int | None = None, perm: int | None = None
+                           ) -> dict[str, Any]:
+        validate_topic(topic, allow_system=False)
+        body: dict[str, Any] = {"topic": topic}
+        if read_queues is not None:
+            body["read_queues"] = validate_queue_count(read_queues, "read_queues")
+        if write_queues is not None:
+            body["write_queues"] = validate_queue_count(write_queues, "write_queues")
+        if perm is not None:
+            body["perm"] = perm
+        return await self.request(broker, "topic.update", body)
+
+    async def delete_topic(self, broker: str, topic: str) -> dict[str, Any]:
+        validate_topic(topic, allow_system=False)
+        return await self.request(broker, "topic.delete", {"topic": topic})
+
+    async def list_topics(self, broker: str) -> dict[str, Any]:
+        return await self.request(broker, "topic.list", {})

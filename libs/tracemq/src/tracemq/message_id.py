@@ -1,0 +1,333 @@
+"""RocketMQ message identities: the client-side ``msgId`` and the broker-side ``offsetMsgId``.
+
+msgId (RocketMQ's ``UNIQ_KEY`` property) is 16 bytes written as 32 upper-case hex digits::
+
+    client IPv4 (4) | pid & 0xFFFF (2) | salt (4) | ms since month start, UTC (4) | counter (2)
+
+The first 10 bytes are fixed per generator, so they are rendered to hex once. The time
+field only holds the offset from the start of the current month (a month of milliseconds
+fits in 32 bits), so decoding needs a reference time to know which month is meant.
+
+offsetMsgId is 16 bytes written as 32 upper-case hex digits::
+
+    store host IPv4 (4) | store port (4, big-endian) | physical offset (8, big-endian)
+
+RocketMQ puts a commit-log offset in the last 8 bytes. tracemq has no commit log; it
+stores ``(queue_id << 48) | kafka_offset``, which names the Kafka record the message
+became and keeps the id the same shape RocketMQ tools expect.
+"""
+
+from __future__ import annotations
+
+import calendar
+import functools
+import ipaddress
+import os
+import re
+import secrets
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+__all__ = [
+    "MAX_KAFKA_OFFSET",
+    "MAX_QUEUE_ID",
+    "MessageIdGenerator",
+    "MsgIdInfo",
+    "OffsetMsgIdInfo",
+    "decode_msg_id",
+    "decode_offset_msg_id",
+    "encode_offset_msg_id",
+    "local_ipv4",
+    "new_msg_id",
+]
+
+_HEX32 = re.compile(r"[0-9A-Fa-f]{32}")
+_PORT = re.compile(r"[0-9]{1,5}")
+_DAY_MS = 86_400_000
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_LOOPBACK = "127.0.0.1"
+# TEST-NET-1 (RFC 5737): never routed on the internet, so nothing real is ever addressed.
+_PROBE_ADDRESS = ("192.0.2.1", 9)
+
+MAX_QUEUE_ID = 0xFFFF
+MAX_KAFKA_OFFSET = 2**48 - 1
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _month_bounds(now_ms: int) -> tuple[int, int]:
+    """Start of the UTC month containing ``now_ms`` and start of the next, in epoch ms."""
+    # Timedelta arithmetic rather than fromtimestamp(): it is exact and handles any sign.
+    moment = _EPOCH + timedelta(milliseconds=now_ms)
+    year, month = moment.year, moment.month
+    start = calendar.timegm((year, month, 1, 0, 0, 0)) * 1000
+    next_year, next_month = (year + 1, 1) if month == 12 else (year, month + 1)
+    end = calendar.timegm((next_year, next_month, 1, 0, 0, 0)) * 1000
+    return start, end
+
+
+def _ipv4_bytes(value: str, what: str) -> bytes:
+    try:
+        return ipaddress.IPv4Address(value).packed
+    except ValueError:
+        raise ValueError(f"{what} must be a dotted IPv4 address, got {value!r}") from None
+
+
+def _hex16(value: str, what: str) -> bytes:
+    if not isinstance(value, str) or _HEX32.fullmatch(value) is None:
+        raise ValueError(f"{what} must be 32 hexadecimal characters, got {value!r}")
+    return bytes.fromhex(value)
+
+
+@functools.cache
+def local_ipv4() -> str:
+    """This host's first non-loopback IPv4 address, or ``127.0.0.1`` if none is found.
+
+    Connecting a UDP socket only asks the kernel for a route, so no packet leaves the host
+    and no name lookup is made. Computed once per process.
+    """
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(_PROBE_ADDRESS)
+            address = ipaddress.IPv4Address(probe.getsockname()[0])
+    except (OSError, ValueError):
+        return _LOOPBACK
+    if address.is_loopback or address.is_unspecified:
+        return _LOOPBACK
+    return str(address)
+
+
+# Generators whose identity must be renewed in a forked child; weak so they can still die.
+_GENERATORS: weakref.WeakSet[MessageIdGenerator] = weakref.WeakSet()
+
+
+class MessageIdGenerator:
+    """Thread-safe generator of RocketMQ msgIds (``UNIQ_KEY``).
+
+    Each generator draws its own random salt, so two generators in one process do not
+    collide. In a forked child every generator takes the child's pid and a fresh salt,
+    since otherwise parent and child would issue the same ids.
+
+    Args:
+        ip: IPv4 address to embed; defaults to :func:`local_ipv4`.
+        clock: returns the current epoch time in milliseconds; for tests.
+
+    Raises:
+        ValueError: ``ip`` is not a dotted IPv4 address.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_clock",
+        "_counter",
+        "_ip_bytes",
+        "_last_ms",
+        "_lock",
+        "_month_start",
+        "_next_month_start",
+        "_pid",
+        "_prefix",
+        "_salt",
+    )
+
+    def __init__(self, ip: str | None = None, *, clock: Callable[[], int] | None = None) -> None:
+        self._ip_bytes = _ipv4_bytes(local_ipv4() if ip is None else ip, "ip")
+        self._clock = _now_ms if clock is None else clock
+        # An empty window forces the month to be computed on the first call.
+        self._month_start = 0
+        self._next_month_start = 0
+        self._last_ms = 0
+        self._renew_identity()
+        _GENERATORS.add(self)
+
+    def _renew_identity(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = os.getpid() & 0xFFFF
+        self._salt = secrets.randbits(32)
+        prefix = self._ip_bytes + self._pid.to_bytes(2, "big") + self._salt.to_bytes(4, "big")
+        self._prefix = prefix.hex().upper()
+        self._counter = 0
+
+    @property
+    def ip(self) -> str:
+        """The IPv4 address embedded in every id."""
+        return str(ipaddress.IPv4Address(self._ip_bytes))
+
+    @property
+    def pid(self) -> int:
+        """The process id (low 16 bits) embedded in every id."""
+        return self._pid
+
+    @property
+    def salt(self) -> int:
+        """This generator's random salt."""
+        return self._salt
+
+    def next(self) -> str:
+        """Return a new msgId: 32 upper-case hex characters."""
+        with self._lock:
+            now = self._clock()
+            if not self._month_start <= now < self._next_month_start:
+                self._month_start, self._next_month_start = _month_bounds(now)
+            elif now < self._last_ms:
+                # The wall clock stepped back; reusing earlier stamps could repeat ids.
+                now = self._last_ms
+            self._last_ms = now
+            counter = self._counter
+            self._counter = (counter + 1) & 0xFFFF
+            return f"{self._prefix}{now - self._month_start:08X}{counter:04X}"
+
+
+def _renew_after_fork() -> None:
+    for generator in list(_GENERATORS):
+        generator._renew_identity()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_renew_after_fork)
+
+
+_default_generator: MessageIdGenerator | None = None
+_default_lock = threading.Lock()
+
+
+def new_msg_id() -> str:
+    """Return a new msgId from the process-wide default generator."""
+    global _default_generator
+    generator = _default_generator
+    if generator is None:
+        # Created lazily so importing this module never touches the network stack.
+        with _default_lock:
+            if _default_generator is None:
+                _default_generator = MessageIdGenerator()
+            generator = _default_generator
+    return generator.next()
+
+
+@dataclass(frozen=True, slots=True)
+class MsgIdInfo:
+    """The parts of a decoded msgId.
+
+    Attributes:
+        ip: client IPv4 address.
+        pid: low 16 bits of the client's process id.
+        salt: the generator's random salt.
+        timestamp_ms: creation time in epoch milliseconds, reconstructed from the
+            month-relative offset the id holds.
+        counter: per-generator sequence number (wraps at 65536).
+    """
+
+    ip: str
+    pid: int
+    salt: int
+    timestamp_ms: int
+    counter: int
+
+
+def decode_msg_id(msg_id: str, now_ms: int | None = None) -> MsgIdInfo:
+    """Split a msgId into its parts.
+
+    The id holds milliseconds since the start of a UTC month but not which month. It is
+    taken to be the month containing ``now_ms``, unless that puts the creation time more
+    than a day after ``now_ms``, in which case the id must come from the previous month.
+    The day of slack absorbs clock skew between the id's creator and the decoder.
+
+    Args:
+        msg_id: 32 hex characters, either case.
+        now_ms: reference time in epoch milliseconds; defaults to now.
+
+    Raises:
+        ValueError: ``msg_id`` is not 32 hex characters.
+    """
+    raw = _hex16(msg_id, "msgId")
+    now = _now_ms() if now_ms is None else now_ms
+    offset = int.from_bytes(raw[10:14], "big")
+    month_start, _ = _month_bounds(now)
+    timestamp = month_start + offset
+    if timestamp > now + _DAY_MS:
+        previous_month_start, _ = _month_bounds(month_start - 1)
+        timestamp = previous_month_start + offset
+    return MsgIdInfo(
+        ip=str(ipaddress.IPv4Address(raw[0:4])),
+        pid=int.from_bytes(raw[4:6], "big"),
+        salt=int.from_bytes(raw[6:10], "big"),
+        timestamp_ms=timestamp,
+        counter=int.from_bytes(raw[14:16], "big"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetMsgIdInfo:
+    """The parts of a decoded offsetMsgId.
+
+    Attributes:
+        store_host: ``ip:port`` of the broker that stored the message.
+        queue_id: queue (Kafka partition) the message is in.
+        kafka_offset: offset of the message's Kafka record in that partition.
+    """
+
+    store_host: str
+    queue_id: int
+    kafka_offset: int
+
+
+def _parse_store_host(store_host: str) -> tuple[bytes, int]:
+    host, colon, port = store_host.rpartition(":")
+    if not colon or _PORT.fullmatch(port) is None or int(port) > 0xFFFF:
+        raise ValueError(
+            f"store host must be 'a.b.c.d:port' with a port in 0..65535, got {store_host!r}"
+        )
+    try:
+        ip = ipaddress.IPv4Address(host).packed
+    except ValueError:
+        raise ValueError(
+            f"store host must be a dotted IPv4 address and a port, got {store_host!r}"
+        ) from None
+    return ip, int(port)
+
+
+def encode_offset_msg_id(store_host: str, queue_id: int, kafka_offset: int) -> str:
+    """Build the offsetMsgId of a stored message.
+
+    Args:
+        store_host: ``a.b.c.d:port`` of the broker; host names are not resolved.
+        queue_id: queue id, 0..65535.
+        kafka_offset: Kafka record offset, 0..2**48-1.
+
+    Returns:
+        32 upper-case hex characters.
+
+    Raises:
+        ValueError: an argument is malformed or out of range; the message names it.
+    """
+    ip, port = _parse_store_host(store_host)
+    if not 0 <= queue_id <= MAX_QUEUE_ID:
+        raise ValueError(f"queue_id must be in 0..{MAX_QUEUE_ID}, got {queue_id}")
+    if not 0 <= kafka_offset <= MAX_KAFKA_OFFSET:
+        raise ValueError(f"kafka_offset must be in 0..2**48-1, got {kafka_offset}")
+    physical = (queue_id << 48) | kafka_offset
+    return (ip + port.to_bytes(4, "big") + physical.to_bytes(8, "big")).hex().upper()
+
+
+def decode_offset_msg_id(offset_msg_id: str) -> OffsetMsgIdInfo:
+    """Split an offsetMsgId into store host, queue id and Kafka offset.
+
+    Raises:
+        ValueError: ``offset_msg_id`` is not 32 hex characters.
+    """
+    raw = _hex16(offset_msg_id, "offsetMsgId")
+    ip = ipaddress.IPv4Address(raw[0:4])
+    port = int.from_bytes(raw[4:8], "big")
+    physical = int.from_bytes(raw[8:16], "big")
+    return OffsetMsgIdInfo(
+        store_host=f"{ip}:{port}",
+        queue_id=physical >> 48,
+        kafka_offset=physical & MAX_KAFKA_OFFSET,
+    )

@@ -1,0 +1,90 @@
+"""Read-only views of the routing database (see :mod:`tracemq.routing.keys`)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from tracemq.routing.keys import RedisKeys
+from tracemq.routing.model import QueueRoute, TopicRoute
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def connect(url: str) -> aioredis.Redis:
+    """A Redis client for the routing database (strings in, strings out)."""
+    return aioredis.Redis.from_url(
+        url, decode_responses=True, socket_connect_timeout=2, socket_timeout=5,
+        health_check_interval=15,
+    )
+
+
+class RegistryReader:
+    """Reads brokers, routes and subscriptions; used by clients, the CLI and the collector."""
+
+    def __init__(self, redis: aioredis.Redis, prefix: str = "tmq:") -> None:
+        self.redis = redis
+        self.keys = RedisKeys(prefix)
+
+    async def topic_route(self, topic: str) -> TopicRoute:
+        raw = await self.redis.hgetall(self.keys.route(topic))
+        queues = sorted((QueueRoute.from_json(v) for v in raw.values()), key=lambda q: q.broker)
+        return TopicRoute(topic=topic, queues=tuple(queues), fetched_at_ms=now_ms())
+
+    async def topics(self) -> list[str]:
+        return sorted(_s(t) for t in await self.redis.smembers(self.keys.topics))
+
+    async def brokers(self) -> dict[str, dict[str, Any]]:
+        """Live brokers: name → info dict plus ``last_seen`` and ``topics``."""
+        names = [_s(n) for n in await self.redis.zrange(self.keys.brokers, 0, -1)]
+        out: dict[str, dict[str, Any]] = {}
+        for name in names:
+            h = await self.redis.hgetall(self.keys.broker(name))
+            if not h:
+                continue
+            info = json.loads(h.get("info", "{}"))
+            info["last_seen"] = int(h.get("last_seen", 0))
+            info["topics"] = sorted(
+                _s(t) for t in await self.redis.smembers(self.keys.broker_topics(name))
+            )
+            out[name] = info
+        return out
+
+    async def broker(self, name: str) -> dict[str, Any] | None:
+        return (await self.brokers()).get(name)
+
+    async def subscriptions(self, group: str) -> dict[str, dict[str, Any]]:
+        raw = await self.redis.hgetall(self.keys.subs(group))
+        return {_s(k): json.loads(v) for k, v in raw.items()}
+
+    async def group_clients(self, group: str) -> list[str]:
+        return sorted(_s(c) for c in await self.redis.smembers(self.keys.group_clients(group)))
+
+    async def subscription_history(self) -> list[dict[str, Any]]:
+        """Every (group, topic, expression, model) ever seen, with first and last sighting."""
+        raw = await self.redis.hgetall(self.keys.subhistory)
+        rows = []
+        for k, v in raw.items():
+            group, topic, expression, model = json.loads(k)
+            seen = json.loads(v)
+            rows.append(
+                {
+                    "group": group,
+                    "topic": topic,
+                    "expression": expression,
+                    "message_model": model,
+                    "first_seen": seen["first_seen"],
+                    "last_seen": seen["last_seen"],
+                }
+            )
+        return sorted(rows, key=lambda r: (r["group"], r["topic"], r["first_seen"]))
+
+
+def _s(v: bytes | str) -> str:
+    # The routing client decodes responses; accept bytes too for callers with their own client.
+    return v.decode() if isinstance(v, bytes) else v

@@ -1,0 +1,54 @@
+"""Typed settings read from the environment, shared by every tracemq process.
+
+Every setting is an environment variable ``TRACEMQ_<NAME>``; each service adds its own block
+(see the services' ``settings.py``). :func:`load_settings` turns a validation failure into a
+:class:`~tracemq.errors.ConfigError` naming the variable and the bad value.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from tracemq.errors import ConfigError
+
+ENV_PREFIX = "TRACEMQ_"
+
+
+class CommonSettings(BaseSettings):
+    """Settings every service reads."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Routing database (Redis 6+).")
+    redis_prefix: str = Field("tmq:", description="Prefix of every Redis key tracemq writes.")
+    control_bootstrap: str = Field(
+        "127.0.0.1:9092",
+        description="Kafka bootstrap of the control cluster (nameserver topic, admin topics).",
+    )
+    control_topic: str = Field("tracemq.namesrv", description="Nameserver control topic.")
+    http_host: str = Field("127.0.0.1", description="Bind address of /healthz and /metrics.")
+    http_port: int = Field(8080, ge=0, le=65535, description="Port of /healthz and /metrics.")
+    log_level: str = Field("INFO", description="DEBUG, INFO, WARNING or ERROR.")
+    shutdown_timeout_ms: int = Field(
+        10_000, ge=0, description="How long a graceful stop may take before tasks are cancelled."
+    )
+
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def load_settings(cls: type[S], **overrides: object) -> S:
+    """Build ``cls`` from the environment; raise :class:`ConfigError` naming the variable."""
+    try:
+        return cls(**overrides)
+    except ValidationError as exc:
+        prefix = (cls.model_config.get("env_prefix") or "").upper()
+        problems = []
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"]) or "?"
+            value = err.get("input")
+            problems.append(f"{prefix}{field.upper()}={value!r}: {err['msg']}")
+        raise ConfigError("invalid settings: " + "; ".join(problems)) from None

@@ -1,0 +1,546 @@
+"""Text codec for trace records, byte-compatible with RocketMQ's ``TraceDataEncoder``.
+
+Format
+------
+A trace message body is UTF-8 text made of records. Inside a record every field is followed
+by :data:`CONTENT_SPLITOR` (``U+0001``) except the last one, and every record ends with
+:data:`FIELD_SPLITOR` (``U+0002``). Values are written the way Java string concatenation
+writes them: ``null`` for a missing string, ``true``/``false`` for booleans, decimal for
+integers, the ordinal for a :class:`MessageType` and the name for a
+:class:`TransactionState`.
+
+Field order per record type::
+
+    Pub             Pub timestamp region_id group_name topic msg_id tags keys store_host
+                    body_length cost_time msg_type offset_msg_id success          (14)
+    SubBefore       SubBefore timestamp region_id group_name request_id msg_id
+                    retry_times keys                                               (8)
+    SubAfter        SubAfter request_id msg_id cost_time success keys context_code
+                    timestamp group_name                                           (9)
+    EndTransaction  EndTransaction timestamp region_id group_name topic msg_id tags keys
+                    store_host msg_type transaction_id transaction_state
+                    from_transaction_check                                         (13)
+    Recall          Recall timestamp region_id group_name topic msg_id success     (7)
+
+Pub, EndTransaction and Recall encode only the first bean of a context; SubBefore and
+SubAfter encode one record per bean.
+
+Decoding
+--------
+Decoding follows Java's ``String.split``, which drops trailing empty strings; that is what
+RocketMQ's own decoder and the dashboard see, so the tolerance rules are stated in field
+counts after that removal:
+
+* Pub: 12 fields (oldest clients; ``success`` defaults to true), 13 (``success`` at index
+  12), 14 (``offset_msg_id`` then ``success``), 15 or more (as 14, plus the old
+  ``client_host`` at index 14). Fewer than 12 is malformed.
+* SubBefore: 8 fields; a 9th is the old ``client_host``. Exactly 7 fields is what an
+  encoded record with an empty ``keys`` turns into (the empty last field vanishes), so it
+  decodes with ``keys=None``; fewer than 7 is malformed.
+* SubAfter: 6 fields (no ``context_code``, ``timestamp`` or group); 7 adds
+  ``context_code``; 9 or more adds ``timestamp`` and ``group_name``. Exactly 8 fields is
+  what an encoded record with an empty ``group_name`` turns into, so index 7 is still read
+  as the ``timestamp`` and ``group_name`` is None. Fewer than 6 is malformed.
+* EndTransaction needs 13 fields and Recall 7; fewer is malformed.
+* Fields beyond those listed are ignored, so a newer writer's additions do not break us.
+
+In short, an empty string in the last field of a record does not survive the format and
+decodes as None. The literal text ``null`` decodes as None for every string field.
+
+Booleans follow Java's ``Boolean.parseBoolean``: ``true`` in any case is true and anything
+else is false, never an error. Integers must be plain ASCII decimal (an optional sign, then
+digits) and fit Java's ``int`` or ``long`` as RocketMQ declares the field; anything else,
+an out-of-range ``msg_type`` ordinal or an unknown transaction state makes the record
+malformed. A malformed record, or one whose type is unknown, is reported and skipped; the
+other records of the message still decode, and decoding never raises.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+
+from tracemq.trace._model import (
+    DecodeError,
+    DecodeResult,
+    MalformedRecord,
+    MessageType,
+    TraceBean,
+    TraceContext,
+    TraceTransferBean,
+    TraceType,
+    TransactionState,
+)
+
+__all__ = [
+    "CONTENT_SPLITOR",
+    "FIELD_SPLITOR",
+    "KEY_SEPARATOR",
+    "decode",
+    "decode_report",
+    "encode",
+    "encode_many",
+]
+
+#: Ends every field of a record but the last.
+CONTENT_SPLITOR = "\u0001"
+#: Ends every record.
+FIELD_SPLITOR = "\u0002"
+#: Separates business keys inside ``TraceBean.keys`` (RocketMQ ``MessageConst.KEY_SEPARATOR``).
+KEY_SEPARATOR = " "
+
+_NULL = "null"
+
+_INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
+_LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
+
+# Java's parseInt/parseLong accept only a sign and digits; Python's int() would also take
+# spaces, underscores and non-ASCII digits, which a Java reader would reject.
+_DECIMAL = re.compile(r"[+-]?[0-9]+")
+
+# Long enough to recognise a value in an error message, short enough not to flood a log.
+_MAX_SHOWN = 64
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def _text(name: str, value: str | None) -> str:
+    if value is None:
+        return _NULL
+    if CONTENT_SPLITOR in value or FIELD_SPLITOR in value:
+        # Writing it would shift every later field or split the record in two.
+        raise ValueError(
+            f"trace field {name!r} contains a record separator (U+0001 or U+0002): {value!r}"
+        )
+    return value
+
+
+def _integer(name: str, value: int, low: int, high: int) -> str:
+    if not low <= value <= high:
+        # A Java reader could not parse it back.
+        raise ValueError(f"trace field {name!r} is out of range [{low}, {high}]: {value}")
+    return f"{value:d}"
+
+
+def _java_int(name: str, value: int) -> str:
+    return _integer(name, value, _INT_MIN, _INT_MAX)
+
+
+def _java_long(name: str, value: int) -> str:
+    return _integer(name, value, _LONG_MIN, _LONG_MAX)
+
+
+def _boolean(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _msg_type(trace_type: TraceType, bean: TraceBean) -> str:
+    if bean.msg_type is None:
+        # RocketMQ would throw here too; writing "null" would make the record unreadable.
+        raise ValueError(f"trace field 'msg_type' is required for a {trace_type.value} record")
+    return f"{MessageType(bean.msg_type).value:d}"
+
+
+def _first_bean(ctx: TraceContext) -> TraceBean:
+    if not ctx.trace_beans:
+        raise ValueError(f"a {ctx.trace_type.value} trace context needs at least one trace bean")
+    return ctx.trace_beans[0]
+
+
+def _record(fields: list[str]) -> str:
+    return CONTENT_SPLITOR.join(fields) + FIELD_SPLITOR
+
+
+def _encode_pub(ctx: TraceContext) -> str:
+    bean = _first_bean(ctx)
+    return _record(
+        [
+            TraceType.Pub.value,
+            _java_long("timestamp", ctx.timestamp),
+            _text("region_id", ctx.region_id),
+            _text("group_name", ctx.group_name),
+            _text("topic", bean.topic),
+            _text("msg_id", bean.msg_id),
+            _text("tags", bean.tags),
+            _text("keys", bean.keys),
+            _text("store_host", bean.store_host),
+            _java_int("body_length", bean.body_length),
+            _java_int("cost_time", ctx.cost_time),
+            _msg_type(ctx.trace_type, bean),
+            _text("offset_msg_id", bean.offset_msg_id),
+            _boolean(ctx.success),
+        ]
+    )
+
+
+def _encode_sub_before(ctx: TraceContext) -> str:
+    head = [
+        TraceType.SubBefore.value,
+        _java_long("timestamp", ctx.timestamp),
+        _text("region_id", ctx.region_id),
+        _text("group_name", ctx.group_name),
+        _text("request_id", ctx.request_id),
+    ]
+    return "".join(
+        _record(
+            [
+                *head,
+                _text("msg_id", bean.msg_id),
+                _java_int("retry_times", bean.retry_times),
+                _text("keys", bean.keys),
+            ]
+        )
+        for bean in ctx.trace_beans
+    )
+
+
+def _encode_sub_after(ctx: TraceContext) -> str:
+    request_id = _text("request_id", ctx.request_id)
+    cost_time = _java_int("cost_time", ctx.cost_time)
+    success = _boolean(ctx.success)
+    context_code = _java_int("context_code", ctx.context_code)
+    timestamp = _java_long("timestamp", ctx.timestamp)
+    group_name = _text("group_name", ctx.group_name)
+    return "".join(
+        _record(
+            [
+                TraceType.SubAfter.value,
+                request_id,
+                _text("msg_id", bean.msg_id),
+                cost_time,
+                success,
+                _text("keys", bean.keys),
+                context_code,
+                timestamp,
+                group_name,
+            ]
+        )
+        for bean in ctx.trace_beans
+    )
+
+
+def _encode_end_transaction(ctx: TraceContext) -> str:
+    bean = _first_bean(ctx)
+    state = bean.transaction_state
+    return _record(
+        [
+            TraceType.EndTransaction.value,
+            _java_long("timestamp", ctx.timestamp),
+            _text("region_id", ctx.region_id),
+            _text("group_name", ctx.group_name),
+            _text("topic", bean.topic),
+            _text("msg_id", bean.msg_id),
+            _text("tags", bean.tags),
+            _text("keys", bean.keys),
+            _text("store_host", bean.store_host),
+            _msg_type(ctx.trace_type, bean),
+            _text("transaction_id", bean.transaction_id),
+            _NULL if state is None else TransactionState(state).value,
+            _boolean(bean.from_transaction_check),
+        ]
+    )
+
+
+def _encode_recall(ctx: TraceContext) -> str:
+    bean = _first_bean(ctx)
+    return _record(
+        [
+            TraceType.Recall.value,
+            _java_long("timestamp", ctx.timestamp),
+            _text("region_id", ctx.region_id),
+            _text("group_name", ctx.group_name),
+            _text("topic", bean.topic),
+            _text("msg_id", bean.msg_id),
+            _boolean(ctx.success),
+        ]
+    )
+
+
+_ENCODERS: dict[TraceType, Callable[[TraceContext], str]] = {
+    TraceType.Pub: _encode_pub,
+    TraceType.SubBefore: _encode_sub_before,
+    TraceType.SubAfter: _encode_sub_after,
+    TraceType.EndTransaction: _encode_end_transaction,
+    TraceType.Recall: _encode_recall,
+}
+
+
+def _add_keys(keys: set[str], ctx: TraceContext) -> None:
+    for bean in ctx.trace_beans:
+        if bean.msg_id and bean.msg_id != _NULL:
+            keys.add(bean.msg_id)
+        if bean.keys:
+            keys.update(k for k in bean.keys.split(KEY_SEPARATOR) if k and k != _NULL)
+
+
+def _encode_into(ctx: TraceContext, keys: set[str]) -> str:
+    data = _ENCODERS[TraceType(ctx.trace_type)](ctx)
+    # Keys only after a successful encode, so a rejected context leaves no trace behind.
+    _add_keys(keys, ctx)
+    return data
+
+
+def encode(ctx: TraceContext) -> TraceTransferBean:
+    """Encode one trace context into RocketMQ trace text and its lookup keys.
+
+    Args:
+        ctx: the context to encode.
+
+    Returns:
+        ``data`` holds the records; ``keys`` holds every bean's ``msg_id`` and each of its
+        space-separated business keys (empty and ``null`` entries left out).
+
+    Raises:
+        ValueError: a string field contains U+0001 or U+0002 (it would corrupt the record),
+            an integer does not fit the Java type RocketMQ uses, ``msg_type`` is missing
+            on a Pub or EndTransaction context, or a Pub, EndTransaction or Recall context
+            has no trace bean. The message names the field.
+    """
+    keys: set[str] = set()
+    data = _encode_into(ctx, keys)
+    return TraceTransferBean(data=data, keys=keys)
+
+
+def encode_many(contexts: Iterable[TraceContext]) -> TraceTransferBean:
+    """Encode several contexts into one trace message body.
+
+    The records are concatenated in order and the keys unioned, which is how a trace
+    dispatcher batches contexts into a single trace message.
+
+    Raises:
+        ValueError: as :func:`encode`, for the first context that cannot be encoded.
+    """
+    keys: set[str] = set()
+    data = "".join([_encode_into(ctx, keys) for ctx in contexts])
+    return TraceTransferBean(data=data, keys=keys)
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _java_split(text: str, separator: str) -> list[str]:
+    parts = text.split(separator)
+    while parts and not parts[-1]:
+        parts.pop()
+    return parts
+
+
+def _shown(value: str) -> str:
+    if len(value) > _MAX_SHOWN:
+        value = value[:_MAX_SHOWN] + "..."
+    return repr(value)
+
+
+def _bad_field(name: str, index: int, value: str, problem: str) -> DecodeError:
+    return DecodeError(f"field {name!r} (index {index}): {_shown(value)} {problem}")
+
+
+def _str_at(fields: list[str], index: int) -> str | None:
+    value = fields[index]
+    return None if value == _NULL else value
+
+
+def _optional_str_at(fields: list[str], index: int) -> str | None:
+    return _str_at(fields, index) if index < len(fields) else None
+
+
+def _integer_at(fields: list[str], index: int, name: str, low: int, high: int) -> int:
+    value = fields[index]
+    if _DECIMAL.fullmatch(value) is not None:
+        number = int(value)
+        if low <= number <= high:
+            return number
+    kind = "int" if high == _INT_MAX else "long"
+    raise _bad_field(name, index, value, f"is not a valid Java {kind}")
+
+
+def _int_at(fields: list[str], index: int, name: str) -> int:
+    return _integer_at(fields, index, name, _INT_MIN, _INT_MAX)
+
+
+def _long_at(fields: list[str], index: int, name: str) -> int:
+    return _integer_at(fields, index, name, _LONG_MIN, _LONG_MAX)
+
+
+def _bool_at(fields: list[str], index: int) -> bool:
+    # Boolean.parseBoolean: only "true", ignoring case, is true; nothing is an error.
+    return fields[index].lower() == "true"
+
+
+def _msg_type_at(fields: list[str], index: int) -> MessageType:
+    value = fields[index]
+    if _DECIMAL.fullmatch(value) is not None:
+        ordinal = int(value)
+        if 0 <= ordinal < len(MessageType):
+            return MessageType(ordinal)
+    raise _bad_field(
+        "msg_type", index, value, f"is not a MessageType ordinal (0..{len(MessageType) - 1})"
+    )
+
+
+def _transaction_state_at(fields: list[str], index: int) -> TransactionState | None:
+    value = fields[index]
+    if value == _NULL:
+        return None
+    try:
+        return TransactionState(value)
+    except ValueError:
+        raise _bad_field(
+            "transaction_state", index, value, "is not a known transaction state"
+        ) from None
+
+
+def _need(fields: list[str], minimum: int) -> None:
+    if len(fields) < minimum:
+        raise DecodeError(
+            f"{fields[0]} record has {len(fields)} fields; at least {minimum} are required"
+        )
+
+
+def _decode_pub(f: list[str]) -> TraceContext:
+    _need(f, 12)
+    bean = TraceBean(
+        topic=_str_at(f, 4),
+        msg_id=_str_at(f, 5),
+        tags=_str_at(f, 6),
+        keys=_str_at(f, 7),
+        store_host=_str_at(f, 8),
+        body_length=_int_at(f, 9, "body_length"),
+        msg_type=_msg_type_at(f, 11),
+    )
+    ctx = TraceContext(
+        trace_type=TraceType.Pub,
+        timestamp=_long_at(f, 1, "timestamp"),
+        region_id=_str_at(f, 2),
+        group_name=_str_at(f, 3),
+        cost_time=_int_at(f, 10, "cost_time"),
+        trace_beans=[bean],
+    )
+    if len(f) == 13:
+        ctx.success = _bool_at(f, 12)
+    elif len(f) >= 14:
+        bean.offset_msg_id = _str_at(f, 12)
+        ctx.success = _bool_at(f, 13)
+        bean.client_host = _optional_str_at(f, 14)
+    return ctx
+
+
+def _decode_sub_before(f: list[str]) -> TraceContext:
+    # 7 fields: the encoder wrote an empty keys, which Java's split then dropped.
+    _need(f, 7)
+    bean = TraceBean(
+        msg_id=_str_at(f, 5),
+        retry_times=_int_at(f, 6, "retry_times"),
+        keys=_optional_str_at(f, 7),
+        client_host=_optional_str_at(f, 8),
+    )
+    return TraceContext(
+        trace_type=TraceType.SubBefore,
+        timestamp=_long_at(f, 1, "timestamp"),
+        region_id=_str_at(f, 2),
+        group_name=_str_at(f, 3),
+        request_id=_str_at(f, 4),
+        trace_beans=[bean],
+    )
+
+
+def _decode_sub_after(f: list[str]) -> TraceContext:
+    _need(f, 6)
+    ctx = TraceContext(
+        trace_type=TraceType.SubAfter,
+        request_id=_str_at(f, 1),
+        cost_time=_int_at(f, 3, "cost_time"),
+        success=_bool_at(f, 4),
+        trace_beans=[TraceBean(msg_id=_str_at(f, 2), keys=_str_at(f, 5))],
+    )
+    if len(f) >= 7:
+        ctx.context_code = _int_at(f, 6, "context_code")
+    if len(f) >= 8:
+        # No RocketMQ version wrote 8 fields; 8 means a 9-field record whose empty
+        # group_name was dropped by the split, so index 7 is still the timestamp.
+        ctx.timestamp = _long_at(f, 7, "timestamp")
+        ctx.group_name = _optional_str_at(f, 8)
+    return ctx
+
+
+def _decode_end_transaction(f: list[str]) -> TraceContext:
+    _need(f, 13)
+    bean = TraceBean(
+        topic=_str_at(f, 4),
+        msg_id=_str_at(f, 5),
+        tags=_str_at(f, 6),
+        keys=_str_at(f, 7),
+        store_host=_str_at(f, 8),
+        msg_type=_msg_type_at(f, 9),
+        transaction_id=_str_at(f, 10),
+        transaction_state=_transaction_state_at(f, 11),
+        from_transaction_check=_bool_at(f, 12),
+    )
+    return TraceContext(
+        trace_type=TraceType.EndTransaction,
+        timestamp=_long_at(f, 1, "timestamp"),
+        region_id=_str_at(f, 2),
+        group_name=_str_at(f, 3),
+        trace_beans=[bean],
+    )
+
+
+def _decode_recall(f: list[str]) -> TraceContext:
+    _need(f, 7)
+    return TraceContext(
+        trace_type=TraceType.Recall,
+        timestamp=_long_at(f, 1, "timestamp"),
+        region_id=_str_at(f, 2),
+        group_name=_str_at(f, 3),
+        success=_bool_at(f, 6),
+        trace_beans=[TraceBean(topic=_str_at(f, 4), msg_id=_str_at(f, 5))],
+    )
+
+
+_DECODERS: dict[str, Callable[[list[str]], TraceContext]] = {
+    TraceType.Pub.value: _decode_pub,
+    TraceType.SubBefore.value: _decode_sub_before,
+    TraceType.SubAfter.value: _decode_sub_after,
+    TraceType.EndTransaction.value: _decode_end_transaction,
+    TraceType.Recall.value: _decode_recall,
+}
+
+
+def decode_report(text: str) -> DecodeResult:
+    """Decode a trace message body, reporting the records that could not be decoded.
+
+    See the module docstring for the tolerance rules. Each SubBefore and SubAfter record
+    becomes its own context with one bean, as in RocketMQ's decoder. Records that are
+    empty once trailing empty fields are removed (normally only the text after the last
+    record separator) are skipped without a report.
+
+    Returns:
+        The decoded contexts in record order and one :class:`MalformedRecord` per
+        malformed or unknown-type record; ``index`` counts records from 0 in the message.
+        Never raises for any ``str`` input.
+    """
+    result = DecodeResult()
+    for index, raw in enumerate(_java_split(text, FIELD_SPLITOR)):
+        fields = _java_split(raw, CONTENT_SPLITOR)
+        if not fields:
+            continue
+        decoder = _DECODERS.get(fields[0])
+        if decoder is None:
+            kind = fields[0][:_MAX_SHOWN]
+            result.errors.append(MalformedRecord(index, raw, f"unknown trace type '{kind}'"))
+            continue
+        try:
+            result.contexts.append(decoder(fields))
+        except DecodeError as exc:
+            result.errors.append(MalformedRecord(index, raw, str(exc)))
+    return result
+
+
+def decode(text: str) -> list[TraceContext]:
+    """Decode a trace message body into contexts, silently skipping malformed records.
+
+    Use :func:`decode_report` to learn what was skipped and why. Never raises for any
+    ``str`` input.
+    """
+    return decode_report(text).contexts

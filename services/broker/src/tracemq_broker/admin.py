@@ -1,0 +1,79 @@
+"""Admin requests addressed to this broker: create, update, delete and list topics."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiokafka.admin import AIOKafkaAdminClient
+
+from tracemq.errors import NotSupportedByTransportError, TracemqError
+from tracemq.naming import kafka_topic, validate_queue_count, validate_topic
+from tracemq.protocol.admin import AdminRequest
+from tracemq.protocol.control import PERM_RW, TopicConfig
+from tracemq.transport import delete_topic, ensure_topic
+from tracemq_broker.topic_table import TopicTable
+
+
+class AdminRejected(TracemqError):
+    """The request is invalid; the reply carries this message."""
+
+
+class TopicAdmin:
+    """Executes admin operations on the topic table and the broker's Kafka cluster."""
+
+    def __init__(self, broker_name: str, table: TopicTable, kafka: AIOKafkaAdminClient,
+                 on_change: Callable[[], Awaitable[None]]) -> None:
+        self.broker_name = broker_name
+        self.table = table
+        self.kafka = kafka
+        self.on_change = on_change
+
+    async def handle(self, req: AdminRequest) -> dict[str, Any]:
+        if req.type == "topic.list":
+            return {"topics": {t: c.model_dump() for t, c in sorted(self.table.topics.items())}}
+        topic = req.body.get("topic")
+        try:
+            validate_topic(topic, allow_system=False)
+        except ValueError as exc:
+            raise AdminRejected(str(exc)) from None
+        assert isinstance(topic, str)
+        if req.type == "topic.delete":
+            if not await self.table.remove(topic):
+                raise AdminRejected(f"topic {topic!r} does not exist on broker {self.broker_name!r}")
+            await delete_topic(self.kafka, kafka_topic(self.broker_name, topic))
+            await self.on_change()
+            return {"topic": topic, "deleted": True}
+        exists = topic in self.table.topics
+        if req.type == "topic.update" and not exists:
+            raise AdminRejected(f"topic {topic!r} does not exist on broker {self.broker_name!r}")
+        cfg = self._config(req.body, self.table.topics.get(topic))
+        await self.apply(topic, cfg)
+        return {"topic": topic, "created": not exists, **cfg.model_dump()}
+
+    async def apply(self, topic: str, cfg: TopicConfig) -> None:
+        """Make the Kafka topic match ``cfg`` and record it (also used for system topics)."""
+        try:
+            await ensure_topic(self.kafka, kafka_topic(self.broker_name, topic),
+                               max(cfg.read_queues, cfg.write_queues))
+        except NotSupportedByTransportError as exc:
+            raise AdminRejected(str(exc)) from None
+        except ValueError as exc:
+            raise AdminRejected(str(exc)) from None
+        await self.table.put(topic, cfg)
+        await self.on_change()
+
+    @staticmethod
+    def _config(body: dict[str, Any], current: TopicConfig | None) -> TopicConfig:
+        default_q = 8 if current is None else None
+        read_q = body.get("read_queues", current.read_queues if current else default_q)
+        write_q = body.get("write_queues", current.write_queues if current else default_q)
+        perm = body.get("perm", current.perm if current else PERM_RW)
+        try:
+            validate_queue_count(read_q, "read_queues")
+            validate_queue_count(write_q, "write_queues")
+        except ValueError as exc:
+            raise AdminRejected(str(exc)) from None
+        if isinstance(perm, bool) or not isinstance(perm, int) or not 0 <= perm <= 7:
+            raise AdminRejected(f"perm must be an integer from 0 to 7, got {perm!r}")
+        return TopicConfig(read_queues=read_q, write_queues=write_q, perm=perm)

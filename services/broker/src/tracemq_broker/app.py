@@ -1,0 +1,216 @@
+"""The broker service: topic table, admin requests, registration with the nameserver.
+
+``role=business`` owns business topics; ``role=trace`` additionally creates and hosts the trace
+topic (``RMQ_SYS_TRACE_TOPIC``, one queue by default) on its own Kafka cluster, isolating trace
+I/O from business I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+
+from tracemq.log import get_logger
+from tracemq.protocol import admin as admin_proto
+from tracemq.protocol import control
+from tracemq.protocol._envelope import ProtocolError
+from tracemq.protocol.control import PERM_RW, BrokerInfo, TopicConfig
+from tracemq.transport import ADMIN_TIMEOUT_MS, ensure_topic
+from tracemq_broker import metrics
+from tracemq_broker.admin import AdminRejected, TopicAdmin
+from tracemq_broker.settings import BrokerSettings
+from tracemq_broker.topic_table import TopicTable
+
+log = get_logger("broker")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Broker:
+    """One broker process (business or trace role)."""
+
+    def __init__(self, settings: BrokerSettings) -> None:
+        self.settings = settings
+        self.name = f"broker:{settings.broker_name}"
+        self.table = TopicTable(settings.broker_data_dir / "topics.json")
+        self.kafka_admin: AIOKafkaAdminClient | None = None
+        self.control_admin: AIOKafkaAdminClient | None = None
+        self.producer: AIOKafkaProducer | None = None
+        self.admin_consumer: AIOKafkaConsumer | None = None
+        self.topic_admin: TopicAdmin | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._register_now = asyncio.Event()
+        self.last_registered_ms = 0
+        self.last_error: str | None = None
+
+    @property
+    def info(self) -> BrokerInfo:
+        s = self.settings
+        return BrokerInfo(
+            cluster=s.broker_cluster,
+            broker_name=s.broker_name,
+            address=s.advertised_address,
+            data_bootstrap=s.broker_data_bootstrap,
+            role=s.broker_role,
+            region_id=s.broker_region_id,
+            trace_on=s.broker_trace_on,
+            trace_topic_enable=s.hosts_trace_topic,
+            http_url=f"http://{s.advertised_address}",
+        )
+
+    async def start(self) -> None:
+        s = self.settings
+        self.table.load()
+        self.kafka_admin = AIOKafkaAdminClient(bootstrap_servers=s.broker_data_bootstrap,
+                                               request_timeout_ms=ADMIN_TIMEOUT_MS)
+        await self.kafka_admin.start()
+        self.control_admin = AIOKafkaAdminClient(bootstrap_servers=s.control_bootstrap,
+                                                 request_timeout_ms=ADMIN_TIMEOUT_MS)
+        await self.control_admin.start()
+        for t in (admin_proto.ADMIN_TOPIC, admin_proto.ADMIN_REPLY_TOPIC):
+            await ensure_topic(self.control_admin, t, 1)
+        self.topic_admin = TopicAdmin(s.broker_name, self.table, self.kafka_admin,
+                                      self._request_registration)
+        # The embedded transport keeps data in memory: recreate what the table says exists.
+        for topic, cfg in list(self.table.topics.items()):
+            await self.topic_admin.apply(topic, cfg)
+        if s.hosts_trace_topic and s.broker_trace_topic not in self.table.topics:
+            q = s.broker_trace_topic_queues
+            await self.topic_admin.apply(s.broker_trace_topic,
+                                         TopicConfig(read_queues=q, write_queues=q, perm=PERM_RW))
+        self.producer = AIOKafkaProducer(bootstrap_servers=s.control_bootstrap, linger_ms=0)
+        await self.producer.start()
+        # Position the admin consumer before registering, so no request to us can be missed.
+        self.admin_consumer = AIOKafkaConsumer(
+            admin_proto.ADMIN_TOPIC, bootstrap_servers=s.control_bootstrap, group_id=None,
+            auto_offset_reset="latest", enable_auto_commit=False,
+        )
+        await self.admin_consumer.start()
+        await self._position_admin_consumer()
+        await self.register()
+        self._tasks = [
+            asyncio.create_task(self._heartbeat_loop(), name="broker-heartbeat"),
+            asyncio.create_task(self._admin_loop(), name="broker-admin"),
+        ]
+        metrics.TOPICS.set(len(self.table.topics))
+        log.info("broker started", broker=s.broker_name, role=s.broker_role,
+                 topics=sorted(self.table.topics))
+
+    async def _position_admin_consumer(self) -> None:
+        assert self.admin_consumer is not None
+        deadline = asyncio.get_running_loop().time() + 15
+        while not self.admin_consumer.assignment():
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError("admin topic partitions were never assigned")
+            await asyncio.sleep(0.05)
+        for tp in self.admin_consumer.assignment():
+            await self.admin_consumer.position(tp)
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if self.producer is not None:
+            with contextlib.suppress(Exception):
+                await self._send_control(control.BrokerUnregister(
+                    ts=_now_ms(), cluster=self.settings.broker_cluster,
+                    broker_name=self.settings.broker_name))
+                log.info("unregistered", broker=self.settings.broker_name)
+            await self.producer.stop()
+        if self.admin_consumer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.admin_consumer.stop(), 10)
+        for a in (self.kafka_admin, self.control_admin):
+            if a is not None:
+                with contextlib.suppress(Exception):
+                    await a.close()
+
+    def health(self) -> dict[str, Any]:
+        ok = bool(self._tasks) and all(not t.done() for t in self._tasks)
+        return {"ok": ok, "broker": self.settings.broker_name, "role": self.settings.broker_role,
+                "topics": len(self.table.topics), "last_registered_ms": self.last_registered_ms,
+                "last_error": self.last_error}
+
+    # -- registration ----------------------------------------------------------------------
+    async def _request_registration(self) -> None:
+        metrics.TOPICS.set(len(self.table.topics))
+        self._register_now.set()
+
+    async def register(self) -> None:
+        rec = control.BrokerRegister(
+            type="broker.heartbeat" if self.last_registered_ms else "broker.register",
+            ts=_now_ms(), broker=self.info, topics=dict(self.table.topics),
+        )
+        await self._send_control(rec)
+        self.last_registered_ms = rec.ts
+
+    async def _send_control(self, rec: Any) -> None:
+        assert self.producer is not None
+        await self.producer.send_and_wait(
+            self.settings.control_topic, control.encode(rec),
+            key=self.settings.broker_name.encode(),
+        )
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.settings.broker_heartbeat_interval_ms / 1000
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._register_now.wait(), interval)
+            self._register_now.clear()
+            try:
+                await self.register()
+                metrics.REGISTRATIONS.labels("ok").inc()
+                self.last_error = None
+            except Exception as exc:  # keep heartbeating through transient Kafka errors
+                metrics.REGISTRATIONS.labels("error").inc()
+                self.last_error = f"register: {exc!r}"
+                log.warning("registration failed", error=repr(exc))
+
+    # -- admin -----------------------------------------------------------------------------
+    async def _admin_loop(self) -> None:
+        assert self.admin_consumer is not None
+        async for msg in self.admin_consumer:
+            try:
+                req = admin_proto.decode_request(msg.value)
+            except ProtocolError as exc:
+                metrics.ADMIN_SKIPPED.labels(exc.kind).inc()
+                log.warning("skipped admin record", reason=exc.kind, error=str(exc))
+                continue
+            if req.broker != self.settings.broker_name:
+                continue
+            await self._handle_admin(req)
+
+    async def _handle_admin(self, req: admin_proto.AdminRequest) -> None:
+        assert self.topic_admin is not None and self.producer is not None
+        try:
+            body = await self.topic_admin.handle(req)
+            reply = admin_proto.AdminReply(request_id=req.request_id,
+                                           broker=self.settings.broker_name, ok=True, body=body)
+            metrics.ADMIN_REQUESTS.labels(req.type, "ok").inc()
+            log.info("admin request done", op=req.type, **{k: v for k, v in req.body.items()
+                                                           if k == "topic"})
+        except AdminRejected as exc:
+            reply = admin_proto.AdminReply(request_id=req.request_id,
+                                           broker=self.settings.broker_name, ok=False,
+                                           error=str(exc))
+            metrics.ADMIN_REQUESTS.labels(req.type, "rejected").inc()
+        except Exception as exc:
+            reply = admin_proto.AdminReply(request_id=req.request_id,
+                                           broker=self.settings.broker_name, ok=False,
+                                           error=f"internal error: {exc!r}")
+            metrics.ADMIN_REQUESTS.labels(req.type, "error").inc()
+            log.error("admin request failed", op=req.type, error=repr(exc))
+        try:
+            await self.producer.send_and_wait(req.reply_topic, admin_proto.encode(reply),
+                                              key=req.request_id.encode())
+        except Exception as exc:
+            log.warning("admin reply not sent", error=repr(exc), reply_topic=req.reply_topic)

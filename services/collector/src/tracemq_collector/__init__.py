@@ -1,0 +1,1 @@
+"""tracemq trace collector (placeholder until the collector issue: health and metrics only)."""

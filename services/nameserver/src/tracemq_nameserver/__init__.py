@@ -1,0 +1,1 @@
+"""tracemq nameserver: keeps routes, brokers and subscriptions in Redis from the control topic."""

@@ -1,0 +1,189 @@
+"""The nameserver service: applies the control topic to Redis and expires silent peers.
+
+Several nameservers share one Kafka consumer group, so each applies a share of the control
+topic's partitions; records are keyed by sender, so one sender's records stay in order. Offsets
+are committed only after a batch is applied to Redis: a crash re-applies, and every write is
+idempotent (stale records — older than what Redis holds — are ignored by the scripts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import ConsumerRecord
+from redis.exceptions import RedisError
+
+from tracemq.log import get_logger
+from tracemq.protocol import control
+from tracemq.protocol._envelope import ProtocolError
+from tracemq.routing.registry import connect
+from tracemq.transport import admin_client, ensure_topic
+from tracemq_nameserver import metrics
+from tracemq_nameserver.registry import RegistryWriter
+from tracemq_nameserver.settings import NamesrvSettings
+
+log = get_logger("nameserver")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class NameServer:
+    """Consumes the control topic, writes routes, expires silent brokers and clients."""
+
+    name = "nameserver"
+
+    def __init__(self, settings: NamesrvSettings) -> None:
+        self.settings = settings
+        self.redis = connect(settings.redis_url)
+        self.writer = RegistryWriter(self.redis, settings.redis_prefix,
+                                     settings.namesrv_tombstone_ttl_s)
+        self.consumer: AIOKafkaConsumer | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = asyncio.Event()
+        self.applied = 0
+        self.last_error: str | None = None
+
+    async def start(self) -> None:
+        async with admin_client(self.settings.control_bootstrap) as admin:
+            await ensure_topic(admin, self.settings.control_topic,
+                               self.settings.namesrv_control_partitions)
+        await self.redis.ping()
+        self.consumer = AIOKafkaConsumer(
+            self.settings.control_topic,
+            bootstrap_servers=self.settings.control_bootstrap,
+            group_id=self.settings.namesrv_group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            session_timeout_ms=self.settings.namesrv_session_timeout_ms,
+            heartbeat_interval_ms=max(300, self.settings.namesrv_session_timeout_ms // 5),
+            max_poll_records=500,
+        )
+        await self.consumer.start()
+        self._tasks = [
+            asyncio.create_task(self._consume(), name="namesrv-consume"),
+            asyncio.create_task(self._expire_loop(), name="namesrv-expire"),
+        ]
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if self.consumer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.consumer.stop(), 10)
+        await self.redis.aclose()
+
+    def health(self) -> dict[str, Any]:
+        ok = all(not t.done() for t in self._tasks) and bool(self._tasks)
+        return {"ok": ok, "applied": self.applied, "last_error": self.last_error}
+
+    # -- control topic ---------------------------------------------------------------------
+    async def _consume(self) -> None:
+        assert self.consumer is not None
+        while True:
+            batches = await self.consumer.getmany(timeout_ms=1000, max_records=500)
+            if not batches:
+                continue
+            for records in batches.values():
+                for rec in records:
+                    await self._apply_with_retry(rec)
+            await self._commit()
+
+    async def _commit(self) -> None:
+        assert self.consumer is not None
+        try:
+            await self.consumer.commit()
+        except Exception as exc:  # a rebalance mid-commit: the next owner re-applies, harmless
+            log.warning("control offset commit failed", error=repr(exc))
+
+    async def _apply_with_retry(self, rec: ConsumerRecord[bytes, bytes]) -> None:
+        """Apply one record; Redis outages are retried forever (no valid record is lost)."""
+        backoff = 0.1
+        while True:
+            try:
+                await self.apply(rec.value)
+                self.last_error = None
+                return
+            except (RedisError, OSError) as exc:
+                metrics.REDIS_ERRORS.inc()
+                self.last_error = f"redis: {exc!r}"
+                log.warning("redis write failed; retrying", error=repr(exc),
+                            partition=rec.partition, offset=rec.offset)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def apply(self, data: bytes | None) -> str:
+        """Decode and apply one control record. Returns what happened (for tests and logs)."""
+        try:
+            record = control.decode(data)
+        except ProtocolError as exc:
+            metrics.CONTROL_SKIPPED.labels(exc.kind).inc()
+            log.warning("skipped control record", reason=exc.kind, error=str(exc))
+            return f"skipped:{exc.kind}"
+        if record.ts < _now_ms() - self.settings.namesrv_expiry_ms:
+            metrics.CONTROL_SKIPPED.labels("stale").inc()
+            return "skipped:stale"
+        try:
+            outcome = await self._apply_record(record)
+        except ValueError as exc:  # e.g. an invalid topic name inside a valid envelope
+            metrics.CONTROL_SKIPPED.labels("schema").inc()
+            log.warning("skipped control record", reason="schema", error=str(exc))
+            return "skipped:schema"
+        if outcome == "stale":
+            metrics.CONTROL_SKIPPED.labels("stale").inc()
+            return "skipped:stale"
+        metrics.CONTROL_RECORDS.labels(record.type).inc()
+        self.applied += 1
+        return outcome
+
+    async def _apply_record(self, record: Any) -> str:
+        if isinstance(record, control.BrokerRegister):
+            status, changed = await self.writer.register_broker(record)
+            if status == "new":
+                log.info("broker registered", broker=record.broker.broker_name,
+                         cluster=record.broker.cluster, topics=len(record.topics))
+            if changed:
+                metrics.ROUTE_CHANGES.inc()
+            return status
+        if isinstance(record, control.BrokerUnregister):
+            status, _ = await self.writer.unregister_broker(record)
+            if status != "stale":
+                log.info("broker unregistered", broker=record.broker_name)
+                metrics.ROUTE_CHANGES.inc()
+            return status
+        if isinstance(record, control.ClientHeartbeat):
+            return "ok" if await self.writer.client_heartbeat(record) else "stale"
+        if isinstance(record, control.ClientUnregister):
+            return "ok" if await self.writer.client_unregister(record) else "stale"
+        raise ValueError(f"unhandled record {record!r}")
+
+    # -- expiry ----------------------------------------------------------------------------
+    async def _expire_loop(self) -> None:
+        interval = self.settings.namesrv_scan_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            cutoff = _now_ms() - self.settings.namesrv_expiry_ms
+            try:
+                brokers = await self.writer.expire_brokers(cutoff)
+                clients = await self.writer.expire_clients(cutoff)
+                metrics.LIVE_BROKERS.set(await self.writer.live_broker_count())
+            except (RedisError, OSError) as exc:
+                metrics.REDIS_ERRORS.inc()
+                self.last_error = f"redis: {exc!r}"
+                continue
+            if brokers:
+                metrics.EXPIRED.labels("broker").inc(len(brokers))
+                metrics.ROUTE_CHANGES.inc()
+                log.warning("brokers expired", brokers=brokers)
+            if clients:
+                metrics.EXPIRED.labels("client").inc(len(clients))
+                log.info("clients expired", clients=clients)

@@ -1,0 +1,16 @@
+"""Prometheus metrics of the nameserver."""
+
+from prometheus_client import Counter, Gauge
+
+CONTROL_RECORDS = Counter(
+    "tracemq_namesrv_control_records_total", "Control records applied", ["type"]
+)
+CONTROL_SKIPPED = Counter(
+    "tracemq_namesrv_control_skipped_total",
+    "Control records skipped (garbage, unknown version/type, bad schema, stale)",
+    ["reason"],
+)
+EXPIRED = Counter("tracemq_namesrv_expired_total", "Brokers and clients expired", ["kind"])
+ROUTE_CHANGES = Counter("tracemq_namesrv_route_changes_total", "Route change notifications sent")
+REDIS_ERRORS = Counter("tracemq_namesrv_redis_errors_total", "Redis operations that failed")
+LIVE_BROKERS = Gauge("tracemq_namesrv_live_brokers", "Brokers currently registered")
