@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
+from tracemq.cli._console import console
 from rich.table import Table
 
 from tracemq.cli._connection import dev_home, dev_state
@@ -39,7 +39,7 @@ def _print_endpoints(ep: dict[str, Any]) -> None:
     if ep.get("collector_api"):
         table.add_row("collector API / viewer", ep["collector_api"])
     table.add_row("logs", str(Path(ep["workdir"]) / "logs"))
-    Console().print(table)
+    console().print(table)
     typer.echo(f"export TRACEMQ_REDIS_URL={ep['redis_url']} "
                f"TRACEMQ_CONTROL_BOOTSTRAP={ep['business_bootstrap']}")
 

@@ -6,7 +6,7 @@ import asyncio
 import json
 
 import typer
-from rich.console import Console
+from tracemq.cli._console import console
 from rich.table import Table
 
 from tracemq.cli._connection import resolve
@@ -47,7 +47,7 @@ def show(
             table.add_row(b["broker"], b["cluster"], str(b["read_queues"]),
                           str(b["write_queues"]), str(b["perm"]), b["data_bootstrap"],
                           b["region_id"], str(b["trace_on"]).lower())
-        Console().print(table)
+        console().print(table)
     if not brokers:
         typer.echo(f"no route for topic {topic!r}", err=True)
         raise typer.Exit(1)

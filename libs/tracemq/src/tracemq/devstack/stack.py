@@ -168,7 +168,7 @@ class EmbeddedStack:
         proc = ManagedProcess(
             name="redis",
             argv=[redis_server_bin(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                  "--appendonly", "no", "--dir", str(data), "--protected-mode", "no"],
+                  "--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(data), "--protected-mode", "no"],
             env=dict(os.environ),
             log_path=self.workdir / "logs" / "redis.log",
         )

@@ -1,0 +1,40 @@
+# Both main commands set themselves up on a fresh machine: uv (installed into .tools when absent),
+# the workspace virtualenv (.venv, from uv.lock), and the system packages the tests drive.
+SHELL := /bin/bash
+PYTHON ?= python3
+UV := $(or $(shell command -v uv 2>/dev/null),$(CURDIR)/.tools/bin/uv)
+PYTEST_ARGS ?=
+
+.PHONY: help setup demo test test-deps lint clean
+
+help:
+	@echo "make demo   - start the embedded stack and run the demo"
+	@echo "make test   - run the whole test suite (unit + integration on the embedded stack)"
+	@echo "make lint   - ruff + mypy"
+
+$(CURDIR)/.tools/bin/uv:
+	$(PYTHON) -m venv .tools
+	.tools/bin/pip install --quiet --disable-pip-version-check uv
+
+setup: $(UV)
+	$(UV) sync --frozen --all-packages
+
+# docker-compose (Debian) validates compose.yaml; no Docker engine is needed for that.
+test-deps:
+	@command -v docker-compose >/dev/null 2>&1 || { \
+	  echo "installing docker-compose (Debian) for the compose check"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose) >/dev/null; }
+
+demo: setup
+	$(UV) run --frozen tracemq demo $(DEMO_ARGS)
+
+test: setup test-deps
+	$(UV) run --frozen pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(UV) run --frozen ruff check .
+	$(UV) run --frozen ruff format --check .
+	$(UV) run --frozen mypy libs/tracemq/src
+
+clean:
+	rm -rf .venv .tools .tracemq .pytest_cache

@@ -1,0 +1,68 @@
+"""Shared fixtures: the real embedded stack (session), unique names, and leak guards."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tracemq.devstack import EmbeddedStack, StackConfig
+
+_SESSION_STACKS: list[EmbeddedStack] = []
+
+#: Fast timings so expiry and failover are observable within a test.
+TEST_SERVICE_ENV = {
+    "TRACEMQ_BROKER_HEARTBEAT_INTERVAL_MS": "1000",
+    "TRACEMQ_NAMESRV_EXPIRY_MS": "8000",
+    "TRACEMQ_NAMESRV_SCAN_INTERVAL_MS": "500",
+    "TRACEMQ_NAMESRV_SESSION_TIMEOUT_MS": "6000",
+    "TRACEMQ_SHUTDOWN_TIMEOUT_MS": "8000",
+}
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStack]:
+    """The embedded stack — the same launcher `make demo` and `tracemq dev up` use."""
+    workdir = tmp_path_factory.mktemp("stack")
+    s = EmbeddedStack(StackConfig(workdir=workdir, service_env=dict(TEST_SERVICE_ENV)))
+    _SESSION_STACKS.append(s)
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
+        _SESSION_STACKS.remove(s)
+
+
+@pytest.fixture
+def unique() -> str:
+    """A short unique suffix for topic, group and broker names of one test."""
+    return uuid.uuid4().hex[:8]
+
+
+def _children() -> set[int]:
+    me = str(os.getpid())
+    kids = set()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == me and fields[0] != "Z":
+            kids.add(int(d.name))
+    return kids
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes() -> Iterator[None]:
+    """Fail a test that leaves a child process running that the session stack does not own."""
+    yield
+    owned = {p.pid for s in _SESSION_STACKS for p in s.processes.values() if p.pid and p.alive()}
+    leaked = _children() - owned
+    if leaked:
+        pytest.fail(f"test left child processes running: {sorted(leaked)}")
