@@ -7,6 +7,10 @@ import time
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from tracemq.routing.keys import RedisKeys
 from tracemq.routing.model import QueueRoute, TopicRoute
@@ -18,9 +22,12 @@ def now_ms() -> int:
 
 def connect(url: str) -> aioredis.Redis:
     """A Redis client for the routing database (strings in, strings out)."""
+    # A pooled connection dies with a Redis restart; retry once or twice on a fresh one.
     return aioredis.Redis.from_url(
         url, decode_responses=True, socket_connect_timeout=2, socket_timeout=5,
         health_check_interval=15,
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError],
     )
 
 
