@@ -1,0 +1,145 @@
+"""compose.yaml is valid, and every long-running tracemq command in it becomes healthy on the
+embedded stack with compose's own environment (host names mapped to loopback)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.waiting import eventually
+from tracemq.devstack import EmbeddedStack, StackConfig, free_port
+from tracemq.devstack.stack import tracemq_command
+from tracemq.routing import RegistryReader, connect
+from tracemq_broker.settings import BrokerSettings
+from tracemq_collector.settings import CollectorSettings
+from tracemq_nameserver.settings import NamesrvSettings
+
+pytestmark = [pytest.mark.compose, pytest.mark.stack]
+
+ROOT = Path(__file__).resolve().parents[2]
+SETTINGS = {"nameserver": NamesrvSettings, "broker": BrokerSettings, "collector": CollectorSettings}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    exe = shutil.which("docker-compose")
+    assert exe, "docker-compose is missing: `make test` installs it (Debian package docker-compose)"
+    res = subprocess.run([exe, "-f", str(ROOT / "compose.yaml"), "config"], capture_output=True,
+                         text=True, timeout=60, cwd=ROOT)
+    assert res.returncode == 0, f"compose.yaml is invalid:\n{res.stderr}"
+    return yaml.safe_load(res.stdout)  # type: ignore[no-any-return]
+
+
+def _ours(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Services built from docker/ that run forever (one-shot jobs are checked elsewhere)."""
+    return {n: s for n, s in compose["services"].items()
+            if "build" in s and s.get("restart") == "unless-stopped"}
+
+
+def _order(services: dict[str, dict[str, Any]]) -> list[str]:
+    done: list[str] = []
+
+    def visit(n: str) -> None:
+        if n in done or n not in services:
+            return
+        for dep in services[n].get("depends_on", {}):
+            visit(dep)
+        done.append(n)
+
+    for n in services:
+        visit(n)
+    return done
+
+
+def test_compose_lists_every_service(compose: dict[str, Any]) -> None:
+    names = set(compose["services"])
+    assert {"redpanda-business", "redpanda-trace", "redis", "nameserver", "broker-a",
+            "trace-broker", "collector"} <= names
+    for name, svc in _ours(compose).items():
+        assert svc["command"][0] == "tracemq", name
+        assert svc["command"][1] in SETTINGS, name
+        assert "tracemq" in svc["healthcheck"]["test"], name
+        for dep, cond in svc.get("depends_on", {}).items():
+            assert cond["condition"] == "service_healthy", (name, dep)
+        assert svc["build"]["target"] == svc["command"][1], name
+
+
+def test_compose_variables_are_real_settings(compose: dict[str, Any]) -> None:
+    """A misspelt variable would be ignored silently at run time; catch it here."""
+    for name, svc in _ours(compose).items():
+        fields = {f"TRACEMQ_{f.upper()}" for f in SETTINGS[svc["command"][1]].model_fields}
+        unknown = set(svc["environment"]) - fields
+        assert not unknown, f"{name}: not settings of `tracemq {svc['command'][1]}`: {unknown}"
+
+
+@pytest.fixture(scope="module")
+def infra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStack]:
+    s = EmbeddedStack(StackConfig(workdir=tmp_path_factory.mktemp("parity"), start_services=False))
+    from tests.conftest import _SESSION_STACKS
+
+    _SESSION_STACKS.append(s)
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
+        _SESSION_STACKS.remove(s)
+
+
+def test_every_compose_service_runs_healthy_on_the_embedded_stack(
+        compose: dict[str, Any], infra: EmbeddedStack, tmp_path: Path) -> None:
+    services = _ours(compose)
+    ports = {n: free_port() for n in services}
+    hosts = {
+        "redis:6379": infra.redis_url.split("//")[1].split("/")[0],
+        "redpanda-business:9092": infra.business_bootstrap,
+        "redpanda-trace:9092": infra.trace_bootstrap,
+        **{f"{n}:8080": f"127.0.0.1:{p}" for n, p in ports.items()},
+    }
+
+    def mapped(name: str, value: str) -> str:
+        for host, target in hosts.items():
+            value = value.replace(host, target)
+        if value == "0.0.0.0":
+            return "127.0.0.1"
+        if value.startswith("/data"):
+            return str(tmp_path / name / value.lstrip("/"))
+        return value
+
+    started = []
+    for name in _order(services):
+        svc = services[name]
+        env = {k: mapped(name, str(v)) for k, v in svc["environment"].items()}
+        env["TRACEMQ_HTTP_PORT"] = str(ports[name])
+        started.append(infra.spawn_service(f"compose-{name}", svc["command"][1:], env))
+    assert len(started) == len(services) >= 4
+
+    for name in services:
+        check = [mapped(name, a) for a in services[name]["healthcheck"]["test"][1:]]
+        check = [re.sub(r"localhost:8080", f"127.0.0.1:{ports[name]}", a) for a in check]
+        assert check[0] == "tracemq"
+        res = subprocess.run([*tracemq_command(), *check[1:]], capture_output=True, text=True,
+                             timeout=30)
+        assert res.returncode == 0, f"{name} healthcheck failed: {res.stdout}{res.stderr}"
+
+    async def wired() -> bool:
+        r = connect(infra.redis_url)
+        try:
+            reader = RegistryReader(r)
+            trace = await reader.topic_route("RMQ_SYS_TRACE_TOPIC")
+            brokers = await reader.brokers()
+            return trace.brokers == ["trace-broker"] and "broker-a" in brokers
+        finally:
+            await r.aclose()
+
+    asyncio.run(eventually(wired, timeout=20, what="compose brokers registered"))
+    for proc in reversed(started):
+        assert proc.stop() == 0, f"{proc.name} did not stop cleanly:\n{proc.log_tail()}"
