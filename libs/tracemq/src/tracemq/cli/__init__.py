@@ -9,6 +9,7 @@ from importlib.metadata import entry_points
 import typer
 
 from tracemq.cli import dev, route, topic
+from tracemq.cli.demo import demo
 from tracemq.cli.health import health
 from tracemq.errors import TracemqError
 
@@ -23,6 +24,7 @@ app.add_typer(dev.app, name="dev")
 app.add_typer(topic.app, name="topic")
 app.add_typer(route.app, name="route")
 app.command("health")(health)
+app.command("demo")(demo)
 
 for _ep in entry_points(group="tracemq.commands"):
     try:
