@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from tracemq.devstack import EmbeddedStack, StackConfig
 
 _SESSION_STACKS: list[EmbeddedStack] = []

@@ -3,7 +3,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-
 from tracemq.admin import AdminClient
 from tracemq.devstack import EmbeddedStack
 from tracemq.routing import RegistryReader, connect

@@ -10,15 +10,15 @@ from collections.abc import AsyncIterator
 import msgpack
 import pytest
 from aiokafka import AIOKafkaProducer
-
-from tests.support.metrics import value
-from tests.support.waiting import eventually
 from tracemq.admin import AdminClient
 from tracemq.devstack import EmbeddedStack
 from tracemq.errors import AdminError, InvalidNameError, UnknownBrokerError
 from tracemq.protocol import control
 from tracemq.protocol.admin import ADMIN_TOPIC
 from tracemq.routing import RegistryReader
+
+from tests.support.metrics import value
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 
@@ -46,8 +46,9 @@ async def producer(stack: EmbeddedStack) -> AsyncIterator[AIOKafkaProducer]:
         ({"topic": "Ok", "read_queues": 4, "write_queues": 4, "perm": 9}, "perm must be"),
     ],
 )
-async def test_broker_rejects_bad_admin_requests(admin: AdminClient, body: dict[str, object],
-                                                 message: str) -> None:
+async def test_broker_rejects_bad_admin_requests(
+    admin: AdminClient, body: dict[str, object], message: str
+) -> None:
     # Straight to the broker, past the client-side checks: the broker validates too.
     with pytest.raises(AdminError, match=message):
         await admin.request("broker-a", "topic.create", body)
@@ -68,30 +69,37 @@ async def test_client_side_checks_and_unknown_targets(admin: AdminClient, unique
         await admin.delete_topic("broker-a", f"Never_{unique}")
 
 
-async def test_admin_topic_garbage_is_skipped(stack: EmbeddedStack, admin: AdminClient,
-                                              producer: AIOKafkaProducer, unique: str) -> None:
+async def test_admin_topic_garbage_is_skipped(
+    stack: EmbeddedStack, admin: AdminClient, producer: AIOKafkaProducer, unique: str
+) -> None:
     metrics_url = stack.processes["broker-a"].health_url.replace("/healthz", "/metrics")  # type: ignore[union-attr]
     before = value(metrics_url, "tracemq_broker_admin_skipped_total", reason="garbage")
     await producer.send_and_wait(ADMIN_TOPIC, os.urandom(64), key=b"broker-a")
     await producer.send_and_wait(ADMIN_TOPIC, b"", key=b"broker-a")
-    reply = await admin.create_topic("broker-a", f"AfterGarbage_{unique}", read_queues=1,
-                                     write_queues=1)
+    reply = await admin.create_topic(
+        "broker-a", f"AfterGarbage_{unique}", read_queues=1, write_queues=1
+    )
     assert reply["created"] is True
     assert value(metrics_url, "tracemq_broker_admin_skipped_total", reason="garbage") >= before + 2
 
 
 def _register(name: str, topic: str, bootstrap: str) -> control.BrokerRegister:
     return control.BrokerRegister(
-        type="broker.register", ts=int(time.time() * 1000),
-        broker=control.BrokerInfo(cluster="GarbageCluster", broker_name=name,
-                                  address="127.0.0.1:1", data_bootstrap=bootstrap),
+        type="broker.register",
+        ts=int(time.time() * 1000),
+        broker=control.BrokerInfo(
+            cluster="GarbageCluster",
+            broker_name=name,
+            address="127.0.0.1:1",
+            data_bootstrap=bootstrap,
+        ),
         topics={topic: control.TopicConfig(read_queues=2, write_queues=2)},
     )
 
 
 async def test_control_topic_garbage_is_counted_and_valid_records_survive(
-        stack: EmbeddedStack, producer: AIOKafkaProducer, registry: RegistryReader,
-        unique: str) -> None:
+    stack: EmbeddedStack, producer: AIOKafkaProducer, registry: RegistryReader, unique: str
+) -> None:
     ns_metrics = stack.processes["nameserver"].health_url.replace("/healthz", "/metrics")  # type: ignore[union-attr]
 
     def skipped(reason: str) -> float:
@@ -109,8 +117,16 @@ async def test_control_topic_garbage_is_counted_and_valid_records_survive(
         msgpack.packb({"v": 99, "type": "broker.register", "ts": now}),
         msgpack.packb({"v": 1, "type": "broker.explode", "ts": now}),
         msgpack.packb({"v": 1, "type": "broker.register", "ts": now, "broker": {"cluster": "c"}}),
-        msgpack.packb({"v": 1, "type": "client.heartbeat", "ts": "yesterday", "client_id": "c",
-                       "group": "g", "role": "consumer"}),
+        msgpack.packb(
+            {
+                "v": 1,
+                "type": "client.heartbeat",
+                "ts": "yesterday",
+                "client_id": "c",
+                "group": "g",
+                "role": "consumer",
+            }
+        ),
         control.encode(_register(f"fake-bad-{unique}", "bad topic name", "x:1")),
     ]
     await producer.send_and_wait(stack_control_topic(), control.encode(valid_a), key=key)

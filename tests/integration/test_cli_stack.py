@@ -9,16 +9,22 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from tracemq.devstack.stack import tracemq_command
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 
 
-def run(*args: str, env: dict[str, str] | None = None, timeout: float = 180,
-        cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*tracemq_command(), *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})}, cwd=cwd)
+def run(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 180, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*tracemq_command(), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+    )
 
 
 def _pids_alive(pids: list[int]) -> list[int]:
@@ -74,8 +80,11 @@ def test_demo_starts_the_stack_and_shows_routes(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("service", "var", "val"),
-    [("broker", "TRACEMQ_BROKER_ROLE", "queen"), ("nameserver", "TRACEMQ_HTTP_PORT", "http"),
-     ("collector", "TRACEMQ_SHUTDOWN_TIMEOUT_MS", "-5")],
+    [
+        ("broker", "TRACEMQ_BROKER_ROLE", "queen"),
+        ("nameserver", "TRACEMQ_HTTP_PORT", "http"),
+        ("collector", "TRACEMQ_SHUTDOWN_TIMEOUT_MS", "-5"),
+    ],
 )
 def test_service_refuses_a_bad_setting(service: str, var: str, val: str) -> None:
     res = run(service, env={var: val}, timeout=30)

@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 import yaml
-
-from tests.support.waiting import eventually
 from tracemq.devstack import EmbeddedStack, StackConfig, free_port
 from tracemq.devstack.stack import tracemq_command
 from tracemq.routing import RegistryReader, connect
 from tracemq_broker.settings import BrokerSettings
 from tracemq_collector.settings import CollectorSettings
 from tracemq_nameserver.settings import NamesrvSettings
+
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.compose, pytest.mark.stack]
 
@@ -32,16 +32,24 @@ SETTINGS = {"nameserver": NamesrvSettings, "broker": BrokerSettings, "collector"
 def compose() -> dict[str, Any]:
     exe = shutil.which("docker-compose")
     assert exe, "docker-compose is missing: `make test` installs it (Debian package docker-compose)"
-    res = subprocess.run([exe, "-f", str(ROOT / "compose.yaml"), "config"], capture_output=True,
-                         text=True, timeout=60, cwd=ROOT)
+    res = subprocess.run(
+        [exe, "-f", str(ROOT / "compose.yaml"), "config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert res.returncode == 0, f"compose.yaml is invalid:\n{res.stderr}"
     return yaml.safe_load(res.stdout)  # type: ignore[no-any-return]
 
 
 def _ours(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Services built from docker/ that run forever (one-shot jobs are checked elsewhere)."""
-    return {n: s for n, s in compose["services"].items()
-            if "build" in s and s.get("restart") == "unless-stopped"}
+    return {
+        n: s
+        for n, s in compose["services"].items()
+        if "build" in s and s.get("restart") == "unless-stopped"
+    }
 
 
 def _order(services: dict[str, dict[str, Any]]) -> list[str]:
@@ -61,8 +69,15 @@ def _order(services: dict[str, dict[str, Any]]) -> list[str]:
 
 def test_compose_lists_every_service(compose: dict[str, Any]) -> None:
     names = set(compose["services"])
-    assert {"redpanda-business", "redpanda-trace", "redis", "nameserver", "broker-a",
-            "trace-broker", "collector"} <= names
+    assert {
+        "redpanda-business",
+        "redpanda-trace",
+        "redis",
+        "nameserver",
+        "broker-a",
+        "trace-broker",
+        "collector",
+    } <= names
     for name, svc in _ours(compose).items():
         assert svc["command"][0] == "tracemq", name
         assert svc["command"][1] in SETTINGS, name
@@ -95,7 +110,8 @@ def infra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStack]:
 
 
 def test_every_compose_service_runs_healthy_on_the_embedded_stack(
-        compose: dict[str, Any], infra: EmbeddedStack, tmp_path: Path) -> None:
+    compose: dict[str, Any], infra: EmbeddedStack, tmp_path: Path
+) -> None:
     services = _ours(compose)
     ports = {n: free_port() for n in services}
     hosts = {
@@ -126,8 +142,9 @@ def test_every_compose_service_runs_healthy_on_the_embedded_stack(
         check = [mapped(name, a) for a in services[name]["healthcheck"]["test"][1:]]
         check = [re.sub(r"localhost:8080", f"127.0.0.1:{ports[name]}", a) for a in check]
         assert check[0] == "tracemq"
-        res = subprocess.run([*tracemq_command(), *check[1:]], capture_output=True, text=True,
-                             timeout=30)
+        res = subprocess.run(
+            [*tracemq_command(), *check[1:]], capture_output=True, text=True, timeout=30
+        )
         assert res.returncode == 0, f"{name} healthcheck failed: {res.stdout}{res.stderr}"
 
     async def wired() -> bool:

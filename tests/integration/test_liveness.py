@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from tests.support.waiting import eventually
 from tracemq.admin import AdminClient
 from tracemq.devstack import EmbeddedStack
 from tracemq.routing import RegistryReader
+
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 
@@ -22,7 +22,8 @@ async def _routed(registry: RegistryReader, topic: str, broker: str) -> bool:
 
 
 async def test_killed_broker_expires_and_comes_back_with_its_topics(
-        stack: EmbeddedStack, admin: AdminClient, registry: RegistryReader, unique: str) -> None:
+    stack: EmbeddedStack, admin: AdminClient, registry: RegistryReader, unique: str
+) -> None:
     name, topic = f"bk-{unique}", f"Kill_{unique}"
     stack.start_broker(name)
     try:
@@ -43,16 +44,20 @@ async def test_killed_broker_expires_and_comes_back_with_its_topics(
         assert name not in await registry.brokers()
 
         stack.restart(name)
-        await eventually(lambda: _routed(registry, topic, name), timeout=15,
-                         what="restarted broker routes its persisted topic")
+        await eventually(
+            lambda: _routed(registry, topic, name),
+            timeout=15,
+            what="restarted broker routes its persisted topic",
+        )
         q = (await registry.topic_route(topic)).queues[0]
         assert (q.read_queues, q.write_queues) == (3, 3)
     finally:
         stack.processes[name].stop()
 
 
-async def test_graceful_stop_unregisters_at_once(stack: EmbeddedStack, admin: AdminClient,
-                                                 registry: RegistryReader, unique: str) -> None:
+async def test_graceful_stop_unregisters_at_once(
+    stack: EmbeddedStack, admin: AdminClient, registry: RegistryReader, unique: str
+) -> None:
     name, topic = f"bg-{unique}", f"Grace_{unique}"
     stack.start_broker(name)
     try:
@@ -72,8 +77,9 @@ async def test_graceful_stop_unregisters_at_once(stack: EmbeddedStack, admin: Ad
     assert name not in await registry.brokers()
 
 
-async def test_two_nameservers_one_killed(stack: EmbeddedStack, admin: AdminClient,
-                                          registry: RegistryReader, unique: str) -> None:
+async def test_two_nameservers_one_killed(
+    stack: EmbeddedStack, admin: AdminClient, registry: RegistryReader, unique: str
+) -> None:
     second = f"nameserver-{unique}"
     stack.start_nameserver(second)
     try:
@@ -82,11 +88,17 @@ async def test_two_nameservers_one_killed(stack: EmbeddedStack, admin: AdminClie
         stack.start_broker(name)
         try:
             # The survivor takes over the dead peer's partitions after the session timeout.
-            await eventually(lambda: _has_broker(registry, name), timeout=40,
-                             what="registration handled by the surviving nameserver")
+            await eventually(
+                lambda: _has_broker(registry, name),
+                timeout=40,
+                what="registration handled by the surviving nameserver",
+            )
             await admin.create_topic(name, topic, read_queues=2, write_queues=2)
-            await eventually(lambda: _routed(registry, topic, name), timeout=20,
-                             what="route written by the surviving nameserver")
+            await eventually(
+                lambda: _routed(registry, topic, name),
+                timeout=20,
+                what="route written by the surviving nameserver",
+            )
             # Expiry still runs: broker-a keeps heartbeating and stays registered.
             assert "broker-a" in await registry.brokers()
         finally:

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import pytest
-
-from tests.support.waiting import eventually
 from tracemq.admin import AdminClient
 from tracemq.devstack import EmbeddedStack
 from tracemq.routing import RegistryReader, RouteCache
 from tracemq.routing.cache import ROUTE_REFRESH_ERRORS
 
+from tests.support.waiting import eventually
+
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 
 
-async def test_cached_routes_survive_a_redis_outage(stack: EmbeddedStack, admin: AdminClient,
-                                                    registry: RegistryReader, unique: str) -> None:
+async def test_cached_routes_survive_a_redis_outage(
+    stack: EmbeddedStack, admin: AdminClient, registry: RegistryReader, unique: str
+) -> None:
     topic = f"Outage_{unique}"
     await admin.create_topic("broker-a", topic, read_queues=4, write_queues=4)
 

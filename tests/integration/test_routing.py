@@ -7,24 +7,31 @@ import os
 import subprocess
 
 import pytest
-
-from tests.support.waiting import eventually
 from tracemq.admin import AdminClient
 from tracemq.devstack import EmbeddedStack
 from tracemq.devstack.stack import tracemq_command
 from tracemq.routing import RegistryReader
+
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 
 
 def cli(stack: EmbeddedStack, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **stack.client_env(), "TRACEMQ_DEV_HOME": "/nonexistent"}
-    return subprocess.run([*tracemq_command(), *args], env=env, capture_output=True, text=True,
-                          timeout=60, check=check)
+    return subprocess.run(
+        [*tracemq_command(), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=check,
+    )
 
 
-async def test_created_topic_is_routed_to_broker_a(stack: EmbeddedStack, admin: AdminClient,
-                                                   registry: RegistryReader, unique: str) -> None:
+async def test_created_topic_is_routed_to_broker_a(
+    stack: EmbeddedStack, admin: AdminClient, registry: RegistryReader, unique: str
+) -> None:
     topic = f"Orders_{unique}"
     reply = await admin.create_topic("broker-a", topic, read_queues=4, write_queues=4)
     assert reply["created"] is True
@@ -45,8 +52,9 @@ async def test_created_topic_is_routed_to_broker_a(stack: EmbeddedStack, admin: 
     assert "broker-a" in table
 
 
-async def test_trace_topic_lives_only_on_the_trace_broker(stack: EmbeddedStack,
-                                                          registry: RegistryReader) -> None:
+async def test_trace_topic_lives_only_on_the_trace_broker(
+    stack: EmbeddedStack, registry: RegistryReader
+) -> None:
     route = await registry.topic_route("RMQ_SYS_TRACE_TOPIC")
     assert route.brokers == ["trace-broker"]
     q = route.queues[0]
@@ -57,8 +65,9 @@ async def test_trace_topic_lives_only_on_the_trace_broker(stack: EmbeddedStack,
     assert [b["broker"] for b in shown["brokers"]] == ["trace-broker"]
 
 
-async def test_update_and_delete_change_the_route(admin: AdminClient, registry: RegistryReader,
-                                                  unique: str) -> None:
+async def test_update_and_delete_change_the_route(
+    admin: AdminClient, registry: RegistryReader, unique: str
+) -> None:
     topic = f"Upd_{unique}"
     await admin.create_topic("broker-a", topic, read_queues=4, write_queues=4)
     await admin.update_topic("broker-a", topic, write_queues=2)
@@ -81,8 +90,9 @@ async def test_update_and_delete_change_the_route(admin: AdminClient, registry: 
 
 def test_cli_topic_commands_and_errors(stack: EmbeddedStack, unique: str) -> None:
     topic = f"Cli_{unique}"
-    out = json.loads(cli(stack, "topic", "create", topic, "--broker", "broker-a",
-                         "-r", "2", "-w", "2").stdout)
+    out = json.loads(
+        cli(stack, "topic", "create", topic, "--broker", "broker-a", "-r", "2", "-w", "2").stdout
+    )
     assert out == {"created": True, "perm": 6, "read_queues": 2, "topic": topic, "write_queues": 2}
     bad = cli(stack, "topic", "create", "no spaces", "--broker", "broker-a", check=False)
     assert bad.returncode == 2 and "illegal characters" in bad.stderr

@@ -10,8 +10,13 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-async def eventually(probe: Callable[[], Awaitable[T]], *, timeout: float = 20.0,
-                     interval: float = 0.1, what: str = "condition") -> T:
+async def eventually(
+    probe: Callable[[], Awaitable[T]],
+    *,
+    timeout: float = 20.0,
+    interval: float = 0.1,
+    what: str = "condition",
+) -> T:
     """Await ``probe()`` until it returns a truthy value; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     last: T | None = None
@@ -24,11 +29,14 @@ async def eventually(probe: Callable[[], Awaitable[T]], *, timeout: float = 20.0
         except Exception as exc:  # keep polling; report the last error on time-out
             last_exc = exc
         await asyncio.sleep(interval)
-    raise AssertionError(f"{what} not reached within {timeout}s (last={last!r}, error={last_exc!r})")
+    raise AssertionError(
+        f"{what} not reached within {timeout}s (last={last!r}, error={last_exc!r})"
+    )
 
 
-def eventually_sync(probe: Callable[[], T], *, timeout: float = 20.0, interval: float = 0.1,
-                    what: str = "condition") -> T:
+def eventually_sync(
+    probe: Callable[[], T], *, timeout: float = 20.0, interval: float = 0.1, what: str = "condition"
+) -> T:
     deadline = time.monotonic() + timeout
     last: T | None = None
     while time.monotonic() < deadline:

@@ -3,7 +3,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
 from tracemq.errors import InvalidNameError
 from tracemq.naming import (
     dlq_topic,

@@ -4,16 +4,17 @@ import msgpack
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
 from tracemq.protocol import admin, control
 from tracemq.protocol._envelope import ProtocolError
 
 
 def _reg() -> control.BrokerRegister:
     return control.BrokerRegister(
-        type="broker.register", ts=1,
-        broker=control.BrokerInfo(cluster="c", broker_name="b", address="h:1",
-                                  data_bootstrap="k:9"),
+        type="broker.register",
+        ts=1,
+        broker=control.BrokerInfo(
+            cluster="c", broker_name="b", address="h:1", data_bootstrap="k:9"
+        ),
         topics={"T": control.TopicConfig(read_queues=4, write_queues=4)},
     )
 
@@ -21,8 +22,13 @@ def _reg() -> control.BrokerRegister:
 def test_control_round_trip() -> None:
     rec = _reg()
     assert control.decode(control.encode(rec)) == rec
-    hb = control.ClientHeartbeat(ts=5, client_id="c1", group="g", role="consumer",
-                                 subscriptions=[control.Subscription(topic="T", expression="A || B")])
+    hb = control.ClientHeartbeat(
+        ts=5,
+        client_id="c1",
+        group="g",
+        role="consumer",
+        subscriptions=[control.Subscription(topic="T", expression="A || B")],
+    )
     assert control.decode(control.encode(hb)) == hb
 
 

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import pytest
-
 from tracemq.errors import ConfigError
 from tracemq.settings import CommonSettings, load_settings
 from tracemq_broker.settings import BrokerSettings
@@ -28,8 +27,9 @@ def test_defaults_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
         (NamesrvSettings, "TRACEMQ_NAMESRV_EXPIRY_MS", "5"),
     ],
 )
-def test_bad_values_name_the_variable(monkeypatch: pytest.MonkeyPatch, cls: type, var: str,
-                                      val: str) -> None:
+def test_bad_values_name_the_variable(
+    monkeypatch: pytest.MonkeyPatch, cls: type, var: str, val: str
+) -> None:
     monkeypatch.setenv(var, val)
     with pytest.raises(ConfigError) as info:
         load_settings(cls)

@@ -23,8 +23,14 @@ from tracemq.routing.registry import RegistryReader, connect
 class AdminClient:
     """Sends admin requests to brokers and waits for their replies."""
 
-    def __init__(self, control_bootstrap: str, redis_url: str, *, redis_prefix: str = "tmq:",
-                 timeout_s: float = 15.0) -> None:
+    def __init__(
+        self,
+        control_bootstrap: str,
+        redis_url: str,
+        *,
+        redis_prefix: str = "tmq:",
+        timeout_s: float = 15.0,
+    ) -> None:
         self.control_bootstrap = control_bootstrap
         self.redis_url = redis_url
         self.redis_prefix = redis_prefix
@@ -45,8 +51,9 @@ class AdminClient:
     async def start(self) -> None:
         self._producer = AIOKafkaProducer(bootstrap_servers=self.control_bootstrap)
         await self._producer.start()
-        self._consumer = AIOKafkaConsumer(bootstrap_servers=self.control_bootstrap, group_id=None,
-                                          enable_auto_commit=False)
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.control_bootstrap, group_id=None, enable_auto_commit=False
+        )
         await self._consumer.start()
         # Brokers create the reply topic with one partition; read every partition it may have.
         await self._consumer.topics()  # refreshes metadata without auto-creating anything
@@ -82,10 +89,16 @@ class AdminClient:
         """Send one request to ``broker`` and return the reply body; raise on error or time-out."""
         assert self._producer is not None and self._consumer is not None, "call start() first"
         await self._target(broker)
-        req = proto.AdminRequest(type=op, request_id=uuid.uuid4().hex, broker=broker,
-                                 ts=int(time.time() * 1000), body=body)
-        await self._producer.send_and_wait(proto.ADMIN_TOPIC, proto.encode(req),
-                                           key=broker.encode())
+        req = proto.AdminRequest(
+            type=op,
+            request_id=uuid.uuid4().hex,
+            broker=broker,
+            ts=int(time.time() * 1000),
+            body=body,
+        )
+        await self._producer.send_and_wait(
+            proto.ADMIN_TOPIC, proto.encode(req), key=broker.encode()
+        )
         deadline = asyncio.get_running_loop().time() + self.timeout_s
         while (left := deadline - asyncio.get_running_loop().time()) > 0:
             batch = await self._consumer.getmany(timeout_ms=int(min(left, 1.0) * 1000))
@@ -101,17 +114,32 @@ class AdminClient:
                 return reply.body
         raise AdminTimeoutError(f"no reply from broker {broker!r} to {op} within {self.timeout_s}s")
 
-    async def create_topic(self, broker: str, topic: str, *, read_queues: int = 8,
-                           write_queues: int = 8, perm: int = 6) -> dict[str, Any]:
+    async def create_topic(
+        self, broker: str, topic: str, *, read_queues: int = 8, write_queues: int = 8, perm: int = 6
+    ) -> dict[str, Any]:
         validate_topic(topic, allow_system=False)
         validate_queue_count(read_queues, "read_queues")
         validate_queue_count(write_queues, "write_queues")
-        return await self.request(broker, "topic.create", {
-            "topic": topic, "read_queues": read_queues, "write_queues": write_queues, "perm": perm})
+        return await self.request(
+            broker,
+            "topic.create",
+            {
+                "topic": topic,
+                "read_queues": read_queues,
+                "write_queues": write_queues,
+                "perm": perm,
+            },
+        )
 
-    async def update_topic(self, broker: str, topic: str, *, read_queues: int | None = None,
-                           write_queues: int | None = None, perm: int | None = None
-                           ) -> dict[str, Any]:
+    async def update_topic(
+        self,
+        broker: str,
+        topic: str,
+        *,
+        read_queues: int | None = None,
+        write_queues: int | None = None,
+        perm: int | None = None,
+    ) -> dict[str, Any]:
         validate_topic(topic, allow_system=False)
         body: dict[str, Any] = {"topic": topic}
         if read_queues is not None:

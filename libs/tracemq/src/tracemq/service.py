@@ -41,8 +41,9 @@ RouteAdder = Callable[[web.Application], None]
 class HttpEndpoint:
     """aiohttp server with /healthz and /metrics; services may add routes (the collector's API)."""
 
-    def __init__(self, service: Service, host: str, port: int,
-                 add_routes: RouteAdder | None = None) -> None:
+    def __init__(
+        self, service: Service, host: str, port: int, add_routes: RouteAdder | None = None
+    ) -> None:
         self.service = service
         self.host = host
         self.port = port
@@ -116,8 +117,9 @@ async def serve(
     if ready:
         await ready(http)
 
-    stop_wait = asyncio.create_task(stop_requested.wait())
-    done, _ = await asyncio.wait({stop_wait, fatal}, return_when=asyncio.FIRST_COMPLETED)
+    stop_wait: asyncio.Future[Any] = asyncio.create_task(stop_requested.wait())
+    waiters: set[asyncio.Future[Any]] = {stop_wait, fatal}
+    done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
     code = 0
     if fatal in done:
         err = fatal.exception() if not fatal.cancelled() else None

@@ -7,7 +7,7 @@ Every setting is an environment variable ``TRACEMQ_<NAME>``; each service adds i
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -40,7 +40,7 @@ class CommonSettings(BaseSettings):
 S = TypeVar("S", bound=BaseSettings)
 
 
-def load_settings(cls: type[S], **overrides: object) -> S:
+def load_settings(cls: type[S], **overrides: Any) -> S:
     """Build ``cls`` from the environment; raise :class:`ConfigError` naming the variable."""
     try:
         return cls(**overrides)

@@ -20,9 +20,12 @@ ADMIN_TIMEOUT_MS = 10_000
 
 
 @contextlib.asynccontextmanager
-async def admin_client(bootstrap: str, client_id: str = "tracemq-admin") -> AsyncIterator[AIOKafkaAdminClient]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id=client_id,
-                                request_timeout_ms=ADMIN_TIMEOUT_MS)
+async def admin_client(
+    bootstrap: str, client_id: str = "tracemq-admin"
+) -> AsyncIterator[AIOKafkaAdminClient]:
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap, client_id=client_id, request_timeout_ms=ADMIN_TIMEOUT_MS
+    )
     await admin.start()
     try:
         yield admin
@@ -59,7 +62,9 @@ async def ensure_topic(admin: AIOKafkaAdminClient, topic: str, partitions: int) 
             resp = await admin.create_topics([NewTopic(topic, partitions, 1)])
             for _name, code, *rest in getattr(resp, "topic_errors", []):
                 if code not in (0, TopicAlreadyExistsError.errno):
-                    raise TracemqError(f"creating Kafka topic {topic!r} failed: error {code} {rest}")
+                    raise TracemqError(
+                        f"creating Kafka topic {topic!r} failed: error {code} {rest}"
+                    )
         except TopicAlreadyExistsError:
             pass
         return partitions

@@ -6,12 +6,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
-
 from tracemq.errors import NotSupportedByTransportError, TracemqError
 from tracemq.naming import kafka_topic, validate_queue_count, validate_topic
 from tracemq.protocol.admin import AdminRequest
 from tracemq.protocol.control import PERM_RW, TopicConfig
 from tracemq.transport import delete_topic, ensure_topic
+
 from tracemq_broker.topic_table import TopicTable
 
 
@@ -22,8 +22,13 @@ class AdminRejected(TracemqError):
 class TopicAdmin:
     """Executes admin operations on the topic table and the broker's Kafka cluster."""
 
-    def __init__(self, broker_name: str, table: TopicTable, kafka: AIOKafkaAdminClient,
-                 on_change: Callable[[], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        broker_name: str,
+        table: TopicTable,
+        kafka: AIOKafkaAdminClient,
+        on_change: Callable[[], Awaitable[None]],
+    ) -> None:
         self.broker_name = broker_name
         self.table = table
         self.kafka = kafka
@@ -40,7 +45,9 @@ class TopicAdmin:
         assert isinstance(topic, str)
         if req.type == "topic.delete":
             if not await self.table.remove(topic):
-                raise AdminRejected(f"topic {topic!r} does not exist on broker {self.broker_name!r}")
+                raise AdminRejected(
+                    f"topic {topic!r} does not exist on broker {self.broker_name!r}"
+                )
             await delete_topic(self.kafka, kafka_topic(self.broker_name, topic))
             await self.on_change()
             return {"topic": topic, "deleted": True}
@@ -54,8 +61,11 @@ class TopicAdmin:
     async def apply(self, topic: str, cfg: TopicConfig) -> None:
         """Make the Kafka topic match ``cfg`` and record it (also used for system topics)."""
         try:
-            await ensure_topic(self.kafka, kafka_topic(self.broker_name, topic),
-                               max(cfg.read_queues, cfg.write_queues))
+            await ensure_topic(
+                self.kafka,
+                kafka_topic(self.broker_name, topic),
+                max(cfg.read_queues, cfg.write_queues),
+            )
         except NotSupportedByTransportError as exc:
             raise AdminRejected(str(exc)) from None
         except ValueError as exc:

@@ -14,13 +14,13 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
-
 from tracemq.log import get_logger
 from tracemq.protocol import admin as admin_proto
 from tracemq.protocol import control
 from tracemq.protocol._envelope import ProtocolError
 from tracemq.protocol.control import PERM_RW, BrokerInfo, TopicConfig
 from tracemq.transport import ADMIN_TIMEOUT_MS, ensure_topic
+
 from tracemq_broker import metrics
 from tracemq_broker.admin import AdminRejected, TopicAdmin
 from tracemq_broker.settings import BrokerSettings
@@ -68,29 +68,36 @@ class Broker:
     async def start(self) -> None:
         s = self.settings
         self.table.load()
-        self.kafka_admin = AIOKafkaAdminClient(bootstrap_servers=s.broker_data_bootstrap,
-                                               request_timeout_ms=ADMIN_TIMEOUT_MS)
+        self.kafka_admin = AIOKafkaAdminClient(
+            bootstrap_servers=s.broker_data_bootstrap, request_timeout_ms=ADMIN_TIMEOUT_MS
+        )
         await self.kafka_admin.start()
-        self.control_admin = AIOKafkaAdminClient(bootstrap_servers=s.control_bootstrap,
-                                                 request_timeout_ms=ADMIN_TIMEOUT_MS)
+        self.control_admin = AIOKafkaAdminClient(
+            bootstrap_servers=s.control_bootstrap, request_timeout_ms=ADMIN_TIMEOUT_MS
+        )
         await self.control_admin.start()
         for t in (admin_proto.ADMIN_TOPIC, admin_proto.ADMIN_REPLY_TOPIC):
             await ensure_topic(self.control_admin, t, 1)
-        self.topic_admin = TopicAdmin(s.broker_name, self.table, self.kafka_admin,
-                                      self._request_registration)
+        self.topic_admin = TopicAdmin(
+            s.broker_name, self.table, self.kafka_admin, self._request_registration
+        )
         # The embedded transport keeps data in memory: recreate what the table says exists.
         for topic, cfg in list(self.table.topics.items()):
             await self.topic_admin.apply(topic, cfg)
         if s.hosts_trace_topic and s.broker_trace_topic not in self.table.topics:
             q = s.broker_trace_topic_queues
-            await self.topic_admin.apply(s.broker_trace_topic,
-                                         TopicConfig(read_queues=q, write_queues=q, perm=PERM_RW))
+            await self.topic_admin.apply(
+                s.broker_trace_topic, TopicConfig(read_queues=q, write_queues=q, perm=PERM_RW)
+            )
         self.producer = AIOKafkaProducer(bootstrap_servers=s.control_bootstrap, linger_ms=0)
         await self.producer.start()
         # Position the admin consumer before registering, so no request to us can be missed.
         self.admin_consumer = AIOKafkaConsumer(
-            admin_proto.ADMIN_TOPIC, bootstrap_servers=s.control_bootstrap, group_id=None,
-            auto_offset_reset="latest", enable_auto_commit=False,
+            admin_proto.ADMIN_TOPIC,
+            bootstrap_servers=s.control_bootstrap,
+            group_id=None,
+            auto_offset_reset="latest",
+            enable_auto_commit=False,
         )
         await self.admin_consumer.start()
         await self._position_admin_consumer()
@@ -100,8 +107,12 @@ class Broker:
             asyncio.create_task(self._admin_loop(), name="broker-admin"),
         ]
         metrics.TOPICS.set(len(self.table.topics))
-        log.info("broker started", broker=s.broker_name, role=s.broker_role,
-                 topics=sorted(self.table.topics))
+        log.info(
+            "broker started",
+            broker=s.broker_name,
+            role=s.broker_role,
+            topics=sorted(self.table.topics),
+        )
 
     async def _position_admin_consumer(self) -> None:
         assert self.admin_consumer is not None
@@ -121,9 +132,13 @@ class Broker:
                 await t
         if self.producer is not None:
             with contextlib.suppress(Exception):
-                await self._send_control(control.BrokerUnregister(
-                    ts=_now_ms(), cluster=self.settings.broker_cluster,
-                    broker_name=self.settings.broker_name))
+                await self._send_control(
+                    control.BrokerUnregister(
+                        ts=_now_ms(),
+                        cluster=self.settings.broker_cluster,
+                        broker_name=self.settings.broker_name,
+                    )
+                )
                 log.info("unregistered", broker=self.settings.broker_name)
             await self.producer.stop()
         if self.admin_consumer is not None:
@@ -136,9 +151,14 @@ class Broker:
 
     def health(self) -> dict[str, Any]:
         ok = bool(self._tasks) and all(not t.done() for t in self._tasks)
-        return {"ok": ok, "broker": self.settings.broker_name, "role": self.settings.broker_role,
-                "topics": len(self.table.topics), "last_registered_ms": self.last_registered_ms,
-                "last_error": self.last_error}
+        return {
+            "ok": ok,
+            "broker": self.settings.broker_name,
+            "role": self.settings.broker_role,
+            "topics": len(self.table.topics),
+            "last_registered_ms": self.last_registered_ms,
+            "last_error": self.last_error,
+        }
 
     # -- registration ----------------------------------------------------------------------
     async def _request_registration(self) -> None:
@@ -148,7 +168,9 @@ class Broker:
     async def register(self) -> None:
         rec = control.BrokerRegister(
             type="broker.heartbeat" if self.last_registered_ms else "broker.register",
-            ts=_now_ms(), broker=self.info, topics=dict(self.table.topics),
+            ts=_now_ms(),
+            broker=self.info,
+            topics=dict(self.table.topics),
         )
         await self._send_control(rec)
         self.last_registered_ms = rec.ts
@@ -156,7 +178,8 @@ class Broker:
     async def _send_control(self, rec: Any) -> None:
         assert self.producer is not None
         await self.producer.send_and_wait(
-            self.settings.control_topic, control.encode(rec),
+            self.settings.control_topic,
+            control.encode(rec),
             key=self.settings.broker_name.encode(),
         )
 
@@ -193,24 +216,35 @@ class Broker:
         assert self.topic_admin is not None and self.producer is not None
         try:
             body = await self.topic_admin.handle(req)
-            reply = admin_proto.AdminReply(request_id=req.request_id,
-                                           broker=self.settings.broker_name, ok=True, body=body)
+            reply = admin_proto.AdminReply(
+                request_id=req.request_id, broker=self.settings.broker_name, ok=True, body=body
+            )
             metrics.ADMIN_REQUESTS.labels(req.type, "ok").inc()
-            log.info("admin request done", op=req.type, **{k: v for k, v in req.body.items()
-                                                           if k == "topic"})
+            log.info(
+                "admin request done",
+                op=req.type,
+                **{k: v for k, v in req.body.items() if k == "topic"},
+            )
         except AdminRejected as exc:
-            reply = admin_proto.AdminReply(request_id=req.request_id,
-                                           broker=self.settings.broker_name, ok=False,
-                                           error=str(exc))
+            reply = admin_proto.AdminReply(
+                request_id=req.request_id,
+                broker=self.settings.broker_name,
+                ok=False,
+                error=str(exc),
+            )
             metrics.ADMIN_REQUESTS.labels(req.type, "rejected").inc()
         except Exception as exc:
-            reply = admin_proto.AdminReply(request_id=req.request_id,
-                                           broker=self.settings.broker_name, ok=False,
-                                           error=f"internal error: {exc!r}")
+            reply = admin_proto.AdminReply(
+                request_id=req.request_id,
+                broker=self.settings.broker_name,
+                ok=False,
+                error=f"internal error: {exc!r}",
+            )
             metrics.ADMIN_REQUESTS.labels(req.type, "error").inc()
             log.error("admin request failed", op=req.type, error=repr(exc))
         try:
-            await self.producer.send_and_wait(req.reply_topic, admin_proto.encode(reply),
-                                              key=req.request_id.encode())
+            await self.producer.send_and_wait(
+                req.reply_topic, admin_proto.encode(reply), key=req.request_id.encode()
+            )
         except Exception as exc:
             log.warning("admin reply not sent", error=repr(exc), reply_topic=req.reply_topic)

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
-
 from tracemq.naming import TRACE_TOPIC, validate_broker_name
 from tracemq.settings import CommonSettings
 
@@ -29,7 +28,9 @@ class BrokerSettings(CommonSettings):
         None, description="Host the trace topic (default: true for role=trace, else false)."
     )
     broker_trace_topic: str = Field(TRACE_TOPIC, description="Name of the trace topic it hosts.")
-    broker_trace_topic_queues: int = Field(1, ge=1, le=1024, description="Queues of the trace topic.")
+    broker_trace_topic_queues: int = Field(
+        1, ge=1, le=1024, description="Queues of the trace topic."
+    )
     broker_heartbeat_interval_ms: int = Field(
         30_000, ge=100, description="How often the broker re-registers with the nameserver."
     )

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import typer
-
 from tracemq.service import run_service
 from tracemq.settings import load_settings
 
-app = typer.Typer(help="Run the trace collector.", invoke_without_command=True,
-                  add_completion=False)
+app = typer.Typer(
+    help="Run the trace collector.", invoke_without_command=True, add_completion=False
+)
 
 
 @app.callback()

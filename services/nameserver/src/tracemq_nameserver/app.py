@@ -16,12 +16,12 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
 from redis.exceptions import RedisError
-
 from tracemq.log import get_logger
 from tracemq.protocol import control
 from tracemq.protocol._envelope import ProtocolError
 from tracemq.routing.registry import connect
 from tracemq.transport import admin_client, ensure_topic
+
 from tracemq_nameserver import metrics
 from tracemq_nameserver.registry import RegistryWriter
 from tracemq_nameserver.settings import NamesrvSettings
@@ -41,8 +41,9 @@ class NameServer:
     def __init__(self, settings: NamesrvSettings) -> None:
         self.settings = settings
         self.redis = connect(settings.redis_url)
-        self.writer = RegistryWriter(self.redis, settings.redis_prefix,
-                                     settings.namesrv_tombstone_ttl_s)
+        self.writer = RegistryWriter(
+            self.redis, settings.redis_prefix, settings.namesrv_tombstone_ttl_s
+        )
         self.consumer: AIOKafkaConsumer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
@@ -51,8 +52,9 @@ class NameServer:
 
     async def start(self) -> None:
         async with admin_client(self.settings.control_bootstrap) as admin:
-            await ensure_topic(admin, self.settings.control_topic,
-                               self.settings.namesrv_control_partitions)
+            await ensure_topic(
+                admin, self.settings.control_topic, self.settings.namesrv_control_partitions
+            )
         await self.redis.ping()
         self.consumer = AIOKafkaConsumer(
             self.settings.control_topic,
@@ -116,8 +118,12 @@ class NameServer:
             except (RedisError, OSError) as exc:
                 metrics.REDIS_ERRORS.inc()
                 self.last_error = f"redis: {exc!r}"
-                log.warning("redis write failed; retrying", error=repr(exc),
-                            partition=rec.partition, offset=rec.offset)
+                log.warning(
+                    "redis write failed; retrying",
+                    error=repr(exc),
+                    partition=rec.partition,
+                    offset=rec.offset,
+                )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
@@ -149,8 +155,12 @@ class NameServer:
         if isinstance(record, control.BrokerRegister):
             status, changed = await self.writer.register_broker(record)
             if status == "new":
-                log.info("broker registered", broker=record.broker.broker_name,
-                         cluster=record.broker.cluster, topics=len(record.topics))
+                log.info(
+                    "broker registered",
+                    broker=record.broker.broker_name,
+                    cluster=record.broker.cluster,
+                    topics=len(record.topics),
+                )
             if changed:
                 metrics.ROUTE_CHANGES.inc()
             return status

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import typer
-
 from tracemq.service import run_service
 from tracemq.settings import load_settings
 

@@ -11,9 +11,13 @@ import json
 from typing import Any
 
 import redis.asyncio as aioredis
-
 from tracemq.naming import validate_topic
-from tracemq.protocol.control import BrokerRegister, BrokerUnregister, ClientHeartbeat, ClientUnregister
+from tracemq.protocol.control import (
+    BrokerRegister,
+    BrokerUnregister,
+    ClientHeartbeat,
+    ClientUnregister,
+)
 from tracemq.routing.keys import RedisKeys
 from tracemq.routing.model import QueueRoute
 
@@ -52,7 +56,9 @@ end
 """
 
 # ARGV: prefix, name, cluster, info_json, ts, routes_json ({topic: route_json})
-_REGISTER = _REMOVE_BROKER + """
+_REGISTER = (
+    _REMOVE_BROKER
+    + """
 local p, name, cluster, info = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local ts = tonumber(ARGV[5])
 local routes = cjson.decode(ARGV[6])
@@ -94,9 +100,12 @@ local out = {isnew and 'new' or 'ok'}
 for _, t in ipairs(changed) do table.insert(out, t) end
 return out
 """
+)
 
 # ARGV: prefix, name, ts, tombstone_ttl_s
-_UNREGISTER = _REMOVE_BROKER + """
+_UNREGISTER = (
+    _REMOVE_BROKER
+    + """
 local p, name = ARGV[1], ARGV[2]
 local ts = tonumber(ARGV[3])
 local last = redis.call('HGET', p .. 'broker:' .. name, 'last_msg_ts')
@@ -108,9 +117,12 @@ local out = {'ok'}
 for _, t in ipairs(changed) do table.insert(out, t) end
 return out
 """
+)
 
 # ARGV: prefix, cutoff
-_EXPIRE_BROKERS = _REMOVE_BROKER + """
+_EXPIRE_BROKERS = (
+    _REMOVE_BROKER
+    + """
 local p = ARGV[1]
 local names = redis.call('ZRANGEBYSCORE', p .. 'brokers', '-inf', '(' .. ARGV[2])
 local topics = {}
@@ -120,6 +132,7 @@ end
 publish(p, topics, names)
 return names
 """
+)
 
 _REMOVE_CLIENT = """
 local function remove_client(p, cid)
@@ -165,20 +178,26 @@ return 1
 """
 
 # ARGV: prefix, client_id, ts
-_CLIENT_UNREGISTER = _REMOVE_CLIENT + """
+_CLIENT_UNREGISTER = (
+    _REMOVE_CLIENT
+    + """
 local last = redis.call('HGET', ARGV[1] .. 'client:' .. ARGV[2], 'last_seen')
 if last and tonumber(last) > tonumber(ARGV[3]) then return 0 end
 remove_client(ARGV[1], ARGV[2])
 return 1
 """
+)
 
 # ARGV: prefix, cutoff
-_EXPIRE_CLIENTS = _REMOVE_CLIENT + """
+_EXPIRE_CLIENTS = (
+    _REMOVE_CLIENT
+    + """
 local p = ARGV[1]
 local ids = redis.call('ZRANGEBYSCORE', p .. 'clients', '-inf', '(' .. ARGV[2])
 for _, cid in ipairs(ids) do remove_client(p, cid) end
 return ids
 """
+)
 
 
 class RegistryWriter:
@@ -204,8 +223,14 @@ class RegistryWriter:
             routes[topic] = QueueRoute.build(rec.broker, cfg).to_json()
         info = rec.broker.model_dump_json()
         res = await self._register(
-            args=[self.prefix, rec.broker.broker_name, rec.broker.cluster, info, rec.ts,
-                  json.dumps(routes) if routes else "{}"]
+            args=[
+                self.prefix,
+                rec.broker.broker_name,
+                rec.broker.cluster,
+                info,
+                rec.ts,
+                json.dumps(routes) if routes else "{}",
+            ]
         )
         return str(res[0]), [str(t) for t in res[1:]]
 
@@ -223,8 +248,13 @@ class RegistryWriter:
         for sub in rec.subscriptions:
             args += [
                 sub.topic,
-                json.dumps({"expression": sub.expression, "message_model": rec.message_model,
-                            "updated": rec.ts}),
+                json.dumps(
+                    {
+                        "expression": sub.expression,
+                        "message_model": rec.message_model,
+                        "updated": rec.ts,
+                    }
+                ),
                 RedisKeys.subhistory_field(rec.group, sub.topic, sub.expression, rec.message_model),
             ]
         return bool(await self._client_hb(args=args))

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pydantic import Field
-
 from tracemq.settings import CommonSettings
 
 
 class NamesrvSettings(CommonSettings):
-    namesrv_group: str = Field("tracemq-namesrv", description="Consumer group shared by nameservers.")
+    namesrv_group: str = Field(
+        "tracemq-namesrv", description="Consumer group shared by nameservers."
+    )
     namesrv_expiry_ms: int = Field(
         120_000, ge=1000, description="A broker or client silent this long is removed."
     )
@@ -19,8 +20,10 @@ class NamesrvSettings(CommonSettings):
         4, ge=1, le=256, description="Partitions of the control topic when a nameserver creates it."
     )
     namesrv_session_timeout_ms: int = Field(
-        10_000, ge=1000, description="Kafka group session timeout: how fast a dead peer's "
-        "partitions move to a live nameserver."
+        10_000,
+        ge=1000,
+        description="Kafka group session timeout: how fast a dead peer's "
+        "partitions move to a live nameserver.",
     )
     namesrv_tombstone_ttl_s: int = Field(
         3600, ge=60, description="How long a graceful unregister shadows older heartbeats."

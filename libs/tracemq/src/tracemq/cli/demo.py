@@ -26,8 +26,9 @@ def _route_table(route: TopicRoute) -> Table:
     for col in ("broker", "cluster", "queues (r/w)", "perm", "data cluster"):
         table.add_column(col)
     for q in route.queues:
-        table.add_row(q.broker, q.cluster, f"{q.read_queues}/{q.write_queues}", str(q.perm),
-                      q.data_bootstrap)
+        table.add_row(
+            q.broker, q.cluster, f"{q.read_queues}/{q.write_queues}", str(q.perm), q.data_bootstrap
+        )
     return table
 
 
@@ -43,15 +44,18 @@ async def _setup_topic(stack: EmbeddedStack, queues: int) -> list[TopicRoute]:
             if route.queues:
                 break
             await asyncio.sleep(0.1)
-        return [await reader.topic_route(DEMO_TOPIC),
-                await reader.topic_route("RMQ_SYS_TRACE_TOPIC")]
+        return [
+            await reader.topic_route(DEMO_TOPIC),
+            await reader.topic_route("RMQ_SYS_TRACE_TOPIC"),
+        ]
     finally:
         await r.aclose()
 
 
 def demo(
-    keep_running: bool = typer.Option(False, "--keep-running",
-                                      help="Keep the stack up until Ctrl-C."),
+    keep_running: bool = typer.Option(
+        False, "--keep-running", help="Keep the stack up until Ctrl-C."
+    ),
     queues: int = typer.Option(4, help="Queues of the demo topic."),
 ) -> None:
     """Run the demo on the embedded stack."""
@@ -63,11 +67,15 @@ def demo(
     signal.signal(signal.SIGTERM, on_term)
     stack = EmbeddedStack(StackConfig())
     try:
-        with out.status("starting the embedded stack (2 Kafka clusters, Redis, nameserver, "
-                        "broker-a, trace-broker)…"):
+        with out.status(
+            "starting the embedded stack (2 Kafka clusters, Redis, nameserver, "
+            "broker-a, trace-broker)…"
+        ):
             stack.start()
-        out.print(f"[green]stack up[/] — business Kafka {stack.business_bootstrap}, "
-                  f"trace Kafka {stack.trace_bootstrap}, Redis {stack.redis_url}")
+        out.print(
+            f"[green]stack up[/] — business Kafka {stack.business_bootstrap}, "
+            f"trace Kafka {stack.trace_bootstrap}, Redis {stack.redis_url}"
+        )
         routes = asyncio.run(_setup_topic(stack, queues))
         for route in routes:
             out.print(_route_table(route))
@@ -86,5 +94,3 @@ def demo(
         with out.status("stopping the stack…"):
             stack.stop()
         out.print("stack stopped; no process left behind")
-
-

@@ -7,7 +7,6 @@ import os
 import shutil
 import signal
 import subprocess
-
 import time
 import urllib.error
 import urllib.request
@@ -15,16 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from tracemq.cli._console import console
 from rich.table import Table
 
 from tracemq.cli._connection import dev_home, dev_state
+from tracemq.cli._console import console
 from tracemq.devstack import EmbeddedStack, StackConfig
 from tracemq.devstack.stack import tracemq_command
 from tracemq.errors import StackError
 
-app = typer.Typer(help="Run the embedded stack (Tansu ×2, Redis, nameserver, brokers).",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Run the embedded stack (Tansu ×2, Redis, nameserver, brokers).", no_args_is_help=True
+)
 
 
 def _print_endpoints(ep: dict[str, Any]) -> None:
@@ -40,8 +40,10 @@ def _print_endpoints(ep: dict[str, Any]) -> None:
         table.add_row("collector API / viewer", ep["collector_api"])
     table.add_row("logs", str(Path(ep["workdir"]) / "logs"))
     console().print(table)
-    typer.echo(f"export TRACEMQ_REDIS_URL={ep['redis_url']} "
-               f"TRACEMQ_CONTROL_BOOTSTRAP={ep['business_bootstrap']}")
+    typer.echo(
+        f"export TRACEMQ_REDIS_URL={ep['redis_url']} "
+        f"TRACEMQ_CONTROL_BOOTSTRAP={ep['business_bootstrap']}"
+    )
 
 
 def _alive(pid: int | None) -> bool:
@@ -64,15 +66,17 @@ def _alive(pid: int | None) -> bool:
 @app.command("up")
 def up(
     detach: bool = typer.Option(False, "--detach", "-d", help="Run in the background."),
-    collector: bool = typer.Option(False, "--collector/--no-collector",
-                                   help="Also start the trace collector."),
+    collector: bool = typer.Option(
+        False, "--collector/--no-collector", help="Also start the trace collector."
+    ),
 ) -> None:
     """Start the stack; in the foreground it runs until Ctrl-C or SIGTERM."""
     home = dev_home()
     state = dev_state()
     if state and _alive(int(state.get("launcher_pid") or 0)):
-        raise StackError(f"a stack is already running (pid {state['launcher_pid']}); "
-                         "`tracemq dev down` first")
+        raise StackError(
+            f"a stack is already running (pid {state['launcher_pid']}); `tracemq dev down` first"
+        )
     home.mkdir(parents=True, exist_ok=True)
     if detach:
         _up_detached(home, collector)
@@ -87,8 +91,12 @@ def up(
     stack = EmbeddedStack(StackConfig(workdir=home / "stack", with_collector=collector))
     try:
         stack.start()
-        stack.write_state(home / "state.json", launcher_pid=os.getpid(), status="running",
-                          processes={n: p.pid for n, p in stack.processes.items()})
+        stack.write_state(
+            home / "state.json",
+            launcher_pid=os.getpid(),
+            status="running",
+            processes={n: p.pid for n, p in stack.processes.items()},
+        )
         _print_endpoints(stack.endpoints())
         typer.echo("stack is up; Ctrl-C stops it")
         while True:
@@ -107,8 +115,14 @@ def up(
 def _up_detached(home: Path, collector: bool) -> None:
     log = open(home / "launcher.log", "wb")  # noqa: SIM115 - handed to the child
     argv = [*tracemq_command(), "dev", "up"] + (["--collector"] if collector else [])
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True, env={**os.environ, "TRACEMQ_DEV_HOME": str(home)})
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "TRACEMQ_DEV_HOME": str(home)},
+    )
     log.close()
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -117,7 +131,7 @@ def _up_detached(home: Path, collector: bool) -> None:
             raise StackError(f"the stack failed to start (exit {proc.returncode}):\n{tail}")
         st = dev_state()
         if st and st.get("status") == "running" and st.get("launcher_pid") == proc.pid:
-            _print_endpoints(st)  # type: ignore[arg-type]
+            _print_endpoints(st)
             typer.echo(f"running in the background (pid {proc.pid}); `tracemq dev down` stops it")
             return
         time.sleep(0.2)
@@ -138,8 +152,7 @@ def down(timeout: float = typer.Option(60.0, help="Seconds to wait for a clean s
         deadline = time.monotonic() + timeout
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-    leftovers = [int(p) for p in (state.get("processes") or {}).values()  # type: ignore[union-attr]
-                 if p and _alive(int(p))]
+    leftovers = [int(p) for p in (state.get("processes") or {}).values() if p and _alive(int(p))]
     for p in [pid, *leftovers]:
         if _alive(p):
             try:
@@ -153,15 +166,25 @@ def down(timeout: float = typer.Option(60.0, help="Seconds to wait for a clean s
 @app.command("status")
 def status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Endpoints and health of the running stack (exit 1 when none runs or a service is down)."""
-    state = dev_state()
-    running = bool(state) and _alive(int(state.get("launcher_pid") or 0))  # type: ignore[union-attr]
+    state = dev_state() or {}
+    running = bool(state) and _alive(int(state.get("launcher_pid") or 0))
     out: dict[str, Any] = {"running": running}
     healthy = running
-    if state and running:
-        out.update({k: state[k] for k in ("business_bootstrap", "trace_bootstrap", "redis_url",
-                                          "collector_api", "workdir")})
+    if running:
+        out.update(
+            {
+                k: state[k]
+                for k in (
+                    "business_bootstrap",
+                    "trace_bootstrap",
+                    "redis_url",
+                    "collector_api",
+                    "workdir",
+                )
+            }
+        )
         services = {}
-        for name, svc in state["services"].items():  # type: ignore[union-attr]
+        for name, svc in state["services"].items():
             ok = _healthy(svc["health_url"])
             healthy = healthy and ok
             services[name] = {"health_url": svc["health_url"], "healthy": ok}
@@ -170,7 +193,7 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
     if as_json:
         typer.echo(json.dumps(out, indent=2))
     elif running:
-        _print_endpoints({**state, "services": state["services"]})  # type: ignore[dict-item,index]
+        _print_endpoints({**state, "services": state["services"]})
     else:
         typer.echo("no stack is running")
     raise typer.Exit(0 if healthy else 1)
@@ -182,5 +205,3 @@ def _healthy(url: str) -> bool:
             return bool(resp.status == 200)
     except (urllib.error.URLError, OSError, ValueError):
         return False
-
-

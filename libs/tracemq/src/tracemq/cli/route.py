@@ -6,10 +6,10 @@ import asyncio
 import json
 
 import typer
-from tracemq.cli._console import console
 from rich.table import Table
 
 from tracemq.cli._connection import resolve
+from tracemq.cli._console import console
 from tracemq.naming import validate_topic
 from tracemq.routing import RegistryReader, connect
 
@@ -40,13 +40,28 @@ def show(
         typer.echo(json.dumps(route, indent=2))
     else:
         table = Table(title=f"route of {topic}")
-        for col in ("broker", "cluster", "read queues", "write queues", "perm", "data bootstrap",
-                    "region", "trace on"):
+        for col in (
+            "broker",
+            "cluster",
+            "read queues",
+            "write queues",
+            "perm",
+            "data bootstrap",
+            "region",
+            "trace on",
+        ):
             table.add_column(col)
         for b in brokers:
-            table.add_row(b["broker"], b["cluster"], str(b["read_queues"]),
-                          str(b["write_queues"]), str(b["perm"]), b["data_bootstrap"],
-                          b["region_id"], str(b["trace_on"]).lower())
+            table.add_row(
+                b["broker"],
+                b["cluster"],
+                str(b["read_queues"]),
+                str(b["write_queues"]),
+                str(b["perm"]),
+                b["data_bootstrap"],
+                b["region_id"],
+                str(b["trace_on"]).lower(),
+            )
         console().print(table)
     if not brokers:
         typer.echo(f"no route for topic {topic!r}", err=True)

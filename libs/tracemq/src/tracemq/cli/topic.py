@@ -21,8 +21,9 @@ def _run(call: Callable[[AdminClient], Awaitable[dict[str, Any]]]) -> None:
     conn = resolve()
 
     async def go() -> dict[str, Any]:
-        async with AdminClient(conn.control_bootstrap, conn.redis_url,
-                               redis_prefix=conn.redis_prefix) as admin:
+        async with AdminClient(
+            conn.control_bootstrap, conn.redis_url, redis_prefix=conn.redis_prefix
+        ) as admin:
             return await call(admin)
 
     typer.echo(json.dumps(asyncio.run(go()), indent=2, sort_keys=True))
@@ -37,8 +38,11 @@ def create(
     perm: int = typer.Option(6, help="RocketMQ perm bits: 4 read, 2 write (6 = read+write)."),
 ) -> None:
     """Create TOPIC on a broker."""
-    _run(lambda a: a.create_topic(broker, topic, read_queues=read_queues,
-                                  write_queues=write_queues, perm=perm))
+    _run(
+        lambda a: a.create_topic(
+            broker, topic, read_queues=read_queues, write_queues=write_queues, perm=perm
+        )
+    )
 
 
 @app.command("update")
@@ -50,8 +54,11 @@ def update(
     perm: int | None = typer.Option(None),
 ) -> None:
     """Change queue counts or perm of TOPIC on a broker."""
-    _run(lambda a: a.update_topic(broker, topic, read_queues=read_queues,
-                                  write_queues=write_queues, perm=perm))
+    _run(
+        lambda a: a.update_topic(
+            broker, topic, read_queues=read_queues, write_queues=write_queues, perm=perm
+        )
+    )
 
 
 @app.command("delete")

@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tracemq.errors import StackError
 
@@ -41,7 +42,7 @@ class ManagedProcess:
     log_path: Path
     health_url: str | None = None
     popen: subprocess.Popen[bytes] | None = None
-    extra: dict[str, object] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def pid(self) -> int | None:
@@ -82,7 +83,9 @@ class ManagedProcess:
             if probe():
                 return
             time.sleep(0.1)
-        raise StackError(f"{self.name} not healthy after {timeout_s}s; log tail:\n{self.log_tail()}")
+        raise StackError(
+            f"{self.name} not healthy after {timeout_s}s; log tail:\n{self.log_tail()}"
+        )
 
     def _http_ok(self) -> bool:
         if not self.health_url:

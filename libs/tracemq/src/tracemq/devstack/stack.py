@@ -151,8 +151,18 @@ class EmbeddedStack:
         url = f"tcp://127.0.0.1:{port}"
         proc = ManagedProcess(
             name=name,
-            argv=[binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-                  "--storage-engine", "memory://tansu/", "--cluster-id", name],
+            argv=[
+                binary,
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+                "--cluster-id",
+                name,
+            ],
             env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
             log_path=self.workdir / "logs" / f"{name}.log",
         )
@@ -167,8 +177,23 @@ class EmbeddedStack:
         data.mkdir(parents=True, exist_ok=True)
         proc = ManagedProcess(
             name="redis",
-            argv=[redis_server_bin(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                  "--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(data), "--protected-mode", "no"],
+            argv=[
+                redis_server_bin(),
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "everysec",
+                "--dir",
+                str(data),
+                "--protected-mode",
+                "no",
+            ],
             env=dict(os.environ),
             log_path=self.workdir / "logs" / "redis.log",
         )
@@ -229,14 +254,24 @@ class EmbeddedStack:
             "TRACEMQ_HTTP_PORT": str(http_port),
         }
 
-    def spawn_service(self, name: str, args: list[str], env: dict[str, str],
-                      *, wait: bool = True, kind: str = "service") -> ManagedProcess:
+    def spawn_service(
+        self,
+        name: str,
+        args: list[str],
+        env: dict[str, str],
+        *,
+        wait: bool = True,
+        kind: str = "service",
+    ) -> ManagedProcess:
         """Run ``tracemq <args>`` as process ``name`` with ``env`` on top of the base env."""
         if name in self.processes and self.processes[name].alive():
             raise StackError(f"a process named {name!r} is already running")
         port = int(env["TRACEMQ_HTTP_PORT"])
-        base = {k: v for k, v in os.environ.items() if not k.startswith("TRACEMQ_")
-                or k.startswith("TRACEMQ_DEV_")}
+        base = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("TRACEMQ_") or k.startswith("TRACEMQ_DEV_")
+        }
         full_env = {**base, "TRACEMQ_LOG_LEVEL": "INFO", **self.config.service_env, **env}
         proc = ManagedProcess(
             name=name,
@@ -269,20 +304,26 @@ class EmbeddedStack:
             "TRACEMQ_BROKER_DATA_DIR": str(self.workdir / "data" / name),
         }
 
-    def start_broker(self, name: str, role: str = "business", *, wait: bool = True,
-                     **env: str) -> ManagedProcess:
+    def start_broker(
+        self, name: str, role: str = "business", *, wait: bool = True, **env: str
+    ) -> ManagedProcess:
         old = self.processes.get(name)
         # a restarted broker keeps its port (its address) and data dir, as a real host would
         port = int(old.env["TRACEMQ_HTTP_PORT"]) if old is not None else free_port()
-        return self.spawn_service(name, ["broker"], {**self.broker_env(name, role, port), **env},
-                                  wait=wait)
+        return self.spawn_service(
+            name, ["broker"], {**self.broker_env(name, role, port), **env}, wait=wait
+        )
 
     def start_collector(self, name: str = "collector", **env: str) -> ManagedProcess:
         port = free_port()
         return self.spawn_service(
-            name, ["collector"],
-            {**self.common_env(port), "TRACEMQ_COLLECTOR_DATA_DIR": str(self.workdir / "data" / name),
-             **env},
+            name,
+            ["collector"],
+            {
+                **self.common_env(port),
+                "TRACEMQ_COLLECTOR_DATA_DIR": str(self.workdir / "data" / name),
+                **env,
+            },
         )
 
     def restart(self, name: str) -> ManagedProcess:
@@ -290,7 +331,7 @@ class EmbeddedStack:
         old = self.processes[name]
         if old.alive():
             raise StackError(f"{name} is still running")
-        args = list(old.extra["service_args"])  # type: ignore[arg-type]
+        args = list(old.extra["service_args"])
         env = {k: v for k, v in old.env.items() if k.startswith("TRACEMQ_")}
         del self.processes[name]
         return self.spawn_service(name, args, env)
@@ -298,12 +339,19 @@ class EmbeddedStack:
     # -- reporting -------------------------------------------------------------------------
     def endpoints(self) -> dict[str, Any]:
         services = {
-            n: {"health_url": p.health_url, "pid": p.pid, "alive": p.alive(),
-                "log": str(p.log_path)}
-            for n, p in self.processes.items() if p.extra.get("kind") == "service"
+            n: {
+                "health_url": p.health_url,
+                "pid": p.pid,
+                "alive": p.alive(),
+                "log": str(p.log_path),
+            }
+            for n, p in self.processes.items()
+            if p.extra.get("kind") == "service"
         }
-        collector = next((n for n, p in self.processes.items()
-                          if p.extra.get("service_args") == ["collector"]), None)
+        collector = next(
+            (n for n, p in self.processes.items() if p.extra.get("service_args") == ["collector"]),
+            None,
+        )
         api = None
         if collector:
             port = self.processes[collector].env["TRACEMQ_HTTP_PORT"]
@@ -329,4 +377,3 @@ class EmbeddedStack:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({**self.endpoints(), **extra}, indent=2))
         os.replace(tmp, path)
-

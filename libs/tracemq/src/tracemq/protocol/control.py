@@ -93,8 +93,13 @@ ControlRecord = Annotated[
     Field(discriminator="type"),
 ]
 _ADAPTER: TypeAdapter[ControlRecord] = TypeAdapter(ControlRecord)
-_TYPES = {"broker.register", "broker.heartbeat", "broker.unregister", "client.heartbeat",
-          "client.unregister"}
+_TYPES = {
+    "broker.register",
+    "broker.heartbeat",
+    "broker.unregister",
+    "client.heartbeat",
+    "client.unregister",
+}
 
 
 def encode(record: BrokerRegister | BrokerUnregister | ClientHeartbeat | ClientUnregister) -> bytes:
@@ -102,7 +107,9 @@ def encode(record: BrokerRegister | BrokerUnregister | ClientHeartbeat | ClientU
     return pack(record)
 
 
-def decode(data: bytes | None) -> BrokerRegister | BrokerUnregister | ClientHeartbeat | ClientUnregister:
+def decode(
+    data: bytes | None,
+) -> BrokerRegister | BrokerUnregister | ClientHeartbeat | ClientUnregister:
     """Decode one control record; raise :class:`ProtocolError` (with ``kind``) on anything bad."""
     obj = unpack_dict(data)
     if obj.get("type") not in _TYPES:
@@ -111,7 +118,18 @@ def decode(data: bytes | None) -> BrokerRegister | BrokerUnregister | ClientHear
 
 
 __all__ = [
-    "PERM_INHERIT", "PERM_READ", "PERM_RW", "PERM_WRITE", "BrokerInfo", "BrokerRegister",
-    "BrokerUnregister", "ClientHeartbeat", "ClientUnregister", "ProtocolError", "Subscription",
-    "TopicConfig", "decode", "encode",
+    "PERM_INHERIT",
+    "PERM_READ",
+    "PERM_RW",
+    "PERM_WRITE",
+    "BrokerInfo",
+    "BrokerRegister",
+    "BrokerUnregister",
+    "ClientHeartbeat",
+    "ClientUnregister",
+    "ProtocolError",
+    "Subscription",
+    "TopicConfig",
+    "decode",
+    "encode",
 ]

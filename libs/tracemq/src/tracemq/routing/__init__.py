@@ -5,5 +5,12 @@ from tracemq.routing.keys import RedisKeys
 from tracemq.routing.model import QueueRoute, TopicRoute
 from tracemq.routing.registry import RegistryReader, connect, now_ms
 
-__all__ = ["QueueRoute", "RedisKeys", "RegistryReader", "RouteCache", "TopicRoute", "connect",
-           "now_ms"]
+__all__ = [
+    "QueueRoute",
+    "RedisKeys",
+    "RegistryReader",
+    "RouteCache",
+    "TopicRoute",
+    "connect",
+    "now_ms",
+]

@@ -114,8 +114,11 @@ class RouteCache:
         except (RedisError, OSError) as exc:
             ROUTE_REFRESH_ERRORS.inc()
             self.last_error = f"{exc.__class__.__name__}: {exc}"
-            log.warning("route refresh failed; serving the last good route", topic=topic,
-                        error=self.last_error)
+            log.warning(
+                "route refresh failed; serving the last good route",
+                topic=topic,
+                error=self.last_error,
+            )
             if topic in self._routes:
                 return self._routes[topic]
             return TopicRoute(topic=topic)

@@ -24,7 +24,10 @@ def connect(url: str) -> aioredis.Redis:
     """A Redis client for the routing database (strings in, strings out)."""
     # A pooled connection dies with a Redis restart; retry once or twice on a fresh one.
     return aioredis.Redis.from_url(
-        url, decode_responses=True, socket_connect_timeout=2, socket_timeout=5,
+        url,
+        decode_responses=True,
+        socket_connect_timeout=2,
+        socket_timeout=5,
         health_check_interval=15,
         retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
         retry_on_error=[RedisConnectionError, RedisTimeoutError],
@@ -48,7 +51,8 @@ class RegistryReader:
 
     async def brokers(self) -> dict[str, dict[str, Any]]:
         """Live brokers: name → info dict plus ``last_seen`` and ``topics``."""
-        names = [_s(n) for n in await self.redis.zrange(self.keys.brokers, 0, -1)]
+        raw_names: list[str] = await self.redis.zrange(self.keys.brokers, 0, -1)
+        names = [_s(n) for n in raw_names]
         out: dict[str, dict[str, Any]] = {}
         for name in names:
             h = await self.redis.hgetall(self.keys.broker(name))
