@@ -51,7 +51,7 @@ class RegistryReader:
 
     async def brokers(self) -> dict[str, dict[str, Any]]:
         """Live brokers: name → info dict plus ``last_seen`` and ``topics``."""
-        raw_names: list[str] = await self.redis.zrange(self.keys.brokers, 0, -1)
+        raw_names: list[str] = await self.redis.zrange(self.keys.brokers, 0, -1)  # type: ignore[assignment]
         names = [_s(n) for n in raw_names]
         out: dict[str, dict[str, Any]] = {}
         for name in names:
