@@ -1,8 +1,30 @@
 """tracemq: message track trace for RocketMQ-style messaging on a Kafka-compatible transport.
 
-Public modules: :mod:`tracemq.trace` (RocketMQ-compatible trace model and codec),
-:mod:`tracemq.message_id`, :mod:`tracemq.routing`, :mod:`tracemq.admin`, :mod:`tracemq.naming`,
-:mod:`tracemq.errors`, :mod:`tracemq.devstack` (the embedded stack).
+The client API::
+
+    from tracemq import Message, Producer, PushConsumer, ConsumeConcurrentlyStatus
+
+Public modules: :mod:`tracemq.trace` (RocketMQ-compatible trace model, codec, dispatcher),
+:mod:`tracemq.message_id`, :mod:`tracemq.hooks`, :mod:`tracemq.routing`, :mod:`tracemq.admin`,
+:mod:`tracemq.naming`, :mod:`tracemq.errors`, :mod:`tracemq.devstack` (the embedded stack).
 """
 
+from tracemq._client import ClientSettings
+from tracemq.consumer import (
+    ConsumeConcurrentlyStatus,
+    ConsumeContext,
+    ConsumeFromWhere,
+    ConsumeOrderlyStatus,
+    MessageModel,
+    PushConsumer,
+)
+from tracemq.message import Message, MessageExt, MessageQueue, SendResult, SendStatus
+from tracemq.producer import Producer, SendError
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "ClientSettings", "ConsumeConcurrentlyStatus", "ConsumeContext", "ConsumeFromWhere",
+    "ConsumeOrderlyStatus", "Message", "MessageExt", "MessageModel", "MessageQueue", "Producer",
+    "PushConsumer", "SendError", "SendResult", "SendStatus",
+]

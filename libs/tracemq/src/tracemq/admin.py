@@ -148,7 +148,9 @@ class AdminClient:
             body["write_queues"] = validate_queue_count(write_queues, "write_queues")
         if perm is not None:
             body["perm"] = perm
-        return await self.request(broker, "topic.update", body)
+        reply = await self.request(broker, "topic.update", body)
+        await self._await_route(broker, topic, write_queues)
+        return reply
 
     async def delete_topic(self, broker: str, topic: str) -> dict[str, Any]:
         validate_topic(topic, allow_system=False)

@@ -51,7 +51,7 @@ class RouteCache:
         self._refresh_interval_s = refresh_interval_s
         self._routes: dict[str, TopicRoute] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        self._changed = asyncio.Event()
+        self._inflight: dict[str, asyncio.Future[TopicRoute]] = {}
         self._listeners: list[asyncio.Queue[str]] = []
         self.last_error: str | None = None
 
@@ -109,6 +109,15 @@ class RouteCache:
         return q
 
     async def _refresh(self, topic: str) -> TopicRoute:
+        """One Redis read per topic at a time: concurrent callers share the in-flight one."""
+        task = self._inflight.get(topic)
+        if task is None:
+            task = asyncio.ensure_future(self._fetch(topic))
+            self._inflight[topic] = task
+            task.add_done_callback(lambda _t: self._inflight.pop(topic, None))
+        return await asyncio.shield(task)
+
+    async def _fetch(self, topic: str) -> TopicRoute:
         try:
             route = await self._reader.topic_route(topic)
         except (RedisError, OSError) as exc:

@@ -1,0 +1,139 @@
+"""What every client (producer or consumer) owns: routes, Kafka producers, heartbeats to the
+nameserver, and — when message trace is on — its own trace dispatcher.
+
+Each client owns its own runtime (no process-wide singleton), so several producers and consumers
+in one process are all traced independently (a RocketMQ bug once traced only one of them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from tracemq._kafka import ProducerPool
+from tracemq.log import get_logger
+from tracemq.message_id import local_ipv4
+from tracemq.naming import TRACE_TOPIC, validate_topic
+from tracemq.protocol import control
+from tracemq.routing import RouteCache
+from tracemq.settings import ENV_PREFIX
+
+log = get_logger("client")
+
+
+class ClientSettings(BaseSettings):
+    """Where a client finds the stack (``TRACEMQ_*`` variables, or keyword arguments)."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_prefix: str = "tmq:"
+    control_bootstrap: str = "127.0.0.1:9092"
+    control_topic: str = "tracemq.namesrv"
+    client_heartbeat_interval_ms: int = Field(30_000, ge=100)
+    route_refresh_interval_ms: int = Field(30_000, ge=100)
+    instance_name: str = "DEFAULT"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class ClientRuntime:
+    """Shared machinery of one client."""
+
+    def __init__(self, group: str, role: Literal["producer", "consumer"],
+                 settings: ClientSettings, *, enable_msg_trace: bool = False,
+                 trace_topic: str | None = None, message_model: str = "CLUSTERING",
+                 subscriptions: Callable[[], list[control.Subscription]] | None = None,
+                 trace_options: dict[str, Any] | None = None) -> None:
+        self.group = group
+        self.role = role
+        self.settings = settings
+        self.client_host = local_ipv4()
+        self.client_id = f"{self.client_host}@{os.getpid()}#{settings.instance_name}#{uuid.uuid4().hex[:8]}"
+        self.message_model = message_model
+        self.routes = RouteCache(settings.redis_url, prefix=settings.redis_prefix,
+                                 refresh_interval_s=settings.route_refresh_interval_ms / 1000)
+        self.pool = ProducerPool()
+        self._subscriptions = subscriptions or list
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self.enable_msg_trace = enable_msg_trace
+        self.trace_topic = validate_topic(trace_topic) if trace_topic else TRACE_TOPIC
+        self._trace_customized = trace_topic is not None and trace_topic != TRACE_TOPIC
+        self._trace_options = trace_options or {}
+        self.dispatcher: Any = None
+        self._store_hosts: dict[str, str] = {}
+
+    async def start(self) -> None:
+        await self.routes.start()
+        if self.enable_msg_trace:
+            from tracemq.trace._dispatcher import AsyncTraceDispatcher
+
+            self.dispatcher = AsyncTraceDispatcher(
+                group=self.group, route_cache=self.routes, trace_topic=self.trace_topic,
+                customized=self._trace_customized, **self._trace_options)
+            await self.dispatcher.start()
+        await self.heartbeat()
+        self._heartbeat_task = asyncio.create_task(self._heartbeat_loop(),
+                                                   name=f"heartbeat-{self.group}")
+
+    async def stop(self, trace_timeout_s: float = 5.0) -> None:
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._heartbeat_task
+        if self.dispatcher is not None:
+            await self.dispatcher.shutdown(trace_timeout_s)
+        with contextlib.suppress(Exception):
+            await self._send_control(control.ClientUnregister(ts=now_ms(), client_id=self.client_id,
+                                                              group=self.group))
+        await self.pool.close()
+        await self.routes.stop()
+
+    async def store_host(self, address: str) -> str:
+        """A broker address as IPv4:port (offsetMsgId needs an IPv4), resolved once."""
+        cached = self._store_hosts.get(address)
+        if cached:
+            return cached
+        host, _, port = address.rpartition(":")
+        try:
+            socket.inet_aton(host)
+            ip = host
+        except OSError:
+            try:
+                infos = await asyncio.get_running_loop().getaddrinfo(host, None,
+                                                                     family=socket.AF_INET)
+                ip = str(infos[0][4][0]) if infos else "127.0.0.1"
+            except OSError:
+                ip = "127.0.0.1"
+        self._store_hosts[address] = f"{ip}:{port or 0}"
+        return self._store_hosts[address]
+
+    async def heartbeat(self) -> None:
+        await self._send_control(control.ClientHeartbeat(
+            ts=now_ms(), client_id=self.client_id, group=self.group, role=self.role,
+            message_model=self.message_model,  # type: ignore[arg-type]
+            client_host=self.client_host, subscriptions=self._subscriptions()))
+
+    async def _send_control(self, record: Any) -> None:
+        producer = await self.pool.get(self.settings.control_bootstrap)
+        await producer.send_and_wait(self.settings.control_topic, control.encode(record),
+                                     key=self.client_id.encode())
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.client_heartbeat_interval_ms / 1000)
+            try:
+                await self.heartbeat()
+            except Exception as exc:  # keep trying; the nameserver expires us if this persists
+                log.warning("client heartbeat failed", group=self.group, error=repr(exc))

@@ -1,0 +1,13 @@
+"""Consumers: :class:`PushConsumer` and :class:`LitePullConsumer`."""
+
+from tracemq.consumer.listener import (
+    ConsumeConcurrentlyStatus,
+    ConsumeContext,
+    ConsumeFromWhere,
+    ConsumeOrderlyStatus,
+    MessageModel,
+)
+from tracemq.consumer.push import PushConsumer
+
+__all__ = ["ConsumeConcurrentlyStatus", "ConsumeContext", "ConsumeFromWhere",
+           "ConsumeOrderlyStatus", "MessageModel", "PushConsumer"]

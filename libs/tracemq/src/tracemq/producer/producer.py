@@ -1,0 +1,346 @@
+"""The Producer: sends messages to the queues of a topic's brokers, with message trace.
+
+A send picks a writable queue round robin (skipping brokers that just failed), writes one Kafka
+record to partition ``queue_id`` of ``<broker>.<topic>`` on that broker's cluster, and retries
+on another queue — preferably another broker — with the same msgId (``retry_times_when_send_failed``,
+2 by default). Every message of :meth:`Producer.send_batch` keeps its own msgId and its own Pub
+trace (RocketMQ cannot trace batch members).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from aiokafka.structs import RecordMetadata
+
+from tracemq._client import ClientRuntime, ClientSettings, now_ms
+from tracemq.errors import ClientStateError, TracemqError
+from tracemq.hooks import SendMessageContext, SendMessageHook, call_hooks
+from tracemq.log import get_logger
+from tracemq.message import InvalidMessageError, Message, MessageConst, MessageQueue, SendResult, SendStatus
+from tracemq.message_id import encode_offset_msg_id, new_msg_id
+from tracemq.naming import kafka_topic, validate_group
+from tracemq.producer._fault import FaultTolerance
+from tracemq.routing import QueueRoute, TopicRoute
+from tracemq.trace import MessageType
+
+log = get_logger("producer")
+
+MessageQueueSelector = Callable[[list[MessageQueue], Message, Any], MessageQueue]
+DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
+
+
+class SendError(TracemqError):
+    """Every attempt of a send failed; ``__cause__`` is the last failure."""
+
+    retriable = True
+
+
+class Producer:
+    """Sends messages; ``enable_msg_trace=True`` records a Pub trace for every message.
+
+    Connection settings come from ``TRACEMQ_REDIS_URL`` / ``TRACEMQ_CONTROL_BOOTSTRAP`` (or pass
+    ``redis_url`` / ``control_bootstrap``, or a whole :class:`ClientSettings`).
+    """
+
+    def __init__(
+        self,
+        group: str,
+        *,
+        enable_msg_trace: bool = False,
+        trace_topic: str | None = None,
+        settings: ClientSettings | None = None,
+        redis_url: str | None = None,
+        control_bootstrap: str | None = None,
+        send_msg_timeout_ms: int = 3000,
+        retry_times_when_send_failed: int = 2,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        fault_isolation_ms: int = 30_000,
+        trace_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.group = validate_group(group)
+        overrides = {k: v for k, v in (("redis_url", redis_url),
+                                       ("control_bootstrap", control_bootstrap)) if v}
+        self.settings = settings or ClientSettings(**overrides)
+        self.send_msg_timeout_ms = send_msg_timeout_ms
+        self.retry_times_when_send_failed = retry_times_when_send_failed
+        self.max_message_size = max_message_size
+        self._runtime = ClientRuntime(self.group, "producer", self.settings,
+                                      enable_msg_trace=enable_msg_trace, trace_topic=trace_topic,
+                                      trace_options=trace_options)
+        self._faults = FaultTolerance(fault_isolation_ms)
+        self._hooks: list[SendMessageHook] = []
+        self._rr = 0
+        self._state = "created"
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._state != "created":
+            raise ClientStateError(f"producer {self.group!r} is {self._state}; create a new one")
+        self._state = "starting"
+        try:
+            await self._runtime.start()
+        except BaseException:
+            self._state = "shutdown"
+            await self._runtime.stop()
+            raise
+        if self._runtime.dispatcher is not None:
+            from tracemq.trace._hooks import SendMessageTraceHook
+
+            self._hooks.append(SendMessageTraceHook(self._runtime.dispatcher,
+                                                    self._runtime.trace_topic))
+        self._state = "running"
+
+    async def shutdown(self, trace_timeout_s: float = 5.0) -> None:
+        """Stop sending; flush what is buffered and the trace dispatcher (bounded), then close."""
+        if self._state in ("shutdown", "created"):
+            self._state = "shutdown"
+            return
+        self._state = "shutdown"
+        for p in list(self._runtime.pool._producers.values()):
+            await p.flush()
+        await self._runtime.stop(trace_timeout_s)
+
+    async def __aenter__(self) -> Producer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    def register_send_hook(self, hook: SendMessageHook) -> None:
+        self._hooks.append(hook)
+
+    @property
+    def client_id(self) -> str:
+        return self._runtime.client_id
+
+    @property
+    def trace_dispatcher(self) -> Any:
+        return self._runtime.dispatcher
+
+    # -- sending ---------------------------------------------------------------------------
+    def _check(self, msg: object) -> Message:
+        if self._state != "running":
+            if self._state == "shutdown":
+                raise ClientStateError(f"producer {self.group!r} has been shut down")
+            raise ClientStateError(f"producer {self.group!r} is not started; call start() first")
+        if not isinstance(msg, Message):
+            raise InvalidMessageError(f"expected a tracemq.Message, got {type(msg).__name__}")
+        if len(msg.body) > self.max_message_size:
+            raise InvalidMessageError(f"body of {len(msg.body)} bytes exceeds max_message_size "
+                                      f"{self.max_message_size}")
+        if not msg.body:
+            raise InvalidMessageError("body is empty")
+        if msg.delay_level:
+            raise InvalidMessageError("delay_level needs the broker's schedule service, "
+                                      "which this version does not provide yet")
+        return msg
+
+    async def _queues(self, topic: str) -> tuple[TopicRoute, list[tuple[QueueRoute, int]]]:
+        route = await self._runtime.routes.require(topic)
+        queues = [(q, i) for q in route.queues if q.writable for i in range(q.write_queues)]
+        if not queues:
+            route = await self._runtime.routes.require(topic, refresh=True)
+            queues = [(q, i) for q in route.queues if q.writable for i in range(q.write_queues)]
+        if not queues:
+            raise SendError(f"topic {topic!r} has no writable queue")
+        return route, queues
+
+    def _pick(self, queues: list[tuple[QueueRoute, int]], avoid: str | None) -> tuple[QueueRoute, int]:
+        n = len(queues)
+        for _ in range(n):
+            self._rr = (self._rr + 1) % n
+            q = queues[self._rr]
+            if q[0].broker != avoid and self._faults.available(q[0].broker):
+                return q
+        for _ in range(n):  # every broker is suspect: take any other broker, then anything
+            self._rr = (self._rr + 1) % n
+            if queues[self._rr][0].broker != avoid:
+                return queues[self._rr]
+        return queues[self._rr]
+
+    def _headers(self, msg: Message, msg_id: str) -> list[tuple[str, bytes]]:
+        h = [(MessageConst.UNIQ_KEY, msg_id.encode()),
+             (MessageConst.BORN_TIMESTAMP, str(now_ms()).encode()),
+             (MessageConst.BORN_HOST, self._runtime.client_host.encode()),
+             (MessageConst.PRODUCER_GROUP, self.group.encode())]
+        if msg.tags:
+            h.append((MessageConst.TAGS, msg.tags.encode()))
+        if msg.keys:
+            h.append((MessageConst.KEYS, (msg.keys_str or "").encode()))
+        if msg.properties:
+            h.extend((k, v.encode()) for k, v in msg.properties.items())
+        return h
+
+    async def _produce(self, q: QueueRoute, qid: int, msg: Message,
+                       headers: list[tuple[str, bytes]]) -> asyncio.Future[RecordMetadata]:
+        producer = await self._runtime.pool.get(q.data_bootstrap)
+        return await producer.send(kafka_topic(q.broker, msg.topic), msg.body, partition=qid,
+                                   headers=headers)
+
+    async def _result(self, q: QueueRoute, qid: int, msg_id: str, md: RecordMetadata,
+                      topic: str) -> SendResult:
+        store_host = await self._runtime.store_host(q.address)
+        # Kafka LogAppendTime (type 1) is the broker's store time; otherwise the ack time.
+        store_ts = md.timestamp if md.timestamp_type == 1 else now_ms()
+        return SendResult(
+            send_status=SendStatus.SEND_OK, msg_id=msg_id,
+            offset_msg_id=encode_offset_msg_id(store_host, qid, md.offset),
+            queue=MessageQueue(topic, q.broker, qid), queue_offset=md.offset,
+            region_id=q.region_id, trace_on=q.trace_on, store_timestamp=store_ts)
+
+    async def send(self, msg: Message, *, timeout: float | None = None,
+                   selector: MessageQueueSelector | None = None, arg: Any = None) -> SendResult:
+        """Send and wait for the broker's acknowledgement. ``timeout`` (s) covers all retries.
+
+        With ``selector`` (ordered messages) the selected queue is used and not changed on retry.
+        """
+        msg = self._check(msg)
+        msg_id = new_msg_id()
+        route, queues = await self._queues(msg.topic)
+        ctx = SendMessageContext(
+            producer_group=self.group, message=msg, msg_id=msg_id,
+            msg_type=MessageType.Order_Msg if selector else MessageType.Normal_Msg,
+            born_host=self._runtime.client_host)
+        headers = self._headers(msg, msg_id)
+        deadline = asyncio.get_running_loop().time() + (timeout or self.send_msg_timeout_ms / 1000)
+        attempts = 1 + (0 if selector else self.retry_times_when_send_failed)
+        avoid: str | None = None
+        fixed = self._select(queues, msg, selector, arg) if selector else None
+        ctx.begin_timestamp = now_ms()
+        for attempt in range(attempts):
+            q, qid = fixed or self._pick(queues, avoid)
+            ctx.queue = MessageQueue(msg.topic, q.broker, qid)
+            ctx.broker_address, ctx.region_id, ctx.trace_on = q.address, q.region_id, q.trace_on
+            if attempt == 0:
+                call_hooks(self._hooks, "send_message_before", ctx)
+            try:
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    raise TimeoutError(f"send timed out after {attempt} attempt(s)")
+                fut = await asyncio.wait_for(self._produce(q, qid, msg, headers), left)
+                md = await asyncio.wait_for(fut, max(0.001, deadline - asyncio.get_running_loop().time()))
+            except Exception as exc:
+                self._faults.failed(q.broker)
+                ctx.exception = exc
+                avoid = q.broker
+                log.warning("send attempt failed", topic=msg.topic, broker=q.broker, queue=qid,
+                            attempt=attempt + 1, msg_id=msg_id, error=repr(exc))
+                continue
+            self._faults.succeeded(q.broker)
+            result = await self._result(q, qid, msg_id, md, msg.topic)
+            ctx.end_timestamp, ctx.send_result, ctx.exception = now_ms(), result, None
+            call_hooks(self._hooks, "send_message_after", ctx)
+            return result
+        ctx.end_timestamp = now_ms()
+        call_hooks(self._hooks, "send_message_after", ctx)
+        raise SendError(f"sending {msg_id} to {msg.topic!r} failed after {attempts} attempt(s): "
+                        f"{ctx.exception!r}") from ctx.exception
+
+    def _select(self, queues: list[tuple[QueueRoute, int]], msg: Message,
+                selector: MessageQueueSelector, arg: Any) -> tuple[QueueRoute, int]:
+        mqs = [MessageQueue(msg.topic, q.broker, i) for q, i in queues]
+        chosen = selector(mqs, msg, arg)
+        for (q, i), mq in zip(queues, mqs, strict=True):
+            if mq == chosen:
+                return q, i
+        raise InvalidMessageError(f"selector returned {chosen!r}, not one of the topic's queues")
+
+    async def send_oneway(self, msg: Message) -> None:
+        """Hand the message to the transport without waiting for the ack. The Pub trace is still
+        recorded when the ack (or failure) arrives."""
+        msg = self._check(msg)
+        msg_id = new_msg_id()
+        _, queues = await self._queues(msg.topic)
+        q, qid = self._pick(queues, None)
+        ctx = SendMessageContext(producer_group=self.group, message=msg, msg_id=msg_id,
+                                 msg_type=MessageType.Normal_Msg,
+                                 born_host=self._runtime.client_host,
+                                 queue=MessageQueue(msg.topic, q.broker, qid),
+                                 broker_address=q.address, region_id=q.region_id,
+                                 trace_on=q.trace_on, begin_timestamp=now_ms())
+        call_hooks(self._hooks, "send_message_before", ctx)
+        fut = await self._produce(q, qid, msg, self._headers(msg, msg_id))
+        fut.add_done_callback(lambda f: asyncio.ensure_future(self._oneway_done(f, ctx, q, qid)))
+
+    async def _oneway_done(self, fut: asyncio.Future[RecordMetadata], ctx: SendMessageContext,
+                           q: QueueRoute, qid: int) -> None:
+        ctx.end_timestamp = now_ms()
+        if fut.cancelled() or fut.exception() is not None:
+            ctx.exception = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
+            self._faults.failed(q.broker)
+        else:
+            ctx.send_result = await self._result(q, qid, ctx.msg_id, fut.result(),
+                                                 ctx.message.topic)
+        call_hooks(self._hooks, "send_message_after", ctx)
+
+    async def send_batch(self, msgs: Sequence[Message], *, timeout: float | None = None
+                         ) -> list[SendResult]:
+        """Send several messages of one topic to one queue; each keeps its own msgId and Pub
+        trace. Failed members are retried on another queue. Returns one result per message."""
+        if not msgs:
+            raise InvalidMessageError("send_batch needs at least one message")
+        checked = [self._check(m) for m in msgs]
+        topics = {m.topic for m in checked}
+        if len(topics) != 1:
+            raise InvalidMessageError(f"a batch must have one topic, got {sorted(topics)}")
+        if sum(len(m.body) for m in checked) > self.max_message_size:
+            raise InvalidMessageError(f"batch body exceeds max_message_size {self.max_message_size}")
+        topic = checked[0].topic
+        _, queues = await self._queues(topic)
+        deadline = asyncio.get_running_loop().time() + (timeout or self.send_msg_timeout_ms / 1000)
+        ctxs = [SendMessageContext(producer_group=self.group, message=m, msg_id=new_msg_id(),
+                                   msg_type=MessageType.Normal_Msg,
+                                   born_host=self._runtime.client_host) for m in checked]
+        results: list[SendResult | None] = [None] * len(ctxs)
+        pending = list(range(len(ctxs)))
+        avoid: str | None = None
+        begin = now_ms()
+        for ctx in ctxs:
+            ctx.begin_timestamp = begin
+            call_hooks(self._hooks, "send_message_before", ctx)
+        for _attempt in range(1 + self.retry_times_when_send_failed):
+            if not pending:
+                break
+            q, qid = self._pick(queues, avoid)
+            futs = []
+            for i in pending:
+                c = ctxs[i]
+                c.queue = MessageQueue(topic, q.broker, qid)
+                c.broker_address, c.region_id, c.trace_on = q.address, q.region_id, q.trace_on
+                try:
+                    futs.append(await self._produce(q, qid, c.message, self._headers(c.message, c.msg_id)))
+                except Exception as exc:
+                    futs.append(_failed(exc))
+            left = max(0.001, deadline - asyncio.get_running_loop().time())
+            done = await asyncio.wait_for(asyncio.gather(*futs, return_exceptions=True), left)
+            still = []
+            for i, md in zip(pending, done, strict=True):
+                if isinstance(md, BaseException):
+                    ctxs[i].exception = md
+                    still.append(i)
+                else:
+                    results[i] = await self._result(q, qid, ctxs[i].msg_id, md, topic)
+            if still:
+                self._faults.failed(q.broker)
+                avoid = q.broker
+            pending = still
+        end = now_ms()
+        for ctx, res in zip(ctxs, results, strict=True):
+            ctx.end_timestamp, ctx.send_result = end, res
+            if res is not None:
+                ctx.exception = None
+            call_hooks(self._hooks, "send_message_after", ctx)
+        if pending:
+            raise SendError(f"{len(pending)} of {len(ctxs)} batch messages failed: "
+                            f"{ctxs[pending[0]].exception!r}")
+        return [r for r in results if r is not None]
+
+
+def _failed(exc: BaseException) -> asyncio.Future[RecordMetadata]:
+    fut: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
+    fut.set_exception(exc)
+    return fut

@@ -1,0 +1,733 @@
+"""Asynchronous trace dispatcher: batches trace contexts and writes them to the trace topic.
+
+One :class:`AsyncTraceDispatcher` runs per traced client (DESIGN §4). The business path only
+calls :meth:`AsyncTraceDispatcher.append`, which offers the context to a bounded queue and
+returns at once; it never blocks and never raises. A worker task drains the queue in batches
+(``batch_size`` contexts or ``flush_interval_ms`` after the first one), groups them by
+(topic, region), encodes them with the RocketMQ trace codec, cuts the text into trace messages
+of at most ``max_message_size`` bytes and hands each message to a :class:`TraceSender`, at most
+``max_in_flight`` at a time, round robin over the writable queues of the trace topic.
+
+Nothing is lost silently. Every context accepted by ``append`` ends up in exactly one of:
+
+* ``sent``: delivered to the trace topic;
+* ``failed``: dropped after its send attempts were exhausted, because the trace topic had no
+  route, because it could not be encoded, or because shutdown's deadline passed first.
+
+Contexts refused by ``append`` (queue full, or offered after shutdown began) are counted as
+``discarded``. Drops are logged as warnings, at most once per :attr:`AsyncTraceDispatcher.
+warn_interval_s` per kind, with the count since the previous warning.
+
+Ordering of work is tracked with sequence numbers: the n-th accepted context has number n, and
+since the queue is FIFO, "everything before n is settled" can be answered from the oldest
+unsettled number, which is what :meth:`AsyncTraceDispatcher.flush` waits on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from tracemq.errors import ClientStateError, TracemqError
+from tracemq.log import get_logger
+from tracemq.message_id import new_msg_id
+from tracemq.naming import TRACE_TOPIC, kafka_topic
+from tracemq.trace._codec import encode
+from tracemq.trace._model import TraceContext
+
+if TYPE_CHECKING:
+    from tracemq._kafka import ProducerPool
+    from tracemq.routing.model import QueueRoute, TopicRoute
+
+__all__ = [
+    "AsyncTraceDispatcher",
+    "KafkaTraceSender",
+    "TraceRouteSource",
+    "TraceSender",
+    "TraceTopicError",
+]
+
+log = get_logger("trace")
+
+# ----------------------------------------------------------------------------- metrics
+
+TRACE_APPENDED = Counter(
+    "tracemq_trace_appended_total", "Trace contexts accepted by a trace dispatcher", ["group"]
+)
+TRACE_SENT = Counter(
+    "tracemq_trace_sent_total", "Trace contexts delivered to the trace topic", ["group"]
+)
+TRACE_DISCARDED = Counter(
+    "tracemq_trace_discarded_total",
+    "Trace contexts refused because the dispatcher queue was full or shutting down",
+    ["group"],
+)
+TRACE_FAILED = Counter(
+    "tracemq_trace_failed_total",
+    "Trace contexts dropped after send failures, without a route, or unencodable",
+    ["group"],
+)
+TRACE_QUEUE_DEPTH = Gauge(
+    "tracemq_trace_queue_depth", "Trace contexts waiting in dispatcher queues", ["group"]
+)
+TRACE_SEND_SECONDS = Histogram(
+    "tracemq_trace_send_seconds",
+    "Duration of successful trace message sends",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+
+
+# ----------------------------------------------------------------------------- interfaces
+
+
+class TraceTopicError(TracemqError):
+    """A customized trace topic cannot be written: no broker hosts it."""
+
+
+class TraceSender(Protocol):
+    """Writes one trace message to one queue of the trace topic on one broker."""
+
+    async def send(
+        self,
+        route: QueueRoute,
+        queue_id: int,
+        trace_topic: str,
+        value: bytes,
+        headers: list[tuple[str, bytes]],
+    ) -> None:
+        """Deliver the message; raise on failure (the dispatcher retries and counts)."""
+        ...
+
+
+class TraceRouteSource(Protocol):
+    """What the dispatcher needs of a route cache (:class:`tracemq.routing.RouteCache`)."""
+
+    async def get(self, topic: str, *, refresh: bool = False) -> TopicRoute: ...
+
+
+class KafkaTraceSender:
+    """Default :class:`TraceSender`: a Kafka producer per data cluster of the trace brokers.
+
+    Args:
+        pool: producers to use. When omitted the sender creates its own pool, dedicated to
+            trace data, and closes it in :meth:`close`; a pool passed in is left open.
+    """
+
+    def __init__(self, pool: ProducerPool | None = None) -> None:
+        if pool is None:
+            # Imported here so that using the trace codec alone does not load aiokafka.
+            from tracemq._kafka import ProducerPool
+
+            pool = ProducerPool()
+            self._owns_pool = True
+        else:
+            self._owns_pool = False
+        self._pool = pool
+
+    async def send(
+        self,
+        route: QueueRoute,
+        queue_id: int,
+        trace_topic: str,
+        value: bytes,
+        headers: list[tuple[str, bytes]],
+    ) -> None:
+        producer = await self._pool.get(route.data_bootstrap)
+        await producer.send_and_wait(
+            kafka_topic(route.broker, trace_topic), value, partition=queue_id, headers=headers
+        )
+
+    async def close(self) -> None:
+        if self._owns_pool:
+            await self._pool.close()
+
+
+# ----------------------------------------------------------------------------- internals
+
+
+@dataclass(eq=False, slots=True)
+class _Job:
+    """One trace message on its way: the contexts it carries and their lowest number."""
+
+    min_seq: int
+    contexts: int
+    value: bytes
+    headers: list[tuple[str, bytes]]
+    settled: bool = False
+
+
+@dataclass(slots=True)
+class _Target:
+    route: QueueRoute
+    queue_id: int
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.route.broker, self.queue_id)
+
+
+@dataclass(slots=True)
+class _DropReport:
+    """Rate-limited warning about dropped contexts of one kind."""
+
+    unreported: int = 0
+    last_warned: float = field(default=-1e18)
+    reasons: set[str] = field(default_factory=set)
+
+
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
+def _targets(route: TopicRoute) -> list[_Target]:
+    """Writable queues of every broker, interleaved so consecutive picks change broker."""
+    per_broker = [
+        [_Target(q, qid) for qid in range(q.write_queues)]
+        for q in route.queues
+        if q.writable and q.write_queues > 0
+    ]
+    return [t for column in itertools.zip_longest(*per_broker) for t in column if t is not None]
+
+
+# ----------------------------------------------------------------------------- dispatcher
+
+
+class AsyncTraceDispatcher:
+    """Batches trace contexts of one client and sends them to the trace topic.
+
+    Args:
+        group: producer or consumer group of the traced client (metrics label, logs).
+        route_cache: where the trace topic's route comes from (normally the client's
+            :class:`tracemq.routing.RouteCache`).
+        trace_topic: topic trace messages are written to.
+        customized: ``trace_topic`` was chosen by the user; then :meth:`start` fails when the
+            topic has no route instead of only warning.
+        queue_size: capacity of the queue between :meth:`append` and the worker.
+        batch_size: most contexts taken from the queue per batch.
+        flush_interval_ms: longest wait for a batch to fill after its first context.
+        max_message_size: largest trace message body in bytes (UTF-8); a single context
+            bigger than this is sent alone (and counted as ``oversize``).
+        send_timeout_ms: bound on each send attempt.
+        max_send_attempts: attempts per trace message, the first included.
+        max_in_flight: most trace messages being sent at once.
+        sender: writes trace messages; a :class:`KafkaTraceSender` with its own producer
+            pool by default.
+    """
+
+    #: First retry delay, doubled on each further retry up to :attr:`retry_backoff_max_s`.
+    retry_backoff_s: float = 0.1
+    retry_backoff_max_s: float = 2.0
+    #: Shortest time between two warnings about dropped contexts (per kind).
+    warn_interval_s: float = 5.0
+
+    def __init__(
+        self,
+        *,
+        group: str,
+        route_cache: TraceRouteSource,
+        trace_topic: str = TRACE_TOPIC,
+        customized: bool = False,
+        queue_size: int = 2048,
+        batch_size: int = 100,
+        flush_interval_ms: int = 100,
+        max_message_size: int = 128_000,
+        send_timeout_ms: int = 3000,
+        max_send_attempts: int = 3,
+        max_in_flight: int = 4,
+        sender: TraceSender | None = None,
+    ) -> None:
+        for name, value in (
+            ("queue_size", queue_size),
+            ("batch_size", batch_size),
+            ("max_message_size", max_message_size),
+            ("send_timeout_ms", send_timeout_ms),
+            ("max_send_attempts", max_send_attempts),
+            ("max_in_flight", max_in_flight),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        if flush_interval_ms < 0:
+            raise ValueError(f"flush_interval_ms must not be negative, got {flush_interval_ms}")
+        self.group = group
+        self.trace_topic = trace_topic
+        self.customized = customized
+        self._route_cache = route_cache
+        self._queue_size = queue_size
+        self._batch_size = batch_size
+        self._flush_interval_s = flush_interval_ms / 1000
+        self._max_message_size = max_message_size
+        self._send_timeout_s = send_timeout_ms / 1000
+        self._max_send_attempts = max_send_attempts
+        self._sender: TraceSender = sender if sender is not None else KafkaTraceSender()
+
+        self._queue: asyncio.Queue[TraceContext] = asyncio.Queue(maxsize=queue_size)
+        self._semaphore = asyncio.Semaphore(max_in_flight)
+        self._wakeup = asyncio.Event()
+        self._worker: asyncio.Task[None] | None = None
+        self._send_tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
+        self._closed = asyncio.Event()
+        self._deadline: float | None = None  # loop time when shutdown gives up
+
+        # Sequence bookkeeping (see the module docstring).
+        self._accepted_seq = 0  # number of contexts accepted so far
+        self._taken_seq = 0  # number of contexts taken off the queue so far
+        self._gathering_seq: int | None = None  # first number of the batch being built
+        self._batch: list[TraceContext] = []  # taken off the queue, not yet in a job
+        self._jobs: set[_Job] = set()  # trace messages not yet settled
+        self._flush_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._hurry = 0  # flushes in progress: do not wait for batches to fill
+
+        # Round robin over the trace topic's writable queues.
+        self._rr = 0
+        self._targets_for: tuple[QueueRoute, ...] | None = None
+        self._targets: list[_Target] = []
+
+        # Per-instance counts for stats().
+        self._appended = 0
+        self._sent = 0
+        self._sent_messages = 0
+        self._discarded = 0
+        self._failed = 0
+        self._oversize = 0
+        self._in_flight = 0
+        self._latency_last_ms = 0.0
+        self._latency_sum_ms = 0.0
+        self._latency_count = 0
+        self._drop_reports = {"discarded": _DropReport(), "failed": _DropReport()}
+
+        self._m_appended = TRACE_APPENDED.labels(group=group)
+        self._m_sent = TRACE_SENT.labels(group=group)
+        self._m_discarded = TRACE_DISCARDED.labels(group=group)
+        self._m_failed = TRACE_FAILED.labels(group=group)
+        self._m_depth = TRACE_QUEUE_DEPTH.labels(group=group)
+
+    # ------------------------------------------------------------------ public API
+
+    async def start(self) -> None:
+        """Check the trace topic's route and start the worker.
+
+        Raises:
+            TraceTopicError: ``customized`` is set and no broker hosts the trace topic with a
+                writable queue. Without ``customized`` this is only a warning, and what is
+                appended meanwhile is counted as failed.
+            ClientStateError: the dispatcher was already shut down.
+        """
+        if self._closing:
+            raise ClientStateError("the trace dispatcher was shut down; it cannot be restarted")
+        if self._worker is not None:
+            return
+        problem: str | None = None
+        try:
+            route = await self._route_cache.get(self.trace_topic)
+        except Exception as exc:
+            problem = f"its route could not be read ({exc.__class__.__name__}: {exc})"
+        else:
+            if not route.queues:
+                problem = "has no route"
+            elif not _targets(route):
+                problem = "has no writable queue"
+        if problem is not None:
+            message = (
+                f"trace topic {self.trace_topic!r} {problem}: "
+                "create it on a trace broker before starting the client"
+            )
+            if self.customized:
+                raise TraceTopicError(message)
+            log.warning(
+                "trace topic unavailable; traces are dropped until it has a route",
+                group=self.group,
+                trace_topic=self.trace_topic,
+                problem=message,
+            )
+        self._worker = asyncio.create_task(
+            self._run(), name=f"tracemq-trace-dispatcher[{self.group}]"
+        )
+
+    def append(self, ctx: TraceContext) -> bool:
+        """Offer a context for sending; False (and a discard counted) when it is refused.
+
+        Never blocks and never raises.
+        """
+        try:
+            if self._closing:
+                self._discard("dispatcher shut down")
+                return False
+            try:
+                self._queue.put_nowait(ctx)
+            except asyncio.QueueFull:
+                self._discard("queue full")
+                return False
+            self._accepted_seq += 1
+            self._appended += 1
+            self._m_appended.inc()
+            self._m_depth.inc()
+            self._wakeup.set()
+            return True
+        except Exception:  # pragma: no cover - defensive: tracing must not break the client
+            return False
+
+    async def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until every context appended before this call is sent or counted as dropped.
+
+        Returns:
+            True when that happened within ``timeout_s`` seconds.
+        """
+        target = self._accepted_seq
+        if self._watermark() >= target:
+            return True
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiter = (target, future)
+        self._flush_waiters.append(waiter)
+        self._hurry += 1
+        self._wakeup.set()
+        try:
+            done, _ = await asyncio.wait({future}, timeout=max(timeout_s, 0.0))
+            return bool(done)
+        finally:
+            self._hurry -= 1
+            future.cancel()
+            with contextlib.suppress(ValueError):
+                self._flush_waiters.remove(waiter)
+
+    async def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Stop accepting, send what is queued (within ``timeout_s``), then stop everything.
+
+        When it returns, every context appended before the call is either in the trace topic
+        or counted as failed; later appends are counted as discarded. Idempotent: a second
+        call waits for the first to finish.
+        """
+        if self._closing:
+            await self._closed.wait()
+            return
+        self._closing = True
+        try:
+            loop = asyncio.get_running_loop()
+            self._deadline = loop.time() + max(timeout_s, 0.0)
+            if self._worker is not None:
+                self._wakeup.set()
+                await self.flush(timeout_s)
+                self._worker.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._worker
+                tasks = list(self._send_tasks)
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                # A send task cancelled before its first step never ran its clean-up.
+                for job in list(self._jobs):
+                    self._settle(job, ok=False, reason="not sent before shutdown")
+            left = 0
+            while True:
+                try:
+                    self._queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    break
+                left += 1
+            if left:
+                self._taken_seq += left
+                self._m_depth.dec(left)
+                self._fail(left, "not sent before shutdown")
+            self._check_waiters()
+            for kind in self._drop_reports:
+                self._warn_drops(kind, force=True)
+            await self._close_sender()
+        finally:
+            self._closed.set()
+
+    def stats(self) -> dict[str, float]:
+        """This dispatcher's counters (contexts unless the name says otherwise)."""
+        mean = self._latency_sum_ms / self._latency_count if self._latency_count else 0.0
+        return {
+            "appended": self._appended,
+            "sent": self._sent,
+            "sent_messages": self._sent_messages,
+            "discarded": self._discarded,
+            "failed": self._failed,
+            "oversize": self._oversize,
+            "queue_depth": self._queue.qsize(),
+            "in_flight": self._in_flight,
+            "send_latency_ms_last": self._latency_last_ms,
+            "send_latency_ms_mean": mean,
+        }
+
+    # ------------------------------------------------------------------ worker
+
+    async def _run(self) -> None:
+        pending: list[_Job] = []
+        try:
+            while True:
+                while self._queue.empty():
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                self._gathering_seq = self._taken_seq
+                await self._gather()
+                try:
+                    pending = self._build_jobs(self._batch, self._gathering_seq)
+                except Exception as exc:  # a bug must not stop tracing for good
+                    log.exception("trace batch could not be prepared", group=self.group)
+                    self._fail(len(self._batch), f"{exc.__class__.__name__}: {exc}")
+                    pending = []
+                self._batch = []
+                self._gathering_seq = None
+                self._check_waiters()
+                while pending:
+                    await self._semaphore.acquire()
+                    job = pending.pop(0)
+                    task = asyncio.create_task(
+                        self._send(job), name=f"tracemq-trace-send[{self.group}]"
+                    )
+                    self._send_tasks.add(task)
+                    task.add_done_callback(self._send_tasks.discard)
+        finally:
+            # Cancelled (shutdown): whatever this task still holds is dropped, and counted.
+            if self._batch:
+                self._fail(len(self._batch), "not sent before shutdown")
+                self._batch = []
+            self._gathering_seq = None
+            for job in pending:
+                self._settle(job, ok=False, reason="not sent before shutdown")
+            self._check_waiters()
+
+    async def _gather(self) -> None:
+        """Take contexts into ``self._batch`` until it is full or the flush interval passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._flush_interval_s
+        batch = self._batch
+        while True:
+            taken = 0
+            while len(batch) < self._batch_size:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except asyncio.QueueEmpty:
+                    break
+                taken += 1
+            if taken:
+                self._taken_seq += taken
+                self._m_depth.dec(taken)
+            if len(batch) >= self._batch_size or self._hurry or self._closing:
+                return
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            self._wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), remaining)
+
+    def _build_jobs(self, batch: list[TraceContext], first_seq: int) -> list[_Job]:
+        """Encode a batch into trace messages, grouped by (topic, region) and size-bounded."""
+        groups: dict[tuple[str | None, str | None], list[tuple[int, TraceContext]]] = {}
+        for offset, ctx in enumerate(batch):
+            topic = ctx.trace_beans[0].topic if ctx.trace_beans else None
+            groups.setdefault((topic, ctx.region_id), []).append((first_seq + offset, ctx))
+        jobs: list[_Job] = []
+        bad = 0
+        for items in groups.values():
+            parts: list[str] = []
+            keys: set[str] = set()
+            size = 0
+            min_seq = 0
+            for seq, ctx in items:
+                try:
+                    encoded = encode(ctx)
+                except Exception as exc:
+                    bad += 1
+                    log.debug("trace context could not be encoded", error=str(exc))
+                    continue
+                length = _utf8_len(encoded.data)
+                if length > self._max_message_size:
+                    self._oversize += 1
+                if parts and size + length > self._max_message_size:
+                    jobs.append(self._job(min_seq, parts, keys))
+                    parts, keys, size = [], set(), 0
+                if not parts:
+                    min_seq = seq
+                parts.append(encoded.data)
+                keys |= encoded.keys
+                size += length
+            if parts:
+                jobs.append(self._job(min_seq, parts, keys))
+        self._jobs.update(jobs)
+        if bad:
+            self._fail(bad, "trace context could not be encoded")
+        return jobs
+
+    def _job(self, min_seq: int, parts: list[str], keys: set[str]) -> _Job:
+        # The same as encode_many() over the chunk: records concatenated, keys unioned.
+        headers: list[tuple[str, bytes]] = []
+        if keys:
+            headers.append(("KEYS", " ".join(sorted(keys)).encode()))
+        headers.append(("UNIQ_KEY", new_msg_id().encode()))
+        return _Job(
+            min_seq=min_seq,
+            contexts=len(parts),
+            value="".join(parts).encode(),
+            headers=headers,
+        )
+
+    # ------------------------------------------------------------------ sending
+
+    async def _send(self, job: _Job) -> None:
+        self._in_flight += 1
+        try:
+            avoid: tuple[str, int] | None = None
+            attempt = 0
+            while True:
+                attempt += 1
+                try:
+                    target = await self._pick(avoid)
+                    if target is None:
+                        reason = f"trace topic {self.trace_topic!r} has no route"
+                        self._settle(job, ok=False, reason=reason)
+                        return
+                    avoid = target.key
+                    started = time.perf_counter()
+                    await asyncio.wait_for(
+                        self._sender.send(
+                            target.route, target.queue_id, self.trace_topic, job.value, job.headers
+                        ),
+                        self._send_timeout_s,
+                    )
+                except Exception as exc:
+                    error = (
+                        "send timed out"
+                        if isinstance(exc, TimeoutError)
+                        else f"{exc.__class__.__name__}: {exc}"
+                    )
+                    delay = min(self.retry_backoff_s * 2 ** (attempt - 1), self.retry_backoff_max_s)
+                    if attempt >= self._max_send_attempts or not self._may_retry(delay):
+                        self._settle(job, ok=False, reason=error)
+                        return
+                    log.debug(
+                        "trace send failed; retrying",
+                        group=self.group,
+                        attempt=attempt,
+                        error=error,
+                    )
+                    await asyncio.sleep(delay)
+                    continue
+                elapsed = time.perf_counter() - started
+                self._latency_last_ms = elapsed * 1000
+                self._latency_sum_ms += elapsed * 1000
+                self._latency_count += 1
+                TRACE_SEND_SECONDS.observe(elapsed)
+                self._settle(job, ok=True)
+                return
+        finally:
+            self._in_flight -= 1
+            self._semaphore.release()
+            if not job.settled:  # cancelled by shutdown
+                self._settle(job, ok=False, reason="not sent before shutdown")
+
+    async def _pick(self, avoid: tuple[str, int] | None) -> _Target | None:
+        """Next queue round robin; after a failure prefer another broker, then another queue."""
+        route = await self._route_cache.get(self.trace_topic)
+        if route.queues is not self._targets_for:
+            self._targets_for = route.queues
+            self._targets = _targets(route)
+        targets = self._targets
+        if not targets:
+            return None
+        if avoid is not None:
+            targets = (
+                [t for t in targets if t.route.broker != avoid[0]]
+                or [t for t in targets if t.key != avoid]
+                or targets
+            )
+        target = targets[self._rr % len(targets)]
+        self._rr += 1
+        return target
+
+    def _may_retry(self, delay: float) -> bool:
+        if self._queue.qsize() * 4 > self._queue_size * 3:
+            return False  # more than 3/4 full: make room rather than insist
+        if self._deadline is not None:
+            return asyncio.get_running_loop().time() + delay < self._deadline
+        return True
+
+    async def _close_sender(self) -> None:
+        close = getattr(self._sender, "close", None)
+        if close is None:
+            return
+        try:
+            result = close()
+            if inspect.isawaitable(result):
+                await result
+        except Exception as exc:
+            log.warning("trace sender did not close cleanly", group=self.group, error=str(exc))
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def _settle(self, job: _Job, *, ok: bool, reason: str = "") -> None:
+        if job.settled:
+            return
+        job.settled = True
+        self._jobs.discard(job)
+        if ok:
+            self._sent += job.contexts
+            self._sent_messages += 1
+            self._m_sent.inc(job.contexts)
+        else:
+            self._fail(job.contexts, reason)
+        self._check_waiters()
+
+    def _fail(self, count: int, reason: str) -> None:
+        if count <= 0:
+            return
+        self._failed += count
+        self._m_failed.inc(count)
+        self._note_drop("failed", count, reason)
+
+    def _discard(self, reason: str) -> None:
+        self._discarded += 1
+        self._m_discarded.inc()
+        self._note_drop("discarded", 1, reason)
+
+    def _note_drop(self, kind: str, count: int, reason: str) -> None:
+        report = self._drop_reports[kind]
+        report.unreported += count
+        if len(report.reasons) < 8:
+            report.reasons.add(reason)
+        self._warn_drops(kind)
+
+    def _warn_drops(self, kind: str, *, force: bool = False) -> None:
+        report = self._drop_reports[kind]
+        if not report.unreported:
+            return
+        now = time.monotonic()
+        if not force and now - report.last_warned < self.warn_interval_s:
+            return
+        log.warning(
+            f"trace contexts {kind}",
+            group=self.group,
+            trace_topic=self.trace_topic,
+            count=report.unreported,
+            reasons=sorted(report.reasons),
+        )
+        report.unreported = 0
+        report.reasons.clear()
+        report.last_warned = now
+
+    def _watermark(self) -> int:
+        """Every context numbered below this is settled."""
+        low = self._taken_seq
+        if self._gathering_seq is not None:
+            low = min(low, self._gathering_seq)
+        for job in self._jobs:
+            low = min(low, job.min_seq)
+        return low
+
+    def _check_waiters(self) -> None:
+        if not self._flush_waiters:
+            return
+        mark = self._watermark()
+        for target, future in self._flush_waiters:
+            if target <= mark and not future.done():
+                future.set_result(None)

@@ -1,0 +1,163 @@
+"""Message trace as hooks: Pub from the send hook, SubBefore/SubAfter from the consume hook,
+EndTransaction from the end-transaction hook. They build :class:`TraceContext` objects and hand
+them to an asynchronous dispatcher; they never block and never raise into the business path.
+
+Differences from RocketMQ (improvements, DESIGN §3): a failed send is traced with
+``success=false``; SubAfter's cost is per message (a listener may mark each message done), not
+the batch average; the store time comes from the transport's acknowledgement.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from tracemq.trace._model import MessageType, TraceBean, TraceContext, TraceType, TransactionState
+
+if TYPE_CHECKING:
+    from tracemq.hooks import ConsumeMessageContext, EndTransactionContext, SendMessageContext
+
+
+class _Appender(Protocol):
+    def append(self, ctx: TraceContext) -> bool: ...
+
+
+class SendMessageTraceHook:
+    """Turns every send into one Pub trace context."""
+
+    def __init__(self, dispatcher: _Appender, trace_topic: str) -> None:
+        self.dispatcher = dispatcher
+        self.trace_topic = trace_topic
+
+    def send_message_before(self, context: SendMessageContext) -> None:
+        return None  # everything the Pub needs is known after the send
+
+    def send_message_after(self, context: SendMessageContext) -> None:
+        msg = context.message
+        if msg.topic == self.trace_topic or not context.trace_on:
+            return
+        result = context.send_result
+        bean = TraceBean(
+            topic=msg.topic,
+            msg_id=context.msg_id,
+            offset_msg_id=result.offset_msg_id if result else None,
+            tags=msg.tags,
+            keys=msg.keys_str,
+            store_host=context.broker_address,
+            client_host=context.born_host,
+            store_time=result.store_timestamp if result else 0,
+            body_length=len(msg.body),
+            msg_type=context.msg_type,
+        )
+        self.dispatcher.append(
+            TraceContext(
+                trace_type=TraceType.Pub,
+                timestamp=context.begin_timestamp,
+                region_id=context.region_id,
+                group_name=context.producer_group,
+                cost_time=max(0, context.end_timestamp - context.begin_timestamp),
+                success=result is not None,
+                trace_beans=[bean],
+            )
+        )
+
+
+class ConsumeMessageTraceHook:
+    """SubBefore for every message before the listener runs, SubAfter after it returns."""
+
+    def __init__(self, dispatcher: _Appender, trace_topic: str) -> None:
+        self.dispatcher = dispatcher
+        self.trace_topic = trace_topic
+
+    def _traced(self, context: ConsumeMessageContext) -> bool:
+        return context.trace_on and context.queue.topic != self.trace_topic
+
+    def consume_message_before(self, context: ConsumeMessageContext) -> None:
+        if not self._traced(context):
+            return
+        for msg in context.messages:
+            self.dispatcher.append(
+                TraceContext(
+                    trace_type=TraceType.SubBefore,
+                    timestamp=context.begin_timestamp,
+                    region_id=context.region_id,
+                    group_name=context.consumer_group,
+                    request_id=context.request_ids.get(msg.msg_id),
+                    trace_beans=[
+                        TraceBean(
+                            topic=msg.topic,
+                            msg_id=msg.msg_id,
+                            tags=msg.tags,
+                            keys=msg.keys,
+                            store_host=msg.store_host,
+                            client_host=context.client_host,
+                            store_time=msg.store_timestamp,
+                            retry_times=msg.reconsume_times,
+                            body_length=len(msg.body),
+                        )
+                    ],
+                )
+            )
+
+    def consume_message_after(self, context: ConsumeMessageContext) -> None:
+        if not self._traced(context):
+            return
+        for msg in context.messages:
+            end = context.end_timestamps.get(msg.msg_id, context.end_timestamp)
+            self.dispatcher.append(
+                TraceContext(
+                    trace_type=TraceType.SubAfter,
+                    timestamp=end,
+                    region_id=context.region_id,
+                    group_name=context.consumer_group,
+                    request_id=context.request_ids.get(msg.msg_id),
+                    cost_time=max(0, end - context.begin_timestamp),
+                    success=context.success,
+                    context_code=context.context_code,
+                    trace_beans=[
+                        TraceBean(
+                            topic=msg.topic,
+                            msg_id=msg.msg_id,
+                            keys=msg.keys,
+                            tags=msg.tags,
+                            client_host=context.client_host,
+                            retry_times=msg.reconsume_times,
+                        )
+                    ],
+                )
+            )
+
+
+class EndTransactionTraceHook:
+    """One EndTransaction trace context per commit / rollback / unknown."""
+
+    def __init__(self, dispatcher: _Appender, trace_topic: str) -> None:
+        self.dispatcher = dispatcher
+        self.trace_topic = trace_topic
+
+    def end_transaction(self, context: EndTransactionContext) -> None:
+        msg = context.message
+        state = TransactionState(context.transaction_state)
+        self.dispatcher.append(
+            TraceContext(
+                trace_type=TraceType.EndTransaction,
+                timestamp=context.timestamp,
+                region_id=context.region_id,
+                group_name=context.producer_group,
+                success=True,
+                trace_beans=[
+                    TraceBean(
+                        topic=msg.topic,
+                        msg_id=context.msg_id,
+                        tags=msg.tags,
+                        keys=msg.keys_str,
+                        store_host=context.broker_address,
+                        msg_type=MessageType.Trans_msg_Commit
+                        if state == TransactionState.COMMIT_MESSAGE
+                        else MessageType.Trans_Msg_Half,
+                        transaction_id=context.transaction_id,
+                        transaction_state=state,
+                        from_transaction_check=context.from_transaction_check,
+                    )
+                ],
+            )
+        )
