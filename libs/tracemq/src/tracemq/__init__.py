@@ -15,6 +15,7 @@ from tracemq.consumer import (
     ConsumeContext,
     ConsumeFromWhere,
     ConsumeOrderlyStatus,
+    LitePullConsumer,
     MessageModel,
     PushConsumer,
 )
@@ -25,6 +26,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ClientSettings", "ConsumeConcurrentlyStatus", "ConsumeContext", "ConsumeFromWhere",
-    "ConsumeOrderlyStatus", "Message", "MessageExt", "MessageModel", "MessageQueue", "Producer",
+    "ConsumeOrderlyStatus", "LitePullConsumer", "Message", "MessageExt", "MessageModel", "MessageQueue", "Producer",
     "PushConsumer", "SendError", "SendResult", "SendStatus",
 ]

@@ -39,9 +39,18 @@ class ClientSettings(BaseSettings):
     redis_prefix: str = "tmq:"
     control_bootstrap: str = "127.0.0.1:9092"
     control_topic: str = "tracemq.namesrv"
-    client_heartbeat_interval_ms: int = Field(30_000, ge=100)
-    route_refresh_interval_ms: int = Field(30_000, ge=100)
+    client_heartbeat_interval_ms: int = Field(default=30_000, ge=100)
+    route_refresh_interval_ms: int = Field(default=30_000, ge=100)
     instance_name: str = "DEFAULT"
+
+    @classmethod
+    def from_overrides(cls, redis_url: str | None = None,
+                       control_bootstrap: str | None = None) -> ClientSettings:
+        """The environment's settings with the given connection values on top."""
+        base = cls()
+        update = {k: v for k, v in (("redis_url", redis_url),
+                                    ("control_bootstrap", control_bootstrap)) if v}
+        return base.model_copy(update=update) if update else base
 
 
 def now_ms() -> int:

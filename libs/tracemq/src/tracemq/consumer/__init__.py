@@ -7,7 +7,8 @@ from tracemq.consumer.listener import (
     ConsumeOrderlyStatus,
     MessageModel,
 )
+from tracemq.consumer.lite_pull import LitePullConsumer
 from tracemq.consumer.push import PushConsumer
 
 __all__ = ["ConsumeConcurrentlyStatus", "ConsumeContext", "ConsumeFromWhere",
-           "ConsumeOrderlyStatus", "MessageModel", "PushConsumer"]
+           "ConsumeOrderlyStatus", "LitePullConsumer", "MessageModel", "PushConsumer"]

@@ -221,9 +221,7 @@ class PushConsumer:
         self.in_process_retry_delay_ms = in_process_retry_delay_ms
         self.commit_interval_ms = commit_interval_ms
         self.session_timeout_ms = session_timeout_ms
-        overrides = {k: v for k, v in (("redis_url", redis_url),
-                                       ("control_bootstrap", control_bootstrap)) if v}
-        self.settings = settings or ClientSettings(**overrides)
+        self.settings = settings or ClientSettings.from_overrides(redis_url, control_bootstrap)
         self._subscriptions: dict[str, frozenset[str] | None] = {}
         self._expressions: dict[str, str] = {}
         self._runtime = ClientRuntime(

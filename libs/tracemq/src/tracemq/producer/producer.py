@@ -61,9 +61,7 @@ class Producer:
         trace_options: dict[str, Any] | None = None,
     ) -> None:
         self.group = validate_group(group)
-        overrides = {k: v for k, v in (("redis_url", redis_url),
-                                       ("control_bootstrap", control_bootstrap)) if v}
-        self.settings = settings or ClientSettings(**overrides)
+        self.settings = settings or ClientSettings.from_overrides(redis_url, control_bootstrap)
         self.send_msg_timeout_ms = send_msg_timeout_ms
         self.retry_times_when_send_failed = retry_times_when_send_failed
         self.max_message_size = max_message_size

@@ -1,0 +1,298 @@
+"""LitePullConsumer: the application polls; tracemq traces what it polled.
+
+Traced at least as RocketMQ does (SubBefore + SubAfter at poll time, cost 0) — and better with
+``ack_mode=True``: SubBefore at poll, SubAfter when the application calls :meth:`ack` or
+:meth:`nack`, with the real processing time and result. In ack mode only acknowledged offsets are
+committed (the lowest unacknowledged offset of a queue bounds its commit), and a nacked message is
+returned again by a later poll with its reconsume count increased.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections import defaultdict
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from tracemq._client import ClientRuntime, ClientSettings, now_ms
+from tracemq.consumer import _tags
+from tracemq.consumer._process_queue import ProcessQueue
+from tracemq.consumer._records import to_message_ext
+from tracemq.consumer.listener import ConsumeFromWhere
+from tracemq.errors import ClientStateError, NoRouteError
+from tracemq.hooks import ConsumeMessageContext, ConsumeMessageHook, call_hooks
+from tracemq.message import MessageExt, MessageQueue
+from tracemq.naming import kafka_topic, validate_group, validate_topic
+from tracemq.protocol.control import Subscription
+from tracemq.routing import QueueRoute
+from tracemq.trace import ConsumeReturnType
+
+
+class LitePullConsumer:
+    """``subscribe`` (group-managed queues) or ``assign`` (explicit queues), then ``poll``."""
+
+    def __init__(
+        self,
+        group: str,
+        *,
+        consume_from: ConsumeFromWhere | str = ConsumeFromWhere.LAST_OFFSET,
+        enable_msg_trace: bool = False,
+        trace_topic: str | None = None,
+        auto_commit: bool = True,
+        auto_commit_interval_ms: int = 5000,
+        pull_batch_size: int = 32,
+        ack_mode: bool = False,
+        settings: ClientSettings | None = None,
+        redis_url: str | None = None,
+        control_bootstrap: str | None = None,
+        trace_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.group = validate_group(group)
+        self.consume_from = ConsumeFromWhere(consume_from)
+        self.auto_commit = auto_commit
+        self.auto_commit_interval_ms = auto_commit_interval_ms
+        self.pull_batch_size = pull_batch_size
+        self.ack_mode = ack_mode
+        self.settings = settings or ClientSettings.from_overrides(redis_url, control_bootstrap)
+        self._subs: dict[str, frozenset[str] | None] = {}
+        self._expressions: dict[str, str] = {}
+        self._assigned: list[MessageQueue] | None = None
+        self._runtime = ClientRuntime(
+            self.group, "consumer", self.settings, enable_msg_trace=enable_msg_trace,
+            trace_topic=trace_topic,
+            subscriptions=lambda: [Subscription(topic=t, expression=e)
+                                   for t, e in self._expressions.items()],
+            trace_options=trace_options)
+        self._hooks: list[ConsumeMessageHook] = []
+        self._consumers: dict[str, AIOKafkaConsumer] = {}
+        self._routes: dict[str, QueueRoute] = {}
+        self._positions: dict[tuple[str, TopicPartition], int] = {}
+        self._pqs: dict[tuple[str, TopicPartition], ProcessQueue] = defaultdict(ProcessQueue)
+        self._pending: dict[str, tuple[ConsumeMessageContext | None, str, TopicPartition]] = {}
+        self._redeliver: list[MessageExt] = []
+        self._commit_task: asyncio.Task[None] | None = None
+        self._state = "created"
+
+    def subscribe(self, topic: str, expression: str = "*") -> None:
+        validate_topic(topic)
+        if self._assigned is not None:
+            raise ClientStateError("subscribe() and assign() cannot be mixed")
+        self._subs[topic] = _tags.parse(expression)
+        self._expressions[topic] = expression or "*"
+
+    def register_consume_hook(self, hook: ConsumeMessageHook) -> None:
+        self._hooks.append(hook)
+
+    @property
+    def trace_dispatcher(self) -> Any:
+        return self._runtime.dispatcher
+
+    async def start(self) -> None:
+        if self._state != "created":
+            raise ClientStateError(f"consumer {self.group!r} is {self._state}")
+        self._state = "starting"
+        try:
+            await self._runtime.start()
+            if self._runtime.dispatcher is not None:
+                from tracemq.trace._hooks import ConsumeMessageTraceHook
+
+                self._hooks.append(ConsumeMessageTraceHook(self._runtime.dispatcher,
+                                                           self._runtime.trace_topic))
+            if self._subs:
+                await self._subscribe_all()
+            if self.auto_commit:
+                self._commit_task = asyncio.create_task(self._auto_commit())
+        except BaseException:
+            self._state = "shutdown"
+            await self._close()
+            raise
+        self._state = "running"
+
+    async def shutdown(self) -> None:
+        if self._state in ("created", "shutdown"):
+            self._state = "shutdown"
+            return
+        self._state = "shutdown"
+        if self._commit_task:
+            self._commit_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._commit_task
+        with contextlib.suppress(Exception):
+            await self.commit()
+        await self._close()
+
+    async def _close(self) -> None:
+        for c in self._consumers.values():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(c.stop(), 10)
+        self._consumers.clear()
+        await self._runtime.stop()
+
+    async def __aenter__(self) -> LitePullConsumer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    def _consumer(self, bootstrap: str) -> AIOKafkaConsumer:
+        c = self._consumers.get(bootstrap)
+        if c is None:
+            reset = "earliest" if self.consume_from == ConsumeFromWhere.FIRST_OFFSET else "latest"
+            c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=self.group,
+                                 enable_auto_commit=False, auto_offset_reset=reset,
+                                 max_poll_records=self.pull_batch_size)
+            self._consumers[bootstrap] = c
+        return c
+
+    async def _subscribe_all(self) -> None:
+        wanted: dict[str, list[str]] = defaultdict(list)
+        for topic in self._subs:
+            route = await self._runtime.routes.get(topic)
+            if not route.queues:
+                raise NoRouteError(f"no route for topic {topic!r}: no live broker hosts it")
+            for q in route.queues:
+                kt = kafka_topic(q.broker, topic)
+                self._routes[kt] = q
+                wanted[q.data_bootstrap].append(kt)
+        for bootstrap, topics in wanted.items():
+            c = self._consumer(bootstrap)
+            await c.start()
+            c.subscribe(sorted(topics))
+
+    async def assign(self, queues: list[MessageQueue]) -> None:
+        """Consume exactly these queues (no group rebalancing)."""
+        if self._subs:
+            raise ClientStateError("subscribe() and assign() cannot be mixed")
+        if self._state != "running":
+            raise ClientStateError("start() the consumer before assign()")
+        self._assigned = list(queues)
+        by_cluster: dict[str, list[TopicPartition]] = defaultdict(list)
+        for mq in queues:
+            route = await self._runtime.routes.require(mq.topic)
+            q = next((r for r in route.queues if r.broker == mq.broker), None)
+            if q is None:
+                raise NoRouteError(f"broker {mq.broker!r} does not host {mq.topic!r}")
+            kt = kafka_topic(mq.broker, mq.topic)
+            self._routes[kt] = q
+            self._subs.setdefault(mq.topic, None)
+            by_cluster[q.data_bootstrap].append(TopicPartition(kt, mq.queue_id))
+        for bootstrap, tps in by_cluster.items():
+            fresh = bootstrap not in self._consumers
+            c = self._consumer(bootstrap)
+            if fresh:
+                await c.start()
+            c.assign(tps)
+
+    async def seek(self, queue: MessageQueue, offset: int) -> None:
+        kt = kafka_topic(queue.broker, queue.topic)
+        route = self._routes.get(kt)
+        if route is None:
+            raise ClientStateError(f"{queue} is not assigned to this consumer")
+        self._consumers[route.data_bootstrap].seek(TopicPartition(kt, queue.queue_id), offset)
+
+    async def poll(self, timeout: float = 5.0) -> list[MessageExt]:
+        """Messages that arrived within ``timeout`` seconds (possibly none)."""
+        if self._state != "running":
+            raise ClientStateError(f"consumer {self.group!r} is not running")
+        out: list[MessageExt] = []
+        if self._redeliver:
+            out, self._redeliver = self._redeliver[: self.pull_batch_size], self._redeliver[self.pull_batch_size:]
+        else:
+            results = await asyncio.gather(*[
+                c.getmany(timeout_ms=int(timeout * 1000), max_records=self.pull_batch_size)
+                for c in self._consumers.values()])
+            for (bootstrap, _c), data in zip(self._consumers.items(), results, strict=True):
+                for tp, records in data.items():
+                    route = self._routes.get(tp.topic)
+                    store_host = await self._runtime.store_host(route.address) if route else "0.0.0.0:0"
+                    pq = self._pqs[(bootstrap, tp)]
+                    for rec in records:
+                        self._positions[(bootstrap, tp)] = rec.offset + 1
+                        msg = to_message_ext(rec, store_host)
+                        if not _tags.matches(self._subs.get(msg.topic), msg.tags):
+                            pq.skip(rec.offset)
+                            continue
+                        if self.ack_mode:
+                            pq.add(rec.offset)
+                        else:
+                            pq.skip(rec.offset)
+                        out.append(msg)
+                        self._pending[msg.msg_id] = (None, bootstrap, tp)
+        for msg in out:
+            self._trace_polled(msg)
+        return out
+
+    def _hook_ctx(self, msg: MessageExt) -> ConsumeMessageContext:
+        route = self._routes.get(kafka_topic(msg.queue.broker, msg.queue.topic))
+        return ConsumeMessageContext(
+            consumer_group=self.group, messages=[msg], queue=msg.queue,
+            client_host=self._runtime.client_host,
+            region_id=route.region_id if route else "DefaultRegion",
+            trace_on=route.trace_on if route else True,
+            request_ids={msg.msg_id: uuid.uuid4().hex}, begin_timestamp=now_ms())
+
+    def _trace_polled(self, msg: MessageExt) -> None:
+        ctx = self._hook_ctx(msg)
+        call_hooks(self._hooks, "consume_message_before", ctx)
+        _, bootstrap, tp = self._pending[msg.msg_id]
+        if self.ack_mode:
+            self._pending[msg.msg_id] = (ctx, bootstrap, tp)
+            return
+        del self._pending[msg.msg_id]
+        ctx.end_timestamp, ctx.success, ctx.context_code = ctx.begin_timestamp, True, 0
+        call_hooks(self._hooks, "consume_message_after", ctx)
+
+    def ack(self, msg: MessageExt) -> None:
+        """The application processed ``msg`` successfully (ack mode)."""
+        self._finish(msg, ConsumeReturnType.SUCCESS)
+
+    def nack(self, msg: MessageExt) -> None:
+        """The application failed ``msg``: traced as FAILED, returned again by a later poll."""
+        self._finish(msg, ConsumeReturnType.FAILED)
+
+    def _finish(self, msg: MessageExt, code: ConsumeReturnType) -> None:
+        if not self.ack_mode:
+            raise ClientStateError("ack()/nack() need ack_mode=True")
+        entry = self._pending.pop(msg.msg_id, None)
+        if entry is None:
+            raise ClientStateError(f"message {msg.msg_id} is not pending (already acked?)")
+        ctx, bootstrap, tp = entry
+        if ctx is None:
+            raise ClientStateError(f"message {msg.msg_id} is waiting for redelivery, not pending")
+        ctx.end_timestamp = now_ms()
+        ctx.success = code == ConsumeReturnType.SUCCESS
+        ctx.context_code = int(code)
+        call_hooks(self._hooks, "consume_message_after", ctx)
+        if ctx.success:
+            self._pqs[(bootstrap, tp)].done(msg.queue_offset)
+        else:
+            msg.reconsume_times += 1
+            self._pending[msg.msg_id] = (None, bootstrap, tp)
+            self._redeliver.append(msg)
+
+    async def commit(self) -> None:
+        """Commit what was polled (or, in ack mode, what was acknowledged)."""
+        per: dict[str, dict[TopicPartition, int]] = defaultdict(dict)
+        for (bootstrap, tp), pq in self._pqs.items():
+            off = pq.commit_offset()
+            if off is not None:
+                per[bootstrap][tp] = off
+        for bootstrap, offsets in per.items():
+            await self._consumers[bootstrap].commit(offsets)
+            for tp, off in offsets.items():
+                self._pqs[(bootstrap, tp)].committed(off)
+
+    async def committed(self, queue: MessageQueue) -> int | None:
+        kt = kafka_topic(queue.broker, queue.topic)
+        route = self._routes[kt]
+        return await self._consumers[route.data_bootstrap].committed(TopicPartition(kt, queue.queue_id))
+
+    async def _auto_commit(self) -> None:
+        while True:
+            await asyncio.sleep(self.auto_commit_interval_ms / 1000)
+            with contextlib.suppress(Exception):
+                await self.commit()
