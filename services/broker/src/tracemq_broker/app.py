@@ -15,6 +15,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from tracemq.log import get_logger
+from tracemq.naming import kafka_topic
 from tracemq.protocol import admin as admin_proto
 from tracemq.protocol import control
 from tracemq.protocol._envelope import ProtocolError
@@ -175,6 +176,15 @@ class Broker:
         await self._send_control(rec)
         self.last_registered_ms = rec.ts
 
+    async def _heal_topics(self) -> None:
+        """Recreate Kafka topics the data cluster lost (a memory-only transport restarted)."""
+        assert self.kafka_admin is not None and self.topic_admin is not None
+        existing = set(await self.kafka_admin.list_topics())
+        for topic, cfg in list(self.table.topics.items()):
+            if kafka_topic(self.settings.broker_name, topic) not in existing:
+                log.warning("Kafka topic missing on the data cluster; recreating", topic=topic)
+                await self.topic_admin.apply(topic, cfg)
+
     async def _send_control(self, rec: Any) -> None:
         assert self.producer is not None
         await self.producer.send_and_wait(
@@ -190,6 +200,7 @@ class Broker:
                 await asyncio.wait_for(self._register_now.wait(), interval)
             self._register_now.clear()
             try:
+                await self._heal_topics()
                 await self.register()
                 metrics.REGISTRATIONS.labels("ok").inc()
                 self.last_error = None

@@ -231,18 +231,34 @@ class EmbeddedStack:
         finally:
             client.close()
 
+    def kill_infra(self, name: str) -> None:
+        """SIGKILL an infrastructure process (``kafka-business``, ``kafka-trace``, ``redis``)."""
+        self.processes[name].kill()
+
+    def restart_infra(self, name: str) -> None:
+        """Start a stopped infrastructure process again, same binary, same port."""
+        old = self.processes[name]
+        if old.alive():
+            raise StackError(f"{name} is still running")
+        proc = ManagedProcess(name=name, argv=old.argv, env=old.env, log_path=old.log_path)
+        proc.extra.update(old.extra)
+        proc.start(tie_to_parent=self.config.tie_to_parent)
+        self.processes[name] = proc
+        if name == "redis":
+            self._wait_redis(30)
+        else:
+            from tracemq.transport import wait_until_ready
+
+            bootstrap = self.trace_bootstrap if name == "kafka-trace" else self.business_bootstrap
+            run_coro(wait_until_ready(bootstrap, 30))
+
     def stop_redis(self) -> None:
         """Stop the embedded Redis (tests of Redis outages); :meth:`restart_redis` brings it back."""
         self.processes["redis"].stop()
 
     def restart_redis(self) -> None:
         """Start Redis again on the same port after :meth:`stop_redis`."""
-        old = self.processes["redis"]
-        proc = ManagedProcess(name="redis", argv=old.argv, env=old.env, log_path=old.log_path)
-        proc.extra.update(old.extra)
-        proc.start(tie_to_parent=self.config.tie_to_parent)
-        self.processes["redis"] = proc
-        self._wait_redis(30)
+        self.restart_infra("redis")
 
     # -- services --------------------------------------------------------------------------
     def common_env(self, http_port: int) -> dict[str, str]:

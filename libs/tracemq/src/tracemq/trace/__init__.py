@@ -16,6 +16,13 @@ from tracemq.trace._codec import (
     encode,
     encode_many,
 )
+from tracemq.trace._dispatcher import (
+    AsyncTraceDispatcher,
+    KafkaTraceSender,
+    TraceRouteSource,
+    TraceSender,
+    TraceTopicError,
+)
 from tracemq.trace._model import (
     ConsumeReturnType,
     DecodeError,
@@ -30,6 +37,11 @@ from tracemq.trace._model import (
 )
 
 __all__ = [
+    "AsyncTraceDispatcher",
+    "KafkaTraceSender",
+    "TraceRouteSource",
+    "TraceSender",
+    "TraceTopicError",
     "CONTENT_SPLITOR",
     "FIELD_SPLITOR",
     "KEY_SEPARATOR",

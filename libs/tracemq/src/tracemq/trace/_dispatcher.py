@@ -15,8 +15,8 @@ Nothing is lost silently. Every context accepted by ``append`` ends up in exactl
   route, because it could not be encoded, or because shutdown's deadline passed first.
 
 Contexts refused by ``append`` (queue full, or offered after shutdown began) are counted as
-``discarded``. Drops are logged as warnings, at most once per :attr:`AsyncTraceDispatcher.
-warn_interval_s` per kind, with the count since the previous warning.
+``discarded``. Drops are logged as warnings with the count since the previous warning, at
+most once per ``warn_interval_s`` seconds per kind (discarded, failed).
 
 Ordering of work is tracked with sequence numbers: the n-th accepted context has number n, and
 since the queue is FIFO, "everything before n is settled" can be answered from the oldest
@@ -40,7 +40,7 @@ from tracemq.log import get_logger
 from tracemq.message_id import new_msg_id
 from tracemq.naming import TRACE_TOPIC, kafka_topic
 from tracemq.trace._codec import encode
-from tracemq.trace._model import TraceContext
+from tracemq.trace._model import TraceContext, TraceTransferBean
 
 if TYPE_CHECKING:
     from tracemq._kafka import ProducerPool
@@ -415,8 +415,12 @@ class AsyncTraceDispatcher:
                 self._wakeup.set()
                 await self.flush(timeout_s)
                 self._worker.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
+                try:
                     await self._worker
+                except asyncio.CancelledError:
+                    pass
+                except Exception as exc:  # pragma: no cover - the worker guards its own work
+                    log.warning("trace worker had failed", group=self.group, error=repr(exc))
                 tasks = list(self._send_tasks)
                 for task in tasks:
                     task.cancel()
@@ -522,25 +526,30 @@ class AsyncTraceDispatcher:
                 await asyncio.wait_for(self._wakeup.wait(), remaining)
 
     def _build_jobs(self, batch: list[TraceContext], first_seq: int) -> list[_Job]:
-        """Encode a batch into trace messages, grouped by (topic, region) and size-bounded."""
-        groups: dict[tuple[str | None, str | None], list[tuple[int, TraceContext]]] = {}
-        for offset, ctx in enumerate(batch):
-            topic = ctx.trace_beans[0].topic if ctx.trace_beans else None
-            groups.setdefault((topic, ctx.region_id), []).append((first_seq + offset, ctx))
-        jobs: list[_Job] = []
+        """Encode a batch into trace messages, grouped by (topic, region) and size-bounded.
+
+        Contexts are encoded one by one (to know each one's size) and a message's body is
+        their concatenation with the keys unioned, exactly what ``encode_many`` produces.
+        """
+        groups: dict[tuple[str | None, str | None], list[tuple[int, TraceTransferBean]]] = {}
         bad = 0
+        for seq, ctx in enumerate(batch, start=first_seq):
+            try:
+                topic = ctx.trace_beans[0].topic if ctx.trace_beans else None
+                key = (topic, ctx.region_id)
+                encoded = encode(ctx)
+            except Exception as exc:
+                bad += 1
+                log.debug("trace context could not be encoded", group=self.group, error=str(exc))
+                continue
+            groups.setdefault(key, []).append((seq, encoded))
+        jobs: list[_Job] = []
         for items in groups.values():
             parts: list[str] = []
             keys: set[str] = set()
             size = 0
             min_seq = 0
-            for seq, ctx in items:
-                try:
-                    encoded = encode(ctx)
-                except Exception as exc:
-                    bad += 1
-                    log.debug("trace context could not be encoded", error=str(exc))
-                    continue
+            for seq, encoded in items:
                 length = _utf8_len(encoded.data)
                 if length > self._max_message_size:
                     self._oversize += 1

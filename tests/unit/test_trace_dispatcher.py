@@ -1,0 +1,649 @@
+"""AsyncTraceDispatcher with a fake route cache and a fake sender (no Kafka, no Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import pytest
+from prometheus_client import REGISTRY
+from tracemq.errors import TracemqError
+from tracemq.message_id import new_msg_id
+from tracemq.naming import TRACE_TOPIC
+from tracemq.protocol.control import PERM_READ, PERM_RW
+from tracemq.routing.model import QueueRoute, TopicRoute
+from tracemq.trace import MessageType, TraceBean, TraceContext, TraceType, decode
+from tracemq.trace._dispatcher import (
+    AsyncTraceDispatcher,
+    KafkaTraceSender,
+    TraceTopicError,
+)
+
+TS = 1_700_000_000_000
+
+
+# ------------------------------------------------------------------------------ fakes
+
+
+def queue_route(broker: str, write_queues: int = 4, perm: int = PERM_RW) -> QueueRoute:
+    return QueueRoute(
+        broker=broker,
+        cluster="trace-cluster",
+        read_queues=write_queues,
+        write_queues=write_queues,
+        perm=perm,
+        data_bootstrap=f"{broker}:9092",
+        address=f"{broker}:10911",
+    )
+
+
+class FakeRoutes:
+    """Anything with ``async get(topic, refresh=False) -> TopicRoute``."""
+
+    def __init__(self, *queues: QueueRoute) -> None:
+        self.queues = tuple(queues)
+        self.calls = 0
+
+    async def get(self, topic: str, refresh: bool = False) -> TopicRoute:
+        self.calls += 1
+        return TopicRoute(topic=topic, queues=self.queues)
+
+
+@dataclass
+class Call:
+    broker: str
+    queue_id: int
+    trace_topic: str
+    value: bytes
+    headers: list[tuple[str, bytes]]
+    ok: bool = False
+
+    @property
+    def header(self) -> dict[str, bytes]:
+        return dict(self.headers)
+
+
+@dataclass
+class FakeSender:
+    """Records sends; fails the next ``failures`` of them; waits on ``gate`` when set."""
+
+    failures: int = 0
+    gate: asyncio.Event | None = None
+    calls: list[Call] = field(default_factory=list)
+    closed: int = 0
+
+    async def send(
+        self,
+        route: QueueRoute,
+        queue_id: int,
+        trace_topic: str,
+        value: bytes,
+        headers: list[tuple[str, bytes]],
+    ) -> None:
+        call = Call(route.broker, queue_id, trace_topic, value, headers)
+        self.calls.append(call)
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.failures > 0:
+            self.failures -= 1
+            raise ConnectionError("broker unreachable")
+        call.ok = True
+
+    async def close(self) -> None:
+        self.closed += 1
+
+    @property
+    def delivered(self) -> list[Call]:
+        return [c for c in self.calls if c.ok]
+
+    def contexts(self) -> list[TraceContext]:
+        return [ctx for c in self.delivered for ctx in decode(c.value.decode())]
+
+
+def pub(
+    topic: str = "T", keys: str | None = "k1 k2", region: str = "DefaultRegion", **kw: object
+) -> TraceContext:
+    bean = TraceBean(
+        topic=topic,
+        msg_id=new_msg_id(),
+        tags="A",
+        keys=keys,
+        store_host="127.0.0.1:10911",
+        body_length=10,
+        msg_type=MessageType.Normal_Msg,
+        offset_msg_id="0A00000100002A9F000300000000002A",
+    )
+    for name, value in kw.items():
+        setattr(bean, name, value)
+    return TraceContext(
+        trace_type=TraceType.Pub,
+        timestamp=TS,
+        region_id=region,
+        group_name="PG",
+        cost_time=3,
+        success=True,
+        trace_beans=[bean],
+    )
+
+
+def msg_id(ctx: TraceContext) -> str:
+    value = ctx.trace_beans[0].msg_id
+    assert value is not None
+    return value
+
+
+async def until(probe: Callable[[], object], what: str, timeout: float = 5.0) -> None:
+    """Poll a condition with a deadline (never a fixed sleep as synchronisation)."""
+    deadline = time.monotonic() + timeout
+    while not probe():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout}s")
+        await asyncio.sleep(0.005)
+
+
+Factory = Callable[..., AsyncTraceDispatcher]
+
+
+@pytest.fixture
+async def make() -> AsyncIterator[Factory]:
+    """Build dispatchers with fast timings; every one is shut down after the test."""
+    made: list[AsyncTraceDispatcher] = []
+
+    def factory(**kw: object) -> AsyncTraceDispatcher:
+        kw.setdefault("group", "PG")
+        kw.setdefault("route_cache", FakeRoutes(queue_route("trace-a"), queue_route("trace-b")))
+        kw.setdefault("sender", FakeSender())
+        kw.setdefault("flush_interval_ms", 20)
+        d = AsyncTraceDispatcher(**kw)  # type: ignore[arg-type]
+        d.retry_backoff_s = 0.01
+        d.retry_backoff_max_s = 0.04
+        made.append(d)
+        return d
+
+    yield factory
+    for d in made:
+        await d.shutdown(1.0)
+    leftover = [t for t in asyncio.all_tasks() if t.get_name().startswith("tracemq-trace")]
+    assert not leftover, leftover
+
+
+def sender_of(d: AsyncTraceDispatcher) -> FakeSender:
+    sender = d._sender
+    assert isinstance(sender, FakeSender)
+    return sender
+
+
+# ------------------------------------------------------------------------------ batching
+
+
+async def test_batches_many_contexts_into_few_messages_each_context_once(make: Factory) -> None:
+    d = make(batch_size=100)
+    await d.start()
+    contexts = [pub(topic="T") for _ in range(250)]
+    assert all(d.append(c) for c in contexts)
+
+    assert await d.flush(5.0)
+
+    sender = sender_of(d)
+    # Appended before the worker ran: batches of 100, 100 and 50, one group each.
+    assert len(sender.delivered) == 3
+    got = Counter(msg_id(c) for c in sender.contexts())
+    assert got == Counter(msg_id(c) for c in contexts)
+    assert all(c.trace_topic == TRACE_TOPIC for c in sender.calls)
+    s = d.stats()
+    assert s["appended"] == 250
+    assert s["sent"] == 250
+    assert s["sent_messages"] == 3
+    assert s["failed"] == s["discarded"] == s["queue_depth"] == s["in_flight"] == 0
+    assert s["send_latency_ms_mean"] >= 0
+
+
+async def test_groups_by_topic_and_region(make: Factory) -> None:
+    d = make()
+    await d.start()
+    contexts = [
+        pub(topic=t, region=r) for t in ("T1", "T2") for r in ("R1", "R2") for _ in range(3)
+    ]
+    for c in contexts:
+        d.append(c)
+    assert await d.flush()
+
+    sender = sender_of(d)
+    assert len(sender.delivered) == 4
+    for call in sender.delivered:
+        decoded = decode(call.value.decode())
+        assert len(decoded) == 3
+        assert len({(c.trace_beans[0].topic, c.region_id) for c in decoded}) == 1
+    assert Counter(msg_id(c) for c in sender.contexts()) == Counter(msg_id(c) for c in contexts)
+
+
+async def test_headers_keys_are_msg_ids_and_business_keys(make: Factory) -> None:
+    d = make()
+    await d.start()
+    a = pub(keys="k1 k2")
+    b = pub(keys="k2 k3")
+    d.append(a)
+    d.append(b)
+    assert await d.flush()
+
+    (call,) = sender_of(d).delivered
+    expected = sorted({msg_id(a), msg_id(b), "k1", "k2", "k3"})
+    assert call.header["KEYS"] == " ".join(expected).encode()
+    assert re.fullmatch(rb"[0-9A-F]{32}", call.header["UNIQ_KEY"])
+    assert [name for name, _ in call.headers] == ["KEYS", "UNIQ_KEY"]
+
+
+async def test_no_keys_header_when_there_are_no_keys(make: Factory) -> None:
+    d = make()
+    await d.start()
+    d.append(pub(keys=None, msg_id=None))
+    assert await d.flush()
+
+    (call,) = sender_of(d).delivered
+    assert [name for name, _ in call.headers] == ["UNIQ_KEY"]
+
+
+async def test_every_message_is_at_most_max_message_size(make: Factory) -> None:
+    limit = 1000
+    d = make(max_message_size=limit, batch_size=500)
+    await d.start()
+    # Non-ASCII so characters and bytes differ: the limit is in UTF-8 bytes.
+    contexts = [pub(tags="é" * 50 + str(i)) for i in range(60)]
+    for c in contexts:
+        d.append(c)
+    assert await d.flush()
+
+    sender = sender_of(d)
+    assert len(sender.delivered) > 1
+    assert all(len(c.value) <= limit for c in sender.delivered)
+    assert Counter(msg_id(c) for c in sender.contexts()) == Counter(msg_id(c) for c in contexts)
+    assert d.stats()["oversize"] == 0
+
+
+async def test_a_context_bigger_than_the_limit_goes_alone(make: Factory) -> None:
+    limit = 1000
+    d = make(max_message_size=limit)
+    await d.start()
+    small_before, big, small_after = pub(), pub(keys="x" * 2000), pub()
+    for c in (small_before, big, small_after):
+        d.append(c)
+    assert await d.flush()
+
+    sender = sender_of(d)
+    bodies = [decode(c.value.decode()) for c in sender.delivered]
+    assert [len(b) for b in bodies] == [1, 1, 1]
+    assert [msg_id(b[0]) for b in bodies] == [
+        msg_id(small_before),
+        msg_id(big),
+        msg_id(small_after),
+    ]
+    assert len(sender.delivered[1].value) > limit
+    assert d.stats()["oversize"] == 1
+    assert d.stats()["sent"] == 3
+
+
+async def test_unencodable_context_is_counted_failed_and_the_rest_is_sent(make: Factory) -> None:
+    d = make()
+    await d.start()
+    good = pub()
+    bad = pub(msg_type=None)  # a Pub record needs msg_type
+    d.append(good)
+    d.append(bad)
+    assert await d.flush()
+
+    assert [msg_id(c) for c in sender_of(d).contexts()] == [msg_id(good)]
+    assert d.stats()["failed"] == 1
+    assert d.stats()["sent"] == 1
+
+
+# ------------------------------------------------------------------------------ queue limits
+
+
+async def test_append_discards_when_the_queue_is_full(make: Factory) -> None:
+    d = make(queue_size=5)
+    # Not started yet: nothing drains the queue.
+    results = [d.append(pub()) for _ in range(8)]
+    assert results == [True] * 5 + [False] * 3
+    s = d.stats()
+    assert s["discarded"] == 3
+    assert s["appended"] == 5
+    assert s["queue_depth"] == 5
+
+    await d.start()
+    assert await d.flush()
+    assert d.stats()["sent"] == 5
+    assert d.stats()["queue_depth"] == 0
+
+
+async def test_append_never_raises_even_for_garbage(make: Factory) -> None:
+    d = make(queue_size=1)
+    await d.start()
+    assert d.append(None) is True  # type: ignore[arg-type]
+    assert await d.flush()
+    assert d.stats()["failed"] == 1
+
+
+# ------------------------------------------------------------------------------ retries
+
+
+async def test_retry_then_success_prefers_another_broker(make: Factory) -> None:
+    sender = FakeSender(failures=2)
+    d = make(sender=sender, max_send_attempts=3)
+    await d.start()
+    ctx = pub()
+    d.append(ctx)
+    assert await d.flush()
+
+    assert len(sender.calls) == 3
+    assert [c.ok for c in sender.calls] == [False, False, True]
+    brokers = [c.broker for c in sender.calls]
+    assert brokers[0] != brokers[1] != brokers[2]
+    assert len({c.header["UNIQ_KEY"] for c in sender.calls}) == 1  # same message retried
+    assert [msg_id(c) for c in sender.contexts()] == [msg_id(ctx)]
+    s = d.stats()
+    assert (s["sent"], s["sent_messages"], s["failed"]) == (1, 1, 0)
+
+
+async def test_retry_on_one_broker_moves_to_another_queue() -> None:
+    sender = FakeSender(failures=1)
+    d = AsyncTraceDispatcher(
+        group="PG",
+        route_cache=FakeRoutes(queue_route("only", write_queues=2)),
+        sender=sender,
+        flush_interval_ms=10,
+    )
+    d.retry_backoff_s = 0.01
+    await d.start()
+    d.append(pub())
+    assert await d.flush()
+    await d.shutdown()
+    assert [c.queue_id for c in sender.calls] in ([0, 1], [1, 0])
+    assert d.stats()["sent"] == 1
+
+
+async def test_retry_exhaustion_counts_every_context_as_failed(make: Factory) -> None:
+    sender = FakeSender(failures=10**6)
+    d = make(sender=sender, max_send_attempts=3)
+    await d.start()
+    for _ in range(4):
+        d.append(pub())
+    assert await d.flush()
+
+    assert len(sender.calls) == 3
+    s = d.stats()
+    assert s["failed"] == 4
+    assert s["sent"] == 0
+    assert s["sent_messages"] == 0
+
+
+async def test_send_timeout_counts_as_a_failed_attempt(make: Factory) -> None:
+    sender = FakeSender(gate=asyncio.Event())  # never opened: every send hangs
+    d = make(sender=sender, send_timeout_ms=30, max_send_attempts=2)
+    await d.start()
+    d.append(pub())
+    assert await d.flush(5.0)
+    assert len(sender.calls) == 2
+    assert d.stats()["failed"] == 1
+
+
+async def test_no_retry_when_the_queue_is_nearly_full(make: Factory) -> None:
+    gate = asyncio.Event()
+    sender = FakeSender(failures=1, gate=gate)
+    d = make(sender=sender, queue_size=4, batch_size=1, max_in_flight=1, max_send_attempts=5)
+    await d.start()
+    first = pub()
+    d.append(first)
+    await until(lambda: len(sender.calls) == 1, "first send started")
+    # The worker takes one more context and waits for a send slot; fill the queue behind it.
+    d.append(pub())
+    await until(lambda: d.stats()["queue_depth"] == 0, "worker holds the second context")
+    while d.append(pub()):
+        pass
+    assert d.stats()["queue_depth"] == 4
+    gate.set()
+    assert await d.flush()
+
+    s = d.stats()
+    assert s["failed"] == 1  # the first message was dropped without a retry
+    assert msg_id(first) not in {msg_id(c) for c in sender.contexts()}
+    assert len(sender.calls) == s["sent_messages"] + 1
+    assert s["appended"] == s["sent"] + s["failed"]
+
+
+async def test_max_in_flight_bounds_concurrent_sends(make: Factory) -> None:
+    gate = asyncio.Event()
+    sender = FakeSender(gate=gate)
+    d = make(sender=sender, batch_size=1, max_in_flight=3)
+    await d.start()
+    for _ in range(10):
+        d.append(pub())
+    await until(lambda: len(sender.calls) == 3, "three sends in flight")
+    # Not a synchronisation: give the worker a chance to (wrongly) start a fourth send.
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert len(sender.calls) == 3
+    assert d.stats()["in_flight"] == 3
+    gate.set()
+    assert await d.flush()
+    assert d.stats()["sent"] == 10
+
+
+# ------------------------------------------------------------------------------ routing
+
+
+async def test_round_robin_over_writable_queues_of_all_brokers(make: Factory) -> None:
+    routes = FakeRoutes(
+        queue_route("trace-a", write_queues=2),
+        queue_route("trace-b", write_queues=3),
+        queue_route("trace-ro", write_queues=4, perm=PERM_READ),
+    )
+    d = make(route_cache=routes, batch_size=1)
+    await d.start()
+    for _ in range(10):
+        d.append(pub())
+    assert await d.flush()
+
+    sender = sender_of(d)
+    used = Counter((c.broker, c.queue_id) for c in sender.calls)
+    assert used == {(b, q): 2 for b, n in (("trace-a", 2), ("trace-b", 3)) for q in range(n)}
+    # Consecutive messages alternate brokers while both have queues left.
+    assert sender.calls[0].broker != sender.calls[1].broker
+
+
+async def test_customized_trace_topic_without_route_fails_start(make: Factory) -> None:
+    d = make(route_cache=FakeRoutes(), trace_topic="MY_TRACE", customized=True)
+    with pytest.raises(TraceTopicError, match="trace topic 'MY_TRACE' has no route") as info:
+        await d.start()
+    assert isinstance(info.value, TracemqError)
+    assert "create it on a trace broker before starting the client" in str(info.value)
+
+
+async def test_default_trace_topic_without_route_counts_failed(make: Factory) -> None:
+    sender = FakeSender()
+    d = make(route_cache=FakeRoutes(), sender=sender)
+    await d.start()  # only a warning
+    for _ in range(3):
+        assert d.append(pub())
+    assert await d.flush()
+
+    assert sender.calls == []
+    s = d.stats()
+    assert (s["failed"], s["sent"]) == (3, 0)
+
+
+async def test_route_appearing_later_is_used(make: Factory) -> None:
+    routes = FakeRoutes()
+    d = make(route_cache=routes)
+    await d.start()
+    d.append(pub())
+    assert await d.flush()
+    routes.queues = (queue_route("trace-a"),)
+    d.append(pub())
+    assert await d.flush()
+    s = d.stats()
+    assert (s["failed"], s["sent"]) == (1, 1)
+
+
+# ------------------------------------------------------------------------------ shutdown
+
+
+async def test_shutdown_flushes_everything_appended_before_it(make: Factory) -> None:
+    # A long flush interval and a big batch: only shutdown's flush gets these out in time.
+    d = make(flush_interval_ms=60_000, batch_size=1000)
+    await d.start()
+    contexts = [pub() for _ in range(50)]
+    for c in contexts:
+        d.append(c)
+
+    started = time.monotonic()
+    await d.shutdown(5.0)
+    assert time.monotonic() - started < 5.0
+
+    sender = sender_of(d)
+    assert Counter(msg_id(c) for c in sender.contexts()) == Counter(msg_id(c) for c in contexts)
+    assert d.stats()["sent"] == 50
+    assert sender.closed == 1
+
+
+async def test_append_after_shutdown_is_discarded_and_shutdown_is_idempotent(make: Factory) -> None:
+    d = make()
+    await d.start()
+    await d.shutdown()
+    await d.shutdown()
+    assert d.append(pub()) is False
+    assert d.append(pub()) is False
+    s = d.stats()
+    assert s["discarded"] == 2
+    assert s["appended"] == 0
+    assert sender_of(d).closed == 1
+
+
+async def test_shutdown_deadline_counts_unsent_contexts_as_failed(make: Factory) -> None:
+    gate = asyncio.Event()  # never opened: the broker hangs
+    sender = FakeSender(gate=gate)
+    d = make(sender=sender, batch_size=1, max_in_flight=2, send_timeout_ms=60_000)
+    await d.start()
+    for _ in range(10):
+        d.append(pub())
+    await until(lambda: len(sender.calls) == 2, "two sends in flight")
+
+    started = time.monotonic()
+    await d.shutdown(0.2)
+    assert time.monotonic() - started < 2.0
+
+    s = d.stats()
+    assert s["sent"] == 0
+    assert s["failed"] == 10
+    assert s["queue_depth"] == 0
+    assert s["in_flight"] == 0
+
+
+async def test_flush_times_out_while_the_broker_hangs(make: Factory) -> None:
+    gate = asyncio.Event()
+    d = make(sender=FakeSender(gate=gate), send_timeout_ms=60_000)
+    await d.start()
+    d.append(pub())
+    assert await d.flush(0.05) is False
+    gate.set()
+    assert await d.flush(5.0) is True
+    assert d.stats()["sent"] == 1
+
+
+async def test_shutdown_without_start_counts_queued_as_failed(make: Factory) -> None:
+    d = make()
+    d.append(pub())
+    await d.shutdown()
+    assert d.stats()["failed"] == 1
+
+
+# ------------------------------------------------------------------------------ counters
+
+
+def sample(name: str, group: str) -> float:
+    return REGISTRY.get_sample_value(name, {"group": group}) or 0.0
+
+
+async def test_two_dispatchers_count_independently(make: Factory) -> None:
+    g1, g2 = f"G1-{new_msg_id()}", f"G2-{new_msg_id()}"
+    d1 = make(group=g1, sender=FakeSender(failures=10**6), max_send_attempts=1)
+    d2 = make(group=g2)
+    await d1.start()
+    await d2.start()
+    for _ in range(3):
+        d1.append(pub())
+    for _ in range(5):
+        d2.append(pub())
+    assert await d1.flush()
+    assert await d2.flush()
+
+    s1, s2 = d1.stats(), d2.stats()
+    assert (s1["appended"], s1["sent"], s1["failed"]) == (3, 0, 3)
+    assert (s2["appended"], s2["sent"], s2["failed"]) == (5, 5, 0)
+    assert sample("tracemq_trace_appended_total", g1) == 3
+    assert sample("tracemq_trace_appended_total", g2) == 5
+    assert sample("tracemq_trace_failed_total", g1) == 3
+    assert sample("tracemq_trace_sent_total", g2) == 5
+    assert sample("tracemq_trace_queue_depth", g1) == 0
+
+
+async def test_prometheus_discards_and_send_latency(make: Factory) -> None:
+    group = f"G-{new_msg_id()}"
+    before = REGISTRY.get_sample_value("tracemq_trace_send_seconds_count") or 0.0
+    d = make(group=group, queue_size=2)
+    for _ in range(3):
+        d.append(pub())
+    assert sample("tracemq_trace_discarded_total", group) == 1
+    assert sample("tracemq_trace_queue_depth", group) == 2
+    await d.start()
+    assert await d.flush()
+    after = REGISTRY.get_sample_value("tracemq_trace_send_seconds_count") or 0.0
+    assert after - before == 1
+    assert sample("tracemq_trace_queue_depth", group) == 0
+    assert d.stats()["send_latency_ms_last"] >= 0
+
+
+# ------------------------------------------------------------------------------ Kafka sender
+
+
+class FakeProducer:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes, dict[str, object]]] = []
+
+    async def send_and_wait(self, topic: str, value: bytes, **kw: object) -> None:
+        self.sent.append((topic, value, kw))
+
+
+class FakePool:
+    def __init__(self) -> None:
+        self.producer = FakeProducer()
+        self.asked: list[str] = []
+        self.closed = False
+
+    async def get(self, bootstrap: str) -> FakeProducer:
+        self.asked.append(bootstrap)
+        return self.producer
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+async def test_kafka_sender_writes_the_partition_of_the_broker_topic() -> None:
+    pool = FakePool()
+    sender = KafkaTraceSender(pool)  # type: ignore[arg-type]
+    headers = [("UNIQ_KEY", b"X")]
+    await sender.send(queue_route("trace-a"), 2, TRACE_TOPIC, b"data", headers)
+    assert pool.asked == ["trace-a:9092"]
+    assert pool.producer.sent == [
+        ("trace-a.RMQ_SYS_TRACE_TOPIC", b"data", {"partition": 2, "headers": headers})
+    ]
+    await sender.close()
+    assert pool.closed is False  # not its pool
+
+
+async def test_kafka_sender_closes_its_own_pool() -> None:
+    sender = KafkaTraceSender()
+    await sender.close()
