@@ -39,7 +39,10 @@ async def read_trace_topic(bootstrap: str, *, broker: str = "trace-broker",
         out: list[TraceMessage] = []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while any(await consumer.position(tp) < end[tp] for tp in tps):
+        async def behind() -> bool:
+            return any([await consumer.position(tp) < end[tp] for tp in tps])
+
+        while await behind():
             if loop.time() > deadline:
                 raise AssertionError("could not read the trace topic to its end in time")
             batch = await consumer.getmany(timeout_ms=500)
