@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
-from tests.support.traces import read_trace_topic
 from tracemq import Message, Producer, PushConsumer
 from tracemq.admin import AdminClient
 from tracemq.devstack import EmbeddedStack
@@ -12,6 +10,8 @@ from tracemq.errors import ClientStateError, InvalidNameError, NoRouteError
 from tracemq.message import InvalidMessageError
 from tracemq.trace import TraceType
 from tracemq.trace._dispatcher import TraceTopicError
+
+from tests.support.traces import read_trace_topic
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 
@@ -37,8 +37,12 @@ def test_message_validation() -> None:
 async def test_producer_errors(stack: EmbeddedStack, admin: AdminClient, unique: str) -> None:
     topic = f"Err_{unique}"
     await admin.create_topic("broker-a", topic, read_queues=1, write_queues=1)
-    p = Producer(f"PG_{unique}", redis_url=stack.redis_url,
-                 control_bootstrap=stack.business_bootstrap, max_message_size=1024)
+    p = Producer(
+        f"PG_{unique}",
+        redis_url=stack.redis_url,
+        control_bootstrap=stack.business_bootstrap,
+        max_message_size=1024,
+    )
     with pytest.raises(ClientStateError, match="not started"):
         await p.send(Message(topic, b"x"))
     await p.start()
@@ -57,25 +61,37 @@ async def test_producer_errors(stack: EmbeddedStack, admin: AdminClient, unique:
         await p.send(Message(topic, b"x"))
 
 
-async def test_custom_trace_topic_without_route_fails_at_start(stack: EmbeddedStack,
-                                                              unique: str) -> None:
-    p = Producer(f"PG_{unique}", enable_msg_trace=True, trace_topic=f"MyTrace_{unique}",
-                 redis_url=stack.redis_url, control_bootstrap=stack.business_bootstrap)
+async def test_custom_trace_topic_without_route_fails_at_start(
+    stack: EmbeddedStack, unique: str
+) -> None:
+    p = Producer(
+        f"PG_{unique}",
+        enable_msg_trace=True,
+        trace_topic=f"MyTrace_{unique}",
+        redis_url=stack.redis_url,
+        control_bootstrap=stack.business_bootstrap,
+    )
     with pytest.raises(TraceTopicError, match=f"MyTrace_{unique}"):
         await p.start()
-    c = PushConsumer(f"CG_{unique}", redis_url=stack.redis_url,
-                     control_bootstrap=stack.business_bootstrap)
+    c = PushConsumer(
+        f"CG_{unique}", redis_url=stack.redis_url, control_bootstrap=stack.business_bootstrap
+    )
     with pytest.raises(ClientStateError, match="subscribe"):
         await c.start()
 
 
-async def test_shutdown_flushes_every_trace(stack: EmbeddedStack, admin: AdminClient,
-                                            unique: str) -> None:
+async def test_shutdown_flushes_every_trace(
+    stack: EmbeddedStack, admin: AdminClient, unique: str
+) -> None:
     topic = f"Flush_{unique}"
     await admin.create_topic("broker-a", topic, read_queues=2, write_queues=2)
-    p = Producer(f"PG_{unique}", enable_msg_trace=True, redis_url=stack.redis_url,
-                 control_bootstrap=stack.business_bootstrap,
-                 trace_options={"flush_interval_ms": 1000, "batch_size": 1000})
+    p = Producer(
+        f"PG_{unique}",
+        enable_msg_trace=True,
+        redis_url=stack.redis_url,
+        control_bootstrap=stack.business_bootstrap,
+        trace_options={"flush_interval_ms": 1000, "batch_size": 1000},
+    )
     await p.start()
     ids = set()
     for i in range(300):
@@ -84,6 +100,7 @@ async def test_shutdown_flushes_every_trace(stack: EmbeddedStack, admin: AdminCl
     st = p.trace_dispatcher.stats()
     assert st["failed"] == 0 and st["discarded"] == 0
     msgs = await read_trace_topic(stack.trace_bootstrap)
-    found = {c.trace_beans[0].msg_id for m in msgs for c in m.contexts
-             if c.trace_type == TraceType.Pub}
+    found = {
+        c.trace_beans[0].msg_id for m in msgs for c in m.contexts if c.trace_type == TraceType.Pub
+    }
     assert ids <= found

@@ -8,9 +8,6 @@ import asyncio
 from collections import defaultdict
 
 import pytest
-
-from tests.support.traces import read_trace_topic
-from tests.support.waiting import eventually
 from tracemq import (
     ConsumeConcurrentlyStatus,
     ConsumeFromWhere,
@@ -25,6 +22,9 @@ from tracemq.devstack import EmbeddedStack
 from tracemq.message_id import decode_msg_id, decode_offset_msg_id
 from tracemq.trace import ConsumeReturnType, MessageType, TraceType
 
+from tests.support.traces import read_trace_topic
+from tests.support.waiting import eventually
+
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 
 N_PER_PRODUCER = 500
@@ -35,8 +35,9 @@ def _index(msg: MessageExt) -> int:
 
 
 @pytest.mark.timeout(240)
-async def test_traces_match_what_happened(stack: EmbeddedStack, admin: AdminClient,
-                                          unique: str) -> None:
+async def test_traces_match_what_happened(
+    stack: EmbeddedStack, admin: AdminClient, unique: str
+) -> None:
     topic = f"Trace_{unique}"
     await admin.create_topic("broker-a", topic, read_queues=4, write_queues=4)
     env = {"redis_url": stack.redis_url, "control_bootstrap": stack.business_bootstrap}
@@ -59,8 +60,13 @@ async def test_traces_match_what_happened(stack: EmbeddedStack, admin: AdminClie
 
     consumers = []
     for group, listener in ((g_later, later), (g_raise, raising)):
-        c = PushConsumer(group, consume_from=ConsumeFromWhere.FIRST_OFFSET, enable_msg_trace=True,
-                         in_process_retry_delay_ms=100, **env)
+        c = PushConsumer(
+            group,
+            consume_from=ConsumeFromWhere.FIRST_OFFSET,
+            enable_msg_trace=True,
+            in_process_retry_delay_ms=100,
+            **env,
+        )
         c.subscribe(topic, "*")
         c.register_message_listener(listener)
         consumers.append(c)
@@ -74,9 +80,15 @@ async def test_traces_match_what_happened(stack: EmbeddedStack, admin: AdminClie
 
     async def produce(p: Producer, base: int) -> None:
         for chunk in range(0, N_PER_PRODUCER, 50):
-            msgs = [Message(topic, f"body-{base + i}".encode(), tags="TagA" if i % 2 else "TagB",
-                            keys=[f"order-{base + i}", f"user-{(base + i) % 7}"])
-                    for i in range(chunk, chunk + 50)]
+            msgs = [
+                Message(
+                    topic,
+                    f"body-{base + i}".encode(),
+                    tags="TagA" if i % 2 else "TagB",
+                    keys=[f"order-{base + i}", f"user-{(base + i) % 7}"],
+                )
+                for i in range(chunk, chunk + 50)
+            ]
             results = await asyncio.gather(*(p.send(m) for m in msgs))
             for m, r in zip(msgs, results, strict=True):
                 sent[r.msg_id] = (int(m.body.split(b"-")[1]), p.group, r)
@@ -99,13 +111,17 @@ async def test_traces_match_what_happened(stack: EmbeddedStack, admin: AdminClie
 
     # -- read the trace topic back and check every record ---------------------------------
     messages = await read_trace_topic(stack.trace_bootstrap)
-    ours = [m for m in messages
-            if any(b.msg_id in sent for c in m.contexts for b in c.trace_beans)]
+    ours = [m for m in messages if any(b.msg_id in sent for c in m.contexts for b in c.trace_beans)]
     assert ours, "no trace message for our msgIds"
     for m in ours:
         assert not m.errors, m.errors
-        expected_keys = {k for c in m.contexts for b in c.trace_beans
-                         for k in [b.msg_id, *(b.keys or "").split()] if k and k != "null"}
+        expected_keys = {
+            k
+            for c in m.contexts
+            for b in c.trace_beans
+            for k in [b.msg_id, *(b.keys or "").split()]
+            if k and k != "null"
+        }
         assert expected_keys <= m.keys, "KEYS header lacks msgIds or business keys"
 
     pubs = defaultdict(list)
@@ -136,8 +152,10 @@ async def test_traces_match_what_happened(stack: EmbeddedStack, admin: AdminClie
         assert abs(decode_msg_id(msg_id).timestamp_ms - pub.timestamp) < 60_000
         assert pub.region_id == "DefaultRegion"
 
-        for cg, fails_first, code in ((g_later, i % 10 == 0, ConsumeReturnType.FAILED),
-                                      (g_raise, i % 15 == 0, ConsumeReturnType.EXCEPTION)):
+        for cg, fails_first, code in (
+            (g_later, i % 10 == 0, ConsumeReturnType.FAILED),
+            (g_raise, i % 15 == 0, ConsumeReturnType.EXCEPTION),
+        ):
             bs = sorted(befores[(cg, msg_id)], key=lambda c: c.trace_beans[0].retry_times)
             as_ = {c.request_id: c for c in afters[(cg, msg_id)]}
             assert len(bs) == len(as_) == (2 if fails_first else 1), (cg, i)

@@ -10,13 +10,13 @@ import time
 from collections.abc import Iterator
 
 import pytest
-
-from tests.support.traces import read_trace_topic
-from tests.support.waiting import eventually
 from tracemq import Message, Producer
 from tracemq.admin import AdminClient
 from tracemq.devstack import EmbeddedStack, StackConfig
 from tracemq.trace import TraceType
+
+from tests.support.traces import read_trace_topic
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 
@@ -25,8 +25,9 @@ pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 def outage_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStack]:
     from tests.conftest import _SESSION_STACKS, TEST_SERVICE_ENV
 
-    s = EmbeddedStack(StackConfig(workdir=tmp_path_factory.mktemp("outage"),
-                                  service_env=dict(TEST_SERVICE_ENV)))
+    s = EmbeddedStack(
+        StackConfig(workdir=tmp_path_factory.mktemp("outage"), service_env=dict(TEST_SERVICE_ENV))
+    )
     _SESSION_STACKS.append(s)
     s.start()
     try:
@@ -51,9 +52,13 @@ async def test_trace_cluster_outage(outage_stack: EmbeddedStack, unique: str) ->
     topic = f"Outage_{unique}"
     async with AdminClient(s.business_bootstrap, s.redis_url) as admin:
         await admin.create_topic("broker-a", topic, read_queues=2, write_queues=2)
-    p = Producer(f"PG_{unique}", enable_msg_trace=True, redis_url=s.redis_url,
-                 control_bootstrap=s.business_bootstrap,
-                 trace_options={"send_timeout_ms": 500, "queue_size": 256})
+    p = Producer(
+        f"PG_{unique}",
+        enable_msg_trace=True,
+        redis_url=s.redis_url,
+        control_bootstrap=s.business_bootstrap,
+        trace_options={"send_timeout_ms": 500, "queue_size": 256},
+    )
     await p.start()
     try:
         healthy = await _latencies(p, topic, 100, "up")
@@ -66,7 +71,9 @@ async def test_trace_cluster_outage(outage_stack: EmbeddedStack, unique: str) ->
             down = await _latencies(p, topic, 300, "down")  # nothing raises
             # The business path does not wait for the trace path.
             assert statistics.median(down) <= 2 * statistics.median(healthy) + 0.005, (
-                statistics.median(healthy), statistics.median(down))
+                statistics.median(healthy),
+                statistics.median(down),
+            )
 
             async def drops_counted() -> bool:
                 st = p.trace_dispatcher.stats()
@@ -83,10 +90,16 @@ async def test_trace_cluster_outage(outage_stack: EmbeddedStack, unique: str) ->
             await _latencies(p, topic, 1, f"probe{time.monotonic_ns()}")
             await p.trace_dispatcher.flush(5)
             msgs = await read_trace_topic(s.trace_bootstrap)
-            keys = {k for m in msgs for c in m.contexts if c.trace_type == TraceType.Pub
-                    for k in (c.trace_beans[0].keys or "").split()}
+            keys = {
+                k
+                for m in msgs
+                for c in m.contexts
+                if c.trace_type == TraceType.Pub
+                for k in (c.trace_beans[0].keys or "").split()
+            }
             return any(k.startswith("back-") for k in keys) or any(
-                k.startswith("probe") for k in keys)
+                k.startswith("probe") for k in keys
+            )
 
         await eventually(back_in_topic, timeout=60, interval=1.0, what="traces flow again")
     finally:

@@ -6,7 +6,6 @@ import asyncio
 from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-
 from tracemq.naming import TRACE_TOPIC, kafka_topic
 from tracemq.trace import TraceContext, decode_report
 
@@ -20,12 +19,18 @@ class TraceMessage:
     errors: list[object] = field(default_factory=list)
 
 
-async def read_trace_topic(bootstrap: str, *, broker: str = "trace-broker",
-                           topic: str = TRACE_TOPIC, timeout_s: float = 5.0) -> list[TraceMessage]:
+async def read_trace_topic(
+    bootstrap: str,
+    *,
+    broker: str = "trace-broker",
+    topic: str = TRACE_TOPIC,
+    timeout_s: float = 5.0,
+) -> list[TraceMessage]:
     """Every trace message currently in the trace topic (all partitions, from the beginning)."""
     ktopic = kafka_topic(broker, topic)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
-                                enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False
+    )
     await consumer.start()
     try:
         await consumer.topics()
@@ -39,6 +44,7 @@ async def read_trace_topic(bootstrap: str, *, broker: str = "trace-broker",
         out: list[TraceMessage] = []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+
         async def behind() -> bool:
             return any([await consumer.position(tp) < end[tp] for tp in tps])
 

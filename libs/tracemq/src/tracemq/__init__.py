@@ -25,7 +25,19 @@ from tracemq.producer import Producer, SendError
 __version__ = "0.1.0"
 
 __all__ = [
-    "ClientSettings", "ConsumeConcurrentlyStatus", "ConsumeContext", "ConsumeFromWhere",
-    "ConsumeOrderlyStatus", "LitePullConsumer", "Message", "MessageExt", "MessageModel", "MessageQueue", "Producer",
-    "PushConsumer", "SendError", "SendResult", "SendStatus",
+    "ClientSettings",
+    "ConsumeConcurrentlyStatus",
+    "ConsumeContext",
+    "ConsumeFromWhere",
+    "ConsumeOrderlyStatus",
+    "LitePullConsumer",
+    "Message",
+    "MessageExt",
+    "MessageModel",
+    "MessageQueue",
+    "Producer",
+    "PushConsumer",
+    "SendError",
+    "SendResult",
+    "SendStatus",
 ]

@@ -44,12 +44,16 @@ class ClientSettings(BaseSettings):
     instance_name: str = "DEFAULT"
 
     @classmethod
-    def from_overrides(cls, redis_url: str | None = None,
-                       control_bootstrap: str | None = None) -> ClientSettings:
+    def from_overrides(
+        cls, redis_url: str | None = None, control_bootstrap: str | None = None
+    ) -> ClientSettings:
         """The environment's settings with the given connection values on top."""
         base = cls()
-        update = {k: v for k, v in (("redis_url", redis_url),
-                                    ("control_bootstrap", control_bootstrap)) if v}
+        update = {
+            k: v
+            for k, v in (("redis_url", redis_url), ("control_bootstrap", control_bootstrap))
+            if v
+        }
         return base.model_copy(update=update) if update else base
 
 
@@ -60,19 +64,31 @@ def now_ms() -> int:
 class ClientRuntime:
     """Shared machinery of one client."""
 
-    def __init__(self, group: str, role: Literal["producer", "consumer"],
-                 settings: ClientSettings, *, enable_msg_trace: bool = False,
-                 trace_topic: str | None = None, message_model: str = "CLUSTERING",
-                 subscriptions: Callable[[], list[control.Subscription]] | None = None,
-                 trace_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        group: str,
+        role: Literal["producer", "consumer"],
+        settings: ClientSettings,
+        *,
+        enable_msg_trace: bool = False,
+        trace_topic: str | None = None,
+        message_model: str = "CLUSTERING",
+        subscriptions: Callable[[], list[control.Subscription]] | None = None,
+        trace_options: dict[str, Any] | None = None,
+    ) -> None:
         self.group = group
         self.role = role
         self.settings = settings
         self.client_host = local_ipv4()
-        self.client_id = f"{self.client_host}@{os.getpid()}#{settings.instance_name}#{uuid.uuid4().hex[:8]}"
+        self.client_id = (
+            f"{self.client_host}@{os.getpid()}#{settings.instance_name}#{uuid.uuid4().hex[:8]}"
+        )
         self.message_model = message_model
-        self.routes = RouteCache(settings.redis_url, prefix=settings.redis_prefix,
-                                 refresh_interval_s=settings.route_refresh_interval_ms / 1000)
+        self.routes = RouteCache(
+            settings.redis_url,
+            prefix=settings.redis_prefix,
+            refresh_interval_s=settings.route_refresh_interval_ms / 1000,
+        )
         self.pool = ProducerPool()
         self._subscriptions = subscriptions or list
         self._heartbeat_task: asyncio.Task[None] | None = None
@@ -89,12 +105,17 @@ class ClientRuntime:
             from tracemq.trace._dispatcher import AsyncTraceDispatcher
 
             self.dispatcher = AsyncTraceDispatcher(
-                group=self.group, route_cache=self.routes, trace_topic=self.trace_topic,
-                customized=self._trace_customized, **self._trace_options)
+                group=self.group,
+                route_cache=self.routes,
+                trace_topic=self.trace_topic,
+                customized=self._trace_customized,
+                **self._trace_options,
+            )
             await self.dispatcher.start()
         await self.heartbeat()
-        self._heartbeat_task = asyncio.create_task(self._heartbeat_loop(),
-                                                   name=f"heartbeat-{self.group}")
+        self._heartbeat_task = asyncio.create_task(
+            self._heartbeat_loop(), name=f"heartbeat-{self.group}"
+        )
 
     async def stop(self, trace_timeout_s: float = 5.0) -> None:
         if self._heartbeat_task is not None:
@@ -104,8 +125,9 @@ class ClientRuntime:
         if self.dispatcher is not None:
             await self.dispatcher.shutdown(trace_timeout_s)
         with contextlib.suppress(Exception):
-            await self._send_control(control.ClientUnregister(ts=now_ms(), client_id=self.client_id,
-                                                              group=self.group))
+            await self._send_control(
+                control.ClientUnregister(ts=now_ms(), client_id=self.client_id, group=self.group)
+            )
         await self.pool.close()
         await self.routes.stop()
 
@@ -120,8 +142,9 @@ class ClientRuntime:
             ip = host
         except OSError:
             try:
-                infos = await asyncio.get_running_loop().getaddrinfo(host, None,
-                                                                     family=socket.AF_INET)
+                infos = await asyncio.get_running_loop().getaddrinfo(
+                    host, None, family=socket.AF_INET
+                )
                 ip = str(infos[0][4][0]) if infos else "127.0.0.1"
             except OSError:
                 ip = "127.0.0.1"
@@ -129,15 +152,23 @@ class ClientRuntime:
         return self._store_hosts[address]
 
     async def heartbeat(self) -> None:
-        await self._send_control(control.ClientHeartbeat(
-            ts=now_ms(), client_id=self.client_id, group=self.group, role=self.role,
-            message_model=self.message_model,  # type: ignore[arg-type]
-            client_host=self.client_host, subscriptions=self._subscriptions()))
+        await self._send_control(
+            control.ClientHeartbeat(
+                ts=now_ms(),
+                client_id=self.client_id,
+                group=self.group,
+                role=self.role,
+                message_model=self.message_model,  # type: ignore[arg-type]
+                client_host=self.client_host,
+                subscriptions=self._subscriptions(),
+            )
+        )
 
     async def _send_control(self, record: Any) -> None:
         producer = await self.pool.get(self.settings.control_bootstrap)
-        await producer.send_and_wait(self.settings.control_topic, control.encode(record),
-                                     key=self.client_id.encode())
+        await producer.send_and_wait(
+            self.settings.control_topic, control.encode(record), key=self.client_id.encode()
+        )
 
     async def _heartbeat_loop(self) -> None:
         while True:

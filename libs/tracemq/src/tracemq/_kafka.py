@@ -12,8 +12,12 @@ class ProducerPool:
     """Lazily started :class:`AIOKafkaProducer` per bootstrap address."""
 
     def __init__(self, **producer_kwargs: Any) -> None:
-        self._kwargs = {"linger_ms": 5, "request_timeout_ms": 10_000,
-                        "max_batch_size": 256 * 1024, **producer_kwargs}
+        self._kwargs = {
+            "linger_ms": 5,
+            "request_timeout_ms": 10_000,
+            "max_batch_size": 256 * 1024,
+            **producer_kwargs,
+        }
         self._producers: dict[str, AIOKafkaProducer] = {}
         self._starting: dict[str, asyncio.Task[AIOKafkaProducer]] = {}
 

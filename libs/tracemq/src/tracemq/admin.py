@@ -114,15 +114,30 @@ class AdminClient:
                 return reply.body
         raise AdminTimeoutError(f"no reply from broker {broker!r} to {op} within {self.timeout_s}s")
 
-    async def create_topic(self, broker: str, topic: str, *, read_queues: int = 8,
-                           write_queues: int = 8, perm: int = 6,
-                           wait_route: bool = True) -> dict[str, Any]:
+    async def create_topic(
+        self,
+        broker: str,
+        topic: str,
+        *,
+        read_queues: int = 8,
+        write_queues: int = 8,
+        perm: int = 6,
+        wait_route: bool = True,
+    ) -> dict[str, Any]:
         """Create ``topic`` on ``broker``; by default return once clients can see its route."""
         validate_topic(topic, allow_system=False)
         validate_queue_count(read_queues, "read_queues")
         validate_queue_count(write_queues, "write_queues")
-        body = await self.request(broker, "topic.create", {
-            "topic": topic, "read_queues": read_queues, "write_queues": write_queues, "perm": perm})
+        body = await self.request(
+            broker,
+            "topic.create",
+            {
+                "topic": topic,
+                "read_queues": read_queues,
+                "write_queues": write_queues,
+                "perm": perm,
+            },
+        )
         if wait_route:
             await self._await_route(broker, topic, write_queues)
         return body
@@ -132,12 +147,15 @@ class AdminClient:
         deadline = asyncio.get_running_loop().time() + self.timeout_s
         while asyncio.get_running_loop().time() < deadline:
             route = await self._reader.topic_route(topic)
-            if any(q.broker == broker and write_queues in (None, q.write_queues)
-                   for q in route.queues):
+            if any(
+                q.broker == broker and write_queues in (None, q.write_queues) for q in route.queues
+            ):
                 return
             await asyncio.sleep(0.05)
-        raise AdminTimeoutError(f"broker {broker!r} created {topic!r} but its route did not "
-                                f"appear within {self.timeout_s}s (is a nameserver running?)")
+        raise AdminTimeoutError(
+            f"broker {broker!r} created {topic!r} but its route did not "
+            f"appear within {self.timeout_s}s (is a nameserver running?)"
+        )
 
     async def update_topic(
         self,

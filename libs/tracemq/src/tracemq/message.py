@@ -39,9 +39,18 @@ class MessageConst:
 
 #: Properties tracemq sets itself; a user may not set them through ``properties``.
 SYSTEM_PROPERTIES = frozenset(
-    {MessageConst.UNIQ_KEY, MessageConst.TAGS, MessageConst.KEYS, MessageConst.DELAY,
-     MessageConst.BORN_TIMESTAMP, MessageConst.BORN_HOST, MessageConst.PRODUCER_GROUP,
-     MessageConst.RECONSUME_TIME, MessageConst.REAL_TOPIC, MessageConst.REAL_QID}
+    {
+        MessageConst.UNIQ_KEY,
+        MessageConst.TAGS,
+        MessageConst.KEYS,
+        MessageConst.DELAY,
+        MessageConst.BORN_TIMESTAMP,
+        MessageConst.BORN_HOST,
+        MessageConst.PRODUCER_GROUP,
+        MessageConst.RECONSUME_TIME,
+        MessageConst.REAL_TOPIC,
+        MessageConst.REAL_QID,
+    }
 )
 
 
@@ -98,7 +107,11 @@ class Message:
                     raise InvalidMessageError(f"property {k!r}={v!r}: names and values must be str")
                 if k in SYSTEM_PROPERTIES:
                     raise InvalidMessageError(f"property {k!r} is set by tracemq, not by users")
-        if isinstance(self.delay_level, bool) or not isinstance(self.delay_level, int) or self.delay_level < 0:
+        if (
+            isinstance(self.delay_level, bool)
+            or not isinstance(self.delay_level, int)
+            or self.delay_level < 0
+        ):
             raise InvalidMessageError(f"delay_level must be an int >= 0, got {self.delay_level!r}")
 
     @property

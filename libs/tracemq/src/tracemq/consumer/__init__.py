@@ -10,5 +10,12 @@ from tracemq.consumer.listener import (
 from tracemq.consumer.lite_pull import LitePullConsumer
 from tracemq.consumer.push import PushConsumer
 
-__all__ = ["ConsumeConcurrentlyStatus", "ConsumeContext", "ConsumeFromWhere",
-           "ConsumeOrderlyStatus", "LitePullConsumer", "MessageModel", "PushConsumer"]
+__all__ = [
+    "ConsumeConcurrentlyStatus",
+    "ConsumeContext",
+    "ConsumeFromWhere",
+    "ConsumeOrderlyStatus",
+    "LitePullConsumer",
+    "MessageModel",
+    "PushConsumer",
+]

@@ -26,7 +26,11 @@ def to_message_ext(rec: ConsumerRecord[bytes, bytes], store_host: str) -> Messag
         offset_msg_id = encode_offset_msg_id(store_host, rec.partition, rec.offset)
     except ValueError:
         offset_msg_id = None
-    msg_id = props.get(MessageConst.UNIQ_KEY) or offset_msg_id or f"{rec.topic}:{rec.partition}:{rec.offset}"
+    msg_id = (
+        props.get(MessageConst.UNIQ_KEY)
+        or offset_msg_id
+        or f"{rec.topic}:{rec.partition}:{rec.offset}"
+    )
     try:
         born = int(props.get(MessageConst.BORN_TIMESTAMP, "0"))
     except ValueError:

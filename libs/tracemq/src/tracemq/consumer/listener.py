@@ -46,6 +46,5 @@ class ConsumeContext:
         self.end_times[msg.msg_id] = int(time.time() * 1000)
 
 
-ConcurrentlyListener = Callable[[list[MessageExt], ConsumeContext],
-                                Awaitable[Any] | Any]
+ConcurrentlyListener = Callable[[list[MessageExt], ConsumeContext], Awaitable[Any] | Any]
 OrderlyListener = ConcurrentlyListener

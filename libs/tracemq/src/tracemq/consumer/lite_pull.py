@@ -61,11 +61,16 @@ class LitePullConsumer:
         self._expressions: dict[str, str] = {}
         self._assigned: list[MessageQueue] | None = None
         self._runtime = ClientRuntime(
-            self.group, "consumer", self.settings, enable_msg_trace=enable_msg_trace,
+            self.group,
+            "consumer",
+            self.settings,
+            enable_msg_trace=enable_msg_trace,
             trace_topic=trace_topic,
-            subscriptions=lambda: [Subscription(topic=t, expression=e)
-                                   for t, e in self._expressions.items()],
-            trace_options=trace_options)
+            subscriptions=lambda: [
+                Subscription(topic=t, expression=e) for t, e in self._expressions.items()
+            ],
+            trace_options=trace_options,
+        )
         self._hooks: list[ConsumeMessageHook] = []
         self._consumers: dict[str, AIOKafkaConsumer] = {}
         self._routes: dict[str, QueueRoute] = {}
@@ -99,8 +104,9 @@ class LitePullConsumer:
             if self._runtime.dispatcher is not None:
                 from tracemq.trace._hooks import ConsumeMessageTraceHook
 
-                self._hooks.append(ConsumeMessageTraceHook(self._runtime.dispatcher,
-                                                           self._runtime.trace_topic))
+                self._hooks.append(
+                    ConsumeMessageTraceHook(self._runtime.dispatcher, self._runtime.trace_topic)
+                )
             if self._subs:
                 await self._subscribe_all()
             if self.auto_commit:
@@ -142,9 +148,13 @@ class LitePullConsumer:
         c = self._consumers.get(bootstrap)
         if c is None:
             reset = "earliest" if self.consume_from == ConsumeFromWhere.FIRST_OFFSET else "latest"
-            c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=self.group,
-                                 enable_auto_commit=False, auto_offset_reset=reset,
-                                 max_poll_records=self.pull_batch_size)
+            c = AIOKafkaConsumer(
+                bootstrap_servers=bootstrap,
+                group_id=self.group,
+                enable_auto_commit=False,
+                auto_offset_reset=reset,
+                max_poll_records=self.pull_batch_size,
+            )
             self._consumers[bootstrap] = c
         return c
 
@@ -200,15 +210,23 @@ class LitePullConsumer:
             raise ClientStateError(f"consumer {self.group!r} is not running")
         out: list[MessageExt] = []
         if self._redeliver:
-            out, self._redeliver = self._redeliver[: self.pull_batch_size], self._redeliver[self.pull_batch_size:]
+            out, self._redeliver = (
+                self._redeliver[: self.pull_batch_size],
+                self._redeliver[self.pull_batch_size :],
+            )
         else:
-            results = await asyncio.gather(*[
-                c.getmany(timeout_ms=int(timeout * 1000), max_records=self.pull_batch_size)
-                for c in self._consumers.values()])
+            results = await asyncio.gather(
+                *[
+                    c.getmany(timeout_ms=int(timeout * 1000), max_records=self.pull_batch_size)
+                    for c in self._consumers.values()
+                ]
+            )
             for (bootstrap, _c), data in zip(self._consumers.items(), results, strict=True):
                 for tp, records in data.items():
                     route = self._routes.get(tp.topic)
-                    store_host = await self._runtime.store_host(route.address) if route else "0.0.0.0:0"
+                    store_host = (
+                        await self._runtime.store_host(route.address) if route else "0.0.0.0:0"
+                    )
                     pq = self._pqs[(bootstrap, tp)]
                     for rec in records:
                         self._positions[(bootstrap, tp)] = rec.offset + 1
@@ -229,11 +247,15 @@ class LitePullConsumer:
     def _hook_ctx(self, msg: MessageExt) -> ConsumeMessageContext:
         route = self._routes.get(kafka_topic(msg.queue.broker, msg.queue.topic))
         return ConsumeMessageContext(
-            consumer_group=self.group, messages=[msg], queue=msg.queue,
+            consumer_group=self.group,
+            messages=[msg],
+            queue=msg.queue,
             client_host=self._runtime.client_host,
             region_id=route.region_id if route else "DefaultRegion",
             trace_on=route.trace_on if route else True,
-            request_ids={msg.msg_id: uuid.uuid4().hex}, begin_timestamp=now_ms())
+            request_ids={msg.msg_id: uuid.uuid4().hex},
+            begin_timestamp=now_ms(),
+        )
 
     def _trace_polled(self, msg: MessageExt) -> None:
         ctx = self._hook_ctx(msg)
@@ -289,7 +311,9 @@ class LitePullConsumer:
     async def committed(self, queue: MessageQueue) -> int | None:
         kt = kafka_topic(queue.broker, queue.topic)
         route = self._routes[kt]
-        return await self._consumers[route.data_bootstrap].committed(TopicPartition(kt, queue.queue_id))
+        return await self._consumers[route.data_bootstrap].committed(
+            TopicPartition(kt, queue.queue_id)
+        )
 
     async def _auto_commit(self) -> None:
         while True:

@@ -45,8 +45,11 @@ from tracemq.trace import ConsumeReturnType
 log = get_logger("consumer")
 
 CONSUMED = Counter("tracemq_consumer_messages_total", "Listener outcomes", ["group", "result"])
-GIVEN_UP = Counter("tracemq_consumer_given_up_total",
-                   "Messages that failed max_reconsume_times+1 times (no DLQ yet)", ["group"])
+GIVEN_UP = Counter(
+    "tracemq_consumer_given_up_total",
+    "Messages that failed max_reconsume_times+1 times (no DLQ yet)",
+    ["group"],
+)
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -70,15 +73,22 @@ class _ClusterConsumer:
         self.pqs: dict[TopicPartition, ProcessQueue] = {}
         self.paused: set[TopicPartition] = set()
         p = parent
-        group_id = (p.group if p.message_model == MessageModel.CLUSTERING
-                    else f"{p.group}.broadcast.{p._runtime.client_host}.{p.settings.instance_name}")
+        group_id = (
+            p.group
+            if p.message_model == MessageModel.CLUSTERING
+            else f"{p.group}.broadcast.{p._runtime.client_host}.{p.settings.instance_name}"
+        )
         reset = "earliest" if p.consume_from == ConsumeFromWhere.FIRST_OFFSET else "latest"
         self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap, group_id=group_id, enable_auto_commit=False,
-            auto_offset_reset=reset, max_poll_records=p.pull_batch_size,
+            bootstrap_servers=bootstrap,
+            group_id=group_id,
+            enable_auto_commit=False,
+            auto_offset_reset=reset,
+            max_poll_records=p.pull_batch_size,
             session_timeout_ms=p.session_timeout_ms,
             heartbeat_interval_ms=max(300, p.session_timeout_ms // 5),
-            metadata_max_age_ms=30_000)
+            metadata_max_age_ms=30_000,
+        )
         self.task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -225,11 +235,17 @@ class PushConsumer:
         self._subscriptions: dict[str, frozenset[str] | None] = {}
         self._expressions: dict[str, str] = {}
         self._runtime = ClientRuntime(
-            self.group, "consumer", self.settings, enable_msg_trace=enable_msg_trace,
-            trace_topic=trace_topic, message_model=self.message_model.value,
-            subscriptions=lambda: [Subscription(topic=t, expression=e)
-                                   for t, e in self._expressions.items()],
-            trace_options=trace_options)
+            self.group,
+            "consumer",
+            self.settings,
+            enable_msg_trace=enable_msg_trace,
+            trace_topic=trace_topic,
+            message_model=self.message_model.value,
+            subscriptions=lambda: [
+                Subscription(topic=t, expression=e) for t, e in self._expressions.items()
+            ],
+            trace_options=trace_options,
+        )
         self._listener: ConcurrentlyListener | None = None
         self._orderly = False
         self._hooks: list[ConsumeMessageHook] = []
@@ -284,12 +300,15 @@ class PushConsumer:
             if self._runtime.dispatcher is not None:
                 from tracemq.trace._hooks import ConsumeMessageTraceHook
 
-                self._hooks.append(ConsumeMessageTraceHook(self._runtime.dispatcher,
-                                                           self._runtime.trace_topic))
+                self._hooks.append(
+                    ConsumeMessageTraceHook(self._runtime.dispatcher, self._runtime.trace_topic)
+                )
             self._work = asyncio.Queue(maxsize=self.consume_concurrency * 2)
             if not self._orderly:
-                self._workers = [asyncio.create_task(self._worker(), name=f"listener-{i}")
-                                 for i in range(self.consume_concurrency)]
+                self._workers = [
+                    asyncio.create_task(self._worker(), name=f"listener-{i}")
+                    for i in range(self.consume_concurrency)
+                ]
             await self._sync_clusters(initial=True)
             self._watch_task = asyncio.create_task(self._watch_routes(), name="route-watch")
         except BaseException:
@@ -373,8 +392,14 @@ class PushConsumer:
                 log.warning("subscription refresh failed", group=self.group, error=repr(exc))
 
     # -- dispatch --------------------------------------------------------------------------
-    async def _dispatch(self, cc: _ClusterConsumer, tp: TopicPartition, pq: ProcessQueue,
-                        msgs: list[MessageExt], route: QueueRoute | None) -> None:
+    async def _dispatch(
+        self,
+        cc: _ClusterConsumer,
+        tp: TopicPartition,
+        pq: ProcessQueue,
+        msgs: list[MessageExt],
+        route: QueueRoute | None,
+    ) -> None:
         item = (cc, tp, pq, msgs, route)
         if self._orderly:
             q = self._orderly_queues.get(tp)
@@ -424,8 +449,9 @@ class PushConsumer:
             finally:
                 self._in_flight -= 1
 
-    def _retry_later(self, pq: ProcessQueue, msgs: list[MessageExt],
-                     route: QueueRoute | None) -> None:
+    def _retry_later(
+        self, pq: ProcessQueue, msgs: list[MessageExt], route: QueueRoute | None
+    ) -> None:
         if msgs[0].reconsume_times >= self.max_reconsume_times:
             self._give_up(pq, msgs)
             return
@@ -452,8 +478,11 @@ class PushConsumer:
 
     def _give_up(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
         GIVEN_UP.labels(self.group).inc(len(msgs))
-        log.error("message failed max_reconsume_times; giving up (no DLQ yet)", group=self.group,
-                  msg_ids=[m.msg_id for m in msgs])
+        log.error(
+            "message failed max_reconsume_times; giving up (no DLQ yet)",
+            group=self.group,
+            msg_ids=[m.msg_id for m in msgs],
+        )
         for m in msgs:
             pq.done(m.queue_offset)
 
@@ -463,11 +492,14 @@ class PushConsumer:
         queue = msgs[0].queue
         cctx = ConsumeContext(queue=queue)
         hctx = ConsumeMessageContext(
-            consumer_group=self.group, messages=msgs, queue=queue,
+            consumer_group=self.group,
+            messages=msgs,
+            queue=queue,
             client_host=self._runtime.client_host,
             region_id=route.region_id if route else "DefaultRegion",
             trace_on=route.trace_on if route else True,
-            request_ids={m.msg_id: uuid.uuid4().hex for m in msgs})
+            request_ids={m.msg_id: uuid.uuid4().hex for m in msgs},
+        )
         hctx.begin_timestamp = now_ms()
         call_hooks(self._hooks, "consume_message_before", hctx)
         code = ConsumeReturnType.SUCCESS
@@ -475,13 +507,17 @@ class PushConsumer:
             if inspect.iscoroutinefunction(self._listener):
                 status = await asyncio.wait_for(self._listener(msgs, cctx), self.consume_timeout_s)
             else:
-                status = await asyncio.wait_for(asyncio.to_thread(self._listener, msgs, cctx),
-                                                self.consume_timeout_s)
+                status = await asyncio.wait_for(
+                    asyncio.to_thread(self._listener, msgs, cctx), self.consume_timeout_s
+                )
                 if inspect.isawaitable(status):
                     status = await asyncio.wait_for(status, self.consume_timeout_s)
             if status is None:
                 code = ConsumeReturnType.RETURNNULL
-            elif status in (ConsumeConcurrentlyStatus.CONSUME_SUCCESS, ConsumeOrderlyStatus.SUCCESS):
+            elif status in (
+                ConsumeConcurrentlyStatus.CONSUME_SUCCESS,
+                ConsumeOrderlyStatus.SUCCESS,
+            ):
                 code = ConsumeReturnType.SUCCESS
             else:
                 code = ConsumeReturnType.FAILED
@@ -491,8 +527,12 @@ class PushConsumer:
             raise
         except Exception as exc:
             code = ConsumeReturnType.EXCEPTION
-            log.warning("listener raised", group=self.group, error=repr(exc),
-                        msg_ids=[m.msg_id for m in msgs])
+            log.warning(
+                "listener raised",
+                group=self.group,
+                error=repr(exc),
+                msg_ids=[m.msg_id for m in msgs],
+            )
         hctx.end_timestamp = now_ms()
         hctx.end_timestamps = cctx.end_times
         hctx.success = code == ConsumeReturnType.SUCCESS

@@ -19,7 +19,14 @@ from tracemq._client import ClientRuntime, ClientSettings, now_ms
 from tracemq.errors import ClientStateError, TracemqError
 from tracemq.hooks import SendMessageContext, SendMessageHook, call_hooks
 from tracemq.log import get_logger
-from tracemq.message import InvalidMessageError, Message, MessageConst, MessageQueue, SendResult, SendStatus
+from tracemq.message import (
+    InvalidMessageError,
+    Message,
+    MessageConst,
+    MessageQueue,
+    SendResult,
+    SendStatus,
+)
 from tracemq.message_id import encode_offset_msg_id, new_msg_id
 from tracemq.naming import kafka_topic, validate_group
 from tracemq.producer._fault import FaultTolerance
@@ -65,9 +72,14 @@ class Producer:
         self.send_msg_timeout_ms = send_msg_timeout_ms
         self.retry_times_when_send_failed = retry_times_when_send_failed
         self.max_message_size = max_message_size
-        self._runtime = ClientRuntime(self.group, "producer", self.settings,
-                                      enable_msg_trace=enable_msg_trace, trace_topic=trace_topic,
-                                      trace_options=trace_options)
+        self._runtime = ClientRuntime(
+            self.group,
+            "producer",
+            self.settings,
+            enable_msg_trace=enable_msg_trace,
+            trace_topic=trace_topic,
+            trace_options=trace_options,
+        )
         self._faults = FaultTolerance(fault_isolation_ms)
         self._hooks: list[SendMessageHook] = []
         self._rr = 0
@@ -87,8 +99,9 @@ class Producer:
         if self._runtime.dispatcher is not None:
             from tracemq.trace._hooks import SendMessageTraceHook
 
-            self._hooks.append(SendMessageTraceHook(self._runtime.dispatcher,
-                                                    self._runtime.trace_topic))
+            self._hooks.append(
+                SendMessageTraceHook(self._runtime.dispatcher, self._runtime.trace_topic)
+            )
         self._state = "running"
 
     async def shutdown(self, trace_timeout_s: float = 5.0) -> None:
@@ -128,13 +141,16 @@ class Producer:
         if not isinstance(msg, Message):
             raise InvalidMessageError(f"expected a tracemq.Message, got {type(msg).__name__}")
         if len(msg.body) > self.max_message_size:
-            raise InvalidMessageError(f"body of {len(msg.body)} bytes exceeds max_message_size "
-                                      f"{self.max_message_size}")
+            raise InvalidMessageError(
+                f"body of {len(msg.body)} bytes exceeds max_message_size {self.max_message_size}"
+            )
         if not msg.body:
             raise InvalidMessageError("body is empty")
         if msg.delay_level:
-            raise InvalidMessageError("delay_level needs the broker's schedule service, "
-                                      "which this version does not provide yet")
+            raise InvalidMessageError(
+                "delay_level needs the broker's schedule service, "
+                "which this version does not provide yet"
+            )
         return msg
 
     async def _queues(self, topic: str) -> tuple[TopicRoute, list[tuple[QueueRoute, int]]]:
@@ -147,7 +163,9 @@ class Producer:
             raise SendError(f"topic {topic!r} has no writable queue")
         return route, queues
 
-    def _pick(self, queues: list[tuple[QueueRoute, int]], avoid: str | None) -> tuple[QueueRoute, int]:
+    def _pick(
+        self, queues: list[tuple[QueueRoute, int]], avoid: str | None
+    ) -> tuple[QueueRoute, int]:
         n = len(queues)
         for _ in range(n):
             self._rr = (self._rr + 1) % n
@@ -161,10 +179,12 @@ class Producer:
         return queues[self._rr]
 
     def _headers(self, msg: Message, msg_id: str) -> list[tuple[str, bytes]]:
-        h = [(MessageConst.UNIQ_KEY, msg_id.encode()),
-             (MessageConst.BORN_TIMESTAMP, str(now_ms()).encode()),
-             (MessageConst.BORN_HOST, self._runtime.client_host.encode()),
-             (MessageConst.PRODUCER_GROUP, self.group.encode())]
+        h = [
+            (MessageConst.UNIQ_KEY, msg_id.encode()),
+            (MessageConst.BORN_TIMESTAMP, str(now_ms()).encode()),
+            (MessageConst.BORN_HOST, self._runtime.client_host.encode()),
+            (MessageConst.PRODUCER_GROUP, self.group.encode()),
+        ]
         if msg.tags:
             h.append((MessageConst.TAGS, msg.tags.encode()))
         if msg.keys:
@@ -173,25 +193,39 @@ class Producer:
             h.extend((k, v.encode()) for k, v in msg.properties.items())
         return h
 
-    async def _produce(self, q: QueueRoute, qid: int, msg: Message,
-                       headers: list[tuple[str, bytes]]) -> asyncio.Future[RecordMetadata]:
+    async def _produce(
+        self, q: QueueRoute, qid: int, msg: Message, headers: list[tuple[str, bytes]]
+    ) -> asyncio.Future[RecordMetadata]:
         producer = await self._runtime.pool.get(q.data_bootstrap)
-        return await producer.send(kafka_topic(q.broker, msg.topic), msg.body, partition=qid,
-                                   headers=headers)
+        return await producer.send(
+            kafka_topic(q.broker, msg.topic), msg.body, partition=qid, headers=headers
+        )
 
-    async def _result(self, q: QueueRoute, qid: int, msg_id: str, md: RecordMetadata,
-                      topic: str) -> SendResult:
+    async def _result(
+        self, q: QueueRoute, qid: int, msg_id: str, md: RecordMetadata, topic: str
+    ) -> SendResult:
         store_host = await self._runtime.store_host(q.address)
         # Kafka LogAppendTime (type 1) is the broker's store time; otherwise the ack time.
         store_ts = md.timestamp if md.timestamp_type == 1 else now_ms()
         return SendResult(
-            send_status=SendStatus.SEND_OK, msg_id=msg_id,
+            send_status=SendStatus.SEND_OK,
+            msg_id=msg_id,
             offset_msg_id=encode_offset_msg_id(store_host, qid, md.offset),
-            queue=MessageQueue(topic, q.broker, qid), queue_offset=md.offset,
-            region_id=q.region_id, trace_on=q.trace_on, store_timestamp=store_ts)
+            queue=MessageQueue(topic, q.broker, qid),
+            queue_offset=md.offset,
+            region_id=q.region_id,
+            trace_on=q.trace_on,
+            store_timestamp=store_ts,
+        )
 
-    async def send(self, msg: Message, *, timeout: float | None = None,
-                   selector: MessageQueueSelector | None = None, arg: Any = None) -> SendResult:
+    async def send(
+        self,
+        msg: Message,
+        *,
+        timeout: float | None = None,
+        selector: MessageQueueSelector | None = None,
+        arg: Any = None,
+    ) -> SendResult:
         """Send and wait for the broker's acknowledgement. ``timeout`` (s) covers all retries.
 
         With ``selector`` (ordered messages) the selected queue is used and not changed on retry.
@@ -200,9 +234,12 @@ class Producer:
         msg_id = new_msg_id()
         route, queues = await self._queues(msg.topic)
         ctx = SendMessageContext(
-            producer_group=self.group, message=msg, msg_id=msg_id,
+            producer_group=self.group,
+            message=msg,
+            msg_id=msg_id,
             msg_type=MessageType.Order_Msg if selector else MessageType.Normal_Msg,
-            born_host=self._runtime.client_host)
+            born_host=self._runtime.client_host,
+        )
         headers = self._headers(msg, msg_id)
         deadline = asyncio.get_running_loop().time() + (timeout or self.send_msg_timeout_ms / 1000)
         attempts = 1 + (0 if selector else self.retry_times_when_send_failed)
@@ -220,13 +257,22 @@ class Producer:
                 if left <= 0:
                     raise TimeoutError(f"send timed out after {attempt} attempt(s)")
                 fut = await asyncio.wait_for(self._produce(q, qid, msg, headers), left)
-                md = await asyncio.wait_for(fut, max(0.001, deadline - asyncio.get_running_loop().time()))
+                md = await asyncio.wait_for(
+                    fut, max(0.001, deadline - asyncio.get_running_loop().time())
+                )
             except Exception as exc:
                 self._faults.failed(q.broker)
                 ctx.exception = exc
                 avoid = q.broker
-                log.warning("send attempt failed", topic=msg.topic, broker=q.broker, queue=qid,
-                            attempt=attempt + 1, msg_id=msg_id, error=repr(exc))
+                log.warning(
+                    "send attempt failed",
+                    topic=msg.topic,
+                    broker=q.broker,
+                    queue=qid,
+                    attempt=attempt + 1,
+                    msg_id=msg_id,
+                    error=repr(exc),
+                )
                 continue
             self._faults.succeeded(q.broker)
             result = await self._result(q, qid, msg_id, md, msg.topic)
@@ -235,11 +281,18 @@ class Producer:
             return result
         ctx.end_timestamp = now_ms()
         call_hooks(self._hooks, "send_message_after", ctx)
-        raise SendError(f"sending {msg_id} to {msg.topic!r} failed after {attempts} attempt(s): "
-                        f"{ctx.exception!r}") from ctx.exception
+        raise SendError(
+            f"sending {msg_id} to {msg.topic!r} failed after {attempts} attempt(s): "
+            f"{ctx.exception!r}"
+        ) from ctx.exception
 
-    def _select(self, queues: list[tuple[QueueRoute, int]], msg: Message,
-                selector: MessageQueueSelector, arg: Any) -> tuple[QueueRoute, int]:
+    def _select(
+        self,
+        queues: list[tuple[QueueRoute, int]],
+        msg: Message,
+        selector: MessageQueueSelector,
+        arg: Any,
+    ) -> tuple[QueueRoute, int]:
         mqs = [MessageQueue(msg.topic, q.broker, i) for q, i in queues]
         chosen = selector(mqs, msg, arg)
         for (q, i), mq in zip(queues, mqs, strict=True):
@@ -254,29 +307,38 @@ class Producer:
         msg_id = new_msg_id()
         _, queues = await self._queues(msg.topic)
         q, qid = self._pick(queues, None)
-        ctx = SendMessageContext(producer_group=self.group, message=msg, msg_id=msg_id,
-                                 msg_type=MessageType.Normal_Msg,
-                                 born_host=self._runtime.client_host,
-                                 queue=MessageQueue(msg.topic, q.broker, qid),
-                                 broker_address=q.address, region_id=q.region_id,
-                                 trace_on=q.trace_on, begin_timestamp=now_ms())
+        ctx = SendMessageContext(
+            producer_group=self.group,
+            message=msg,
+            msg_id=msg_id,
+            msg_type=MessageType.Normal_Msg,
+            born_host=self._runtime.client_host,
+            queue=MessageQueue(msg.topic, q.broker, qid),
+            broker_address=q.address,
+            region_id=q.region_id,
+            trace_on=q.trace_on,
+            begin_timestamp=now_ms(),
+        )
         call_hooks(self._hooks, "send_message_before", ctx)
         fut = await self._produce(q, qid, msg, self._headers(msg, msg_id))
         fut.add_done_callback(lambda f: asyncio.ensure_future(self._oneway_done(f, ctx, q, qid)))
 
-    async def _oneway_done(self, fut: asyncio.Future[RecordMetadata], ctx: SendMessageContext,
-                           q: QueueRoute, qid: int) -> None:
+    async def _oneway_done(
+        self, fut: asyncio.Future[RecordMetadata], ctx: SendMessageContext, q: QueueRoute, qid: int
+    ) -> None:
         ctx.end_timestamp = now_ms()
         if fut.cancelled() or fut.exception() is not None:
             ctx.exception = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
             self._faults.failed(q.broker)
         else:
-            ctx.send_result = await self._result(q, qid, ctx.msg_id, fut.result(),
-                                                 ctx.message.topic)
+            ctx.send_result = await self._result(
+                q, qid, ctx.msg_id, fut.result(), ctx.message.topic
+            )
         call_hooks(self._hooks, "send_message_after", ctx)
 
-    async def send_batch(self, msgs: Sequence[Message], *, timeout: float | None = None
-                         ) -> list[SendResult]:
+    async def send_batch(
+        self, msgs: Sequence[Message], *, timeout: float | None = None
+    ) -> list[SendResult]:
         """Send several messages of one topic to one queue; each keeps its own msgId and Pub
         trace. Failed members are retried on another queue. Returns one result per message."""
         if not msgs:
@@ -286,13 +348,22 @@ class Producer:
         if len(topics) != 1:
             raise InvalidMessageError(f"a batch must have one topic, got {sorted(topics)}")
         if sum(len(m.body) for m in checked) > self.max_message_size:
-            raise InvalidMessageError(f"batch body exceeds max_message_size {self.max_message_size}")
+            raise InvalidMessageError(
+                f"batch body exceeds max_message_size {self.max_message_size}"
+            )
         topic = checked[0].topic
         _, queues = await self._queues(topic)
         deadline = asyncio.get_running_loop().time() + (timeout or self.send_msg_timeout_ms / 1000)
-        ctxs = [SendMessageContext(producer_group=self.group, message=m, msg_id=new_msg_id(),
-                                   msg_type=MessageType.Normal_Msg,
-                                   born_host=self._runtime.client_host) for m in checked]
+        ctxs = [
+            SendMessageContext(
+                producer_group=self.group,
+                message=m,
+                msg_id=new_msg_id(),
+                msg_type=MessageType.Normal_Msg,
+                born_host=self._runtime.client_host,
+            )
+            for m in checked
+        ]
         results: list[SendResult | None] = [None] * len(ctxs)
         pending = list(range(len(ctxs)))
         avoid: str | None = None
@@ -310,7 +381,9 @@ class Producer:
                 c.queue = MessageQueue(topic, q.broker, qid)
                 c.broker_address, c.region_id, c.trace_on = q.address, q.region_id, q.trace_on
                 try:
-                    futs.append(await self._produce(q, qid, c.message, self._headers(c.message, c.msg_id)))
+                    futs.append(
+                        await self._produce(q, qid, c.message, self._headers(c.message, c.msg_id))
+                    )
                 except Exception as exc:
                     futs.append(_failed(exc))
             left = max(0.001, deadline - asyncio.get_running_loop().time())
@@ -333,8 +406,10 @@ class Producer:
                 ctx.exception = None
             call_hooks(self._hooks, "send_message_after", ctx)
         if pending:
-            raise SendError(f"{len(pending)} of {len(ctxs)} batch messages failed: "
-                            f"{ctxs[pending[0]].exception!r}")
+            raise SendError(
+                f"{len(pending)} of {len(ctxs)} batch messages failed: "
+                f"{ctxs[pending[0]].exception!r}"
+            )
         return [r for r in results if r is not None]
 
 

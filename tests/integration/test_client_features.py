@@ -1,0 +1,340 @@
+"""Client features on the embedded stack: batch, oneway, ordered send + orderly listener,
+broadcasting, hooks that raise, listener outcomes (RETURNNULL, TIME_OUT), LitePullConsumer."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from typing import Any
+
+import pytest
+from tracemq import (
+    ConsumeConcurrentlyStatus,
+    ConsumeFromWhere,
+    ConsumeOrderlyStatus,
+    LitePullConsumer,
+    Message,
+    MessageExt,
+    MessageModel,
+    MessageQueue,
+    Producer,
+    PushConsumer,
+)
+from tracemq.admin import AdminClient
+from tracemq.devstack import EmbeddedStack
+from tracemq.hooks import HOOK_ERRORS
+from tracemq.trace import ConsumeReturnType, MessageType, TraceType
+
+from tests.support.traces import read_trace_topic
+from tests.support.waiting import eventually
+
+pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
+
+
+@pytest.fixture
+def env(stack: EmbeddedStack) -> dict[str, str]:
+    return {"redis_url": stack.redis_url, "control_bootstrap": stack.business_bootstrap}
+
+
+async def _topic(admin: AdminClient, name: str, queues: int = 4) -> str:
+    await admin.create_topic("broker-a", name, read_queues=queues, write_queues=queues)
+    return name
+
+
+async def _traces(stack: EmbeddedStack, ids: set[str]) -> list[Any]:
+    msgs = await read_trace_topic(stack.trace_bootstrap)
+    return [c for m in msgs for c in m.contexts if c.trace_beans[0].msg_id in ids]
+
+
+async def test_batch_and_oneway_are_traced_per_message(
+    stack: EmbeddedStack, admin: AdminClient, env: dict[str, str], unique: str
+) -> None:
+    topic = await _topic(admin, f"Batch_{unique}")
+    async with Producer(f"PG_{unique}", enable_msg_trace=True, **env) as p:
+        results = await p.send_batch(
+            [Message(topic, f"b{i}".encode(), keys=[f"bk{i}"]) for i in range(20)]
+        )
+        assert len({r.msg_id for r in results}) == 20
+        assert len({r.queue for r in results}) == 1  # one batch, one queue
+        offsets = [r.queue_offset for r in results]
+        assert offsets == sorted(offsets) and len(set(offsets)) == 20
+        await p.send_oneway(Message(topic, b"oneway", keys=[f"ow-{unique}"]))
+        await p.trace_dispatcher.flush(10)
+
+        async def oneway_traced() -> bool:
+            msgs = await read_trace_topic(stack.trace_bootstrap)
+            return any(
+                c.trace_beans[0].keys == f"ow-{unique}" and c.success
+                for m in msgs
+                for c in m.contexts
+                if c.trace_type == TraceType.Pub
+            )
+
+        await eventually(oneway_traced, timeout=15, what="oneway Pub trace")
+    pubs = [
+        c
+        for c in await _traces(stack, {r.msg_id for r in results})
+        if c.trace_type == TraceType.Pub
+    ]
+    assert sorted(c.trace_beans[0].keys for c in pubs) == sorted(f"bk{i}" for i in range(20))
+
+
+async def test_ordered_send_and_orderly_listener(
+    stack: EmbeddedStack, admin: AdminClient, env: dict[str, str], unique: str
+) -> None:
+    topic = await _topic(admin, f"Order_{unique}")
+    seen: dict[str, list[int]] = defaultdict(list)
+    failed_once: set[int] = set()
+
+    async def orderly(msgs: list[MessageExt], ctx: Any) -> ConsumeOrderlyStatus:
+        order, seq = msgs[0].keys.split("-")  # type: ignore[union-attr]
+        n = int(seq)
+        if n == 3 and n not in failed_once:  # suspend once: the queue must not move on
+            failed_once.add(n)
+            return ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
+        seen[order].append(n)
+        return ConsumeOrderlyStatus.SUCCESS
+
+    c = PushConsumer(f"CG_{unique}", consume_from=ConsumeFromWhere.FIRST_OFFSET, **env)
+    c.subscribe(topic)
+    c.register_message_listener_orderly(orderly)
+
+    def by_order(mqs: list[MessageQueue], msg: Message, order_id: int) -> MessageQueue:
+        return mqs[order_id % len(mqs)]
+
+    async with Producer(f"PG_{unique}", enable_msg_trace=True, **env) as p:
+        queues = defaultdict(set)
+        ids = set()
+        for seq in range(8):
+            for order in range(5):
+                r = await p.send(
+                    Message(topic, b"x", keys=f"o{order}-{seq}"), selector=by_order, arg=order
+                )
+                queues[order].add(r.queue)
+                ids.add(r.msg_id)
+        assert all(len(q) == 1 for q in queues.values())
+        await c.start()
+        try:
+            await eventually(
+                lambda: _async(sum(len(v) for v in seen.values()) == 40),
+                timeout=30,
+                what="all ordered messages",
+            )
+        finally:
+            await c.shutdown()
+        await p.trace_dispatcher.flush(10)
+    assert all(v == list(range(8)) for v in seen.values()), dict(seen)
+    pubs = [x for x in await _traces(stack, ids) if x.trace_type == TraceType.Pub]
+    assert pubs and all(x.trace_beans[0].msg_type == MessageType.Order_Msg for x in pubs)
+
+
+async def _async(value: bool) -> bool:
+    return value
+
+
+async def test_broadcasting_delivers_to_every_instance(
+    stack: EmbeddedStack, admin: AdminClient, env: dict[str, str], unique: str
+) -> None:
+    topic = await _topic(admin, f"Bcast_{unique}", queues=2)
+    got: dict[int, set[bytes]] = {0: set(), 1: set()}
+    consumers = []
+    for n in (0, 1):
+
+        async def listener(msgs: list[MessageExt], ctx: Any, n: int = n) -> Any:
+            got[n].update(m.body for m in msgs)
+            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+        from tracemq import ClientSettings
+
+        settings = ClientSettings.from_overrides(**env).model_copy(
+            update={"instance_name": f"inst{n}"}
+        )
+        c = PushConsumer(
+            f"CG_{unique}",
+            message_model=MessageModel.BROADCASTING,
+            consume_from=ConsumeFromWhere.FIRST_OFFSET,
+            settings=settings,
+        )
+        c.subscribe(topic)
+        c.register_message_listener(listener)
+        consumers.append(c)
+    async with Producer(f"PG_{unique}", **env) as p:
+        for i in range(30):
+            await p.send(Message(topic, f"m{i}".encode()))
+    for c in consumers:
+        await c.start()
+    try:
+        await eventually(
+            lambda: _async(all(len(s) == 30 for s in got.values())),
+            timeout=30,
+            what="every instance got every message",
+        )
+    finally:
+        for c in consumers:
+            await c.shutdown()
+
+
+class _Boom:
+    def send_message_before(self, context: Any) -> None:
+        raise RuntimeError("hook failure")
+
+    def send_message_after(self, context: Any) -> None:
+        raise RuntimeError("hook failure")
+
+    def consume_message_before(self, context: Any) -> None:
+        raise RuntimeError("hook failure")
+
+    def consume_message_after(self, context: Any) -> None:
+        raise RuntimeError("hook failure")
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.sends: list[Any] = []
+        self.consumes: list[Any] = []
+
+    def send_message_before(self, context: Any) -> None:
+        pass
+
+    def send_message_after(self, context: Any) -> None:
+        self.sends.append(context)
+
+    def consume_message_before(self, context: Any) -> None:
+        pass
+
+    def consume_message_after(self, context: Any) -> None:
+        self.consumes.append((context.context_code, [m.body for m in context.messages]))
+
+
+async def test_hooks_and_listener_outcomes(
+    stack: EmbeddedStack, admin: AdminClient, env: dict[str, str], unique: str
+) -> None:
+    topic = await _topic(admin, f"Hooks_{unique}", queues=1)
+    boom, rec = _Boom(), _Recorder()
+    errors_before = HOOK_ERRORS.labels("_Boom", "send_message_after")._value.get()
+    attempts: dict[bytes, int] = defaultdict(int)
+
+    async def listener(msgs: list[MessageExt], ctx: Any) -> Any:
+        body = msgs[0].body
+        attempts[body] += 1
+        if body == b"null" and attempts[body] == 1:
+            return None  # RETURNNULL
+        if body == b"slow" and attempts[body] == 1:
+            await asyncio.sleep(2)  # over the 0.5 s consume timeout: TIME_OUT
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    c = PushConsumer(
+        f"CG_{unique}",
+        consume_from=ConsumeFromWhere.FIRST_OFFSET,
+        consume_timeout_minutes=0.5 / 60,
+        in_process_retry_delay_ms=50,
+        **env,
+    )
+    c.subscribe(topic)
+    c.register_message_listener(listener)
+    c.register_consume_hook(boom)
+    c.register_consume_hook(rec)
+    async with Producer(f"PG_{unique}", **env) as p:
+        p.register_send_hook(boom)
+        p.register_send_hook(rec)
+        for body in (b"ok", b"null", b"slow"):
+            assert (await p.send(Message(topic, body))).msg_id  # the raising hook broke nothing
+    assert len(rec.sends) == 3 and all(s.send_result is not None for s in rec.sends)
+    assert HOOK_ERRORS.labels("_Boom", "send_message_after")._value.get() == errors_before + 3
+    await c.start()
+    try:
+        await eventually(
+            lambda: _async(len([x for x in rec.consumes if x[0] == 0]) == 3),
+            timeout=30,
+            what="every message finally consumed",
+        )
+    finally:
+        await c.shutdown()
+    codes = defaultdict(list)
+    for code, bodies in rec.consumes:
+        codes[bodies[0]].append(code)
+    assert codes[b"ok"] == [ConsumeReturnType.SUCCESS]
+    assert codes[b"null"] == [ConsumeReturnType.RETURNNULL, ConsumeReturnType.SUCCESS]
+    assert codes[b"slow"] == [ConsumeReturnType.TIME_OUT, ConsumeReturnType.SUCCESS]
+
+
+async def test_lite_pull_consumer_traces_and_acks(
+    stack: EmbeddedStack, admin: AdminClient, env: dict[str, str], unique: str
+) -> None:
+    topic = await _topic(admin, f"Pull_{unique}", queues=1)
+    async with Producer(f"PG_{unique}", **env) as p:
+        ids = [
+            (await p.send(Message(topic, f"m{i}".encode(), keys=[f"k{i}"]))).msg_id
+            for i in range(10)
+        ]
+    # Plain mode: traced at poll, like RocketMQ.
+    plain = LitePullConsumer(
+        f"CGp_{unique}",
+        consume_from=ConsumeFromWhere.FIRST_OFFSET,
+        enable_msg_trace=True,
+        auto_commit=False,
+        **env,
+    )
+    plain.subscribe(topic)
+    await plain.start()
+    got: list[MessageExt] = []
+    try:
+
+        async def polled() -> bool:
+            got.extend(await plain.poll(1.0))
+            return len(got) >= 10
+
+        await eventually(polled, timeout=30, what="plain poll")
+        await plain.commit()
+        assert await plain.committed(got[0].queue) == 10
+    finally:
+        await plain.shutdown()
+    # Ack mode: SubAfter at ack/nack with the real result; nacked messages come back.
+    acker = LitePullConsumer(
+        f"CGa_{unique}",
+        consume_from=ConsumeFromWhere.FIRST_OFFSET,
+        enable_msg_trace=True,
+        auto_commit=False,
+        ack_mode=True,
+        **env,
+    )
+    acker.subscribe(topic)
+    await acker.start()
+    acked: set[str] = set()
+    try:
+
+        async def drained() -> bool:
+            for m in await acker.poll(1.0):
+                if m.body == b"m3" and m.reconsume_times == 0:
+                    acker.nack(m)
+                elif m.body == b"m5" and m.reconsume_times == 0:
+                    continue  # left unacknowledged for now
+                else:
+                    acker.ack(m)
+                    acked.add(m.msg_id)
+            return len(acked) == 9
+
+        await eventually(drained, timeout=30, what="ack mode drained")
+        await acker.commit()
+        assert await acker.committed(got[0].queue) == 5  # m5 is still pending
+    finally:
+        await acker.shutdown()
+    ctxs = await _traces(stack, set(ids))
+    plain_after = [
+        c for c in ctxs if c.group_name == f"CGp_{unique}" and c.trace_type == TraceType.SubAfter
+    ]
+    assert len(plain_after) == 10 and all(c.success for c in plain_after)
+    ack_after = [
+        c for c in ctxs if c.group_name == f"CGa_{unique}" and c.trace_type == TraceType.SubAfter
+    ]
+    m3 = ids[3]
+    m3_codes = sorted(c.context_code for c in ack_after if c.trace_beans[0].msg_id == m3)
+    assert m3_codes == [ConsumeReturnType.SUCCESS, ConsumeReturnType.FAILED]
+    retries = sorted(
+        c.trace_beans[0].retry_times
+        for c in ctxs
+        if c.group_name == f"CGa_{unique}"
+        and c.trace_type == TraceType.SubBefore
+        and c.trace_beans[0].msg_id == m3
+    )
+    assert retries == [0, 1]
