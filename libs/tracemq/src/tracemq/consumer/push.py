@@ -259,6 +259,7 @@ class PushConsumer:
         self._watch_task: asyncio.Task[None] | None = None
         self._state = "created"
         self._in_flight = 0
+        self._idle = asyncio.Event()
 
     # -- configuration ---------------------------------------------------------------------
     def subscribe(self, topic: str, expression: str = "*") -> None:
@@ -328,9 +329,10 @@ class PushConsumer:
         for cc in self._clusters.values():
             if cc.task:
                 cc.task.cancel()
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while self._in_flight and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.02)
+        if self._in_flight:
+            self._idle.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), timeout_s)
         await self._close()
 
     async def _close(self) -> None:
@@ -425,7 +427,7 @@ class PushConsumer:
                 else:
                     self._retry_later(pq, msgs, route)
             finally:
-                self._in_flight -= 1
+                self._leave()
 
     async def _orderly_worker(self, q: asyncio.Queue[tuple[Any, ...]]) -> None:
         while True:
@@ -447,7 +449,7 @@ class PushConsumer:
                         m.reconsume_times += 1
                     await asyncio.sleep(1.0)  # SUSPEND_CURRENT_QUEUE_A_MOMENT
             finally:
-                self._in_flight -= 1
+                self._leave()
 
     def _retry_later(
         self, pq: ProcessQueue, msgs: list[MessageExt], route: QueueRoute | None
@@ -470,7 +472,7 @@ class PushConsumer:
                 else:
                     self._retry_later(pq, msgs, route)
             finally:
-                self._in_flight -= 1
+                self._leave()
 
         task = asyncio.create_task(again())
         self._retry_tasks.add(task)
