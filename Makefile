@@ -19,11 +19,15 @@ $(CURDIR)/.tools/bin/uv:
 setup: $(UV)
 	$(UV) sync --frozen --all-packages
 
-# docker-compose (Debian) validates compose.yaml; no Docker engine is needed for that.
+# System packages the tests drive: docker-compose (Debian) validates compose.yaml without a Docker
+# engine; Debian's chromium runs the trace viewer tests (Playwright never downloads a browser here).
+TEST_APT_PACKAGES := $(if $(shell command -v docker-compose 2>/dev/null),,docker-compose) \
+                     $(if $(shell command -v chromium 2>/dev/null),,chromium)
 test-deps:
-	@command -v docker-compose >/dev/null 2>&1 || { \
-	  echo "installing docker-compose (Debian) for the compose check"; \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose) >/dev/null; }
+	@if [ -n "$(strip $(TEST_APT_PACKAGES))" ]; then \
+	  echo "installing $(strip $(TEST_APT_PACKAGES)) (Debian) for the tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(TEST_APT_PACKAGES) >/dev/null; \
+	fi
 
 demo: setup
 	$(UV) run --frozen tracemq demo $(DEMO_ARGS)

@@ -1,0 +1,309 @@
+"""Shared helpers of the benchmarks in ``bench/`` (producer.py, consumer.py).
+
+Each bench starts its own :class:`~tracemq.devstack.EmbeddedStack`, prints human-readable
+progress as it goes and a single JSON line last. Every wait is bounded by a deadline; the
+``with EmbeddedStack(...)`` block stops the stack on any exit (Ctrl-C included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+import traceback
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # for tests.support.traces (read_trace_topic)
+    sys.path.insert(0, str(REPO_ROOT))
+
+from tracemq.devstack import EmbeddedStack, StackConfig  # noqa: E402
+from tracemq.log import configure_logging  # noqa: E402
+from tracemq.naming import TRACE_TOPIC  # noqa: E402
+
+T = TypeVar("T")
+
+#: Exit codes: 0 = ran (targets met or not), 1 = traces incomplete, 2 = crashed, 130 = Ctrl-C.
+EXIT_OK, EXIT_TRACE_INCOMPLETE, EXIT_CRASH, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+_T0 = time.monotonic()
+
+
+class BenchTimeout(Exception):
+    """A bounded wait of the bench ran out."""
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def say(msg: str) -> None:
+    """A progress line on stdout, prefixed with the seconds since the script started."""
+    print(f"[{time.monotonic() - _T0:7.1f}s] {msg}", flush=True)
+
+
+def emit_json(obj: dict[str, Any]) -> None:
+    """The machine-readable result: one JSON line, printed last."""
+    sys.stderr.flush()
+    print(json.dumps(obj, sort_keys=True, default=str), flush=True)
+
+
+def rate(n: int, seconds: float) -> float:
+    return n / seconds if seconds > 0 else 0.0
+
+
+def ratio(a: float, b: float) -> float:
+    return round(a / b, 4) if b > 0 else 0.0
+
+
+def split(total: int, parts: int) -> list[int]:
+    """``total`` cut into ``parts`` shares that differ by at most one."""
+    q, r = divmod(total, parts)
+    return [q + (1 if i < r else 0) for i in range(parts)]
+
+
+def body_of(size: int) -> bytes:
+    pattern = b"tracemq-bench-0123456789abcdefghijklmnopqrstuvwxyz-"
+    return (pattern * (size // len(pattern) + 1))[:size]
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+def base_parser(description: str, *, concurrency: int, rounds: int) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--messages", "-n", type=int, default=100_000,
+                   help="messages per variant (default 100000)")
+    p.add_argument("--concurrency", "-c", type=int, default=concurrency,
+                   help=f"concurrency (default {concurrency})")
+    p.add_argument("--rounds", "-r", type=int, default=rounds,
+                   help=f"interleaved rounds (default {rounds})")
+    p.add_argument("--size", type=int, default=200, help="message body size in bytes (default 200)")
+    p.add_argument("--queues", type=int, default=8, help="queues of the bench topic (default 8)")
+    p.add_argument("--log-level", default="WARNING", help="tracemq client log level (stderr)")
+    return p
+
+
+def check_args(args: argparse.Namespace) -> None:
+    for name in ("messages", "concurrency", "rounds", "size", "queues"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name} must be at least 1")
+
+
+# ----------------------------------------------------------------------------- bounded waits
+
+
+async def bounded(aw: Awaitable[T], timeout_s: float, what: str) -> T:
+    """Await ``aw`` for at most ``timeout_s`` seconds; :class:`BenchTimeout` naming ``what``."""
+    try:
+        return await asyncio.wait_for(aw, timeout_s)
+    except TimeoutError:
+        raise BenchTimeout(f"{what} did not finish within {timeout_s:.0f}s") from None
+
+
+async def wait_for_condition(probe: Callable[[], bool], timeout_s: float, what: str,
+                             interval_s: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not probe():
+        if time.monotonic() > deadline:
+            raise BenchTimeout(f"{what} within {timeout_s:.0f}s")
+        await asyncio.sleep(interval_s)
+
+
+class Ticker:
+    """Prints ``label: count/total (rate)`` every ``interval_s`` while running (async ctx)."""
+
+    def __init__(self, label: str, count: Callable[[], int], total: int,
+                 interval_s: float = 5.0) -> None:
+        self.label, self.count, self.total, self.interval_s = label, count, total, interval_s
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        start = time.perf_counter()
+        while True:
+            await asyncio.sleep(self.interval_s)
+            n = self.count()
+            el = time.perf_counter() - start
+            say(f"    {self.label}: {n}/{self.total} ({rate(n, el):,.0f} msg/s so far)")
+
+    async def __aenter__(self) -> Ticker:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+
+# ----------------------------------------------------------------------------- the stack
+
+
+def client_env(stack: EmbeddedStack) -> dict[str, str]:
+    """Keyword arguments that point a Producer / PushConsumer at ``stack``."""
+    return {"redis_url": stack.redis_url, "control_bootstrap": stack.business_bootstrap}
+
+
+def producer_pool_kwargs() -> dict[str, Any]:
+    """The AIOKafkaProducer settings tracemq's ProducerPool uses (linger, batch size, ...)."""
+    from tracemq._kafka import ProducerPool
+
+    return dict(ProducerPool()._kwargs)
+
+
+async def create_topic(stack: EmbeddedStack, topic: str, queues: int,
+                       broker: str = "broker-a") -> None:
+    from tracemq.admin import AdminClient
+
+    async with AdminClient(stack.business_bootstrap, stack.redis_url, timeout_s=30) as admin:
+        await bounded(admin.create_topic(broker, topic, read_queues=queues,
+                                         write_queues=queues), 60, f"creating topic {topic}")
+
+
+async def wait_trace_topic_route(stack: EmbeddedStack, timeout_s: float = 30.0) -> None:
+    """The trace broker creates the trace topic at start; wait until clients can see its route
+    (a dispatcher started before that only warns and then counts every trace as failed)."""
+    from tracemq.routing.registry import RegistryReader, connect
+
+    redis = connect(stack.redis_url)
+    try:
+        reader = RegistryReader(redis)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            route = await reader.topic_route(TRACE_TOPIC)
+            if any(q.writable and q.write_queues > 0 for q in route.queues):
+                return
+            if time.monotonic() > deadline:
+                raise BenchTimeout(f"the trace topic {TRACE_TOPIC} has no route after {timeout_s}s")
+            await asyncio.sleep(0.1)
+    finally:
+        await redis.aclose()
+
+
+# ----------------------------------------------------------------------------- CPU accounting
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu_s(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def cpu_snapshot(stack: EmbeddedStack) -> dict[str, float]:
+    """CPU seconds so far of this process ("bench") and of every process of the stack."""
+    snap = {"bench": time.process_time()}
+    for name, proc in stack.processes.items():
+        if proc.pid:
+            snap[name] = _proc_cpu_s(proc.pid)
+    return snap
+
+
+def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: round(after.get(k, 0.0) - v, 3) for k, v in before.items()}
+
+
+def add_cpu(total: dict[str, float], delta: dict[str, float]) -> None:
+    for k, v in delta.items():
+        total[k] = round(total.get(k, 0.0) + v, 3)
+
+
+# ----------------------------------------------------------------------------- traces
+
+
+@dataclass
+class TraceIndex:
+    """The trace topic, indexed: (trace type, group, msgId) -> [success flags]."""
+
+    messages: int = 0
+    contexts: int = 0
+    decode_errors: int = 0
+    by_key: dict[tuple[str, str, str], list[bool]] = field(
+        default_factory=lambda: defaultdict(list))
+
+    def count(self, trace_type: str, group: str, msg_id: str) -> list[bool]:
+        return self.by_key.get((trace_type, group, msg_id), [])
+
+
+async def read_trace_index(stack: EmbeddedStack, timeout_s: float = 180.0) -> TraceIndex:
+    """Read the whole trace topic (tests/support/traces.py's read_trace_topic) and index it."""
+    from tests.support.traces import read_trace_topic
+
+    messages = await bounded(read_trace_topic(stack.trace_bootstrap, timeout_s=timeout_s),
+                             timeout_s + 30, "reading the trace topic")
+    idx = TraceIndex(messages=len(messages))
+    for m in messages:
+        idx.decode_errors += len(m.errors)
+        for c in m.contexts:
+            idx.contexts += 1
+            for b in c.trace_beans:
+                idx.by_key[(c.trace_type.name, c.group_name or "", b.msg_id or "")].append(
+                    bool(c.success))
+    return idx
+
+
+def dispatcher_stats(clients: Iterable[Any]) -> dict[str, float]:
+    """Sum of the trace dispatchers' stats() over ``clients`` (traced ones)."""
+    total: dict[str, float] = defaultdict(float)
+    for c in clients:
+        d = c.trace_dispatcher
+        if d is None:
+            continue
+        for k, v in d.stats().items():
+            if k in ("appended", "sent", "sent_messages", "discarded", "failed", "oversize"):
+                total[k] += v
+    return {k: int(v) for k, v in total.items()}
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def run_bench(name: str, args: argparse.Namespace,
+              body: Callable[[EmbeddedStack, argparse.Namespace], Awaitable[dict[str, Any]]]
+              ) -> int:
+    """Start the stack, run ``body``, print its JSON line last; return the exit code.
+
+    ``body`` returns the result dict; its ``trace_complete`` decides between exit 0 and 1.
+    """
+    configure_logging(args.log_level, json=False)  # client logs to stderr, not into our stdout
+    wall0 = time.monotonic()
+    result: dict[str, Any] = {"bench": name, "messages": args.messages,
+                              "concurrency": args.concurrency, "rounds": args.rounds,
+                              "size": args.size}
+    code = EXIT_OK
+    try:
+        say(f"{name} bench: starting the embedded stack (2 Tansu clusters, Redis, nameserver, "
+            "broker-a, trace-broker)")
+        with EmbeddedStack(StackConfig()) as stack:
+            say(f"stack up in {time.monotonic() - wall0:.1f}s: business={stack.business_bootstrap}"
+                f" trace={stack.trace_bootstrap} redis={stack.redis_url}")
+            result.update(asyncio.run(body(stack, args)))
+            say("stopping the stack")
+        if not result.get("trace_complete", False):
+            code = EXIT_TRACE_INCOMPLETE
+    except KeyboardInterrupt:
+        say("interrupted; the stack has been stopped")
+        result.update(error="interrupted")
+        code = EXIT_INTERRUPTED
+    except BaseException as exc:  # noqa: BLE001 - report any crash in the JSON line too
+        traceback.print_exc()
+        result.update(error=f"{exc.__class__.__name__}: {exc}")
+        code = EXIT_CRASH
+    result["wall_s"] = round(time.monotonic() - wall0, 1)
+    result["exit_code"] = code
+    emit_json(result)
+    return code

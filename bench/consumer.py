@@ -1,0 +1,277 @@
+"""Consumer throughput: tracemq PushConsumer with trace off vs trace on.
+
+    .venv/bin/python bench/consumer.py [--messages 100000] [--concurrency 20] [--rounds 2]
+                                       [--size 200] [--pull-batch-size 500]
+
+A fresh topic of 8 queues on broker-a is pre-filled with ``--messages`` messages of ``--size``
+bytes (tracemq Producer, trace off). Then, per round, two new consumer groups — one with trace
+off, one with trace on, the order alternating every round — consume the whole topic one after
+the other: PushConsumer, CONSUME_FROM_FIRST_OFFSET, an async listener returning
+CONSUME_SUCCESS, the same ``consume_concurrency`` and ``pull_batch_size`` for both. A run's time
+is from ``start()`` until the listener has seen all N messages; a variant's rate is
+N x rounds over the sum of its runs' times. The rate from the first message to the last
+(without the group join) is reported too.
+
+After each run the consumer is shut down (which flushes its trace dispatcher). At the end the
+trace topic is read back: every msgId consumed by a trace-on group must have a SubBefore and a
+SubAfter of that group.
+
+Prints progress, then one JSON line last. Exit code 0 even when the target is missed; 1 when the
+traces are incomplete; 2 on a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (  # noqa: E402
+    Ticker,
+    add_cpu,
+    base_parser,
+    body_of,
+    bounded,
+    check_args,
+    client_env,
+    cpu_delta,
+    cpu_snapshot,
+    create_topic,
+    rate,
+    ratio,
+    read_trace_index,
+    run_bench,
+    say,
+    split,
+    wait_trace_topic_route,
+)
+
+from tracemq import (  # noqa: E402
+    ConsumeConcurrentlyStatus,
+    ConsumeFromWhere,
+    Message,
+    MessageExt,
+    Producer,
+    PushConsumer,
+)
+from tracemq.devstack import EmbeddedStack  # noqa: E402
+
+TARGET_ON_VS_OFF = 0.85
+BROKER = "broker-a"
+FILL_CONCURRENCY = 64
+
+
+async def prefill(stack: EmbeddedStack, topic: str, n: int, body: bytes, uid: str) -> set[str]:
+    """Send ``n`` messages with trace off; return their msgIds."""
+    producer = Producer(f"PG_bench_fill_{uid}", **client_env(stack))
+    await bounded(producer.start(), 60, "starting the pre-fill producer")
+    ids: list[str] = []
+
+    async def worker(k: int) -> None:
+        for _ in range(k):
+            ids.append((await producer.send(Message(topic, body))).msg_id)
+
+    t0 = time.perf_counter()
+    try:
+        async with Ticker("pre-fill", lambda: len(ids), n):
+            await bounded(asyncio.gather(*(worker(k) for k in split(n, FILL_CONCURRENCY) if k)),
+                          max(180.0, n / 200), f"pre-filling {n} messages")
+    finally:
+        await bounded(producer.shutdown(), 60, "shutting the pre-fill producer down")
+    dt = time.perf_counter() - t0
+    say(f"pre-filled {topic} with {len(ids)} messages of {len(body)} bytes in {dt:.1f}s "
+        f"({rate(len(ids), dt):,.0f} msg/s, trace off)")
+    return set(ids)
+
+
+async def consume_all(stack: EmbeddedStack, args: Any, topic: str, variant: str, group: str,
+                      expected: set[str]) -> dict[str, Any]:
+    """One consumer group reads the whole topic; its timings, CPU, msgIds and trace stats."""
+    n = len(expected)
+    seen: set[str] = set()
+    delivered = [0]
+    first: list[float] = []
+    done = asyncio.Event()
+
+    async def listener(msgs: list[MessageExt], ctx: object) -> ConsumeConcurrentlyStatus:
+        if not first:
+            first.append(time.perf_counter())
+        delivered[0] += len(msgs)
+        for m in msgs:
+            seen.add(m.msg_id)
+        if len(seen) >= n:
+            done.set()
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    consumer = PushConsumer(group, consume_from=ConsumeFromWhere.FIRST_OFFSET,
+                            enable_msg_trace=(variant == "on"),
+                            consume_concurrency=args.concurrency,
+                            pull_batch_size=args.pull_batch_size,
+                            consume_message_batch_max_size=args.consume_batch,
+                            **client_env(stack))
+    consumer.subscribe(topic, "*")
+    consumer.register_message_listener(listener)
+    before = cpu_snapshot(stack)
+    t0 = time.perf_counter()
+    started_s = 0.0
+    try:
+        await bounded(consumer.start(), 60, f"starting consumer {group}")
+        started_s = time.perf_counter() - t0
+        async with Ticker(f"{variant} {group}", lambda: len(seen), n):
+            # a floor of 200 msg/s: anything slower is broken, not slow
+            await bounded(done.wait(), max(180.0, n / 200), f"{group} consuming {n} messages")
+        t1 = time.perf_counter()
+        cpu = cpu_delta(before, cpu_snapshot(stack))
+    finally:
+        s0 = time.perf_counter()
+        await bounded(consumer.shutdown(), 120, f"shutting consumer {group} down")
+        shutdown_s = time.perf_counter() - s0
+    stats = consumer.trace_dispatcher.stats() if consumer.trace_dispatcher is not None else {}
+    total_s = t1 - t0
+    steady_s = t1 - first[0] if first else 0.0
+    return {
+        "variant": variant, "group": group, "messages": n, "seen": len(seen),
+        "delivered": delivered[0], "all_expected": seen == expected,
+        "seconds": round(total_s, 3), "start_s": round(started_s, 3),
+        "first_msg_s": round(first[0] - t0, 3) if first else None,
+        "steady_s": round(steady_s, 3),
+        "msgs_per_s": round(rate(n, total_s), 1),
+        "steady_msgs_per_s": round(rate(n, steady_s), 1),
+        "shutdown_s": round(shutdown_s, 3), "cpu_s": cpu,
+        "dispatcher": {k: stats.get(k) for k in ("appended", "sent", "sent_messages",
+                                                 "discarded", "failed", "oversize",
+                                                 "send_latency_ms_mean")} if stats else None,
+        "_seen": seen,
+    }
+
+
+async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
+    uid = uuid.uuid4().hex[:8]
+    body = body_of(args.size)
+    topic = f"BenchCons_{uid}"
+    await create_topic(stack, topic, args.queues)
+    await wait_trace_topic_route(stack)
+    say(f"topic {topic} created on {BROKER} ({args.queues} queues)")
+    expected = await prefill(stack, topic, args.messages, body, uid)
+    if len(expected) != args.messages:
+        raise RuntimeError(f"pre-fill produced {len(expected)} distinct msgIds, "
+                           f"expected {args.messages}")
+
+    runs: list[dict[str, Any]] = []
+    order = ["off", "on"]
+    for r in range(args.rounds):
+        say(f"round {r + 1}/{args.rounds}: order {order}")
+        for variant in order:
+            group = f"CG_bench_{variant}_r{r + 1}_{uid}"
+            run = await consume_all(stack, args, topic, variant, group, expected)
+            run["round"] = r + 1
+            runs.append(run)
+            d = run["dispatcher"] or {}
+            say(f"  {variant:>3}: {run['messages']} msgs in {run['seconds']:6.2f}s = "
+                f"{run['msgs_per_s']:9,.0f} msg/s from start() (start {run['start_s']:.2f}s, "
+                f"first msg at {run['first_msg_s']}s, {run['steady_msgs_per_s']:,.0f} msg/s "
+                f"first->last; bench CPU {run['cpu_s'].get('bench', 0):.2f}s, trace Kafka CPU "
+                f"{run['cpu_s'].get('kafka-trace', 0):.2f}s; shutdown {run['shutdown_s']:.2f}s"
+                + (f"; traces sent={d.get('sent')} discarded={d.get('discarded')} "
+                   f"failed={d.get('failed')}" if d else "") + ")")
+        order.reverse()
+
+    per: dict[str, dict[str, Any]] = {}
+    for variant in ("off", "on"):
+        vr = [x for x in runs if x["variant"] == variant]
+        secs = sum(x["seconds"] for x in vr)
+        steady = sum(x["steady_s"] for x in vr)
+        msgs = sum(x["messages"] for x in vr)
+        cpu: dict[str, float] = {}
+        for x in vr:
+            add_cpu(cpu, x["cpu_s"])
+        per[variant] = {"seconds": round(secs, 3), "msgs_per_s": round(rate(msgs, secs), 1),
+                        "steady_msgs_per_s": round(rate(msgs, steady), 1), "cpu_s": cpu,
+                        "bench_cpu_us_per_msg": round(cpu.get("bench", 0.0) / msgs * 1e6, 1)}
+    mps = {v: per[v]["msgs_per_s"] for v in per}
+    steady_mps = {v: per[v]["steady_msgs_per_s"] for v in per}
+    ratios = {"on_vs_off": ratio(mps["on"], mps["off"]),
+              "on_vs_off_steady": ratio(steady_mps["on"], steady_mps["off"])}
+    targets_met = {"on_vs_off_ge_0.85": ratios["on_vs_off"] >= TARGET_ON_VS_OFF}
+    say("results:")
+    for v in ("off", "on"):
+        say(f"  {v:>3}: {mps[v]:9,.0f} msg/s from start() ({per[v]['seconds']:.2f}s total), "
+            f"{steady_mps[v]:,.0f} msg/s first->last, bench CPU "
+            f"{per[v]['bench_cpu_us_per_msg']:.0f} us/msg")
+    say(f"  trace-on / trace-off = {ratios['on_vs_off']:.3f} (target >= {TARGET_ON_VS_OFF}: "
+        f"{'met' if targets_met['on_vs_off_ge_0.85'] else 'MISSED'}); first->last "
+        f"{ratios['on_vs_off_steady']:.3f}")
+
+    # -- trace completeness ----------------------------------------------------------------
+    say("reading the trace topic back")
+    t0 = time.perf_counter()
+    idx = await read_trace_index(stack)
+    read_s = time.perf_counter() - t0
+    checked = missing_before = missing_after = failed_after = dup = 0
+    discarded = failed = 0
+    all_consumed = True
+    for run in runs:
+        all_consumed &= run["all_expected"]
+        if run["variant"] != "on":
+            continue
+        d = run["dispatcher"] or {}
+        discarded += int(d.get("discarded") or 0)
+        failed += int(d.get("failed") or 0)
+        g = run["group"]
+        for mid in run["_seen"]:
+            checked += 1
+            b = idx.count("SubBefore", g, mid)
+            a = idx.count("SubAfter", g, mid)
+            missing_before += not b
+            missing_after += not a
+            failed_after += bool(a) and not any(a)
+            dup += len(b) > 1 or len(a) > 1
+    complete = (missing_before == 0 and missing_after == 0 and failed_after == 0
+                and idx.decode_errors == 0 and checked > 0)
+    trace = {
+        "trace_complete": complete, "checked_msg_ids": checked,
+        "missing_sub_before": missing_before, "missing_sub_after": missing_after,
+        "failed_sub_after": failed_after, "redelivered_msg_ids": dup,
+        "trace_messages": idx.messages, "trace_contexts": idx.contexts,
+        "decode_errors": idx.decode_errors, "discarded": discarded, "failed": failed,
+        "read_s": round(read_s, 1),
+    }
+    say(f"trace: complete={complete} checked {checked} (group, msgId) pairs of the trace-on "
+        f"groups: missing SubBefore={missing_before} missing SubAfter={missing_after} "
+        f"failed SubAfter={failed_after}; dispatcher discarded={discarded} failed={failed}; "
+        f"every group consumed all pre-filled msgIds: {all_consumed}")
+    for run in runs:
+        del run["_seen"]
+    return {
+        "msgs_per_s": mps, "steady_msgs_per_s": steady_mps, "ratios": ratios,
+        "targets": {"on_vs_off": TARGET_ON_VS_OFF}, "targets_met": targets_met,
+        "per_variant": per, "runs": runs, "queues": args.queues,
+        "consume_concurrency": args.concurrency, "pull_batch_size": args.pull_batch_size,
+        "consume_message_batch_max_size": args.consume_batch,
+        "all_groups_consumed_everything": all_consumed,
+        "trace_complete": complete and all_consumed and discarded == 0 and failed == 0,
+        "trace": trace,
+    }
+
+
+def main() -> int:
+    parser = base_parser("Consumer throughput: tracemq PushConsumer trace off vs trace on",
+                         concurrency=20, rounds=2)
+    parser.add_argument("--pull-batch-size", type=int, default=500,
+                        help="PushConsumer pull_batch_size (default 500)")
+    parser.add_argument("--consume-batch", type=int, default=1,
+                        help="PushConsumer consume_message_batch_max_size (default 1)")
+    args = parser.parse_args()
+    check_args(args)
+    if args.pull_batch_size < 1 or args.consume_batch < 1:
+        raise SystemExit("--pull-batch-size and --consume-batch must be at least 1")
+    return run_bench("consumer", args, bench)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

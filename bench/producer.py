@@ -1,0 +1,303 @@
+"""Producer throughput: raw aiokafka vs tracemq Producer (trace off) vs Producer (trace on).
+
+    .venv/bin/python bench/producer.py [--messages 100000] [--concurrency 64] [--rounds 3]
+                                       [--size 200]
+
+Every variant sends ``--messages`` messages of ``--size`` bytes with ``--concurrency`` sender
+coroutines, each awaiting its send (``send_and_wait`` for raw aiokafka, ``Producer.send`` for
+tracemq), to its own fresh topic of 8 queues on broker-a. Raw aiokafka writes the same Kafka
+topic layout tracemq uses (``kafka_topic("broker-a", topic)``, partitions 0..n-1 round robin)
+with the same AIOKafkaProducer settings as tracemq's ProducerPool.
+
+The variants are interleaved to share the machine's noise: ``--rounds`` rounds, each sending
+messages/rounds per variant, the order rotated every round; a variant's rate is its messages
+over the sum of its round times. After each trace-on round the dispatcher is flushed outside
+the timed section, so its backlog does not steal CPU from the next variant.
+
+Then the clients are shut down (which flushes the dispatcher), the trace topic is read back and
+every msgId sent by the trace-on variant must have exactly one successful Pub trace.
+
+Prints progress, then one JSON line last. Exit code 0 even when a target is missed; 1 when the
+traces are incomplete; 2 on a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (  # noqa: E402
+    Ticker,
+    add_cpu,
+    base_parser,
+    body_of,
+    bounded,
+    check_args,
+    client_env,
+    cpu_delta,
+    cpu_snapshot,
+    create_topic,
+    producer_pool_kwargs,
+    rate,
+    ratio,
+    read_trace_index,
+    run_bench,
+    say,
+    split,
+    wait_trace_topic_route,
+)
+from aiokafka import AIOKafkaProducer  # noqa: E402
+
+from tracemq import Message, Producer  # noqa: E402
+from tracemq.devstack import EmbeddedStack  # noqa: E402
+from tracemq.naming import kafka_topic  # noqa: E402
+
+VARIANTS = ("raw", "off", "on")
+TARGET_ON_VS_OFF = 0.90
+TARGET_OFF_VS_RAW = 0.70
+BROKER = "broker-a"
+
+
+class Variant:
+    """One way of sending: ``send_one()`` sends one message and waits for its ack."""
+
+    def __init__(self, name: str, topic: str) -> None:
+        self.name = name
+        self.topic = topic
+        self.seconds = 0.0
+        self.sent = 0
+        self.rounds: list[dict[str, Any]] = []
+        self.cpu: dict[str, float] = {}
+        self.msg_ids: list[str] = []
+        self.flush_s = 0.0
+
+    async def start(self) -> None: ...
+
+    async def send_one(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class RawVariant(Variant):
+    def __init__(self, topic: str, bootstrap: str, queues: int, body: bytes) -> None:
+        super().__init__("raw", topic)
+        self.ktopic = kafka_topic(BROKER, topic)
+        self.kwargs = producer_pool_kwargs()
+        self.producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **self.kwargs)
+        self.partitions = itertools.cycle(range(queues))
+        self.body = body
+
+    async def start(self) -> None:
+        await bounded(self.producer.start(), 60, "starting the raw AIOKafkaProducer")
+
+    async def send_one(self) -> None:
+        await self.producer.send_and_wait(self.ktopic, self.body, partition=next(self.partitions))
+
+    async def stop(self) -> None:
+        await bounded(self.producer.stop(), 30, "stopping the raw AIOKafkaProducer")
+
+
+class TracemqVariant(Variant):
+    def __init__(self, name: str, topic: str, stack: EmbeddedStack, body: bytes,
+                 group: str) -> None:
+        super().__init__(name, topic)
+        self.producer = Producer(group, enable_msg_trace=(name == "on"), **client_env(stack))
+        self.body = body
+        self.stats: dict[str, Any] = {}
+
+    async def start(self) -> None:
+        await bounded(self.producer.start(), 60, f"starting the tracemq Producer ({self.name})")
+
+    async def send_one(self) -> None:
+        result = await self.producer.send(Message(self.topic, self.body))
+        self.msg_ids.append(result.msg_id)
+
+    async def flush_traces(self) -> None:
+        d = self.producer.trace_dispatcher
+        if d is not None:
+            t0 = time.perf_counter()
+            ok = await d.flush(60)
+            self.flush_s += time.perf_counter() - t0
+            if not ok:
+                say("    warning: the trace dispatcher did not flush within 60s")
+
+    async def stop(self) -> None:
+        await bounded(self.producer.shutdown(trace_timeout_s=60), 120,
+                      f"shutting the tracemq Producer ({self.name}) down")
+        d = self.producer.trace_dispatcher
+        if d is not None:
+            self.stats = d.stats()
+
+
+async def send_many(v: Variant, count: int, concurrency: int, timeout_s: float) -> float:
+    """``count`` sends spread over ``concurrency`` coroutines; the elapsed seconds."""
+    shares = [s for s in split(count, concurrency) if s]
+
+    async def worker(k: int) -> None:
+        for _ in range(k):
+            await v.send_one()
+            v.sent += 1
+
+    t0 = time.perf_counter()
+    await bounded(asyncio.gather(*(worker(k) for k in shares)), timeout_s,
+                  f"{v.name}: sending {count} messages")
+    return time.perf_counter() - t0
+
+
+async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
+    uid = uuid.uuid4().hex[:8]
+    body = body_of(args.size)
+    topics = {v: f"BenchProd_{v}_{uid}" for v in VARIANTS}
+    for t in topics.values():
+        await create_topic(stack, t, args.queues)
+    await wait_trace_topic_route(stack)
+    say(f"topics created on {BROKER} ({args.queues} queues each): {', '.join(topics.values())}")
+
+    variants: dict[str, Variant] = {
+        "raw": RawVariant(topics["raw"], stack.business_bootstrap, args.queues, body),
+        "off": TracemqVariant("off", topics["off"], stack, body, f"PG_bench_off_{uid}"),
+        "on": TracemqVariant("on", topics["on"], stack, body, f"PG_bench_on_{uid}"),
+    }
+    say(f"AIOKafkaProducer settings (tracemq ProducerPool's, used by raw too): "
+        f"{producer_pool_kwargs()}")
+    try:
+        for v in variants.values():
+            await v.start()
+
+        # Warm-up: connections, metadata, routes, code paths. Not timed; traced msgIds count.
+        warm = min(2000, max(args.concurrency, args.messages // 50))
+        for v in variants.values():
+            await send_many(v, warm, args.concurrency, 120)
+            if isinstance(v, TracemqVariant):
+                await v.flush_traces()
+        for v in variants.values():
+            v.sent, v.flush_s = 0, 0.0
+        say(f"warm-up done ({warm} messages per variant)")
+
+        shares = split(args.messages, args.rounds)
+        order = list(VARIANTS)
+        for r, share in enumerate(shares):
+            say(f"round {r + 1}/{args.rounds}: {share} messages per variant, order {order}")
+            for name in order:
+                v = variants[name]
+                # a floor of 200 msg/s: anything slower is broken, not slow
+                timeout = max(120.0, share / 200)
+                before = cpu_snapshot(stack)
+                async with Ticker(f"{name} r{r + 1}", lambda v=v: v.sent, v.sent + share):
+                    dt = await send_many(v, share, args.concurrency, timeout)
+                delta = cpu_delta(before, cpu_snapshot(stack))
+                add_cpu(v.cpu, delta)
+                v.seconds += dt
+                v.rounds.append({"round": r + 1, "messages": share, "seconds": round(dt, 3),
+                                 "msgs_per_s": round(rate(share, dt), 1),
+                                 "bench_cpu_s": delta.get("bench", 0.0)})
+                say(f"  {name:>3}: {share} msgs in {dt:6.2f}s = {rate(share, dt):9,.0f} msg/s"
+                    f"  (bench CPU {delta.get('bench', 0):.2f}s, business Kafka CPU "
+                    f"{delta.get('kafka-business', 0):.2f}s, trace Kafka CPU "
+                    f"{delta.get('kafka-trace', 0):.2f}s)")
+                if isinstance(v, TracemqVariant):
+                    await v.flush_traces()  # untimed: keep its backlog out of the next variant
+            order = order[1:] + order[:1]
+    finally:
+        for v in variants.values():
+            try:
+                await v.stop()
+            except Exception as exc:  # keep stopping the others
+                say(f"  stopping {v.name} failed: {exc!r}")
+
+    mps = {n: round(rate(args.messages, v.seconds), 1) for n, v in variants.items()}
+    ratios = {"off_vs_raw": ratio(mps["off"], mps["raw"]),
+              "on_vs_off": ratio(mps["on"], mps["off"]),
+              "on_vs_raw": ratio(mps["on"], mps["raw"])}
+    targets = {"on_vs_off_ge_0.90": ratios["on_vs_off"] >= TARGET_ON_VS_OFF,
+               "off_vs_raw_ge_0.70": ratios["off_vs_raw"] >= TARGET_OFF_VS_RAW}
+    say("results:")
+    for n, v in variants.items():
+        cpu_per_msg = v.cpu.get("bench", 0.0) / args.messages * 1e6
+        say(f"  {n:>3}: {mps[n]:9,.0f} msg/s  ({v.seconds:.2f}s for {args.messages}, "
+            f"bench CPU {cpu_per_msg:.0f} us/msg)")
+    say(f"  trace-off / raw = {ratios['off_vs_raw']:.3f} (target >= {TARGET_OFF_VS_RAW}: "
+        f"{'met' if targets['off_vs_raw_ge_0.70'] else 'MISSED'})")
+    say(f"  trace-on / trace-off = {ratios['on_vs_off']:.3f} (target >= {TARGET_ON_VS_OFF}: "
+        f"{'met' if targets['on_vs_off_ge_0.90'] else 'MISSED'})")
+
+    # -- trace completeness ----------------------------------------------------------------
+    on = variants["on"]
+    assert isinstance(on, TracemqVariant)
+    group = on.producer.group
+    say(f"reading the trace topic back to check {len(on.msg_ids)} msgIds of the trace-on variant")
+    t0 = time.perf_counter()
+    idx = await read_trace_index(stack)
+    read_s = time.perf_counter() - t0
+    sent_ids = set(on.msg_ids)
+    missing = duplicated = failed_pub = 0
+    for mid in sent_ids:
+        pubs = idx.count("Pub", group, mid)
+        if not pubs:
+            missing += 1
+        elif len(pubs) > 1:
+            duplicated += 1
+        elif not pubs[0]:
+            failed_pub += 1
+    stats = on.stats
+    complete = (missing == 0 and duplicated == 0 and failed_pub == 0
+                and len(sent_ids) == len(on.msg_ids) and idx.decode_errors == 0)
+    trace = {
+        "trace_complete": complete,
+        "sent_msg_ids": len(on.msg_ids),
+        "unique_msg_ids": len(sent_ids),
+        "with_one_pub": len(sent_ids) - missing - duplicated - failed_pub,
+        "missing_pub": missing,
+        "duplicate_pub": duplicated,
+        "failed_pub": failed_pub,
+        "trace_messages": idx.messages,
+        "trace_contexts": idx.contexts,
+        "decode_errors": idx.decode_errors,
+        "discarded": int(stats.get("discarded", -1)),
+        "failed": int(stats.get("failed", -1)),
+        "dispatcher": {k: stats.get(k) for k in ("appended", "sent", "sent_messages",
+                                                 "discarded", "failed", "oversize",
+                                                 "send_latency_ms_mean")},
+        "untimed_flush_s": round(on.flush_s, 3),
+        "read_s": round(read_s, 1),
+    }
+    say(f"trace: complete={complete} msgIds={len(on.msg_ids)} with exactly one successful Pub="
+        f"{trace['with_one_pub']} missing={missing} duplicated={duplicated} failed={failed_pub}; "
+        f"dispatcher discarded={trace['discarded']} failed={trace['failed']} "
+        f"(trace messages {idx.messages}, read in {read_s:.1f}s)")
+
+    return {
+        "msgs_per_s": mps,
+        "seconds": {n: round(v.seconds, 3) for n, v in variants.items()},
+        "ratios": ratios,
+        "targets": {"on_vs_off": TARGET_ON_VS_OFF, "off_vs_raw": TARGET_OFF_VS_RAW},
+        "targets_met": targets,
+        "per_round": {n: v.rounds for n, v in variants.items()},
+        "cpu_s": {n: v.cpu for n, v in variants.items()},
+        "bench_cpu_us_per_msg": {n: round(v.cpu.get("bench", 0.0) / args.messages * 1e6, 1)
+                                 for n, v in variants.items()},
+        "warmup_messages": warm,
+        "queues": args.queues,
+        "producer_settings": {k: v for k, v in producer_pool_kwargs().items()},
+        "trace_complete": complete,
+        "trace": trace,
+    }
+
+
+def main() -> int:
+    parser = base_parser("Producer throughput: raw aiokafka vs tracemq trace off vs trace on",
+                         concurrency=64, rounds=3)
+    args = parser.parse_args()
+    check_args(args)
+    return run_bench("producer", args, bench)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
