@@ -234,7 +234,7 @@ async def test_headers_keys_are_msg_ids_and_business_keys(make: Factory) -> None
     expected = sorted({msg_id(a), msg_id(b), "k1", "k2", "k3"})
     assert call.header["KEYS"] == " ".join(expected).encode()
     assert re.fullmatch(rb"[0-9A-F]{32}", call.header["UNIQ_KEY"])
-    assert [name for name, _ in call.headers] == ["KEYS", "UNIQ_KEY"]
+    assert [name for name, _ in call.headers] == ["KEYS", "UNIQ_KEY", "BORN_HOST"]
 
 
 async def test_no_keys_header_when_there_are_no_keys(make: Factory) -> None:
@@ -244,7 +244,7 @@ async def test_no_keys_header_when_there_are_no_keys(make: Factory) -> None:
     assert await d.flush()
 
     (call,) = sender_of(d).delivered
-    assert [name for name, _ in call.headers] == ["UNIQ_KEY"]
+    assert [name for name, _ in call.headers] == ["UNIQ_KEY", "BORN_HOST"]
 
 
 async def test_every_message_is_at_most_max_message_size(make: Factory) -> None:
