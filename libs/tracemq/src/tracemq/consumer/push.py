@@ -451,6 +451,11 @@ class PushConsumer:
             finally:
                 self._leave()
 
+    def _leave(self) -> None:
+        self._in_flight -= 1
+        if not self._in_flight:
+            self._idle.set()
+
     def _retry_later(
         self, pq: ProcessQueue, msgs: list[MessageExt], route: QueueRoute | None
     ) -> None:
