@@ -15,7 +15,7 @@ import sys
 import time
 import traceback
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -78,14 +78,29 @@ def body_of(size: int) -> bytes:
 
 def base_parser(description: str, *, concurrency: int, rounds: int) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--messages", "-n", type=int, default=100_000,
-                   help="messages per variant (default 100000)")
-    p.add_argument("--concurrency", "-c", type=int, default=concurrency,
-                   help=f"concurrency (default {concurrency})")
-    p.add_argument("--rounds", "-r", type=int, default=rounds,
-                   help=f"interleaved rounds (default {rounds})")
+    p.add_argument(
+        "--messages", "-n", type=int, default=100_000, help="messages per variant (default 100000)"
+    )
+    p.add_argument(
+        "--concurrency",
+        "-c",
+        type=int,
+        default=concurrency,
+        help=f"concurrency (default {concurrency})",
+    )
+    p.add_argument(
+        "--rounds", "-r", type=int, default=rounds, help=f"interleaved rounds (default {rounds})"
+    )
     p.add_argument("--size", type=int, default=200, help="message body size in bytes (default 200)")
     p.add_argument("--queues", type=int, default=8, help="queues of the bench topic (default 8)")
+    p.add_argument(
+        "--trace-options",
+        type=json.loads,
+        default=None,
+        metavar="JSON",
+        help="trace_options passed to the traced client, e.g. '{\"batch_size\": 500}' "
+        "(default: the library's defaults)",
+    )
     p.add_argument("--log-level", default="WARNING", help="tracemq client log level (stderr)")
     return p
 
@@ -94,6 +109,8 @@ def check_args(args: argparse.Namespace) -> None:
     for name in ("messages", "concurrency", "rounds", "size", "queues"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name} must be at least 1")
+    if args.trace_options is not None and not isinstance(args.trace_options, dict):
+        raise SystemExit("--trace-options must be a JSON object")
 
 
 # ----------------------------------------------------------------------------- bounded waits
@@ -107,8 +124,9 @@ async def bounded(aw: Awaitable[T], timeout_s: float, what: str) -> T:
         raise BenchTimeout(f"{what} did not finish within {timeout_s:.0f}s") from None
 
 
-async def wait_for_condition(probe: Callable[[], bool], timeout_s: float, what: str,
-                             interval_s: float = 0.05) -> None:
+async def wait_for_condition(
+    probe: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.05
+) -> None:
     deadline = time.monotonic() + timeout_s
     while not probe():
         if time.monotonic() > deadline:
@@ -116,21 +134,63 @@ async def wait_for_condition(probe: Callable[[], bool], timeout_s: float, what: 
         await asyncio.sleep(interval_s)
 
 
+async def wait_progress(
+    done: asyncio.Event,
+    count: Callable[[], int],
+    *,
+    timeout_s: float,
+    stall_s: float,
+    what: str,
+    check: Callable[[], None] | None = None,
+) -> None:
+    """Wait for ``done``; fail after ``timeout_s`` overall, after ``stall_s`` without progress of
+    ``count()``, or as soon as ``check()`` raises (e.g. a crashed worker task)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    last, last_change = count(), loop.time()
+    while not done.is_set():
+        try:
+            await asyncio.wait_for(done.wait(), 1.0)
+        except TimeoutError:
+            pass
+        now = loop.time()
+        if check is not None:
+            check()
+        n = count()
+        if n != last:
+            last, last_change = n, now
+        elif not done.is_set() and now - last_change > stall_s:
+            raise BenchTimeout(f"{what}: no progress for {stall_s:.0f}s (stuck at {n})")
+        if not done.is_set() and now > deadline:
+            raise BenchTimeout(f"{what} did not finish within {timeout_s:.0f}s (at {n})")
+
+
+def crashed_tasks(tasks: Iterable[asyncio.Task[Any]], what: str) -> None:
+    """Raise if one of ``tasks`` ended with an exception (a library worker that died)."""
+    for t in tasks:
+        if t.done() and not t.cancelled() and t.exception() is not None:
+            exc = t.exception()
+            raise RuntimeError(
+                f"{what}: task {t.get_name()!r} died: {exc.__class__.__name__}: {exc}"
+            ) from exc
+
+
 class Ticker:
     """Prints ``label: count/total (rate)`` every ``interval_s`` while running (async ctx)."""
 
-    def __init__(self, label: str, count: Callable[[], int], total: int,
-                 interval_s: float = 5.0) -> None:
+    def __init__(
+        self, label: str, count: Callable[[], int], total: int, interval_s: float = 5.0
+    ) -> None:
         self.label, self.count, self.total, self.interval_s = label, count, total, interval_s
         self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
-        start = time.perf_counter()
+        start, base = time.perf_counter(), self.count()
         while True:
             await asyncio.sleep(self.interval_s)
             n = self.count()
             el = time.perf_counter() - start
-            say(f"    {self.label}: {n}/{self.total} ({rate(n, el):,.0f} msg/s so far)")
+            say(f"    {self.label}: {n}/{self.total} ({rate(n - base, el):,.0f} msg/s so far)")
 
     async def __aenter__(self) -> Ticker:
         self._task = asyncio.create_task(self._run())
@@ -148,7 +208,7 @@ class Ticker:
 # ----------------------------------------------------------------------------- the stack
 
 
-def client_env(stack: EmbeddedStack) -> dict[str, str]:
+def client_env(stack: EmbeddedStack) -> dict[str, Any]:
     """Keyword arguments that point a Producer / PushConsumer at ``stack``."""
     return {"redis_url": stack.redis_url, "control_bootstrap": stack.business_bootstrap}
 
@@ -160,13 +220,17 @@ def producer_pool_kwargs() -> dict[str, Any]:
     return dict(ProducerPool()._kwargs)
 
 
-async def create_topic(stack: EmbeddedStack, topic: str, queues: int,
-                       broker: str = "broker-a") -> None:
+async def create_topic(
+    stack: EmbeddedStack, topic: str, queues: int, broker: str = "broker-a"
+) -> None:
     from tracemq.admin import AdminClient
 
     async with AdminClient(stack.business_bootstrap, stack.redis_url, timeout_s=30) as admin:
-        await bounded(admin.create_topic(broker, topic, read_queues=queues,
-                                         write_queues=queues), 60, f"creating topic {topic}")
+        await bounded(
+            admin.create_topic(broker, topic, read_queues=queues, write_queues=queues),
+            60,
+            f"creating topic {topic}",
+        )
 
 
 async def wait_trace_topic_route(stack: EmbeddedStack, timeout_s: float = 30.0) -> None:
@@ -233,7 +297,8 @@ class TraceIndex:
     contexts: int = 0
     decode_errors: int = 0
     by_key: dict[tuple[str, str, str], list[bool]] = field(
-        default_factory=lambda: defaultdict(list))
+        default_factory=lambda: defaultdict(list)
+    )
 
     def count(self, trace_type: str, group: str, msg_id: str) -> list[bool]:
         return self.by_key.get((trace_type, group, msg_id), [])
@@ -243,8 +308,11 @@ async def read_trace_index(stack: EmbeddedStack, timeout_s: float = 180.0) -> Tr
     """Read the whole trace topic (tests/support/traces.py's read_trace_topic) and index it."""
     from tests.support.traces import read_trace_topic
 
-    messages = await bounded(read_trace_topic(stack.trace_bootstrap, timeout_s=timeout_s),
-                             timeout_s + 30, "reading the trace topic")
+    messages = await bounded(
+        read_trace_topic(stack.trace_bootstrap, timeout_s=timeout_s),
+        timeout_s + 30,
+        "reading the trace topic",
+    )
     idx = TraceIndex(messages=len(messages))
     for m in messages:
         idx.decode_errors += len(m.errors)
@@ -252,7 +320,8 @@ async def read_trace_index(stack: EmbeddedStack, timeout_s: float = 180.0) -> Tr
             idx.contexts += 1
             for b in c.trace_beans:
                 idx.by_key[(c.trace_type.name, c.group_name or "", b.msg_id or "")].append(
-                    bool(c.success))
+                    bool(c.success)
+                )
     return idx
 
 
@@ -272,25 +341,36 @@ def dispatcher_stats(clients: Iterable[Any]) -> dict[str, float]:
 # ----------------------------------------------------------------------------- main
 
 
-def run_bench(name: str, args: argparse.Namespace,
-              body: Callable[[EmbeddedStack, argparse.Namespace], Awaitable[dict[str, Any]]]
-              ) -> int:
+def run_bench(
+    name: str,
+    args: argparse.Namespace,
+    body: Callable[[EmbeddedStack, argparse.Namespace], Coroutine[Any, Any, dict[str, Any]]],
+) -> int:
     """Start the stack, run ``body``, print its JSON line last; return the exit code.
 
     ``body`` returns the result dict; its ``trace_complete`` decides between exit 0 and 1.
     """
     configure_logging(args.log_level, json=False)  # client logs to stderr, not into our stdout
     wall0 = time.monotonic()
-    result: dict[str, Any] = {"bench": name, "messages": args.messages,
-                              "concurrency": args.concurrency, "rounds": args.rounds,
-                              "size": args.size}
+    result: dict[str, Any] = {
+        "bench": name,
+        "messages": args.messages,
+        "concurrency": args.concurrency,
+        "rounds": args.rounds,
+        "size": args.size,
+        "trace_options": args.trace_options,
+    }
     code = EXIT_OK
     try:
-        say(f"{name} bench: starting the embedded stack (2 Tansu clusters, Redis, nameserver, "
-            "broker-a, trace-broker)")
+        say(
+            f"{name} bench: starting the embedded stack (2 Tansu clusters, Redis, nameserver, "
+            "broker-a, trace-broker)"
+        )
         with EmbeddedStack(StackConfig()) as stack:
-            say(f"stack up in {time.monotonic() - wall0:.1f}s: business={stack.business_bootstrap}"
-                f" trace={stack.trace_bootstrap} redis={stack.redis_url}")
+            say(
+                f"stack up in {time.monotonic() - wall0:.1f}s: business={stack.business_bootstrap}"
+                f" trace={stack.trace_bootstrap} redis={stack.redis_url}"
+            )
             result.update(asyncio.run(body(stack, args)))
             say("stopping the stack")
         if not result.get("trace_complete", False):

@@ -41,6 +41,7 @@ from _common import (  # noqa: E402
     client_env,
     cpu_delta,
     cpu_snapshot,
+    crashed_tasks,
     create_topic,
     rate,
     ratio,
@@ -48,9 +49,9 @@ from _common import (  # noqa: E402
     run_bench,
     say,
     split,
+    wait_progress,
     wait_trace_topic_route,
 )
-
 from tracemq import (  # noqa: E402
     ConsumeConcurrentlyStatus,
     ConsumeFromWhere,
@@ -74,23 +75,29 @@ async def prefill(stack: EmbeddedStack, topic: str, n: int, body: bytes, uid: st
 
     async def worker(k: int) -> None:
         for _ in range(k):
-            ids.append((await producer.send(Message(topic, body))).msg_id)
+            ids.append((await producer.send(Message(topic, body))).msg_id)  # noqa: PERF401
 
     t0 = time.perf_counter()
     try:
         async with Ticker("pre-fill", lambda: len(ids), n):
-            await bounded(asyncio.gather(*(worker(k) for k in split(n, FILL_CONCURRENCY) if k)),
-                          max(180.0, n / 200), f"pre-filling {n} messages")
+            await bounded(
+                asyncio.gather(*(worker(k) for k in split(n, FILL_CONCURRENCY) if k)),
+                max(180.0, n / 200),
+                f"pre-filling {n} messages",
+            )
     finally:
         await bounded(producer.shutdown(), 60, "shutting the pre-fill producer down")
     dt = time.perf_counter() - t0
-    say(f"pre-filled {topic} with {len(ids)} messages of {len(body)} bytes in {dt:.1f}s "
-        f"({rate(len(ids), dt):,.0f} msg/s, trace off)")
+    say(
+        f"pre-filled {topic} with {len(ids)} messages of {len(body)} bytes in {dt:.1f}s "
+        f"({rate(len(ids), dt):,.0f} msg/s, trace off)"
+    )
     return set(ids)
 
 
-async def consume_all(stack: EmbeddedStack, args: Any, topic: str, variant: str, group: str,
-                      expected: set[str]) -> dict[str, Any]:
+async def consume_all(
+    stack: EmbeddedStack, args: Any, topic: str, variant: str, group: str, expected: set[str]
+) -> dict[str, Any]:
     """One consumer group reads the whole topic; its timings, CPU, msgIds and trace stats."""
     n = len(expected)
     seen: set[str] = set()
@@ -108,12 +115,16 @@ async def consume_all(stack: EmbeddedStack, args: Any, topic: str, variant: str,
             done.set()
         return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 
-    consumer = PushConsumer(group, consume_from=ConsumeFromWhere.FIRST_OFFSET,
-                            enable_msg_trace=(variant == "on"),
-                            consume_concurrency=args.concurrency,
-                            pull_batch_size=args.pull_batch_size,
-                            consume_message_batch_max_size=args.consume_batch,
-                            **client_env(stack))
+    consumer = PushConsumer(
+        group,
+        consume_from=ConsumeFromWhere.FIRST_OFFSET,
+        enable_msg_trace=(variant == "on"),
+        consume_concurrency=args.concurrency,
+        pull_batch_size=args.pull_batch_size,
+        consume_message_batch_max_size=args.consume_batch,
+        trace_options=args.trace_options if variant == "on" else None,
+        **client_env(stack),
+    )
     consumer.subscribe(topic, "*")
     consumer.register_message_listener(listener)
     before = cpu_snapshot(stack)
@@ -123,8 +134,17 @@ async def consume_all(stack: EmbeddedStack, args: Any, topic: str, variant: str,
         await bounded(consumer.start(), 60, f"starting consumer {group}")
         started_s = time.perf_counter() - t0
         async with Ticker(f"{variant} {group}", lambda: len(seen), n):
-            # a floor of 200 msg/s: anything slower is broken, not slow
-            await bounded(done.wait(), max(180.0, n / 200), f"{group} consuming {n} messages")
+            # a floor of 200 msg/s overall, and progress at least every --stall-timeout s
+            await wait_progress(
+                done,
+                lambda: len(seen),
+                timeout_s=max(180.0, n / 200),
+                stall_s=args.stall_timeout,
+                what=f"{group} consuming {n} messages",
+                check=lambda: crashed_tasks(
+                    getattr(consumer, "_workers", ()), f"PushConsumer {group}"
+                ),
+            )
         t1 = time.perf_counter()
         cpu = cpu_delta(before, cpu_snapshot(stack))
     finally:
@@ -135,17 +155,34 @@ async def consume_all(stack: EmbeddedStack, args: Any, topic: str, variant: str,
     total_s = t1 - t0
     steady_s = t1 - first[0] if first else 0.0
     return {
-        "variant": variant, "group": group, "messages": n, "seen": len(seen),
-        "delivered": delivered[0], "all_expected": seen == expected,
-        "seconds": round(total_s, 3), "start_s": round(started_s, 3),
+        "variant": variant,
+        "group": group,
+        "messages": n,
+        "seen": len(seen),
+        "delivered": delivered[0],
+        "all_expected": seen == expected,
+        "seconds": round(total_s, 3),
+        "start_s": round(started_s, 3),
         "first_msg_s": round(first[0] - t0, 3) if first else None,
         "steady_s": round(steady_s, 3),
         "msgs_per_s": round(rate(n, total_s), 1),
         "steady_msgs_per_s": round(rate(n, steady_s), 1),
-        "shutdown_s": round(shutdown_s, 3), "cpu_s": cpu,
-        "dispatcher": {k: stats.get(k) for k in ("appended", "sent", "sent_messages",
-                                                 "discarded", "failed", "oversize",
-                                                 "send_latency_ms_mean")} if stats else None,
+        "shutdown_s": round(shutdown_s, 3),
+        "cpu_s": cpu,
+        "dispatcher": {
+            k: stats.get(k)
+            for k in (
+                "appended",
+                "sent",
+                "sent_messages",
+                "discarded",
+                "failed",
+                "oversize",
+                "send_latency_ms_mean",
+            )
+        }
+        if stats
+        else None,
         "_seen": seen,
     }
 
@@ -159,8 +196,9 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
     say(f"topic {topic} created on {BROKER} ({args.queues} queues)")
     expected = await prefill(stack, topic, args.messages, body, uid)
     if len(expected) != args.messages:
-        raise RuntimeError(f"pre-fill produced {len(expected)} distinct msgIds, "
-                           f"expected {args.messages}")
+        raise RuntimeError(
+            f"pre-fill produced {len(expected)} distinct msgIds, expected {args.messages}"
+        )
 
     runs: list[dict[str, Any]] = []
     order = ["off", "on"]
@@ -172,13 +210,20 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
             run["round"] = r + 1
             runs.append(run)
             d = run["dispatcher"] or {}
-            say(f"  {variant:>3}: {run['messages']} msgs in {run['seconds']:6.2f}s = "
+            say(
+                f"  {variant:>3}: {run['messages']} msgs in {run['seconds']:6.2f}s = "
                 f"{run['msgs_per_s']:9,.0f} msg/s from start() (start {run['start_s']:.2f}s, "
                 f"first msg at {run['first_msg_s']}s, {run['steady_msgs_per_s']:,.0f} msg/s "
                 f"first->last; bench CPU {run['cpu_s'].get('bench', 0):.2f}s, trace Kafka CPU "
                 f"{run['cpu_s'].get('kafka-trace', 0):.2f}s; shutdown {run['shutdown_s']:.2f}s"
-                + (f"; traces sent={d.get('sent')} discarded={d.get('discarded')} "
-                   f"failed={d.get('failed')}" if d else "") + ")")
+                + (
+                    f"; traces sent={d.get('sent')} discarded={d.get('discarded')} "
+                    f"failed={d.get('failed')}"
+                    if d
+                    else ""
+                )
+                + ")"
+            )
         order.reverse()
 
     per: dict[str, dict[str, Any]] = {}
@@ -190,22 +235,32 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
         cpu: dict[str, float] = {}
         for x in vr:
             add_cpu(cpu, x["cpu_s"])
-        per[variant] = {"seconds": round(secs, 3), "msgs_per_s": round(rate(msgs, secs), 1),
-                        "steady_msgs_per_s": round(rate(msgs, steady), 1), "cpu_s": cpu,
-                        "bench_cpu_us_per_msg": round(cpu.get("bench", 0.0) / msgs * 1e6, 1)}
+        per[variant] = {
+            "seconds": round(secs, 3),
+            "msgs_per_s": round(rate(msgs, secs), 1),
+            "steady_msgs_per_s": round(rate(msgs, steady), 1),
+            "cpu_s": cpu,
+            "bench_cpu_us_per_msg": round(cpu.get("bench", 0.0) / msgs * 1e6, 1),
+        }
     mps = {v: per[v]["msgs_per_s"] for v in per}
     steady_mps = {v: per[v]["steady_msgs_per_s"] for v in per}
-    ratios = {"on_vs_off": ratio(mps["on"], mps["off"]),
-              "on_vs_off_steady": ratio(steady_mps["on"], steady_mps["off"])}
+    ratios = {
+        "on_vs_off": ratio(mps["on"], mps["off"]),
+        "on_vs_off_steady": ratio(steady_mps["on"], steady_mps["off"]),
+    }
     targets_met = {"on_vs_off_ge_0.85": ratios["on_vs_off"] >= TARGET_ON_VS_OFF}
     say("results:")
     for v in ("off", "on"):
-        say(f"  {v:>3}: {mps[v]:9,.0f} msg/s from start() ({per[v]['seconds']:.2f}s total), "
+        say(
+            f"  {v:>3}: {mps[v]:9,.0f} msg/s from start() ({per[v]['seconds']:.2f}s total), "
             f"{steady_mps[v]:,.0f} msg/s first->last, bench CPU "
-            f"{per[v]['bench_cpu_us_per_msg']:.0f} us/msg")
-    say(f"  trace-on / trace-off = {ratios['on_vs_off']:.3f} (target >= {TARGET_ON_VS_OFF}: "
+            f"{per[v]['bench_cpu_us_per_msg']:.0f} us/msg"
+        )
+    say(
+        f"  trace-on / trace-off = {ratios['on_vs_off']:.3f} (target >= {TARGET_ON_VS_OFF}: "
         f"{'met' if targets_met['on_vs_off_ge_0.85'] else 'MISSED'}); first->last "
-        f"{ratios['on_vs_off_steady']:.3f}")
+        f"{ratios['on_vs_off_steady']:.3f}"
+    )
 
     # -- trace completeness ----------------------------------------------------------------
     say("reading the trace topic back")
@@ -231,27 +286,46 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
             missing_after += not a
             failed_after += bool(a) and not any(a)
             dup += len(b) > 1 or len(a) > 1
-    complete = (missing_before == 0 and missing_after == 0 and failed_after == 0
-                and idx.decode_errors == 0 and checked > 0)
+    complete = (
+        missing_before == 0
+        and missing_after == 0
+        and failed_after == 0
+        and idx.decode_errors == 0
+        and checked > 0
+    )
     trace = {
-        "trace_complete": complete, "checked_msg_ids": checked,
-        "missing_sub_before": missing_before, "missing_sub_after": missing_after,
-        "failed_sub_after": failed_after, "redelivered_msg_ids": dup,
-        "trace_messages": idx.messages, "trace_contexts": idx.contexts,
-        "decode_errors": idx.decode_errors, "discarded": discarded, "failed": failed,
+        "trace_complete": complete,
+        "checked_msg_ids": checked,
+        "missing_sub_before": missing_before,
+        "missing_sub_after": missing_after,
+        "failed_sub_after": failed_after,
+        "redelivered_msg_ids": dup,
+        "trace_messages": idx.messages,
+        "trace_contexts": idx.contexts,
+        "decode_errors": idx.decode_errors,
+        "discarded": discarded,
+        "failed": failed,
         "read_s": round(read_s, 1),
     }
-    say(f"trace: complete={complete} checked {checked} (group, msgId) pairs of the trace-on "
+    say(
+        f"trace: complete={complete} checked {checked} (group, msgId) pairs of the trace-on "
         f"groups: missing SubBefore={missing_before} missing SubAfter={missing_after} "
         f"failed SubAfter={failed_after}; dispatcher discarded={discarded} failed={failed}; "
-        f"every group consumed all pre-filled msgIds: {all_consumed}")
+        f"every group consumed all pre-filled msgIds: {all_consumed}"
+    )
     for run in runs:
         del run["_seen"]
     return {
-        "msgs_per_s": mps, "steady_msgs_per_s": steady_mps, "ratios": ratios,
-        "targets": {"on_vs_off": TARGET_ON_VS_OFF}, "targets_met": targets_met,
-        "per_variant": per, "runs": runs, "queues": args.queues,
-        "consume_concurrency": args.concurrency, "pull_batch_size": args.pull_batch_size,
+        "msgs_per_s": mps,
+        "steady_msgs_per_s": steady_mps,
+        "ratios": ratios,
+        "targets": {"on_vs_off": TARGET_ON_VS_OFF},
+        "targets_met": targets_met,
+        "per_variant": per,
+        "runs": runs,
+        "queues": args.queues,
+        "consume_concurrency": args.concurrency,
+        "pull_batch_size": args.pull_batch_size,
         "consume_message_batch_max_size": args.consume_batch,
         "all_groups_consumed_everything": all_consumed,
         "trace_complete": complete and all_consumed and discarded == 0 and failed == 0,
@@ -260,12 +334,27 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = base_parser("Consumer throughput: tracemq PushConsumer trace off vs trace on",
-                         concurrency=20, rounds=2)
-    parser.add_argument("--pull-batch-size", type=int, default=500,
-                        help="PushConsumer pull_batch_size (default 500)")
-    parser.add_argument("--consume-batch", type=int, default=1,
-                        help="PushConsumer consume_message_batch_max_size (default 1)")
+    parser = base_parser(
+        "Consumer throughput: tracemq PushConsumer trace off vs trace on", concurrency=20, rounds=2
+    )
+    parser.add_argument(
+        "--pull-batch-size",
+        type=int,
+        default=500,
+        help="PushConsumer pull_batch_size (default 500)",
+    )
+    parser.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=60.0,
+        help="fail when a consumer makes no progress for this long (s)",
+    )
+    parser.add_argument(
+        "--consume-batch",
+        type=int,
+        default=1,
+        help="PushConsumer consume_message_batch_max_size (default 1)",
+    )
     args = parser.parse_args()
     check_args(args)
     if args.pull_batch_size < 1 or args.consume_batch < 1:

@@ -28,6 +28,7 @@ import itertools
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,6 @@ from _common import (  # noqa: E402
     wait_trace_topic_route,
 )
 from aiokafka import AIOKafkaProducer  # noqa: E402
-
 from tracemq import Message, Producer  # noqa: E402
 from tracemq.devstack import EmbeddedStack  # noqa: E402
 from tracemq.naming import kafka_topic  # noqa: E402
@@ -105,10 +105,22 @@ class RawVariant(Variant):
 
 
 class TracemqVariant(Variant):
-    def __init__(self, name: str, topic: str, stack: EmbeddedStack, body: bytes,
-                 group: str) -> None:
+    def __init__(
+        self,
+        name: str,
+        topic: str,
+        stack: EmbeddedStack,
+        body: bytes,
+        group: str,
+        trace_options: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(name, topic)
-        self.producer = Producer(group, enable_msg_trace=(name == "on"), **client_env(stack))
+        self.producer = Producer(
+            group,
+            enable_msg_trace=(name == "on"),
+            trace_options=trace_options if name == "on" else None,
+            **client_env(stack),
+        )
         self.body = body
         self.stats: dict[str, Any] = {}
 
@@ -129,11 +141,18 @@ class TracemqVariant(Variant):
                 say("    warning: the trace dispatcher did not flush within 60s")
 
     async def stop(self) -> None:
-        await bounded(self.producer.shutdown(trace_timeout_s=60), 120,
-                      f"shutting the tracemq Producer ({self.name}) down")
+        await bounded(
+            self.producer.shutdown(trace_timeout_s=60),
+            120,
+            f"shutting the tracemq Producer ({self.name}) down",
+        )
         d = self.producer.trace_dispatcher
         if d is not None:
             self.stats = d.stats()
+
+
+def _sent_of(v: Variant) -> Callable[[], int]:
+    return lambda: v.sent
 
 
 async def send_many(v: Variant, count: int, concurrency: int, timeout_s: float) -> float:
@@ -146,8 +165,11 @@ async def send_many(v: Variant, count: int, concurrency: int, timeout_s: float) 
             v.sent += 1
 
     t0 = time.perf_counter()
-    await bounded(asyncio.gather(*(worker(k) for k in shares)), timeout_s,
-                  f"{v.name}: sending {count} messages")
+    await bounded(
+        asyncio.gather(*(worker(k) for k in shares)),
+        timeout_s,
+        f"{v.name}: sending {count} messages",
+    )
     return time.perf_counter() - t0
 
 
@@ -163,10 +185,14 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
     variants: dict[str, Variant] = {
         "raw": RawVariant(topics["raw"], stack.business_bootstrap, args.queues, body),
         "off": TracemqVariant("off", topics["off"], stack, body, f"PG_bench_off_{uid}"),
-        "on": TracemqVariant("on", topics["on"], stack, body, f"PG_bench_on_{uid}"),
+        "on": TracemqVariant(
+            "on", topics["on"], stack, body, f"PG_bench_on_{uid}", args.trace_options
+        ),
     }
-    say(f"AIOKafkaProducer settings (tracemq ProducerPool's, used by raw too): "
-        f"{producer_pool_kwargs()}")
+    say(
+        f"AIOKafkaProducer settings (tracemq ProducerPool's, used by raw too): "
+        f"{producer_pool_kwargs()}"
+    )
     try:
         for v in variants.values():
             await v.start()
@@ -190,18 +216,26 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
                 # a floor of 200 msg/s: anything slower is broken, not slow
                 timeout = max(120.0, share / 200)
                 before = cpu_snapshot(stack)
-                async with Ticker(f"{name} r{r + 1}", lambda v=v: v.sent, v.sent + share):
+                async with Ticker(f"{name} r{r + 1}", _sent_of(v), v.sent + share):
                     dt = await send_many(v, share, args.concurrency, timeout)
                 delta = cpu_delta(before, cpu_snapshot(stack))
                 add_cpu(v.cpu, delta)
                 v.seconds += dt
-                v.rounds.append({"round": r + 1, "messages": share, "seconds": round(dt, 3),
-                                 "msgs_per_s": round(rate(share, dt), 1),
-                                 "bench_cpu_s": delta.get("bench", 0.0)})
-                say(f"  {name:>3}: {share} msgs in {dt:6.2f}s = {rate(share, dt):9,.0f} msg/s"
+                v.rounds.append(
+                    {
+                        "round": r + 1,
+                        "messages": share,
+                        "seconds": round(dt, 3),
+                        "msgs_per_s": round(rate(share, dt), 1),
+                        "bench_cpu_s": delta.get("bench", 0.0),
+                    }
+                )
+                say(
+                    f"  {name:>3}: {share} msgs in {dt:6.2f}s = {rate(share, dt):9,.0f} msg/s"
                     f"  (bench CPU {delta.get('bench', 0):.2f}s, business Kafka CPU "
                     f"{delta.get('kafka-business', 0):.2f}s, trace Kafka CPU "
-                    f"{delta.get('kafka-trace', 0):.2f}s)")
+                    f"{delta.get('kafka-trace', 0):.2f}s)"
+                )
                 if isinstance(v, TracemqVariant):
                     await v.flush_traces()  # untimed: keep its backlog out of the next variant
             order = order[1:] + order[:1]
@@ -213,20 +247,30 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
                 say(f"  stopping {v.name} failed: {exc!r}")
 
     mps = {n: round(rate(args.messages, v.seconds), 1) for n, v in variants.items()}
-    ratios = {"off_vs_raw": ratio(mps["off"], mps["raw"]),
-              "on_vs_off": ratio(mps["on"], mps["off"]),
-              "on_vs_raw": ratio(mps["on"], mps["raw"])}
-    targets = {"on_vs_off_ge_0.90": ratios["on_vs_off"] >= TARGET_ON_VS_OFF,
-               "off_vs_raw_ge_0.70": ratios["off_vs_raw"] >= TARGET_OFF_VS_RAW}
+    ratios = {
+        "off_vs_raw": ratio(mps["off"], mps["raw"]),
+        "on_vs_off": ratio(mps["on"], mps["off"]),
+        "on_vs_raw": ratio(mps["on"], mps["raw"]),
+    }
+    targets = {
+        "on_vs_off_ge_0.90": ratios["on_vs_off"] >= TARGET_ON_VS_OFF,
+        "off_vs_raw_ge_0.70": ratios["off_vs_raw"] >= TARGET_OFF_VS_RAW,
+    }
     say("results:")
     for n, v in variants.items():
         cpu_per_msg = v.cpu.get("bench", 0.0) / args.messages * 1e6
-        say(f"  {n:>3}: {mps[n]:9,.0f} msg/s  ({v.seconds:.2f}s for {args.messages}, "
-            f"bench CPU {cpu_per_msg:.0f} us/msg)")
-    say(f"  trace-off / raw = {ratios['off_vs_raw']:.3f} (target >= {TARGET_OFF_VS_RAW}: "
-        f"{'met' if targets['off_vs_raw_ge_0.70'] else 'MISSED'})")
-    say(f"  trace-on / trace-off = {ratios['on_vs_off']:.3f} (target >= {TARGET_ON_VS_OFF}: "
-        f"{'met' if targets['on_vs_off_ge_0.90'] else 'MISSED'})")
+        say(
+            f"  {n:>3}: {mps[n]:9,.0f} msg/s  ({v.seconds:.2f}s for {args.messages}, "
+            f"bench CPU {cpu_per_msg:.0f} us/msg)"
+        )
+    say(
+        f"  trace-off / raw = {ratios['off_vs_raw']:.3f} (target >= {TARGET_OFF_VS_RAW}: "
+        f"{'met' if targets['off_vs_raw_ge_0.70'] else 'MISSED'})"
+    )
+    say(
+        f"  trace-on / trace-off = {ratios['on_vs_off']:.3f} (target >= {TARGET_ON_VS_OFF}: "
+        f"{'met' if targets['on_vs_off_ge_0.90'] else 'MISSED'})"
+    )
 
     # -- trace completeness ----------------------------------------------------------------
     on = variants["on"]
@@ -247,8 +291,15 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
         elif not pubs[0]:
             failed_pub += 1
     stats = on.stats
-    complete = (missing == 0 and duplicated == 0 and failed_pub == 0
-                and len(sent_ids) == len(on.msg_ids) and idx.decode_errors == 0)
+    complete = (
+        missing == 0
+        and duplicated == 0
+        and failed_pub == 0
+        and len(sent_ids) == len(on.msg_ids)
+        and idx.decode_errors == 0
+        and stats.get("discarded", 0) == 0
+        and stats.get("failed", 0) == 0
+    )
     trace = {
         "trace_complete": complete,
         "sent_msg_ids": len(on.msg_ids),
@@ -262,16 +313,27 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
         "decode_errors": idx.decode_errors,
         "discarded": int(stats.get("discarded", -1)),
         "failed": int(stats.get("failed", -1)),
-        "dispatcher": {k: stats.get(k) for k in ("appended", "sent", "sent_messages",
-                                                 "discarded", "failed", "oversize",
-                                                 "send_latency_ms_mean")},
+        "dispatcher": {
+            k: stats.get(k)
+            for k in (
+                "appended",
+                "sent",
+                "sent_messages",
+                "discarded",
+                "failed",
+                "oversize",
+                "send_latency_ms_mean",
+            )
+        },
         "untimed_flush_s": round(on.flush_s, 3),
         "read_s": round(read_s, 1),
     }
-    say(f"trace: complete={complete} msgIds={len(on.msg_ids)} with exactly one successful Pub="
+    say(
+        f"trace: complete={complete} msgIds={len(on.msg_ids)} with exactly one successful Pub="
         f"{trace['with_one_pub']} missing={missing} duplicated={duplicated} failed={failed_pub}; "
         f"dispatcher discarded={trace['discarded']} failed={trace['failed']} "
-        f"(trace messages {idx.messages}, read in {read_s:.1f}s)")
+        f"(trace messages {idx.messages}, read in {read_s:.1f}s)"
+    )
 
     return {
         "msgs_per_s": mps,
@@ -281,8 +343,9 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
         "targets_met": targets,
         "per_round": {n: v.rounds for n, v in variants.items()},
         "cpu_s": {n: v.cpu for n, v in variants.items()},
-        "bench_cpu_us_per_msg": {n: round(v.cpu.get("bench", 0.0) / args.messages * 1e6, 1)
-                                 for n, v in variants.items()},
+        "bench_cpu_us_per_msg": {
+            n: round(v.cpu.get("bench", 0.0) / args.messages * 1e6, 1) for n, v in variants.items()
+        },
         "warmup_messages": warm,
         "queues": args.queues,
         "producer_settings": {k: v for k, v in producer_pool_kwargs().items()},
@@ -292,8 +355,11 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = base_parser("Producer throughput: raw aiokafka vs tracemq trace off vs trace on",
-                         concurrency=64, rounds=3)
+    parser = base_parser(
+        "Producer throughput: raw aiokafka vs tracemq trace off vs trace on",
+        concurrency=64,
+        rounds=3,
+    )
     args = parser.parse_args()
     check_args(args)
     return run_bench("producer", args, bench)

@@ -278,6 +278,7 @@ class OffsetMsgIdInfo:
     kafka_offset: int
 
 
+@functools.lru_cache(maxsize=1024)
 def _parse_store_host(store_host: str) -> tuple[bytes, int]:
     host, colon, port = store_host.rpartition(":")
     if not colon or _PORT.fullmatch(port) is None or int(port) > 0xFFFF:

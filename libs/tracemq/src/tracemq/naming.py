@@ -12,6 +12,7 @@ reversible, and leaves ordinary names readable (``broker-a.TopicTest``).
 
 from __future__ import annotations
 
+import functools
 import re
 
 from tracemq.errors import InvalidNameError
@@ -137,6 +138,7 @@ def unescape_topic(escaped: str) -> str:
     return "".join(out)
 
 
+@functools.lru_cache(maxsize=65536)
 def kafka_topic(broker: str, topic: str) -> str:
     """The Kafka topic holding RocketMQ ``topic`` on ``broker``."""
     name = f"{broker}.{escape_topic(topic)}"

@@ -53,6 +53,9 @@ class HttpEndpoint:
         self.app.router.add_get("/metrics", self._metrics)
         if add_routes:
             add_routes(self.app)
+        own_routes = getattr(service, "add_routes", None)
+        if own_routes is not None:  # a service with an API of its own (the collector)
+            own_routes(self.app)
         self._runner: web.AppRunner | None = None
         self.bound_port: int | None = None
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from pydantic import Field, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from tracemq.errors import ConfigError
 
@@ -44,6 +44,8 @@ def load_settings(cls: type[S], **overrides: Any) -> S:
     """Build ``cls`` from the environment; raise :class:`ConfigError` naming the variable."""
     try:
         return cls(**overrides)
+    except SettingsError as exc:
+        raise ConfigError(f"invalid settings: {exc} ({exc.__cause__})") from None
     except ValidationError as exc:
         prefix = (cls.model_config.get("env_prefix") or "").upper()
         problems = []

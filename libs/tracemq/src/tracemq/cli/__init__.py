@@ -8,7 +8,7 @@ from importlib.metadata import entry_points
 
 import typer
 
-from tracemq.cli import dev, route, topic
+from tracemq.cli import dev, route, topic, trace
 from tracemq.cli.demo import demo
 from tracemq.cli.health import health
 from tracemq.errors import TracemqError
@@ -23,6 +23,7 @@ app = typer.Typer(
 app.add_typer(dev.app, name="dev")
 app.add_typer(topic.app, name="topic")
 app.add_typer(route.app, name="route")
+app.add_typer(trace.app, name="trace")
 app.command("health")(health)
 app.command("demo")(demo)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import uuid
 from collections import defaultdict
@@ -259,6 +260,8 @@ class PushConsumer:
         self._watch_task: asyncio.Task[None] | None = None
         self._state = "created"
         self._in_flight = 0
+        self._listener_is_async = False
+        self._outcome_counters: dict[ConsumeReturnType, Any] = {}
         self._idle = asyncio.Event()
 
     # -- configuration ---------------------------------------------------------------------
@@ -271,10 +274,12 @@ class PushConsumer:
         """A concurrent listener: ``(msgs, context) -> ConsumeConcurrentlyStatus`` (async or
         sync; a sync one runs in a worker thread)."""
         self._listener, self._orderly = listener, False
+        self._listener_is_async = inspect.iscoroutinefunction(listener)
 
     def register_message_listener_orderly(self, listener: OrderlyListener) -> None:
         """An orderly listener: one queue at a time, in order; returns ConsumeOrderlyStatus."""
         self._listener, self._orderly = listener, True
+        self._listener_is_async = inspect.iscoroutinefunction(listener)
 
     def register_consume_hook(self, hook: ConsumeMessageHook) -> None:
         self._hooks.append(hook)
@@ -306,10 +311,7 @@ class PushConsumer:
                 )
             self._work = asyncio.Queue(maxsize=self.consume_concurrency * 2)
             if not self._orderly:
-                self._workers = [
-                    asyncio.create_task(self._worker(), name=f"listener-{i}")
-                    for i in range(self.consume_concurrency)
-                ]
+                self._workers = [self._spawn_worker(i) for i in range(self.consume_concurrency)]
             await self._sync_clusters(initial=True)
             self._watch_task = asyncio.create_task(self._watch_routes(), name="route-watch")
         except BaseException:
@@ -414,6 +416,20 @@ class PushConsumer:
             assert self._work is not None
             await self._work.put(item)
 
+    def _spawn_worker(self, i: int) -> asyncio.Task[None]:
+        task = asyncio.create_task(self._worker(), name=f"listener-{i}")
+        task.add_done_callback(functools.partial(self._worker_done, i=i))
+        return task
+
+    def _worker_done(self, task: asyncio.Task[None], i: int) -> None:
+        """A worker must never die silently: log it and start a new one."""
+        if task.cancelled() or self._state == "shutdown":
+            return
+        log.error("listener worker died; restarting it", group=self.group,
+                  error=repr(task.exception()))
+        if i < len(self._workers):
+            self._workers[i] = self._spawn_worker(i)
+
     async def _worker(self) -> None:
         assert self._work is not None
         while True:
@@ -505,20 +521,20 @@ class PushConsumer:
             client_host=self._runtime.client_host,
             region_id=route.region_id if route else "DefaultRegion",
             trace_on=route.trace_on if route else True,
-            request_ids={m.msg_id: uuid.uuid4().hex for m in msgs},
+            # request ids pair SubBefore with SubAfter; only hooks need them
+            request_ids={m.msg_id: uuid.uuid4().hex for m in msgs} if self._hooks else {},
         )
         hctx.begin_timestamp = now_ms()
         call_hooks(self._hooks, "consume_message_before", hctx)
         code = ConsumeReturnType.SUCCESS
         try:
-            if inspect.iscoroutinefunction(self._listener):
-                status = await asyncio.wait_for(self._listener(msgs, cctx), self.consume_timeout_s)
-            else:
-                status = await asyncio.wait_for(
-                    asyncio.to_thread(self._listener, msgs, cctx), self.consume_timeout_s
-                )
-                if inspect.isawaitable(status):
-                    status = await asyncio.wait_for(status, self.consume_timeout_s)
+            async with asyncio.timeout(self.consume_timeout_s):  # no extra task per call
+                if self._listener_is_async:
+                    status = await self._listener(msgs, cctx)
+                else:
+                    status = await asyncio.to_thread(self._listener, msgs, cctx)
+                    if inspect.isawaitable(status):
+                        status = await status
             if status is None:
                 code = ConsumeReturnType.RETURNNULL
             elif status in (
@@ -546,5 +562,8 @@ class PushConsumer:
         hctx.context_code = int(code)
         hctx.status = code.name
         call_hooks(self._hooks, "consume_message_after", hctx)
-        CONSUMED.labels(self.group, code.name).inc(len(msgs))
+        counter = self._outcome_counters.get(code)
+        if counter is None:
+            counter = self._outcome_counters[code] = CONSUMED.labels(self.group, code.name)
+        counter.inc(len(msgs))
         return hctx.success

@@ -253,13 +253,11 @@ class Producer:
             if attempt == 0:
                 call_hooks(self._hooks, "send_message_before", ctx)
             try:
-                left = deadline - asyncio.get_running_loop().time()
-                if left <= 0:
+                if deadline <= asyncio.get_running_loop().time():
                     raise TimeoutError(f"send timed out after {attempt} attempt(s)")
-                fut = await asyncio.wait_for(self._produce(q, qid, msg, headers), left)
-                md = await asyncio.wait_for(
-                    fut, max(0.001, deadline - asyncio.get_running_loop().time())
-                )
+                # One deadline for enqueue + ack; asyncio.timeout_at creates no extra task.
+                async with asyncio.timeout_at(deadline):
+                    md = await (await self._produce(q, qid, msg, headers))
             except Exception as exc:
                 self._faults.failed(q.broker)
                 ctx.exception = exc

@@ -237,7 +237,7 @@ class AsyncTraceDispatcher:
         trace_topic: str = TRACE_TOPIC,
         customized: bool = False,
         queue_size: int = 2048,
-        batch_size: int = 100,
+        batch_size: int = 1000,
         flush_interval_ms: int = 100,
         max_message_size: int = 128_000,
         send_timeout_ms: int = 3000,

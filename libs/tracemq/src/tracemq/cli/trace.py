@@ -1,0 +1,118 @@
+"""``tracemq trace show MSG_ID`` and ``tracemq trace find --key K``: look-ups through the
+collector API (``--url``, ``TRACEMQ_COLLECTOR_URL`` or the running ``tracemq dev up`` stack)."""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from datetime import UTC, datetime
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from tracemq.cli._connection import dev_state
+from tracemq.cli._console import console
+from tracemq.errors import TracemqError
+
+app = typer.Typer(help="Look up message traces through the collector.", no_args_is_help=True)
+
+
+class LookupError_(TracemqError):
+    """The collector could not answer."""
+
+
+def collector_url(url: str | None) -> str:
+    found = url or os.environ.get("TRACEMQ_COLLECTOR_URL") or (dev_state() or {}).get("collector_api")
+    if not found:
+        raise LookupError_("no collector: pass --url, set TRACEMQ_COLLECTOR_URL, or run "
+                           "`tracemq dev up --collector`")
+    return str(found).rstrip("/")
+
+
+def get_json(url: str, path: str, params: dict[str, Any] | None = None) -> Any:
+    query = urllib.parse.urlencode({k: v for k, v in (params or {}).items() if v is not None})
+    req = urllib.request.Request(f"{url}{path}" + (f"?{query}" if query else ""))  # noqa: S310
+    token = os.environ.get("TRACEMQ_COLLECTOR_API_TOKEN")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=15) as resp:  # noqa: S310
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            detail = json.loads(exc.read()).get("error")
+        except ValueError:
+            detail = exc.reason
+        raise LookupError_(f"{exc.code}: {detail}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise LookupError_(f"collector at {url} did not answer: {exc}") from None
+
+
+def _ts(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def trace_table(view: dict[str, Any]) -> Table:
+    """RocketMQ's queryMsgTraceById layout, one block per consumer group."""
+    table = Table(title=f"trace of {view['msg_id']} (topic {view['topic']})")
+    for col in ("type", "group", "client host", "time (UTC)", "cost ms", "retry", "status"):
+        table.add_column(col)
+    p = view.get("producer")
+    if p:
+        table.add_row("Pub", p["group"] or "-", p.get("client_host") or "-", _ts(p["timestamp"]),
+                      str(p["cost_time"]), "-", "success" if p["success"] else "failed")
+    for t in view.get("transactions", []):
+        table.add_row("EndTransaction", t["group"] or "-", "-", _ts(t["timestamp"]), "-", "-",
+                      t["transaction_state"] or "-")
+    for c in view.get("consumers", []):
+        table.add_section()
+        for a in c["attempts"]:
+            table.add_row("Sub", c["group"] or "-", a.get("client_host") or "-", _ts(a["begin"]),
+                          "-" if a["cost_time"] is None else str(a["cost_time"]),
+                          "-" if a["retry_times"] is None else str(a["retry_times"]),
+                          a["status"] + (f" ({a['context_code_name']})"
+                                         if a["status"] == "failed" and a.get("context_code_name")
+                                         else ""))
+    return table
+
+
+@app.command("show")
+def show(msg_id: str, as_json: bool = typer.Option(False, "--json", help="Print the JSON view."),
+         url: str | None = typer.Option(None, help="Collector API URL.")) -> None:
+    """The trace of one message: producer, transactions, every consumer group's attempts."""
+    view = get_json(collector_url(url), f"/api/v1/traces/{urllib.parse.quote(msg_id)}")
+    if as_json:
+        typer.echo(json.dumps(view, indent=2))
+    else:
+        console().print(trace_table(view))
+
+
+@app.command("find")
+def find(key: str = typer.Option(..., "--key", "-k", help="Business key."),
+         topic: str | None = typer.Option(None, help="Only this topic."),
+         begin: str | None = typer.Option(None, help="From (epoch ms or ISO 8601)."),
+         end: str | None = typer.Option(None, help="To (epoch ms or ISO 8601)."),
+         limit: int = typer.Option(50, help="At most this many (per collector)."),
+         as_json: bool = typer.Option(False, "--json"),
+         url: str | None = typer.Option(None, help="Collector API URL.")) -> None:
+    """Messages carrying a business key, newest first."""
+    res = get_json(collector_url(url), "/api/v1/traces",
+                   {"key": key, "topic": topic, "begin": begin, "end": end, "limit": limit})
+    if as_json:
+        typer.echo(json.dumps(res, indent=2))
+        return
+    table = Table(title=f"messages with key {key!r}")
+    for col in ("msg id", "topic", "time (UTC)", "tags", "keys"):
+        table.add_column(col)
+    for it in res["items"]:
+        table.add_row(it["msg_id"], it["topic"] or "-", _ts(it["timestamp"]), it.get("tags") or "-",
+                      it.get("keys") or "-")
+    console().print(table)
+    if not res["items"]:
+        raise typer.Exit(1)
