@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from tracemq.devstack import EmbeddedStack, StackConfig
+from tracemq.devstack.process import ManagedProcess
 
 _SESSION_STACKS: list[EmbeddedStack] = []
 
@@ -34,6 +35,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStack]:
     finally:
         s.stop()
         _SESSION_STACKS.remove(s)
+
+
+@pytest.fixture(scope="session")
+def collector(stack: EmbeddedStack) -> ManagedProcess:
+    """The session stack's trace collector (started on first use)."""
+    proc = stack.processes.get("collector")
+    if proc is None or not proc.alive():
+        proc = stack.start_collector("collector")
+    return proc
 
 
 @pytest.fixture

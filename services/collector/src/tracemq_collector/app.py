@@ -1,11 +1,34 @@
-"""The trace collector service. For now it only starts, reports health and serves metrics; the
-collector issue adds ingest, the trace store, the lake and the query API."""
+"""The trace collector service: ingest (see :mod:`ingest`), the trace store and lake, the query
+API and viewer page, retention and compaction in the background, and its registration in Redis
+so that any collector can answer for all (fan-out)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from aiohttp import web
+from redis.exceptions import RedisError
+from tracemq.log import get_logger
+from tracemq.routing import RouteCache, connect
+from tracemq.routing.keys import RedisKeys
+
+from tracemq_collector import metrics
+from tracemq_collector.api import add_routes
+from tracemq_collector.ingest import Ingestor
+from tracemq_collector.lake import TraceLake
+from tracemq_collector.queries import Queries
 from tracemq_collector.settings import CollectorSettings
+from tracemq_collector.store import TraceStore
+
+log = get_logger("collector")
+
+REGISTER_INTERVAL_S = 10.0
+RETENTION_INTERVAL_S = 60.0
+COMPACT_INTERVAL_S = 600.0
 
 
 class Collector:
@@ -13,14 +36,112 @@ class Collector:
 
     def __init__(self, settings: CollectorSettings) -> None:
         self.settings = settings
-        self.started = False
+        data = settings.collector_data_dir
+        self.store = TraceStore(data / "traces.db")
+        self.lake = TraceLake(
+            data / "lake", self.store, segment_max_rows=settings.collector_lake_segment_rows
+        )
+        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-writer")
+        self.redis = connect(settings.redis_url)
+        self.keys = RedisKeys(settings.redis_prefix)
+        self.routes = RouteCache(settings.redis_url, prefix=settings.redis_prefix)
+        self.ingestor = Ingestor(settings, self.store, self.lake, self.routes, self.writer)
+        self.queries = Queries(
+            self.store,
+            redis=self.redis,
+            prefix=settings.redis_prefix,
+            self_url=settings.api_url,
+            token=settings.collector_api_token,
+            fanout_timeout_s=settings.collector_fanout_timeout_ms / 1000,
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+        self._opened = False
+
+    def add_routes(self, app: web.Application) -> None:
+        add_routes(app, self.queries, self.settings.collector_api_token)
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.writer, fn, *args)
 
     async def start(self) -> None:
         self.settings.collector_data_dir.mkdir(parents=True, exist_ok=True)
-        self.started = True
+        await self._run(self.store.open)
+        self._opened = True
+        recovered = await self._run(self.lake.recover)
+        if recovered:
+            log.warning("rewrote lake segments interrupted by a crash", files=len(recovered))
+        await self.routes.start()
+        await self.ingestor.start()
+        await self._register()
+        self._tasks = [
+            asyncio.create_task(self._registration_loop(), name="collector-register"),
+            asyncio.create_task(self._retention_loop(), name="collector-retention"),
+            asyncio.create_task(self._compaction_loop(), name="collector-compaction"),
+        ]
+        log.info(
+            "collector started",
+            api=self.settings.api_url,
+            trace_topics=self.settings.collector_trace_topics,
+        )
 
     async def stop(self) -> None:
-        self.started = False
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        with contextlib.suppress(Exception):
+            await self.redis.zrem(self.keys.collectors, self.settings.api_url)
+        await self.ingestor.stop()  # flushes the lake and commits
+        await self.routes.stop()
+        await self.queries.close()
+        if self._opened:
+            await self._run(self.store.close)
+        self.writer.shutdown(wait=True)
+        await self.redis.aclose()
 
     def health(self) -> dict[str, Any]:
-        return {"ok": self.started, "ingest": "not implemented yet"}
+        ok = self.ingestor.healthy() and all(not t.done() for t in self._tasks)
+        return {
+            "ok": ok,
+            "events_stored": self.ingestor.events_stored,
+            "last_batch_ms": self.ingestor.last_batch_ms,
+            "clusters": sorted(self.ingestor.clusters),
+            "api": self.settings.api_url,
+        }
+
+    async def _register(self) -> None:
+        try:
+            await self.redis.zadd(
+                self.keys.collectors, {self.settings.api_url: int(time.time() * 1000)}
+            )
+        except (RedisError, OSError) as exc:
+            log.warning("collector registration failed", error=repr(exc))
+
+    async def _registration_loop(self) -> None:
+        while True:
+            await asyncio.sleep(REGISTER_INTERVAL_S)
+            await self._register()
+
+    async def _retention_loop(self) -> None:
+        """Delete expired events in small batches, yielding to ingest between batches."""
+        while True:
+            await asyncio.sleep(RETENTION_INTERVAL_S)
+            cutoff = int((time.time() - self.settings.collector_retention_days * 86400) * 1000)
+            while True:
+                deleted = await self._run(self.store.delete_older_than, cutoff)
+                metrics.RETENTION_DELETED.inc(deleted)
+                if not deleted:
+                    break
+                await asyncio.sleep(0)
+
+    async def _compaction_loop(self) -> None:
+        while True:
+            await asyncio.sleep(COMPACT_INTERVAL_S)
+            cutoff = int(time.time() * 1000) - self.settings.collector_compact_after_ms
+            try:
+                merged = await self._run(self.lake.compact, cutoff)
+                if merged:
+                    log.info("lake compacted", hours=merged)
+            except Exception as exc:
+                log.warning("lake compaction failed", error=repr(exc))

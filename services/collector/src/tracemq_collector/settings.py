@@ -3,12 +3,69 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode
+from tracemq.naming import TRACE_TOPIC, validate_topic
 from tracemq.settings import CommonSettings
 
 
 class CollectorSettings(CommonSettings):
     collector_data_dir: Path = Field(
-        Path("./data/collector"), description="Trace store and trace lake directory."
+        Path("./data/collector"), description="Trace store (traces.db) and lake (lake/)."
     )
+    collector_group: str = Field(
+        "tracemq-collector", description="Kafka consumer group shared by all collectors."
+    )
+    collector_trace_topics: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: [TRACE_TOPIC],
+        description="Trace topics to collect (JSON list or comma-separated).",
+    )
+    collector_advertised_url: str | None = Field(
+        None, description="URL other collectors use to reach this API (default http host:port)."
+    )
+    collector_api_token: str | None = Field(
+        None, description="Bearer token required by the API and /metrics (not /healthz)."
+    )
+    collector_retention_days: float = Field(3.0, gt=0, description="Trace store retention.")
+    collector_batch_max_records: int = Field(5000, ge=1, description="Records per ingest batch.")
+    collector_lake_flush_interval_ms: int = Field(
+        5000, ge=100, description="Longest time events wait before they are written to the lake."
+    )
+    collector_lake_segment_rows: int = Field(
+        200_000, ge=1, description="Events that trigger a lake write before the interval."
+    )
+    collector_compact_after_ms: int = Field(
+        3_600_000, ge=0, description="Hours closed this long ago get their small files merged."
+    )
+    collector_fanout_timeout_ms: int = Field(2000, ge=100, description="Peer query time-out.")
+    collector_session_timeout_ms: int = Field(
+        10_000, ge=1000, description="Kafka group session timeout."
+    )
+
+    @field_validator("collector_trace_topics", mode="before")
+    @classmethod
+    def _topics(cls, v: object) -> object:
+        if isinstance(v, str):
+            text = v.strip()
+            if text.startswith("["):
+                import json
+
+                return json.loads(text)
+            return [t.strip() for t in text.split(",") if t.strip()]
+        return v
+
+    @field_validator("collector_trace_topics")
+    @classmethod
+    def _valid(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("at least one trace topic is needed")
+        for t in v:
+            validate_topic(t)
+        return v
+
+    @property
+    def api_url(self) -> str:
+        host = "127.0.0.1" if self.http_host in ("0.0.0.0", "") else self.http_host
+        return self.collector_advertised_url or f"http://{host}:{self.http_port}"

@@ -26,7 +26,9 @@ def dedupe(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     seen: dict[tuple[Any, ...], dict[str, Any]] = {}
     for e in events:
         seen.setdefault(tuple(e.get(k) for k in EVENT_IDENTITY), e)
-    return sorted(seen.values(), key=lambda e: (e["timestamp"], e["trace_offset"], e["trace_index"]))
+    return sorted(
+        seen.values(), key=lambda e: (e["timestamp"], e["trace_offset"], e["trace_index"])
+    )
 
 
 def build_view(msg_id: str, events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -37,47 +39,71 @@ def build_view(msg_id: str, events: list[dict[str, Any]]) -> dict[str, Any]:
     producer = None
     if pub is not None:
         producer = {
-            "group": pub["group_name"], "timestamp": pub["timestamp"],
-            "cost_time": pub["cost_time"], "success": pub["success"],
-            "store_host": pub["store_host"], "msg_type": pub["msg_type"],
+            "group": pub["group_name"],
+            "timestamp": pub["timestamp"],
+            "cost_time": pub["cost_time"],
+            "success": pub["success"],
+            "store_host": pub["store_host"],
+            "msg_type": pub["msg_type"],
             "msg_type_name": _name(MessageType, pub["msg_type"]),
-            "offset_msg_id": pub["offset_msg_id"], "region_id": pub["region_id"],
-            "client_host": pub.get("client_host"), "send_attempts": len(pubs),
+            "offset_msg_id": pub["offset_msg_id"],
+            "region_id": pub["region_id"],
+            "client_host": pub.get("client_host"),
+            "send_attempts": len(pubs),
         }
     transactions = [
-        {"timestamp": e["timestamp"], "group": e["group_name"],
-         "transaction_id": e["transaction_id"], "transaction_state": e["transaction_state"],
-         "from_transaction_check": e["from_transaction_check"], "msg_type": e["msg_type"],
-         "msg_type_name": _name(MessageType, e["msg_type"])}
-        for e in events if e["trace_type"] == "EndTransaction"
+        {
+            "timestamp": e["timestamp"],
+            "group": e["group_name"],
+            "transaction_id": e["transaction_id"],
+            "transaction_state": e["transaction_state"],
+            "from_transaction_check": e["from_transaction_check"],
+            "msg_type": e["msg_type"],
+            "msg_type_name": _name(MessageType, e["msg_type"]),
+        }
+        for e in events
+        if e["trace_type"] == "EndTransaction"
     ]
     groups: dict[str, dict[str, Any]] = {}
-    afters: dict[tuple[str | None, str | None], dict[str, Any]] = {}
+    # Old SubAfter records (6-8 fields) carry no group: pair them by requestId alone.
+    afters: dict[str | None, list[dict[str, Any]]] = {}
     for e in events:
-        if e["trace_type"] == "SubAfter":
-            afters.setdefault((e["group_name"], e["request_id"]), e)
-    used: set[tuple[str | None, str | None]] = set()
+        if e["trace_type"] == "SubAfter" and e["request_id"]:
+            afters.setdefault(e["request_id"], []).append(e)
+    used: set[int] = set()
     for e in events:
         if e["trace_type"] != "SubBefore":
             continue
-        key = (e["group_name"], e["request_id"])
-        after = afters.get(key) if e["request_id"] else None
+        after = next(
+            (
+                a
+                for a in afters.get(e["request_id"], [])
+                if id(a) not in used and a["group_name"] in (None, e["group_name"])
+            ),
+            None,
+        )
         if after is not None:
-            used.add(key)
-        groups.setdefault(e["group_name"] or "", {"group": e["group_name"], "attempts": []})
-        groups[e["group_name"] or ""]["attempts"].append(_attempt(e, after))
-    for key, after in afters.items():
-        if key in used:
-            continue
-        groups.setdefault(after["group_name"] or "", {"group": after["group_name"], "attempts": []})
-        groups[after["group_name"] or ""]["attempts"].append(_attempt(None, after))
+            used.add(id(after))
+        g = groups.setdefault(e["group_name"] or "", {"group": e["group_name"], "attempts": []})
+        g["attempts"].append(_attempt(e, after))
+    for e in events:
+        if e["trace_type"] == "SubAfter" and id(e) not in used:
+            g = groups.setdefault(e["group_name"] or "", {"group": e["group_name"], "attempts": []})
+            g["attempts"].append(_attempt(None, e))
     consumers = []
     for g in sorted(groups.values(), key=lambda g: g["group"] or ""):
-        g["attempts"].sort(key=lambda a: (a["begin"] if a["begin"] is not None else 0,
-                                          a["retry_times"] or 0))
+        g["attempts"].sort(
+            key=lambda a: (a["begin"] if a["begin"] is not None else 0, a["retry_times"] or 0)
+        )
         consumers.append(g)
-    return {"msg_id": msg_id, "topic": topic, "producer": producer, "transactions": transactions,
-            "consumers": consumers, "events": events}
+    return {
+        "msg_id": msg_id,
+        "topic": topic,
+        "producer": producer,
+        "transactions": transactions,
+        "consumers": consumers,
+        "events": events,
+    }
 
 
 def _attempt(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any]:
@@ -87,13 +113,21 @@ def _attempt(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dic
         status = "success" if after["success"] else "failed"
     end = after["timestamp"] if after is not None else None
     cost = after["cost_time"] if after is not None else None
-    begin = before["timestamp"] if before is not None else (end - cost if end is not None and cost is not None else None)
+    begin = (
+        before["timestamp"]
+        if before is not None
+        else (end - cost if end is not None and cost is not None else None)
+    )
     src = before or after or {}
     code = after["context_code"] if after is not None else None
     return {
         "request_id": src.get("request_id"),
         "retry_times": before["retry_times"] if before is not None else None,
-        "begin": begin, "end": end, "cost_time": cost, "status": status,
-        "context_code": code, "context_code_name": _name(ConsumeReturnType, code),
+        "begin": begin,
+        "end": end,
+        "cost_time": cost,
+        "status": status,
+        "context_code": code,
+        "context_code_name": _name(ConsumeReturnType, code),
         "client_host": src.get("client_host"),
     }

@@ -1,0 +1,21 @@
+"""Prometheus metrics of the collector."""
+
+from prometheus_client import Counter, Gauge, Histogram
+
+EVENTS = Counter("tracemq_collector_events_total", "Trace events stored (new, after dedupe)")
+RECORDS = Counter("tracemq_collector_trace_messages_total", "Trace messages read from Kafka")
+DUPLICATES = Counter(
+    "tracemq_collector_duplicate_events_total", "Redelivered events skipped by the dedupe"
+)
+QUARANTINED = Counter(
+    "tracemq_collector_quarantined_total", "Malformed trace records quarantined", ["reason"]
+)
+BATCH_SECONDS = Histogram("tracemq_collector_batch_seconds", "Decode + store time of a batch")
+LAKE_FILES = Counter("tracemq_collector_lake_files_total", "Parquet files written")
+LAKE_ROWS_PENDING = Gauge(
+    "tracemq_collector_lake_pending_events", "Stored events not yet in the lake"
+)
+RETENTION_DELETED = Counter(
+    "tracemq_collector_retention_deleted_total", "Events deleted by retention"
+)
+LAST_INGEST = Gauge("tracemq_collector_last_ingest_timestamp_seconds", "Last batch stored")

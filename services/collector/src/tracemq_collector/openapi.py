@@ -1,0 +1,192 @@
+"""OpenAPI 3.1 description of the collector API (served at /api/v1/openapi.json)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {"error": {"type": "string"}, "parameter": {"type": "string"}},
+}
+_ATTEMPT = {
+    "type": "object",
+    "properties": {
+        "request_id": {"type": ["string", "null"]},
+        "retry_times": {"type": ["integer", "null"]},
+        "begin": {"type": ["integer", "null"], "description": "epoch ms (SubBefore)"},
+        "end": {"type": ["integer", "null"], "description": "epoch ms (SubAfter)"},
+        "cost_time": {"type": ["integer", "null"]},
+        "status": {"enum": ["success", "failed", "unknown"]},
+        "context_code": {"type": ["integer", "null"]},
+        "context_code_name": {"type": ["string", "null"]},
+        "client_host": {"type": ["string", "null"]},
+    },
+}
+_VIEW = {
+    "type": "object",
+    "required": ["msg_id", "topic", "producer", "transactions", "consumers", "events"],
+    "properties": {
+        "msg_id": {"type": "string"},
+        "topic": {"type": ["string", "null"]},
+        "producer": {
+            "type": ["object", "null"],
+            "properties": {
+                "group": {"type": ["string", "null"]},
+                "timestamp": {"type": "integer"},
+                "cost_time": {"type": "integer"},
+                "success": {"type": "boolean"},
+                "store_host": {"type": ["string", "null"]},
+                "msg_type": {"type": ["integer", "null"]},
+                "msg_type_name": {"type": ["string", "null"]},
+                "offset_msg_id": {"type": ["string", "null"]},
+                "region_id": {"type": ["string", "null"]},
+            },
+        },
+        "transactions": {"type": "array", "items": {"type": "object"}},
+        "consumers": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "group": {"type": ["string", "null"]},
+                    "attempts": {"type": "array", "items": _ATTEMPT},
+                },
+            },
+        },
+        "events": {"type": "array", "items": {"type": "object", "description": "a trace lake row"}},
+    },
+}
+_LIST = {
+    "type": "object",
+    "required": ["items", "next_cursor"],
+    "properties": {
+        "items": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "msg_id": {"type": "string"},
+                    "topic": {"type": ["string", "null"]},
+                    "timestamp": {"type": "integer"},
+                    "keys": {"type": ["string", "null"]},
+                    "tags": {"type": ["string", "null"]},
+                },
+            },
+        },
+        "next_cursor": {"type": ["string", "null"]},
+    },
+}
+
+
+def _p(
+    name: str, desc: str, *, required: bool = False, schema: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": required,
+        "description": desc,
+        "schema": schema or {"type": "string"},
+    }
+
+
+_TIME = {"oneOf": [{"type": "integer"}, {"type": "string", "format": "date-time"}]}
+_PAGING = [
+    _p("begin", "from (epoch ms or ISO 8601)", schema=_TIME),
+    _p("end", "to (epoch ms or ISO 8601)", schema=_TIME),
+    _p(
+        "limit",
+        "1..1000 (default 50) per collector",
+        schema={"type": "integer", "minimum": 1, "maximum": 1000},
+    ),
+    _p("cursor", "next_cursor of the previous page"),
+    _p("local", "1: this collector only (no fan-out)"),
+]
+
+
+def _responses(ok: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "200": {"description": "OK", "content": {"application/json": {"schema": ok}}},
+        "400": {
+            "description": "bad parameter",
+            "content": {"application/json": {"schema": _ERROR}},
+        },
+        "401": {"description": "bearer token missing or wrong"},
+    }
+
+
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {
+        "title": "tracemq collector API",
+        "version": "1.0.0",
+        "description": "Message track trace look-ups (RocketMQ trace format).",
+    },
+    "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+    "security": [{"bearer": []}, {}],
+    "paths": {
+        "/api/v1/traces/{msg_id}": {
+            "get": {
+                "summary": "The trace view of one message",
+                "parameters": [
+                    {
+                        "name": "msg_id",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "string", "pattern": "^[0-9A-Za-z_.:-]{1,128}$"},
+                    },
+                    _p("local", "1: this collector only"),
+                ],
+                "responses": {
+                    **_responses(_VIEW),
+                    "404": {
+                        "description": "nothing known about this message",
+                        "content": {"application/json": {"schema": _ERROR}},
+                    },
+                },
+            }
+        },
+        "/api/v1/traces": {
+            "get": {
+                "summary": "Messages carrying a business key (newest first)",
+                "parameters": [
+                    _p("key", "business key", required=True),
+                    _p("topic", "only this topic"),
+                    *_PAGING,
+                ],
+                "responses": _responses(_LIST),
+            }
+        },
+        "/api/v1/messages": {
+            "get": {
+                "summary": "Messages sent to a topic in a time range (newest first)",
+                "parameters": [_p("topic", "topic", required=True), *_PAGING],
+                "responses": _responses(_LIST),
+            }
+        },
+        "/api/v1/quarantine": {
+            "get": {
+                "summary": "Trace records that could not be decoded",
+                "parameters": [_p("limit", "1..1000", schema={"type": "integer"})],
+                "responses": _responses({"type": "object"}),
+            }
+        },
+        "/healthz": {
+            "get": {
+                "summary": "health (no token needed)",
+                "security": [],
+                "responses": {
+                    "200": {"description": "healthy"},
+                    "503": {"description": "unhealthy"},
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics",
+                "responses": {"200": {"description": "text exposition"}},
+            }
+        },
+    },
+}

@@ -1,0 +1,105 @@
+"""The viewer page served by the real collector, showing a message traced end to end by the
+client library on the embedded stack (a failing first attempt, then a retry)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from tracemq import ConsumeConcurrentlyStatus, ConsumeFromWhere, Message, Producer, PushConsumer
+from tracemq.admin import AdminClient
+from tracemq.devstack import EmbeddedStack
+from tracemq.devstack.process import ManagedProcess
+
+from tests.support.browser import BrowserSession, chromium, save_screenshot
+from tests.support.waiting import eventually
+
+pytestmark = [pytest.mark.browser, pytest.mark.stack]
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[BrowserSession]:
+    async with chromium() as session:
+        yield session
+
+
+def _get(url: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
+
+
+@pytest.mark.timeout(180)
+async def test_real_trace_in_the_browser(
+    stack: EmbeddedStack, collector: ManagedProcess, browser: BrowserSession, unique: str
+) -> None:
+    topic = f"Live_{unique}"
+    async with AdminClient(stack.business_bootstrap, stack.redis_url) as admin:
+        await admin.create_topic("broker-a", topic, read_queues=1, write_queues=1)
+    env = {"redis_url": stack.redis_url, "control_bootstrap": stack.business_bootstrap}
+    attempts: list[int] = []
+
+    async def listener(msgs: Any, ctx: Any) -> ConsumeConcurrentlyStatus:
+        attempts.append(msgs[0].reconsume_times)
+        if msgs[0].reconsume_times == 0:
+            return ConsumeConcurrentlyStatus.RECONSUME_LATER
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    group = f"billing_{unique}"
+    consumer = PushConsumer(
+        group,
+        consume_from=ConsumeFromWhere.FIRST_OFFSET,
+        enable_msg_trace=True,
+        in_process_retry_delay_ms=200,
+        **env,
+    )
+    consumer.subscribe(topic)
+    consumer.register_message_listener(listener)
+    await consumer.start()
+    try:
+        async with Producer(f"orders_{unique}", enable_msg_trace=True, **env) as producer:
+            msg_id = (
+                await producer.send(
+                    Message(topic, b"order paid", tags="Paid", keys=[f"order-{unique}"])
+                )
+            ).msg_id
+        await eventually(lambda: _true(attempts == [0, 1]), timeout=30, what="retry done")
+    finally:
+        await consumer.shutdown()
+    base = f"http://127.0.0.1:{collector.env['TRACEMQ_HTTP_PORT']}"
+
+    async def complete() -> bool:
+        status, view = await asyncio.to_thread(_get, f"{base}/api/v1/traces/{msg_id}")
+        return (
+            status == 200
+            and len(view["consumers"]) == 1
+            and len(view["consumers"][0]["attempts"]) == 2
+            and all(a["status"] != "unknown" for a in view["consumers"][0]["attempts"])
+        )
+
+    await eventually(complete, timeout=20, what="complete trace in the collector")
+    page = browser.page
+    await page.goto(f"{base}/?msgId={msg_id}")
+    await page.wait_for_selector("body[data-state='trace']", timeout=15_000)
+    bars = page.locator("[data-testid='bar'][data-kind='attempt']")
+    assert await bars.count() == 2
+    statuses = [await bars.nth(i).get_attribute("data-status") for i in range(2)]
+    retries = [await bars.nth(i).get_attribute("data-retry") for i in range(2)]
+    assert sorted(zip(retries, statuses, strict=True)) == [("0", "failed"), ("1", "success")]
+    assert await page.locator(f"[data-row='consumer:{group}']").count() >= 1
+    producer_bar = page.locator("[data-testid='bar'][data-row='producer']")
+    assert await producer_bar.get_attribute("data-status") == "success"
+    rows = page.locator("[data-testid='event-row']")
+    assert await rows.count() == 5  # Pub + 2 × (SubBefore, SubAfter)
+    await save_screenshot(page, "viewer-live")
+    browser.assert_no_page_errors()
+
+
+async def _true(v: bool) -> bool:
+    return v

@@ -1,0 +1,416 @@
+"""Collector events: a trace message's bytes → lake rows and quarantine rows, never raising."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tracemq import lake_schema
+from tracemq.message_id import encode_offset_msg_id
+from tracemq.trace import (
+    MessageType,
+    TraceBean,
+    TraceContext,
+    TraceType,
+    TransactionState,
+    encode_many,
+)
+from tracemq_collector.events import (
+    EMPTY_MESSAGE,
+    EXTRA_KEYS,
+    MAX_FIELD_CHARS,
+    MAX_RAW_BYTES,
+    QUARANTINE_KEYS,
+    event_from_stored,
+    hour_partition,
+    rows_from_record,
+)
+
+S = "\x01"
+E = "\x02"
+TOPIC = "RMQ_SYS_TRACE_TOPIC"
+TS = 1_704_164_645_123  # 2024-01-02T03:04:05.123Z
+INGEST = 1_704_200_000_000  # 2024-01-02T12:53:20Z
+MSG_ID = "0A0000010F2C1A2B3C4D000012340001"
+OFFSET_ID = encode_offset_msg_id("10.0.0.9:10911", 3, 42)
+ROW_KEYS = {*lake_schema.COLUMN_NAMES, *EXTRA_KEYS}
+
+
+def record(*fields: str) -> str:
+    return S.join(fields) + E
+
+
+def pub(
+    *, ts: int = TS, msg_id: str = MSG_ID, keys: str = "order-1 user-9", success: str = "true"
+) -> str:
+    return record(
+        "Pub",
+        str(ts),
+        "DefaultRegion",
+        "pg",
+        "orders",
+        msg_id,
+        "TagA",
+        keys,
+        "10.0.0.9:10911",
+        "512",
+        "7",
+        "0",
+        OFFSET_ID,
+        success,
+    )
+
+
+def sub_before(*, ts: int = TS + 10) -> str:
+    return record("SubBefore", str(ts), "DefaultRegion", "cg", "req-1", MSG_ID, "2", "order-1")
+
+
+def sub_after(*, ts: int = TS + 20) -> str:
+    return record("SubAfter", "req-1", MSG_ID, "9", "false", "order-1", "2", str(ts), "cg")
+
+
+def decode(text: str | bytes, offset: int = 7) -> tuple[list[dict], list[dict]]:
+    value = text.encode() if isinstance(text, str) else text
+    return rows_from_record(TOPIC, 2, offset, value, INGEST)
+
+
+# ------------------------------------------------------------------------ good records
+
+
+def test_pub_row_has_every_lake_column_and_its_partition() -> None:
+    events, quarantine = decode(pub())
+    assert quarantine == []
+    [row] = events
+    assert set(row) == ROW_KEYS
+    assert row == {
+        "trace_type": "Pub",
+        "timestamp": TS,
+        "region_id": "DefaultRegion",
+        "group_name": "pg",
+        "request_id": None,
+        "cost_time": 7,
+        "success": True,
+        "context_code": 0,
+        "topic": "orders",
+        "msg_id": MSG_ID,
+        "offset_msg_id": OFFSET_ID,
+        "tags": "TagA",
+        "keys": "order-1 user-9",
+        "store_host": "10.0.0.9:10911",
+        "client_host": None,
+        "store_time": 0,
+        "retry_times": 0,
+        "body_length": 512,
+        "msg_type": 0,
+        "transaction_id": None,
+        "transaction_state": None,
+        "from_transaction_check": False,
+        "trace_topic": TOPIC,
+        "trace_partition": 2,
+        "trace_offset": 7,
+        "trace_index": 0,
+        "ingest_ts": INGEST,
+        "store_addr": "10.0.0.9:10911",
+        "queue_id": 3,
+        "queue_offset": 42,
+        "schema_version": lake_schema.SCHEMA_VERSION,
+        "date": "2024-01-02",
+        "hour": 3,
+        "record": pub()[:-1],
+    }
+
+
+def test_rows_from_the_codec_keep_record_order_and_types() -> None:
+    bean = TraceBean(
+        topic="orders",
+        msg_id=MSG_ID,
+        tags="TagA",
+        keys="k1",
+        store_host="10.0.0.9:10911",
+        msg_type=MessageType.Trans_msg_Commit,
+        transaction_id="tx-1",
+        transaction_state=TransactionState.ROLLBACK_MESSAGE,
+        from_transaction_check=True,
+    )
+    body = encode_many(
+        [
+            TraceContext(TraceType.SubBefore, timestamp=TS, request_id="r", trace_beans=[bean]),
+            TraceContext(
+                TraceType.SubAfter,
+                timestamp=TS + 5,
+                request_id="r",
+                context_code=4,
+                success=False,
+                trace_beans=[bean],
+            ),
+            TraceContext(TraceType.EndTransaction, timestamp=TS + 6, trace_beans=[bean]),
+            TraceContext(TraceType.Recall, timestamp=TS + 7, success=False, trace_beans=[bean]),
+        ]
+    ).data
+    events, quarantine = decode(body)
+    assert quarantine == []
+    assert [(r["trace_type"], r["trace_index"]) for r in events] == [
+        ("SubBefore", 0),
+        ("SubAfter", 1),
+        ("EndTransaction", 2),
+        ("Recall", 3),
+    ]
+    after, end_tx, recall = events[1], events[2], events[3]
+    assert (after["context_code"], after["success"], after["timestamp"]) == (4, False, TS + 5)
+    assert end_tx["msg_type"] == 2 and type(end_tx["msg_type"]) is int
+    assert end_tx["transaction_state"] == "ROLLBACK_MESSAGE"
+    assert type(end_tx["transaction_state"]) is str
+    assert end_tx["from_transaction_check"] is True and end_tx["transaction_id"] == "tx-1"
+    assert recall["success"] is False and recall["msg_type"] is None
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # Pub, 12 fields: oldest clients, success defaults to true, no offsetMsgId.
+        (
+            record("Pub", str(TS), "r", "g", "t", MSG_ID, "tag", "k", "h:1", "1", "2", "3"),
+            {"success": True, "offset_msg_id": None, "msg_type": 3, "store_addr": None},
+        ),
+        # 13: field 13 is success.
+        (
+            record(
+                "Pub", str(TS), "r", "g", "t", MSG_ID, "tag", "k", "h:1", "1", "2", "0", "false"
+            ),
+            {"success": False, "offset_msg_id": None},
+        ),
+        # 14: offsetMsgId then success.
+        (pub(), {"success": True, "offset_msg_id": OFFSET_ID, "queue_id": 3}),
+        # 15+: the old clientHost.
+        (
+            pub()[:-1] + S + "10.1.1.1" + E,
+            {"client_host": "10.1.1.1", "offset_msg_id": OFFSET_ID},
+        ),
+        # SubBefore, 7 fields: an empty keys vanished in the split.
+        (
+            record("SubBefore", str(TS), "r", "g", "req", MSG_ID, "1"),
+            {"keys": None, "retry_times": 1, "request_id": "req"},
+        ),
+        # 8: the normal SubBefore.
+        (sub_before(), {"keys": "order-1", "retry_times": 2}),
+        # 9: old clientHost.
+        (sub_before()[:-1] + S + "10.2.2.2" + E, {"client_host": "10.2.2.2"}),
+        # SubAfter, 6 fields: no contextCode and no timestamp: the ingest time stands in.
+        (
+            record("SubAfter", "req", MSG_ID, "5", "true", "k"),
+            {"timestamp": INGEST, "context_code": 0, "group_name": None, "hour": 12},
+        ),
+        # 7: contextCode, still no timestamp.
+        (
+            record("SubAfter", "req", MSG_ID, "5", "true", "k", "1"),
+            {"timestamp": INGEST, "context_code": 1},
+        ),
+        # 8: a 9-field record whose empty group vanished.
+        (
+            record("SubAfter", "req", MSG_ID, "5", "true", "k", "0", str(TS)),
+            {"timestamp": TS, "group_name": None},
+        ),
+        # 9: the full SubAfter.
+        (sub_after(), {"timestamp": TS + 20, "group_name": "cg", "success": False}),
+        (
+            record(
+                "EndTransaction",
+                str(TS),
+                "r",
+                "g",
+                "t",
+                MSG_ID,
+                "tag",
+                "k",
+                "h:1",
+                "1",
+                "tx",
+                "COMMIT_MESSAGE",
+                "false",
+            ),
+            {"transaction_state": "COMMIT_MESSAGE", "msg_type": 1},
+        ),
+        (record("Recall", str(TS), "r", "g", "t", MSG_ID, "true"), {"success": True}),
+    ],
+)
+def test_every_historical_field_count_decodes(text: str, expected: dict) -> None:
+    events, quarantine = decode(text)
+    assert quarantine == []
+    [row] = events
+    assert {k: row[k] for k in expected} == expected
+
+
+def test_null_fields_become_none() -> None:
+    text = record(
+        "Pub",
+        str(TS),
+        "null",
+        "null",
+        "null",
+        "null",
+        "null",
+        "null",
+        "null",
+        "1",
+        "2",
+        "0",
+        "null",
+        "true",
+    )
+    [row], _ = decode(text)
+    for column in ("region_id", "group_name", "topic", "msg_id", "tags", "keys", "store_host"):
+        assert row[column] is None, column
+    assert (row["offset_msg_id"], row["store_addr"], row["queue_id"]) == (None, None, None)
+
+
+def test_an_offset_msg_id_that_does_not_decode_keeps_its_text_without_coordinates() -> None:
+    text = pub().replace(OFFSET_ID, "not-an-offset-msg-id")
+    [row], _ = decode(text)
+    assert row["offset_msg_id"] == "not-an-offset-msg-id"
+    assert (row["store_addr"], row["queue_id"], row["queue_offset"]) == (None, None, None)
+
+
+def test_partition_is_the_utc_date_and_hour() -> None:
+    assert hour_partition(0) == ("1970-01-01", 0)
+    assert hour_partition(TS) == ("2024-01-02", 3)
+    moment = datetime(2031, 12, 31, 23, 59, 59, 999_000, tzinfo=UTC)
+    assert hour_partition(int(moment.timestamp() * 1000)) == ("2031-12-31", 23)
+    with pytest.raises(ValueError):
+        hour_partition(-1)
+
+
+def test_a_stored_record_decodes_back_to_the_same_row() -> None:
+    events, _ = decode(pub() + sub_after())
+    for row in events:
+        again = event_from_stored(row["record"], TOPIC, 2, 7, row["trace_index"], row["ingest_ts"])
+        assert again == row
+    with pytest.raises(ValueError, match="no longer decodes"):
+        event_from_stored("Pub" + S + "x", TOPIC, 2, 7, 0, INGEST)
+
+
+# ------------------------------------------------------------------------- bad records
+
+
+def test_invalid_utf8_in_the_middle_record_quarantines_it_alone() -> None:
+    middle = (
+        b"SubBefore\x01" + str(TS).encode() + b"\x01r\x01g\xff\xfe\x01req\x01" + MSG_ID.encode()
+    )
+    value = pub().encode() + middle + b"\x02" + sub_after().encode()
+    events, quarantine = decode(value)
+    assert [(r["trace_type"], r["trace_index"]) for r in events] == [("Pub", 0), ("SubAfter", 2)]
+    [bad] = quarantine
+    assert set(bad) == set(QUARANTINE_KEYS)
+    assert (bad["trace_index"], bad["raw"]) == (1, middle)
+    assert bad["reason"].startswith("invalid UTF-8")
+    assert (bad["trace_topic"], bad["trace_partition"], bad["trace_offset"]) == (TOPIC, 2, 7)
+    assert bad["ingest_ts"] == INGEST
+
+
+def test_malformed_and_truncated_records_are_quarantined_with_the_codec_reason() -> None:
+    truncated = pub()[:40]  # cut inside the record, no separator after it
+    value = pub() + record("Pub", str(TS), "r") + sub_before() + truncated
+    events, quarantine = decode(value)
+    assert [r["trace_index"] for r in events] == [0, 2]
+    assert [q["trace_index"] for q in quarantine] == [1, 3]
+    assert all(q["reason"].startswith("malformed record: ") for q in quarantine)
+    assert "at least 12 are required" in quarantine[0]["reason"]
+    assert quarantine[1]["raw"] == truncated.encode()
+
+
+def test_a_bad_number_is_malformed() -> None:
+    _, [bad] = decode(pub().replace(str(TS), "12x4"))
+    assert bad["reason"].startswith("malformed record: field 'timestamp'")
+
+
+def test_unknown_trace_type_is_quarantined() -> None:
+    events, [bad] = decode(pub() + record("Teleport", "1", "2"))
+    assert len(events) == 1
+    assert bad["reason"] == "unknown trace type 'Teleport'"
+    assert bad["trace_index"] == 1
+
+
+def test_a_huge_field_is_quarantined_and_its_raw_bytes_are_cut() -> None:
+    huge = "x" * (10 * 1024 * 1024)
+    value = pub() + pub(keys=huge) + sub_after()
+    events, [bad] = decode(value)
+    assert [r["trace_index"] for r in events] == [0, 2]
+    assert bad["trace_index"] == 1
+    assert f"is {len(huge)} characters long (limit {MAX_FIELD_CHARS})" in bad["reason"]
+    assert "raw cut to" in bad["reason"]
+    assert len(bad["raw"]) == MAX_RAW_BYTES
+    assert bad["raw"] == pub(keys=huge).encode()[:MAX_RAW_BYTES]
+
+
+def test_a_field_at_the_limit_is_kept() -> None:
+    [row], quarantine = decode(pub(keys="k" * MAX_FIELD_CHARS))
+    assert quarantine == [] and len(row["keys"]) == MAX_FIELD_CHARS
+
+
+@pytest.mark.parametrize("timestamp", ["-5", str(2**62)])
+def test_a_timestamp_no_partition_can_hold_is_quarantined(timestamp: str) -> None:
+    _, [bad] = decode(pub().replace(str(TS), timestamp))
+    assert "outside 1970..9999" in bad["reason"]
+
+
+@pytest.mark.parametrize("value", [None, b""])
+def test_an_empty_message_is_quarantined_whole(value: bytes | None) -> None:
+    events, [bad] = rows_from_record(TOPIC, 0, 5, value, INGEST)
+    assert events == []
+    assert (bad["trace_index"], bad["reason"], bad["raw"]) == (0, EMPTY_MESSAGE, b"")
+
+
+def test_a_message_of_separators_only_is_an_empty_message() -> None:
+    events, [bad] = decode(b"\x01\x02\x02")
+    assert events == []
+    assert (bad["reason"], bad["raw"]) == (EMPTY_MESSAGE, b"\x01\x02\x02")
+
+
+def test_an_empty_record_in_the_middle_keeps_the_indexes_of_the_others() -> None:
+    events, quarantine = decode(pub() + E + sub_after())
+    assert quarantine == []
+    assert [r["trace_index"] for r in events] == [0, 2]
+
+
+# -------------------------------------------------------------------------- robustness
+
+
+def _check_shape(events: list[dict], quarantine: list[dict]) -> None:
+    indexes = [r["trace_index"] for r in events] + [q["trace_index"] for q in quarantine]
+    assert len(indexes) == len(set(indexes)), "an index was used twice"
+    assert events or quarantine, "a message must leave a trace"
+    for row in events:
+        assert set(row) == ROW_KEYS
+        assert 0 <= row["timestamp"] and row["hour"] in range(24)
+    for bad in quarantine:
+        assert set(bad) == set(QUARANTINE_KEYS)
+        assert isinstance(bad["raw"], bytes) and len(bad["raw"]) <= MAX_RAW_BYTES
+
+
+@given(st.binary(max_size=2048))
+@settings(max_examples=400, deadline=None)
+def test_any_bytes_never_raise(value: bytes) -> None:
+    _check_shape(*decode(value))
+
+
+@given(
+    st.lists(st.sampled_from([pub(), sub_before(), sub_after()]), min_size=1, max_size=6), st.data()
+)
+@settings(max_examples=200, deadline=None)
+def test_a_message_cut_anywhere_keeps_every_whole_record_before_the_cut(
+    records: list[str], data: st.DataObject
+) -> None:
+    value = "".join(records).encode()
+    cut = data.draw(st.integers(min_value=1, max_value=len(value)))
+    events, quarantine = decode(value[:cut])
+    _check_shape(events, quarantine)
+    whole = value[:cut].count(b"\x02")
+    assert [r["trace_index"] for r in events][:whole] == list(range(whole))
+
+
+@given(st.lists(st.text(alphabet=st.characters(codec="utf-8"), max_size=30), max_size=16))
+@settings(max_examples=300, deadline=None)
+def test_any_text_fields_never_raise(fields: list[str]) -> None:
+    for kind in ("Pub", "SubBefore", "SubAfter", "EndTransaction", "Recall"):
+        _check_shape(*decode(S.join([kind, *fields]).encode() + b"\x02"))

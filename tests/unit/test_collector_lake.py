@@ -1,0 +1,414 @@
+"""Trace lake: real Parquet files in tmp_path; exactly once across crashes, layout, compaction."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from tracemq import lake_schema
+from tracemq.trace import MessageType, TraceBean, TraceContext, TraceType, encode_many
+from tracemq_collector.events import rows_from_record
+from tracemq_collector.lake import COMPACTED_FROM_KEY, SORT_KEYS, TraceLake
+from tracemq_collector.store import TraceStore
+
+TOPIC = "RMQ_SYS_TRACE_TOPIC"
+HOUR = 3_600_000
+T0 = 1_704_067_200_000  # 2024-01-01T00:00:00Z
+INGEST = T0 + 30 * 86_400_000
+LATER = T0 + 100 * HOUR  # every test hour has ended by then
+
+
+def contexts(n: int, ts: int) -> list[TraceContext]:
+    bean = TraceBean(
+        topic="orders",
+        msg_id=f"0A00000100640000000A{n:012X}",
+        tags="t",
+        keys=f"order-{n}",
+        store_host="10.0.0.9:10911",
+        msg_type=MessageType.Normal_Msg,
+    )
+    return [
+        TraceContext(TraceType.Pub, timestamp=ts, trace_beans=[bean]),
+        TraceContext(TraceType.SubBefore, timestamp=ts + 1, request_id=f"r{n}", trace_beans=[bean]),
+    ]
+
+
+class Ingest:
+    """Writes trace messages to the store the way the collector's ingest loop does."""
+
+    def __init__(self, store: TraceStore, partition: int = 0) -> None:
+        self.store = store
+        self.partition = partition
+        self.offset = 0
+        self.batches: list[tuple[list[dict[str, Any]], list[dict[str, Any]], dict[Any, int]]] = []
+
+    def messages(self, *timestamps: int) -> None:
+        """One trace message (two events) per timestamp, written as one batch."""
+        rows: list[dict[str, Any]] = []
+        quarantine: list[dict[str, Any]] = []
+        for ts in timestamps:
+            value = encode_many(contexts(self.offset, ts)).data.encode()
+            r, q = rows_from_record(TOPIC, self.partition, self.offset, value, INGEST)
+            rows += r
+            quarantine += q
+            self.offset += 1
+        self.write(rows, quarantine)
+
+    def garbage(self, count: int) -> None:
+        quarantine: list[dict[str, Any]] = []
+        for _ in range(count):
+            quarantine += rows_from_record(TOPIC, self.partition, self.offset, b"\xff\x02", INGEST)[
+                1
+            ]
+            self.offset += 1
+        self.write([], quarantine)
+
+    def write(self, rows: list[dict[str, Any]], quarantine: list[dict[str, Any]]) -> None:
+        batch = (rows, quarantine, {(TOPIC, self.partition): self.offset})
+        self.batches.append(batch)
+        self.store.write_batch(*batch)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[TraceStore]:
+    with TraceStore(tmp_path / "traces.db") as s:
+        yield s
+
+
+@pytest.fixture
+def lake(tmp_path: Path, store: TraceStore) -> TraceLake:
+    return TraceLake(tmp_path / "lake", store)
+
+
+def coordinates(lake: TraceLake) -> Counter[tuple[str, int, int, int]]:
+    table = lake.read_all()
+    return Counter(
+        zip(
+            table["trace_topic"].to_pylist(),
+            table["trace_partition"].to_pylist(),
+            table["trace_offset"].to_pylist(),
+            table["trace_index"].to_pylist(),
+            strict=True,
+        )
+    )
+
+
+def stored_rows(store: TraceStore) -> list[dict[str, Any]]:
+    return store.events_in_range(TOPIC, 0, 0, 1 << 40)
+
+
+def lake_rows(lake: TraceLake) -> list[dict[str, Any]]:
+    rows = lake.read_all().to_pylist()
+    return sorted(rows, key=lambda r: tuple(r[k] for k in SORT_KEYS))
+
+
+# ------------------------------------------------------------------------------ flushing
+
+
+def test_flush_writes_every_event_once_into_its_date_and_hour(
+    store: TraceStore, lake: TraceLake
+) -> None:
+    ingest = Ingest(store)
+    ingest.messages(T0 + 5, T0 + HOUR + 5, T0 + 25 * HOUR + 5)
+    files = lake.flush(TOPIC, 0)
+    relative = sorted(str(p.relative_to(lake.root)) for p in files)
+    name = f"part-{TOPIC}-00000-{0:020d}-{3:020d}.parquet"
+    assert relative == [
+        f"date=2024-01-01/hour=00/{name}",
+        f"date=2024-01-01/hour=01/{name}",
+        f"date=2024-01-02/hour=01/{name}",
+    ]
+    assert lake_rows(lake) == stored_rows(store)
+    assert store.lake_progress() == {(TOPIC, 0): 3}
+    assert store.pending_lake_segments() == []
+    assert lake.flush(TOPIC, 0) == []  # nothing new
+
+
+def test_files_carry_the_lake_schema_and_its_version_but_no_partition_columns(
+    store: TraceStore, lake: TraceLake
+) -> None:
+    Ingest(store).messages(T0)
+    [path] = lake.flush(TOPIC, 0)
+    schema = pq.read_schema(path)
+    assert schema.names == lake_schema.COLUMN_NAMES
+    assert schema.equals(lake_schema.SCHEMA)
+    assert schema.metadata[lake_schema.METADATA_KEY] == str(lake_schema.SCHEMA_VERSION).encode()
+    assert not any(p.name.startswith(".") for p in path.parent.iterdir())
+
+
+def test_flush_continues_where_it_stopped(store: TraceStore, lake: TraceLake) -> None:
+    ingest = Ingest(store)
+    ingest.messages(T0, T0 + 1)
+    lake.flush(TOPIC, 0)
+    ingest.messages(T0 + 2)
+    [path] = lake.flush(TOPIC, 0)
+    assert path.name == f"part-{TOPIC}-00000-{2:020d}-{3:020d}.parquet"
+    assert sum(coordinates(lake).values()) == 6
+    assert set(coordinates(lake).values()) == {1}
+
+
+def test_long_ranges_are_cut_into_segments_between_messages(
+    store: TraceStore, tmp_path: Path
+) -> None:
+    lake = TraceLake(tmp_path / "lake", store, segment_max_rows=5)
+    Ingest(store).messages(*(T0 + i for i in range(6)))  # 12 events, 2 per message
+    files = lake.flush(TOPIC, 0)
+    ranges = [tuple(int(x) for x in p.stem.split("-")[-2:]) for p in files]
+    assert ranges == [(0, 2), (2, 4), (4, 6)]
+    assert all(pq.read_metadata(p).num_rows <= 5 for p in files)
+    assert lake_rows(lake) == stored_rows(store)
+
+
+def test_a_range_with_only_quarantined_records_still_moves_the_lake(
+    store: TraceStore, lake: TraceLake
+) -> None:
+    ingest = Ingest(store)
+    ingest.messages(T0)
+    lake.flush(TOPIC, 0)
+    ingest.garbage(3)
+    assert lake.flush(TOPIC, 0) == []
+    assert store.lake_progress() == {(TOPIC, 0): 4}
+
+
+def test_replaying_a_store_batch_puts_no_duplicate_in_the_lake(
+    store: TraceStore, lake: TraceLake
+) -> None:
+    ingest = Ingest(store)
+    ingest.messages(T0, T0 + HOUR)
+    lake.flush(TOPIC, 0)
+    ingest.messages(T0 + 2)
+    for batch in ingest.batches:  # the ingest loop restarted from an older offset
+        store.write_batch(*batch)
+    lake.flush(TOPIC, 0)
+    counts = coordinates(lake)
+    assert sum(counts.values()) == 6 and set(counts.values()) == {1}
+
+
+def test_flush_all_covers_every_partition(store: TraceStore, lake: TraceLake) -> None:
+    Ingest(store, partition=0).messages(T0)
+    Ingest(store, partition=3).messages(T0 + 1)
+    files = lake.flush_all()
+    assert sorted(p.name.split("-")[-3] for p in files) == ["00000", "00003"]
+    assert store.lake_progress() == {(TOPIC, 0): 1, (TOPIC, 3): 1}
+
+
+def test_a_trace_topic_that_cannot_name_a_file_is_refused(lake: TraceLake) -> None:
+    for bad in ("", "a/b", ".hidden"):
+        with pytest.raises(ValueError, match="cannot name a lake file"):
+            lake.flush(bad, 0)
+
+
+# ---------------------------------------------------------------------- crash recovery
+
+
+class Crash(Exception):
+    pass
+
+
+def crash_before_finish(monkeypatch: pytest.MonkeyPatch, store: TraceStore) -> None:
+    def finish(*args: object) -> None:
+        raise Crash
+
+    monkeypatch.setattr(store, "finish_lake_segment", finish)
+
+
+def test_a_crash_after_writing_files_is_recovered_exactly_once(
+    store: TraceStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ingest = Ingest(store)
+    ingest.messages(T0, T0 + HOUR, T0 + 2 * HOUR)
+    lake = TraceLake(tmp_path / "lake", store)
+    with monkeypatch.context() as patch:
+        crash_before_finish(patch, store)
+        with pytest.raises(Crash):
+            lake.flush(TOPIC, 0)
+    written = sorted(lake.files())
+    assert len(written) == 3  # the files exist, the lake progress does not say so
+    assert store.lake_progress() == {}
+    assert store.pending_lake_segments() == [(TOPIC, 0, 0, 3)]
+
+    ingest.messages(T0 + 10)  # the store moved on while the collector was down
+    restarted = TraceLake(tmp_path / "lake", store)
+    redone = restarted.recover()
+    assert sorted(redone) == written  # the same names: overwritten, not added
+    assert store.pending_lake_segments() == []
+    assert store.lake_progress() == {(TOPIC, 0): 3}
+    restarted.flush(TOPIC, 0)
+    counts = coordinates(restarted)
+    assert sum(counts.values()) == 8 and set(counts.values()) == {1}
+    assert lake_rows(restarted) == stored_rows(store)
+
+
+def test_flush_redoes_its_partitions_pending_segment_first(
+    store: TraceStore, lake: TraceLake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ingest = Ingest(store)
+    ingest.messages(T0, T0 + 1)
+    with monkeypatch.context() as patch:
+        crash_before_finish(patch, store)
+        with pytest.raises(Crash):
+            lake.flush(TOPIC, 0)
+    ingest.messages(T0 + 2)
+    files = lake.flush(TOPIC, 0)  # no recover() call
+    assert [p.name for p in files] == [
+        f"part-{TOPIC}-00000-{0:020d}-{2:020d}.parquet",
+        f"part-{TOPIC}-00000-{2:020d}-{3:020d}.parquet",
+    ]
+    counts = coordinates(lake)
+    assert sum(counts.values()) == 6 and set(counts.values()) == {1}
+
+
+def test_a_crash_while_writing_a_file_leaves_only_a_hidden_temporary(
+    store: TraceStore, lake: TraceLake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    Ingest(store).messages(T0)
+
+    def torn_write(table: object, where: Any, **kwargs: object) -> None:
+        where.write(b"PAR1 torn")
+        raise Crash
+
+    with monkeypatch.context() as patch:
+        patch.setattr(pq, "write_table", torn_write)
+        with pytest.raises(Crash):
+            lake.flush(TOPIC, 0)
+    hour_dir = lake.root / "date=2024-01-01" / "hour=00"
+    assert list(hour_dir.iterdir()) == []  # the temporary was removed on the way out
+    (hour_dir / ".tmp-left-by-a-kill-9.parquet").write_bytes(b"PAR1 torn")
+    assert lake.files() == []
+    lake.recover()
+    assert [p.name for p in hour_dir.iterdir()] == [f"part-{TOPIC}-00000-{0:020d}-{1:020d}.parquet"]
+    assert len(lake.read_all()) == 2
+
+
+# -------------------------------------------------------------------------- compaction
+
+
+def test_compaction_leaves_one_file_per_closed_hour_with_the_same_rows(
+    store: TraceStore, lake: TraceLake
+) -> None:
+    ingest = Ingest(store)
+    for i in range(3):  # three flushes: three part files in hours 0 and 1
+        ingest.messages(T0 + i, T0 + HOUR + i)
+        lake.flush(TOPIC, 0)
+    ingest.messages(T0 + 2 * HOUR, T0 + 2 * HOUR + 1)  # hour 2, still open at the cutoff
+    lake.flush(TOPIC, 0)
+    ingest.messages(T0 + 2 * HOUR + 2)
+    lake.flush(TOPIC, 0)
+    before = lake_rows(lake)
+
+    assert lake.compact(T0 + 2 * HOUR + 10) == 2
+    assert lake_rows(lake) == before
+    by_hour = Counter(p.parent.name for p in lake.files())
+    assert by_hour == {"hour=00": 1, "hour=01": 1, "hour=02": 2}
+    compacted = lake.root / "date=2024-01-01" / "hour=00"
+    [path] = list(compacted.iterdir())
+    assert path.name == f"compacted-{0:020d}-{6:020d}-00003.parquet"
+    table = pq.read_table(path)
+    keys = list(zip(*(table[k].to_pylist() for k in SORT_KEYS), strict=True))
+    assert keys == sorted(keys)
+    metadata = pq.read_schema(path).metadata
+    assert metadata[lake_schema.METADATA_KEY] == str(lake_schema.SCHEMA_VERSION).encode()
+    assert len(json.loads(metadata[COMPACTED_FROM_KEY])) == 3
+    assert lake.compact(T0 + 2 * HOUR + 10) == 0  # nothing left to merge
+
+
+def test_a_late_event_is_merged_into_the_compacted_hour(store: TraceStore, lake: TraceLake) -> None:
+    ingest = Ingest(store)
+    ingest.messages(T0)
+    lake.flush(TOPIC, 0)
+    ingest.messages(T0 + 1)
+    lake.flush(TOPIC, 0)
+    lake.compact(LATER)
+    ingest.messages(T0 + 2)  # arrives after the hour was compacted
+    lake.flush(TOPIC, 0)
+    assert lake.compact(LATER) == 1
+    [path] = lake.files()
+    assert path.name == f"compacted-{0:020d}-{3:020d}-00003.parquet"
+    assert lake_rows(lake) == stored_rows(store)
+
+
+def test_a_crash_between_compacted_write_and_deletes_never_doubles_rows(
+    store: TraceStore, lake: TraceLake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ingest = Ingest(store)
+    for i in range(3):
+        ingest.messages(T0 + i)
+        lake.flush(TOPIC, 0)
+    before = lake_rows(lake)
+    parts = sorted(lake.files())
+
+    def crash(self: Path, missing_ok: bool = False) -> None:
+        raise Crash
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Path, "unlink", crash)
+        with pytest.raises(Crash):
+            lake.compact(LATER)
+    hour_dir = parts[0].parent
+    on_disk = sorted(p.name for p in hour_dir.iterdir())
+    assert len(on_disk) == 4  # the three parts and the compacted file
+    # A reader applying the rule sees every row once.
+    assert [p.name for p in lake.files()] == [f"compacted-{0:020d}-{3:020d}-00003.parquet"]
+    assert lake_rows(lake) == before
+
+    assert lake.compact(LATER) == 0  # the rerun only finishes the deletes
+    assert [p.name for p in hour_dir.iterdir()] == [f"compacted-{0:020d}-{3:020d}-00003.parquet"]
+    assert lake_rows(lake) == before
+
+
+def test_recover_finishes_an_interrupted_compaction(
+    store: TraceStore, lake: TraceLake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ingest = Ingest(store)
+    for i in range(2):
+        ingest.messages(T0 + i)
+        lake.flush(TOPIC, 0)
+
+    def crash(self: Path, missing_ok: bool = False) -> None:
+        raise Crash
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Path, "unlink", crash)
+        with pytest.raises(Crash):
+            lake.compact(LATER)
+    lake.recover()
+    hour_dir = lake.root / "date=2024-01-01" / "hour=00"
+    assert [p.name for p in hour_dir.iterdir()] == [f"compacted-{0:020d}-{2:020d}-00002.parquet"]
+
+
+def test_compaction_leaves_the_files_of_a_pending_segment_alone(
+    store: TraceStore, lake: TraceLake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ingest = Ingest(store)
+    ingest.messages(T0)
+    lake.flush(TOPIC, 0)
+    ingest.messages(T0 + 1)
+    lake.flush(TOPIC, 0)
+    ingest.messages(T0 + 2)
+    with monkeypatch.context() as patch:
+        crash_before_finish(patch, store)
+        with pytest.raises(Crash):
+            lake.flush(TOPIC, 0)
+    pending_name = f"part-{TOPIC}-00000-{2:020d}-{3:020d}.parquet"
+
+    assert lake.compact(LATER) == 1
+    names = sorted(p.name for p in lake.files())
+    assert names == [f"compacted-{0:020d}-{2:020d}-00002.parquet", pending_name]
+    lake.recover()  # rewrites the pending part; the compacted file never had its rows
+    counts = coordinates(lake)
+    assert sum(counts.values()) == 6 and set(counts.values()) == {1}
+    assert lake.compact(LATER) == 1
+    assert len(lake.files()) == 1
+    assert lake_rows(lake) == stored_rows(store)
+
+
+def test_an_empty_lake_reads_as_an_empty_table(lake: TraceLake) -> None:
+    table = lake.read_all()
+    assert table.num_rows == 0
+    assert table.schema.names == [*lake_schema.COLUMN_NAMES, "date", "hour"]
+    assert lake.files() == [] and lake.recover() == [] and lake.compact(LATER) == 0

@@ -1,0 +1,489 @@
+"""Trace store: a real SQLite file in tmp_path; dedupe, progress, look-ups, paging, retention."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tracemq import lake_schema
+from tracemq.trace import MessageType, TraceBean, TraceContext, TraceType, encode_many
+from tracemq_collector.events import rows_from_record
+from tracemq_collector.store import StoreSchemaError, TraceStore, TraceStoreError
+
+TOPIC = "RMQ_SYS_TRACE_TOPIC"
+T0 = 1_704_067_200_000  # 2024-01-01T00:00:00Z
+INGEST = T0 + 10 * 86_400_000
+
+
+def msg_id(n: int) -> str:
+    return f"0A00000100640000000A{n:012X}"
+
+
+def pub_ctx(n: int, ts: int, *, topic: str = "orders", keys: str | None = None) -> TraceContext:
+    bean = TraceBean(
+        topic=topic,
+        msg_id=msg_id(n),
+        tags=f"tag{n % 3}",
+        keys=f"order-{n} shared" if keys is None else keys,
+        store_host="10.0.0.9:10911",
+        msg_type=MessageType.Normal_Msg,
+        body_length=n,
+    )
+    return TraceContext(
+        TraceType.Pub, timestamp=ts, group_name="pg", cost_time=3, trace_beans=[bean]
+    )
+
+
+def consume_ctxs(n: int, ts: int) -> list[TraceContext]:
+    bean = TraceBean(topic="orders", msg_id=msg_id(n), keys=f"order-{n} shared")
+    return [
+        TraceContext(TraceType.SubBefore, timestamp=ts, request_id=f"r{n}", trace_beans=[bean]),
+        TraceContext(
+            TraceType.SubAfter,
+            timestamp=ts + 4,
+            request_id=f"r{n}",
+            cost_time=4,
+            trace_beans=[bean],
+        ),
+    ]
+
+
+class Feed:
+    """Turns trace contexts into trace messages at increasing offsets, as ingest would."""
+
+    def __init__(self, partition: int = 0) -> None:
+        self.partition = partition
+        self.offset = 0
+
+    def batch(
+        self, *messages: list[TraceContext]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[tuple[str, int], int]]:
+        rows: list[dict[str, Any]] = []
+        quarantine: list[dict[str, Any]] = []
+        for contexts in messages:
+            value = encode_many(contexts).data.encode()
+            r, q = rows_from_record(TOPIC, self.partition, self.offset, value, INGEST)
+            rows += r
+            quarantine += q
+            self.offset += 1
+        return rows, quarantine, {(TOPIC, self.partition): self.offset}
+
+    def raw(
+        self, value: bytes | None
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[tuple[str, int], int]]:
+        rows, quarantine = rows_from_record(TOPIC, self.partition, self.offset, value, INGEST)
+        self.offset += 1
+        return rows, quarantine, {(TOPIC, self.partition): self.offset}
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[TraceStore]:
+    with TraceStore(tmp_path / "store" / "traces.db") as s:
+        yield s
+
+
+def key_rows(path: Path) -> int:
+    with sqlite3.connect(path) as conn:
+        return int(conn.execute("SELECT count(*) FROM event_keys").fetchone()[0])
+
+
+def lake_only(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: row[k] for k in lake_schema.COLUMN_NAMES}
+
+
+# ---------------------------------------------------------------------------- writing
+
+
+def test_by_msg_id_returns_every_event_with_all_lake_columns_in_time_order(
+    store: TraceStore,
+) -> None:
+    feed = Feed()
+    rows, quarantine, progress = feed.batch(
+        consume_ctxs(1, T0 + 50), [pub_ctx(1, T0)], [pub_ctx(2, T0 + 1)]
+    )
+    assert store.write_batch(rows, quarantine, progress) == 4
+    events = store.by_msg_id(msg_id(1))
+    assert [e["trace_type"] for e in events] == ["Pub", "SubBefore", "SubAfter"]
+    expected = sorted(
+        (lake_only(r) for r in rows if r["msg_id"] == msg_id(1)), key=lambda r: r["timestamp"]
+    )
+    assert events == expected
+    assert store.by_msg_id("F" * 32) == []
+    assert store.event_count() == 4
+
+
+def test_replaying_a_batch_stores_and_indexes_nothing_new(store: TraceStore) -> None:
+    feed = Feed()
+    batch = feed.batch([pub_ctx(1, T0), *consume_ctxs(1, T0 + 5)], [pub_ctx(2, T0 + 1)])
+    assert store.write_batch(*batch) == 4
+    keys_before = key_rows(store.path)
+    assert keys_before == 4  # order-1, order-2, shared twice
+
+    assert store.write_batch(*batch) == 0
+    assert store.event_count() == 4
+    assert key_rows(store.path) == keys_before
+    assert store.progress() == {(TOPIC, 0): 2}
+    items, _ = store.by_key("shared")
+    assert sorted(i["msg_id"] for i in items) == [msg_id(1), msg_id(2)]
+
+
+def test_a_batch_that_repeats_a_row_inside_itself_stores_it_once(store: TraceStore) -> None:
+    rows, quarantine, progress = Feed().batch([pub_ctx(1, T0)])
+    assert store.write_batch(rows + rows, quarantine, progress) == 1
+    assert key_rows(store.path) == 2
+
+
+def test_a_partly_replayed_batch_stores_only_the_new_rows(store: TraceStore) -> None:
+    feed = Feed()
+    first = feed.batch([pub_ctx(1, T0)], [pub_ctx(2, T0)])
+    second = feed.batch([pub_ctx(3, T0)])
+    store.write_batch(*first)
+    rows = first[0] + second[0]
+    assert store.write_batch(rows, [], second[2]) == 1
+    assert store.event_count() == 3
+    assert [i["msg_id"] for i in store.by_key("order-3")[0]] == [msg_id(3)]
+
+
+def test_a_retried_send_is_one_message_for_key_lookups(store: TraceStore) -> None:
+    feed = Feed()
+    store.write_batch(*feed.batch([pub_ctx(1, T0)]))
+    store.write_batch(*feed.batch([pub_ctx(1, T0 + 700)]))
+    assert len(store.by_msg_id(msg_id(1))) == 2
+    items, cursor = store.by_key("order-1")
+    assert [(i["msg_id"], i["timestamp"]) for i in items] == [(msg_id(1), T0)]
+    assert cursor is None
+
+
+def test_progress_never_moves_backwards(store: TraceStore) -> None:
+    store.write_batch([], [], {(TOPIC, 0): 10, (TOPIC, 1): 3})
+    store.write_batch([], [], {(TOPIC, 0): 5})
+    assert store.progress() == {(TOPIC, 0): 10, (TOPIC, 1): 3}
+    store.write_batch([], [], {(TOPIC, 0): 12})
+    assert store.progress() == {(TOPIC, 0): 12, (TOPIC, 1): 3}
+
+
+def test_quarantine_is_stored_once_with_reason_and_raw_bytes(store: TraceStore) -> None:
+    feed = Feed()
+    batch = feed.raw(b"Pub\x01broken\x02Teleport\x01x\x02")
+    assert store.write_batch(*batch) == 0
+    store.write_batch(*batch)
+    assert store.quarantine_count() == 2
+    newest, oldest = store.quarantine_rows()
+    assert (oldest["trace_index"], oldest["raw"]) == (0, b"Pub\x01broken")
+    assert oldest["reason"].startswith("malformed record")
+    assert (newest["trace_index"], newest["reason"]) == (1, "unknown trace type 'Teleport'")
+    assert (newest["trace_topic"], newest["trace_partition"], newest["trace_offset"]) == (
+        TOPIC,
+        0,
+        0,
+    )
+    assert store.quarantine_rows(limit=1) == [newest]
+
+
+def test_client_host_and_store_time_filled_in_by_ingest_are_kept(store: TraceStore) -> None:
+    rows, quarantine, progress = Feed().batch([pub_ctx(1, T0), *consume_ctxs(1, T0 + 5)])
+    for row in rows:
+        row["client_host"] = "10.9.9.9"  # e.g. from the trace message's BORN_HOST header
+    rows[0]["store_time"] = T0 + 2
+    store.write_batch(rows, quarantine, progress)
+    events = store.by_msg_id(msg_id(1))
+    assert [(e["client_host"], e["store_time"]) for e in events] == [
+        ("10.9.9.9", T0 + 2),
+        ("10.9.9.9", 0),
+        ("10.9.9.9", 0),
+    ]
+    assert events == [lake_only(r) for r in rows]
+    assert [e["client_host"] for e in store.events_in_range(TOPIC, 0, 0, 1)] == ["10.9.9.9"] * 3
+
+
+def test_a_row_without_its_record_text_fails_the_whole_batch(store: TraceStore) -> None:
+    rows, quarantine, progress = Feed().batch([pub_ctx(1, T0)], [pub_ctx(2, T0)])
+    del rows[1]["record"]
+    with pytest.raises(ValueError, match="rows_from_record"):
+        store.write_batch(rows, quarantine, progress)
+    assert (store.event_count(), store.progress()) == (0, {})
+
+
+# ---------------------------------------------------------------------------- look-ups
+
+
+def test_by_key_filters_by_topic_and_time(store: TraceStore) -> None:
+    feed = Feed()
+    store.write_batch(
+        *feed.batch(
+            [pub_ctx(1, T0 + 100, keys="k1 common")],
+            [pub_ctx(2, T0 + 200, keys="common", topic="payments")],
+            [pub_ctx(3, T0 + 300, keys="common")],
+            [pub_ctx(4, T0 + 400, keys="other")],
+        )
+    )
+
+    def ids(**kwargs: Any) -> list[str]:
+        items, _ = store.by_key("common", **kwargs)
+        return [i["msg_id"] for i in items]
+
+    assert ids() == [msg_id(3), msg_id(2), msg_id(1)]
+    assert ids(topic="orders") == [msg_id(3), msg_id(1)]
+    assert ids(topic="payments") == [msg_id(2)]
+    assert ids(begin=T0 + 200) == [msg_id(3), msg_id(2)]
+    assert ids(end=T0 + 300) == [msg_id(2), msg_id(1)]
+    assert ids(topic="orders", begin=T0 + 101, end=T0 + 400) == [msg_id(3)]
+    [item], _ = store.by_key("k1")
+    assert item == {
+        "msg_id": msg_id(1),
+        "topic": "orders",
+        "timestamp": T0 + 100,
+        "keys": "k1 common",
+        "tags": "tag1",
+    }
+    assert store.by_key("missing") == ([], None)
+
+
+def test_by_key_pages_through_120_messages_without_gaps_or_duplicates(store: TraceStore) -> None:
+    feed = Feed()
+    # Pairs share a timestamp, so the cursor's tie-breaker is exercised too.
+    store.write_batch(*feed.batch(*([pub_ctx(n, T0 + n // 2)] for n in range(120))))
+    store.write_batch(*feed.batch([pub_ctx(500, T0, keys="unrelated")]))
+    seen: list[dict[str, Any]] = []
+    pages = []
+    cursor: str | None = None
+    while True:
+        items, cursor = store.by_key("shared", limit=50, cursor=cursor)
+        pages.append(len(items))
+        seen += items
+        if cursor is None:
+            break
+    assert pages == [50, 50, 20]
+    assert len({i["msg_id"] for i in seen}) == 120
+    assert {i["msg_id"] for i in seen} == {msg_id(n) for n in range(120)}
+    timestamps = [i["timestamp"] for i in seen]
+    assert timestamps == sorted(timestamps, reverse=True)
+
+
+def test_an_exactly_full_last_page_has_no_cursor(store: TraceStore) -> None:
+    store.write_batch(*Feed().batch(*([pub_ctx(n, T0 + n)] for n in range(4))))
+    items, cursor = store.by_key("shared", limit=2)
+    items2, cursor2 = store.by_key("shared", limit=2, cursor=cursor)
+    assert (len(items), len(items2), cursor2) == (2, 2, None)
+    assert cursor is not None
+
+
+def test_bad_cursors_and_limits_are_refused(store: TraceStore) -> None:
+    store.write_batch(*Feed().batch(*([pub_ctx(n, T0 + n)] for n in range(3))))
+    _, message_cursor = store.messages("orders", begin=None, end=None, limit=1)
+    _, key_cursor = store.by_key("shared", limit=1)
+    assert message_cursor is not None and key_cursor is not None
+    for bad in ("not base64!", "", "AAAA", key_cursor + "AAAA", message_cursor):
+        with pytest.raises(ValueError, match="^invalid cursor$"):
+            store.by_key("shared", cursor=bad)
+    with pytest.raises(ValueError, match="^invalid cursor$"):
+        store.messages("orders", begin=None, end=None, cursor=key_cursor)
+    for limit in (0, 100_000):
+        with pytest.raises(ValueError, match="limit"):
+            store.by_key("shared", limit=limit)
+
+
+def test_messages_pages_the_pub_traces_of_a_topic_in_a_time_range(store: TraceStore) -> None:
+    feed = Feed()
+    store.write_batch(
+        *feed.batch(
+            *([pub_ctx(n, T0 + n * 10), *consume_ctxs(n, T0 + n * 10 + 1)] for n in range(130))
+        )
+    )
+    store.write_batch(*feed.batch([pub_ctx(900, T0 + 500, topic="payments")]))
+    begin, end = T0 + 50, T0 + 1250  # messages 5..124: 120 of them
+    seen: list[dict[str, Any]] = []
+    pages = []
+    cursor: str | None = None
+    while True:
+        items, cursor = store.messages("orders", begin=begin, end=end, limit=50, cursor=cursor)
+        pages.append(len(items))
+        seen += items
+        if cursor is None:
+            break
+    assert pages == [50, 50, 20]
+    assert [i["msg_id"] for i in seen] == [msg_id(n) for n in range(124, 4, -1)]
+    first = seen[0]
+    assert first == {
+        "msg_id": msg_id(124),
+        "topic": "orders",
+        "timestamp": T0 + 1240,
+        "tags": "tag1",
+        "keys": "order-124 shared",
+        "group_name": "pg",
+        "success": True,
+        "store_host": "10.0.0.9:10911",
+        "offset_msg_id": None,
+        "cost_time": 3,
+        "msg_type": 0,
+        "region_id": None,
+    }
+    items, _ = store.messages("payments", begin=None, end=None)
+    assert [i["msg_id"] for i in items] == [msg_id(900)]
+
+
+# --------------------------------------------------------------------------- retention
+
+
+def test_retention_deletes_old_events_and_their_keys_in_batches(store: TraceStore) -> None:
+    feed = Feed()
+    old = [[pub_ctx(n, T0 + n), *consume_ctxs(n, T0 + n + 1)] for n in range(30)]
+    young = [
+        [pub_ctx(n, T0 + 10_000 + n), *consume_ctxs(n, T0 + 10_000 + n + 1)] for n in range(30, 40)
+    ]
+    store.write_batch(*feed.batch(*old, *young))
+    store.write_batch(*feed.raw(b"Junk\x02"))
+    assert store.event_count() == 120
+
+    deleted = []
+    while n := store.delete_older_than(T0 + 5_000, batch=25):
+        deleted.append(n)
+    assert deleted == [25, 25, 25, 15]
+    assert store.event_count() == 30
+    assert store.by_msg_id(msg_id(3)) == []
+    assert store.by_key("order-3") == ([], None)
+    assert [e["trace_type"] for e in store.by_msg_id(msg_id(35))] == [
+        "Pub",
+        "SubBefore",
+        "SubAfter",
+    ]
+    items, _ = store.by_key("shared")
+    assert {i["msg_id"] for i in items} == {msg_id(n) for n in range(30, 40)}
+    assert key_rows(store.path) == 20
+    # The quarantined record was read at INGEST, after this cutoff: kept.
+    assert store.quarantine_count() == 1
+    assert store.delete_older_than(INGEST + 1) == 30  # the quarantined record went with them
+    assert (store.event_count(), store.quarantine_count(), key_rows(store.path)) == (0, 0, 0)
+    # With no old event left, the call reports the quarantine rows it deleted, so a loop
+    # "until 0" empties the quarantine too.
+    store.write_batch(*feed.raw(b"Junk\x02"))
+    assert store.delete_older_than(INGEST + 1) == 1
+    assert store.delete_older_than(INGEST + 1) == 0
+    assert store.quarantine_count() == 0
+
+
+# ------------------------------------------------------------------- file and lifecycle
+
+
+def test_reopening_the_file_keeps_everything(tmp_path: Path) -> None:
+    path = tmp_path / "traces.db"
+    feed = Feed()
+    with TraceStore(path) as store:
+        store.write_batch(*feed.batch([pub_ctx(1, T0)], [pub_ctx(2, T0 + 1)]))
+        store.write_batch(*feed.raw(None))
+        store.set_lake_progress(TOPIC, 0, 1)
+        store.begin_lake_segment(TOPIC, 0, 1, 2)
+        before = store.by_msg_id(msg_id(1))
+    assert not store.is_open
+    with TraceStore(path) as store:
+        assert store.by_msg_id(msg_id(1)) == before
+        assert store.progress() == {(TOPIC, 0): 3}
+        assert store.lake_progress() == {(TOPIC, 0): 1}
+        assert store.pending_lake_segments() == [(TOPIC, 0, 1, 2)]
+        assert store.quarantine_count() == 1
+        # Ids continue after the reopen: new key rows point at the new events.
+        store.write_batch(*feed.batch([pub_ctx(3, T0 + 2)]))
+        items, _ = store.by_key("shared")
+        assert [(i["msg_id"], i["keys"]) for i in items] == [
+            (msg_id(3), "order-3 shared"),
+            (msg_id(2), "order-2 shared"),
+            (msg_id(1), "order-1 shared"),
+        ]
+
+
+def test_a_newer_schema_version_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "traces.db"
+    with TraceStore(path):
+        pass
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE meta SET value = 99 WHERE key = 'schema_version'")
+    store = TraceStore(path)
+    with pytest.raises(StoreSchemaError, match="version 99.*upgrade the collector"):
+        store.open()
+    assert not store.is_open
+
+
+def test_an_sqlite_file_that_is_not_a_store_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "other.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE something (x)")
+    with pytest.raises(TraceStoreError, match="not a trace store"):
+        TraceStore(path).open()
+
+
+def test_the_file_is_in_wal_mode(store: TraceStore) -> None:
+    with sqlite3.connect(store.path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_a_closed_store_refuses_calls(tmp_path: Path) -> None:
+    store = TraceStore(tmp_path / "traces.db")
+    with pytest.raises(TraceStoreError, match="not open"):
+        store.progress()
+    store.open()
+    store.close()
+    with pytest.raises(TraceStoreError, match="not open"):
+        store.write_batch([], [], {})
+    with pytest.raises(TraceStoreError, match="not open"):
+        store.by_msg_id(msg_id(1))
+
+
+def test_other_threads_read_while_the_writer_writes(store: TraceStore) -> None:
+    feed = Feed()
+    store.write_batch(*feed.batch([pub_ctx(0, T0)]))
+    stop = threading.Event()
+
+    def reader() -> int:
+        reads = 0
+        while not stop.is_set() or reads == 0:
+            assert store.by_msg_id(msg_id(0))[0]["trace_type"] == "Pub"
+            reads += 1
+        return reads
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        readers = [pool.submit(reader) for _ in range(2)]
+        for n in range(1, 40):
+            store.write_batch(*feed.batch([pub_ctx(n, T0 + n)]))
+        stop.set()
+        assert all(r.result(timeout=30) > 0 for r in readers)
+    assert store.event_count() == 40
+
+
+# ---------------------------------------------------------------------- lake bookkeeping
+
+
+def test_lake_segment_bookkeeping(store: TraceStore) -> None:
+    assert store.lake_progress() == {}
+    store.begin_lake_segment(TOPIC, 0, 0, 10)
+    assert store.pending_lake_segments() == [(TOPIC, 0, 0, 10)]
+    store.finish_lake_segment(TOPIC, 0, 10)
+    assert store.pending_lake_segments() == []
+    assert store.lake_progress() == {(TOPIC, 0): 10}
+    store.set_lake_progress(TOPIC, 0, 4)  # never backwards
+    assert store.lake_progress() == {(TOPIC, 0): 10}
+    with pytest.raises(ValueError):
+        store.begin_lake_segment(TOPIC, 0, 9, 3)
+
+
+def test_events_in_range_are_in_offset_order_with_their_partition(store: TraceStore) -> None:
+    feed = Feed()
+    store.write_batch(
+        *feed.batch(
+            [pub_ctx(1, T0 + 3_600_000), *consume_ctxs(1, T0 + 3_600_001)],
+            [pub_ctx(2, T0)],
+            [pub_ctx(3, T0 + 5)],
+        )
+    )
+    rows = store.events_in_range(TOPIC, 0, 0, 2)
+    assert [(r["trace_offset"], r["trace_index"]) for r in rows] == [(0, 0), (0, 1), (0, 2), (1, 0)]
+    assert set(rows[0]) == {*lake_schema.COLUMN_NAMES, "date", "hour"}
+    assert [(r["date"], r["hour"]) for r in rows] == [("2024-01-01", 1)] * 3 + [("2024-01-01", 0)]
+    assert store.first_event_offset(TOPIC, 0) == 0
+    assert store.first_event_offset(TOPIC, 9) is None
+    assert store.nth_event_offset(TOPIC, 0, 0, 3) == 1
+    assert store.nth_event_offset(TOPIC, 0, 0, 5) is None
