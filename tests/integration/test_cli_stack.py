@@ -50,11 +50,12 @@ def test_dev_up_detach_status_down(tmp_path: Path) -> None:
         assert info["running"] and info["healthy"]
         assert info["business_bootstrap"] != info["trace_bootstrap"]
         assert info["redis_url"].startswith("redis://127.0.0.1:")
-        assert set(info["services"]) == {"nameserver", "broker-a", "trace-broker"}
+        assert set(info["services"]) == {"nameserver", "broker-a", "trace-broker", "collector"}
+        assert info["collector_api"].startswith("http://127.0.0.1:")
         assert all(s["healthy"] for s in info["services"].values())
         state = json.loads((tmp_path / "dev" / "state.json").read_text())
         pids = [int(p) for p in state["processes"].values()] + [int(state["launcher_pid"])]
-        assert len(_pids_alive(pids)) == len(pids) == 7
+        assert len(_pids_alive(pids)) == len(pids) == 8
         # A second `up` refuses instead of starting a clashing stack.
         again = run("dev", "up", "--detach", env=env)
         assert again.returncode == 2 and "already running" in again.stderr
@@ -69,12 +70,18 @@ def test_dev_up_detach_status_down(tmp_path: Path) -> None:
     assert after.returncode == 1 and json.loads(after.stdout)["running"] is False
 
 
-def test_demo_starts_the_stack_and_shows_routes(tmp_path: Path) -> None:
-    res = run("demo", cwd=tmp_path)
-    assert res.returncode == 0, res.stdout + res.stderr
+@pytest.mark.timeout(400)
+def test_demo_end_to_end(tmp_path: Path) -> None:
+    res = run("demo", "--messages", "200", "--out", str(tmp_path / "out"), cwd=tmp_path,
+              timeout=380)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     out = res.stdout
     assert "route of TopicTest" in out and "broker-a" in out and "4/4" in out
     assert "route of RMQ_SYS_TRACE_TOPIC" in out and "trace-broker" in out and "1/1" in out
+    assert "sent 200;" in out and "demo_healthy 200" in out and "demo_flaky 200" in out
+    # the trace table of a sample message: its Pub row and the consumer groups' rows
+    assert "trace of " in out and "│ Pub" in out and "demo_healthy" in out
+    assert "trace viewer: http://127.0.0.1:" in out
     assert "no process left behind" in out
 
 

@@ -1,24 +1,41 @@
-"""``tracemq demo``: the main job on the embedded stack, end to end.
+"""``tracemq demo``: the whole mission end to end on the embedded stack.
 
-Today: start the stack, create the business topic, show its route and the trace topic's route.
-Later issues add the traced workload, the trace look-up and the reconciliation summary.
+Starts the stack (two Kafka clusters, Redis, nameserver, broker-a, trace-broker, collector);
+creates the business topic; runs a traced workload — two producers with keys and tags, three
+consumer groups: a healthy one, one failing about 5 % of first attempts (retried), one stopped
+halfway so some messages stay unconsumed; prints the trace of a sample message and the viewer
+URL; runs the Spark reconciliation when it is installed and prints its summary.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import random
+import shutil
 import signal
+import subprocess
 import time
+import urllib.request
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tracemq.admin import AdminClient
 from tracemq.cli._console import console
+from tracemq.cli.trace import trace_table
 from tracemq.devstack import EmbeddedStack, StackConfig
+from tracemq.devstack.stack import tracemq_command
 from tracemq.routing import RegistryReader, TopicRoute, connect
 
 DEMO_TOPIC = "TopicTest"
+GROUPS = ("demo_healthy", "demo_flaky", "demo_stopped")
 
 
 def _route_table(route: TopicRoute) -> Table:
@@ -26,71 +43,205 @@ def _route_table(route: TopicRoute) -> Table:
     for col in ("broker", "cluster", "queues (r/w)", "perm", "data cluster"):
         table.add_column(col)
     for q in route.queues:
-        table.add_row(
-            q.broker, q.cluster, f"{q.read_queues}/{q.write_queues}", str(q.perm), q.data_bootstrap
-        )
+        table.add_row(q.broker, q.cluster, f"{q.read_queues}/{q.write_queues}", str(q.perm),
+                      q.data_bootstrap)
     return table
 
 
-async def _setup_topic(stack: EmbeddedStack, queues: int) -> list[TopicRoute]:
-    async with AdminClient(stack.business_bootstrap, stack.redis_url) as admin:
-        await admin.create_topic("broker-a", DEMO_TOPIC, read_queues=queues, write_queues=queues)
-    r = connect(stack.redis_url)
-    try:
-        reader = RegistryReader(r)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            route = await reader.topic_route(DEMO_TOPIC)
-            if route.queues:
-                break
-            await asyncio.sleep(0.1)
-        return [
-            await reader.topic_route(DEMO_TOPIC),
-            await reader.topic_route("RMQ_SYS_TRACE_TOPIC"),
-        ]
-    finally:
-        await r.aclose()
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=console(), transient=False)
+
+
+class Workload:
+    """Two producers, three consumer groups; counts what happened for the summary."""
+
+    def __init__(self, stack: EmbeddedStack, messages: int, queues: int) -> None:
+        self.stack = stack
+        self.messages = messages
+        self.queues = queues
+        self.env = {"redis_url": stack.redis_url, "control_bootstrap": stack.business_bootstrap}
+        self.consumed: dict[str, set[str]] = {g: set() for g in GROUPS}
+        self.failed_first: set[str] = set()
+        self.sent: list[str] = []
+        self.rng = random.Random(42)  # noqa: S311 - a demo, not crypto
+
+    async def setup(self) -> list[TopicRoute]:
+        async with AdminClient(self.stack.business_bootstrap, self.stack.redis_url) as admin:
+            await admin.create_topic("broker-a", DEMO_TOPIC, read_queues=self.queues,
+                                     write_queues=self.queues)
+        r = connect(self.stack.redis_url)
+        try:
+            reader = RegistryReader(r)
+            return [await reader.topic_route(DEMO_TOPIC),
+                    await reader.topic_route("RMQ_SYS_TRACE_TOPIC")]
+        finally:
+            await r.aclose()
+
+    def _listener(self, group: str, on_message: Callable[[], None]) -> Any:
+        from tracemq import ConsumeConcurrentlyStatus
+
+        async def listener(msgs: list[Any], ctx: Any) -> Any:
+            m = msgs[0]
+            await asyncio.sleep(self.rng.uniform(0.0005, 0.003))  # "business work"
+            if group == "demo_flaky" and m.reconsume_times == 0 and self.rng.random() < 0.05:
+                self.failed_first.add(m.msg_id)
+                return ConsumeConcurrentlyStatus.RECONSUME_LATER
+            if m.msg_id not in self.consumed[group]:
+                self.consumed[group].add(m.msg_id)
+                on_message()
+            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+        return listener
+
+    async def run(self) -> None:
+        from tracemq import ConsumeFromWhere, Message, Producer, PushConsumer
+
+        n = self.messages
+        with _progress() as progress:
+            bars = {g: progress.add_task(f"consumed by {g}", total=n) for g in GROUPS}
+            sent_bar = progress.add_task("sent (2 producers)", total=n)
+            consumers: dict[str, Any] = {}
+            for g in GROUPS:
+                c = PushConsumer(g, consume_from=ConsumeFromWhere.FIRST_OFFSET,
+                                 enable_msg_trace=True, in_process_retry_delay_ms=500,
+                                 consume_concurrency=8, **self.env)
+                c.subscribe(DEMO_TOPIC, "*")
+                c.register_message_listener(self._listener(
+                    g, lambda g=g: progress.advance(bars[g])))
+                await c.start()
+                consumers[g] = c
+            producers = [Producer(f"demo_{name}_producer", enable_msg_trace=True, **self.env)
+                         for name in ("orders", "payments")]
+            for p in producers:
+                await p.start()
+            try:
+                async def produce(p: Any, idx: int) -> None:
+                    tags = ("Created", "Paid") if idx == 0 else ("Paid", "Refunded")
+                    for i in range(idx, n, 2):
+                        msg = Message(DEMO_TOPIC, json.dumps({"order": i}).encode(),
+                                      tags=tags[i % 4 // 2], keys=[f"order-{i}", f"user-{i % 97}"])
+                        self.sent.append((await p.send(msg)).msg_id)
+                        progress.advance(sent_bar)
+
+                await asyncio.gather(*(produce(p, i) for i, p in enumerate(producers)))
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline:
+                    if len(self.consumed["demo_stopped"]) >= n // 2:
+                        break
+                    await asyncio.sleep(0.05)
+                # the third group stops halfway: the rest of its messages stay unconsumed
+                await consumers.pop("demo_stopped").shutdown()
+                while time.monotonic() < deadline and not all(
+                        len(self.consumed[g]) >= n for g in ("demo_healthy", "demo_flaky")):
+                    await asyncio.sleep(0.05)
+            finally:
+                for c in consumers.values():
+                    await c.shutdown()
+                for p in producers:
+                    await p.shutdown()
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - our own collector
+        return json.loads(resp.read())
+
+
+def _wait_trace(api: str, msg_id: str, groups: int, timeout: float = 30) -> dict[str, Any] | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            view = _get(f"{api}/api/v1/traces/{msg_id}")
+            if view["producer"] and len(view["consumers"]) >= groups:
+                return view  # type: ignore[no-any-return]
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    return None
+
+
+def _reconcile(stack: EmbeddedStack, lake: Path, out: Path, since: datetime,
+               until: datetime) -> int | None:
+    """Run `tracemq reconcile` when the Spark job is installed; return its exit code."""
+    cmd = [*tracemq_command(), "reconcile", "--from", since.isoformat(), "--to", until.isoformat(),
+           "--horizon", "2m", "--window", "1m", "--lake", str(lake), "--out", str(out),
+           "--master", "local[2]"]
+    help_check = subprocess.run([*tracemq_command(), "reconcile", "--help"], capture_output=True,
+                                text=True, check=False)
+    if help_check.returncode != 0:
+        return None
+    env = {**os.environ, **stack.client_env()}
+    return subprocess.run(cmd, env=env, check=False).returncode
 
 
 def demo(
-    keep_running: bool = typer.Option(
-        False, "--keep-running", help="Keep the stack up until Ctrl-C."
-    ),
+    messages: int = typer.Option(2000, "--messages", "-n", help="Messages to send."),
+    keep_running: bool = typer.Option(False, "--keep-running",
+                                      help="Keep the stack and the viewer up until Ctrl-C."),
     queues: int = typer.Option(4, help="Queues of the demo topic."),
+    out: Path = typer.Option(Path("artifacts/demo"), help="Where the reconciliation goes."),
 ) -> None:
     """Run the demo on the embedded stack."""
-    out = console()
+    if messages < 10:
+        raise typer.BadParameter("--messages must be at least 10")
+    con = console()
 
     def on_term(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
-    stack = EmbeddedStack(StackConfig())
+    stack = EmbeddedStack(StackConfig(
+        with_collector=True,
+        service_env={"TRACEMQ_COLLECTOR_LAKE_FLUSH_INTERVAL_MS": "1000"}))
     try:
-        with out.status(
-            "starting the embedded stack (2 Kafka clusters, Redis, nameserver, "
-            "broker-a, trace-broker)…"
-        ):
+        with con.status("starting the embedded stack (2 Kafka clusters, Redis, nameserver, "
+                        "broker-a, trace-broker, collector)…"):
             stack.start()
-        out.print(
-            f"[green]stack up[/] — business Kafka {stack.business_bootstrap}, "
-            f"trace Kafka {stack.trace_bootstrap}, Redis {stack.redis_url}"
-        )
-        routes = asyncio.run(_setup_topic(stack, queues))
+        api = stack.endpoints()["collector_api"]
+        con.print(f"[green]stack up[/] — business Kafka {stack.business_bootstrap}, "
+                  f"trace Kafka {stack.trace_bootstrap}, Redis {stack.redis_url}")
+        workload = Workload(stack, messages, queues)
+        routes = asyncio.run(workload.setup())
         for route in routes:
-            out.print(_route_table(route))
+            con.print(_route_table(route))
         if not routes[0].queues or not routes[1].queues:
-            out.print("[red]a route is missing[/]")
+            con.print("[red]a route is missing[/]")
             raise typer.Exit(1)
+        started = datetime.now(UTC)
+        asyncio.run(workload.run())
+        finished = datetime.now(UTC)
+        con.print(f"sent {len(workload.sent)}; consumed: " + ", ".join(
+            f"{g} {len(s)}" for g, s in workload.consumed.items())
+            + f"; first attempts failed in demo_flaky: {len(workload.failed_first)}")
+        sample = next(iter(sorted(workload.failed_first)), None) or workload.sent[0]
+        view = _wait_trace(api, sample, groups=2)
+        if view is None:
+            con.print(f"[red]the trace of {sample} did not reach the collector in time[/]")
+            raise typer.Exit(1)
+        con.print(trace_table(view))
+        con.print(f"trace viewer: [link]{api}/?msgId={sample}[/link]")
+        con.print(f"(same from a shell: tracemq trace show {sample} --url {api})")
+        time.sleep(2.5)  # let the collector's lake flush (interval 1 s) catch up
+        lake = Path(stack.workdir) / "data" / "collector" / "lake"
+        out = out.resolve()
+        shutil.rmtree(out, ignore_errors=True)
+        code = _reconcile(stack, lake, out, started - timedelta(seconds=5),
+                          finished + timedelta(seconds=1))
+        if code is None:
+            con.print("reconciliation: the Spark job is not installed (tracemq-spark)")
+        elif code != 0:
+            con.print(f"[red]reconciliation failed (exit {code})[/]")
+            raise typer.Exit(1)
+        else:
+            con.print(f"reconciliation report: {out / 'report.html'}")
         if keep_running:
-            out.print("stack and routes are up; Ctrl-C stops everything")
+            con.print(f"stack and viewer up ({api}); Ctrl-C stops everything")
             while all(p.alive() for p in stack.processes.values()):
                 time.sleep(1)
-            out.print("[red]a process died[/]")
+            con.print("[red]a process died[/]")
             raise typer.Exit(1)
     except KeyboardInterrupt:
-        out.print("interrupted; stopping")
+        con.print("interrupted; stopping")
     finally:
-        with out.status("stopping the stack…"):
+        with con.status("stopping the stack…"):
             stack.stop()
-        out.print("stack stopped; no process left behind")
+        con.print("stack stopped; no process left behind")

@@ -67,7 +67,7 @@ def _alive(pid: int | None) -> bool:
 def up(
     detach: bool = typer.Option(False, "--detach", "-d", help="Run in the background."),
     collector: bool = typer.Option(
-        False, "--collector/--no-collector", help="Also start the trace collector."
+        True, "--collector/--no-collector", help="Also start the trace collector."
     ),
 ) -> None:
     """Start the stack; in the foreground it runs until Ctrl-C or SIGTERM."""
@@ -114,7 +114,7 @@ def up(
 
 def _up_detached(home: Path, collector: bool) -> None:
     log = open(home / "launcher.log", "wb")  # noqa: SIM115 - handed to the child
-    argv = [*tracemq_command(), "dev", "up"] + (["--collector"] if collector else [])
+    argv = [*tracemq_command(), "dev", "up", "--collector" if collector else "--no-collector"]
     proc = subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,
