@@ -15,10 +15,11 @@ Tables
     text. The other lake columns are not stored: they are decoded again from ``record`` when
     read (:func:`tracemq_collector.events.event_from_stored`, the code ingest used), and the
     stored columns override what that decode says. So a change a caller makes to a row before
-    :meth:`TraceStore.write_batch` is kept for those stored columns only. Binding thirty
-    mostly-null columns per row costs more than everything else in a batch. Indexes: ``msg_id``; ``timestamp`` (retention; rows
-    arrive in about time order, so it grows at its end); ``(topic, timestamp)`` over Pub events
-    only, a partial index, which is what "messages of a topic" reads.
+    :meth:`TraceStore.write_batch` is kept for those stored columns only. (Binding thirty
+    mostly-null columns per row cost more than everything else in a batch.) Indexes:
+    ``msg_id``; ``timestamp`` (retention; rows arrive in about time order, so it grows at its
+    end); ``(topic, timestamp)`` over Pub events only, a partial index, which is what
+    "messages of a topic" reads.
 ``event_keys``
     The business-key index: ``key, msg_id, topic, timestamp``, one row per (key, message),
     index ``(key, timestamp)``. Keys come from a message's Pub trace, which also names its topic
