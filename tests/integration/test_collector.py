@@ -431,3 +431,32 @@ async def test_fan_out_with_two_collectors(
     finally:
         a.stop()
         b.stop()
+
+
+async def test_cli_trace_show_and_find(stack: EmbeddedStack, collector: ManagedProcess,
+                                       admin: AdminClient, unique: str) -> None:
+    import subprocess
+
+    from tracemq.devstack.stack import tracemq_command
+
+    topic = f"Cli_{unique}"
+    await admin.create_topic("broker-a", topic, read_queues=1, write_queues=1)
+    env = {"redis_url": stack.redis_url, "control_bootstrap": stack.business_bootstrap}
+    async with Producer(f"PG_{unique}", enable_msg_trace=True, **env) as p:
+        msg_id = (await p.send(Message(topic, b"x", keys=[f"cli-{unique}"]))).msg_id
+    base = api(collector)
+    await _view(base, msg_id, lambda v: v["producer"] is not None)
+    cli_env = {**os.environ, "TRACEMQ_COLLECTOR_URL": base, "TRACEMQ_DEV_HOME": "/nonexistent"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*tracemq_command(), *args], capture_output=True, text=True,
+                              env=cli_env, timeout=60)
+
+    shown = cli("trace", "show", msg_id)
+    assert shown.returncode == 0 and "Pub" in shown.stdout and f"PG_{unique}" in shown.stdout
+    as_json = json.loads(cli("trace", "show", msg_id, "--json").stdout)
+    assert as_json["producer"]["group"] == f"PG_{unique}"
+    found = cli("trace", "find", "--key", f"cli-{unique}", "--json")
+    assert [i["msg_id"] for i in json.loads(found.stdout)["items"]] == [msg_id]
+    missing = cli("trace", "show", new_msg_id())
+    assert missing.returncode == 2 and "404" in missing.stderr
