@@ -3,6 +3,7 @@
 The client API::
 
     from tracemq import Message, Producer, PushConsumer, ConsumeConcurrentlyStatus
+    from tracemq import TransactionProducer, LocalTransactionState
 
 Public modules: :mod:`tracemq.trace` (RocketMQ-compatible trace model, codec, dispatcher),
 :mod:`tracemq.message_id`, :mod:`tracemq.hooks`, :mod:`tracemq.routing`, :mod:`tracemq.admin`,
@@ -20,7 +21,14 @@ from tracemq.consumer import (
     PushConsumer,
 )
 from tracemq.message import Message, MessageExt, MessageQueue, SendResult, SendStatus
-from tracemq.producer import Producer, SendError
+from tracemq.producer import (
+    LocalTransactionState,
+    Producer,
+    SendError,
+    TransactionListener,
+    TransactionProducer,
+    TransactionSendResult,
+)
 
 __version__ = "0.1.0"
 
@@ -31,6 +39,7 @@ __all__ = [
     "ConsumeFromWhere",
     "ConsumeOrderlyStatus",
     "LitePullConsumer",
+    "LocalTransactionState",
     "Message",
     "MessageExt",
     "MessageModel",
@@ -40,4 +49,7 @@ __all__ = [
     "SendError",
     "SendResult",
     "SendStatus",
+    "TransactionListener",
+    "TransactionProducer",
+    "TransactionSendResult",
 ]

@@ -1,4 +1,5 @@
-"""Admin client: topic create / update / delete / list on a broker, over the admin topic.
+"""Admin client: topic create / update / delete / list on a broker, and a consumer group's retry
+and dead-letter topics (``retry.ensure``), over the admin topic.
 
 The target broker must be registered (checked in the routing database first, so a typo gives
 :class:`~tracemq.errors.UnknownBrokerError` at once instead of a time-out).
@@ -14,7 +15,13 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from tracemq.errors import AdminError, AdminTimeoutError, UnknownBrokerError
-from tracemq.naming import validate_queue_count, validate_topic
+from tracemq.naming import (
+    dlq_topic,
+    retry_topic,
+    validate_group,
+    validate_queue_count,
+    validate_topic,
+)
 from tracemq.protocol import admin as proto
 from tracemq.protocol._envelope import ProtocolError
 from tracemq.routing.registry import RegistryReader, connect
@@ -184,3 +191,17 @@ class AdminClient:
 
     async def list_topics(self, broker: str) -> dict[str, Any]:
         return await self.request(broker, "topic.list", {})
+
+    async def ensure_retry_topics(
+        self, broker: str, group: str, *, wait_route: bool = True
+    ) -> dict[str, Any]:
+        """Have ``broker`` create ``%RETRY%<group>`` and ``%DLQ%<group>`` (one queue each) if
+        missing; by default return once both are routed."""
+        validate_group(group)
+        validate_topic(retry_topic(group))
+        validate_topic(dlq_topic(group))
+        body = await self.request(broker, "retry.ensure", {"group": group})
+        if wait_route:
+            await self._await_route(broker, retry_topic(group), None)
+            await self._await_route(broker, dlq_topic(group), None)
+        return body

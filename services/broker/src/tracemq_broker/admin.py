@@ -1,4 +1,5 @@
-"""Admin requests addressed to this broker: create, update, delete and list topics."""
+"""Admin requests addressed to this broker: create, update, delete and list topics; ensure a
+consumer group's retry and dead-letter topics (``retry.ensure``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,16 @@ from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
 from tracemq.errors import NotSupportedByTransportError, TracemqError
-from tracemq.naming import kafka_topic, validate_queue_count, validate_topic
+from tracemq.naming import (
+    DLQ_GROUP_PREFIX,
+    RETRY_GROUP_PREFIX,
+    dlq_topic,
+    kafka_topic,
+    retry_topic,
+    validate_group,
+    validate_queue_count,
+    validate_topic,
+)
 from tracemq.protocol.admin import AdminRequest
 from tracemq.protocol.control import PERM_RW, TopicConfig
 from tracemq.transport import delete_topic, ensure_topic
@@ -37,6 +47,8 @@ class TopicAdmin:
     async def handle(self, req: AdminRequest) -> dict[str, Any]:
         if req.type == "topic.list":
             return {"topics": {t: c.model_dump() for t, c in sorted(self.table.topics.items())}}
+        if req.type == "retry.ensure":
+            return await self.ensure_retry(req.body.get("group"))
         topic = req.body.get("topic")
         try:
             validate_topic(topic, allow_system=False)
@@ -73,6 +85,29 @@ class TopicAdmin:
         await self.table.put(topic, cfg)
         await self.on_change()
 
+    async def ensure_retry(self, group: object) -> dict[str, Any]:
+        """Create ``%RETRY%<group>`` and ``%DLQ%<group>`` (one queue each) if missing."""
+        try:
+            validate_group(group)
+            assert isinstance(group, str)
+            names = [retry_topic(group), dlq_topic(group)]
+            for t in names:
+                validate_topic(t)
+                kafka_topic(self.broker_name, t)
+        except ValueError as exc:
+            raise AdminRejected(f"group {group!r} cannot have retry topics: {exc}") from None
+        created = [t for t in names if await self.ensure_group_topic(t)]
+        return {"group": group, "retry_topic": names[0], "dlq_topic": names[1], "created": created}
+
+    async def ensure_group_topic(self, topic: str) -> bool:
+        """Create a ``%RETRY%`` or ``%DLQ%`` topic with one queue if missing; True if created."""
+        if not topic.startswith((RETRY_GROUP_PREFIX, DLQ_GROUP_PREFIX)):
+            raise AdminRejected(f"{topic!r} is not a retry or dead-letter topic")
+        if topic in self.table.topics:
+            return False
+        await self.apply(topic, TopicConfig(read_queues=1, write_queues=1, perm=PERM_RW))
+        return True
+
     @staticmethod
     def _config(body: dict[str, Any], current: TopicConfig | None) -> TopicConfig:
         default_q = 8 if current is None else None
@@ -80,8 +115,8 @@ class TopicAdmin:
         write_q = body.get("write_queues", current.write_queues if current else default_q)
         perm = body.get("perm", current.perm if current else PERM_RW)
         try:
-            validate_queue_count(read_q, "read_queues")
-            validate_queue_count(write_q, "write_queues")
+            read_q = validate_queue_count(read_q, "read_queues")
+            write_q = validate_queue_count(write_q, "write_queues")
         except ValueError as exc:
             raise AdminRejected(str(exc)) from None
         if isinstance(perm, bool) or not isinstance(perm, int) or not 0 <= perm <= 7:

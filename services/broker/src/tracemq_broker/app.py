@@ -3,6 +3,15 @@
 ``role=business`` owns business topics; ``role=trace`` additionally creates and hosts the trace
 topic (``RMQ_SYS_TRACE_TOPIC``, one queue by default) on its own Kafka cluster, isolating trace
 I/O from business I/O.
+
+A business broker also runs the schedule service (:mod:`tracemq_broker.schedule`: delay levels
+and consumer retries, on ``SCHEDULE_TOPIC_XXXX`` with one queue per level) and the transaction
+service (:mod:`tracemq_broker.transaction`: half messages, commit / rollback, check-back, on
+``RMQ_SYS_TRANS_HALF_TOPIC`` and ``RMQ_SYS_TRANS_OP_HALF_TOPIC``). Those system topics are
+created at start, kept in the topic table and registered like any topic, so a producer learns
+from the route which brokers run the services and how many delay levels each has. Retry and
+dead-letter topics (``%RETRY%<group>``, ``%DLQ%<group>``, one queue each) are created on a
+consumer's ``retry.ensure`` request or when the schedule service first forwards to them.
 """
 
 from __future__ import annotations
@@ -15,17 +24,27 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from tracemq.log import get_logger
-from tracemq.naming import kafka_topic
+from tracemq.naming import (
+    DLQ_GROUP_PREFIX,
+    HALF_TOPIC,
+    OP_HALF_TOPIC,
+    RETRY_GROUP_PREFIX,
+    SCHEDULE_TOPIC,
+    kafka_topic,
+)
 from tracemq.protocol import admin as admin_proto
 from tracemq.protocol import control
 from tracemq.protocol._envelope import ProtocolError
 from tracemq.protocol.control import PERM_RW, BrokerInfo, TopicConfig
+from tracemq.protocol.transaction import TXCHECK_TOPIC
 from tracemq.transport import ADMIN_TIMEOUT_MS, ensure_topic
 
 from tracemq_broker import metrics
 from tracemq_broker.admin import AdminRejected, TopicAdmin
+from tracemq_broker.schedule import ScheduleService
 from tracemq_broker.settings import BrokerSettings
 from tracemq_broker.topic_table import TopicTable
+from tracemq_broker.transaction import TransactionService
 
 log = get_logger("broker")
 
@@ -46,6 +65,8 @@ class Broker:
         self.producer: AIOKafkaProducer | None = None
         self.admin_consumer: AIOKafkaConsumer | None = None
         self.topic_admin: TopicAdmin | None = None
+        self.schedule: ScheduleService | None = None
+        self.transactions: TransactionService | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._register_now = asyncio.Event()
         self.last_registered_ms = 0
@@ -77,7 +98,10 @@ class Broker:
             bootstrap_servers=s.control_bootstrap, request_timeout_ms=ADMIN_TIMEOUT_MS
         )
         await self.control_admin.start()
-        for t in (admin_proto.ADMIN_TOPIC, admin_proto.ADMIN_REPLY_TOPIC):
+        control_topics = [admin_proto.ADMIN_TOPIC, admin_proto.ADMIN_REPLY_TOPIC]
+        if s.runs_transactions:
+            control_topics.append(TXCHECK_TOPIC)
+        for t in control_topics:
             await ensure_topic(self.control_admin, t, 1)
         self.topic_admin = TopicAdmin(
             s.broker_name, self.table, self.kafka_admin, self._request_registration
@@ -90,8 +114,42 @@ class Broker:
             await self.topic_admin.apply(
                 s.broker_trace_topic, TopicConfig(read_queues=q, write_queues=q, perm=PERM_RW)
             )
+        levels = s.delay_levels_ms
+        if s.runs_schedule:
+            n = len(levels)
+            await self.topic_admin.apply(
+                SCHEDULE_TOPIC, TopicConfig(read_queues=n, write_queues=n, perm=PERM_RW)
+            )
+        if s.runs_transactions:
+            for t in (HALF_TOPIC, OP_HALF_TOPIC):
+                await self.topic_admin.apply(
+                    t, TopicConfig(read_queues=1, write_queues=1, perm=PERM_RW)
+                )
         self.producer = AIOKafkaProducer(bootstrap_servers=s.control_bootstrap, linger_ms=0)
         await self.producer.start()
+        if s.runs_schedule:
+            self.schedule = ScheduleService(
+                broker_name=s.broker_name,
+                bootstrap=s.broker_data_bootstrap,
+                delays_ms=levels,
+                state_dir=s.broker_data_dir / "schedule",
+                resolve=self.resolve_target,
+            )
+            await self.schedule.start()
+        if s.runs_transactions:
+            self.transactions = TransactionService(
+                broker_name=s.broker_name,
+                bootstrap=s.broker_data_bootstrap,
+                state_path=s.broker_data_dir / "transaction" / "state.json",
+                resolve=self.resolve_target,
+                send_check=self._send_check,
+                timeout_ms=s.broker_transaction_timeout_ms,
+                check_interval_ms=s.broker_transaction_check_interval_ms,
+                check_max=s.broker_transaction_check_max,
+                broker_address=s.advertised_address,
+                region_id=s.broker_region_id,
+            )
+            await self.transactions.start()
         # Position the admin consumer before registering, so no request to us can be missed.
         self.admin_consumer = AIOKafkaConsumer(
             admin_proto.ADMIN_TOPIC,
@@ -131,6 +189,10 @@ class Broker:
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        for svc in (self.schedule, self.transactions):
+            if svc is not None:
+                with contextlib.suppress(Exception):
+                    await svc.stop()
         if self.producer is not None:
             with contextlib.suppress(Exception):
                 await self._send_control(
@@ -152,14 +214,46 @@ class Broker:
 
     def health(self) -> dict[str, Any]:
         ok = bool(self._tasks) and all(not t.done() for t in self._tasks)
-        return {
-            "ok": ok,
+        out: dict[str, Any] = {
             "broker": self.settings.broker_name,
             "role": self.settings.broker_role,
             "topics": len(self.table.topics),
             "last_registered_ms": self.last_registered_ms,
             "last_error": self.last_error,
         }
+        if self.schedule is not None:
+            out["schedule"] = {"ok": self.schedule.healthy(), "buffered": self.schedule.lag()}
+            ok = ok and self.schedule.healthy()
+        if self.transactions is not None:
+            out["transactions"] = {
+                "ok": self.transactions.healthy(),
+                "pending": len(self.transactions.pending),
+            }
+            ok = ok and self.transactions.healthy()
+        return {"ok": ok, **out}
+
+    # -- forwarding targets of the schedule and transaction services -----------------------
+    async def resolve_target(self, topic: str, queue_id: int) -> tuple[str, int] | None:
+        """Kafka topic and partition of queue ``queue_id`` of ``topic`` on this broker, or None
+        when this broker does not host ``topic``. A missing ``%RETRY%`` / ``%DLQ%`` topic is
+        created (the schedule service delivers retries to it)."""
+        assert self.topic_admin is not None
+        cfg = self.table.topics.get(topic)
+        if cfg is None and topic.startswith((RETRY_GROUP_PREFIX, DLQ_GROUP_PREFIX)):
+            try:
+                await self.topic_admin.ensure_group_topic(topic)
+            except Exception as exc:
+                log.error("could not create a retry topic", topic=topic, error=repr(exc))
+                raise
+            cfg = self.table.topics.get(topic)
+        if cfg is None:
+            return None
+        queues = max(cfg.read_queues, cfg.write_queues)
+        return kafka_topic(self.settings.broker_name, topic), queue_id % queues
+
+    async def _send_check(self, key: bytes, value: bytes) -> None:
+        assert self.producer is not None
+        await self.producer.send_and_wait(TXCHECK_TOPIC, value, key=key)
 
     # -- registration ----------------------------------------------------------------------
     async def _request_registration(self) -> None:

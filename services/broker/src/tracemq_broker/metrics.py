@@ -1,6 +1,6 @@
 """Prometheus metrics of the broker."""
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 ADMIN_REQUESTS = Counter(
     "tracemq_broker_admin_requests_total", "Admin requests handled", ["op", "result"]
@@ -16,3 +16,46 @@ REGISTRATIONS = Counter(
     ["result"],
 )
 TOPICS = Gauge("tracemq_broker_topics", "Topics in the broker's topic table")
+
+SCHEDULE_DELIVERED = Counter(
+    "tracemq_broker_schedule_delivered_total",
+    "Delayed messages and retries forwarded to their real topic",
+    ["level"],
+)
+SCHEDULE_SKIPPED = Counter(
+    "tracemq_broker_schedule_skipped_total",
+    "Schedule records not delivered: garbage, or a real topic this broker does not host",
+    ["reason"],
+)
+SCHEDULE_RECOVERED = Counter(
+    "tracemq_broker_schedule_recovered_total",
+    "Forwards found already delivered after a restart (not delivered again)",
+)
+SCHEDULE_BUFFERED = Gauge(
+    "tracemq_broker_schedule_buffered",
+    "Schedule records fetched and waiting for their due time",
+    ["level"],
+)
+SCHEDULE_LATENESS = Histogram(
+    "tracemq_broker_schedule_lateness_seconds",
+    "How long after its due time a delayed message was acknowledged by its real queue",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 60),
+)
+TX_HALVES = Gauge("tracemq_broker_transaction_pending", "Half messages without a final result")
+TX_RESULTS = Counter(
+    "tracemq_broker_transaction_results_total",
+    "Half messages resolved: commit (delivered), rollback, check_rollback (checks exhausted)",
+    ["result"],
+)
+TX_CHECKS = Counter(
+    "tracemq_broker_transaction_checks_total", "Check-back requests sent to producers"
+)
+TX_SKIPPED = Counter(
+    "tracemq_broker_transaction_skipped_total",
+    "Half or op records ignored: garbage, mismatch, duplicate, unknown_half, no_topic",
+    ["reason"],
+)
+TX_RECOVERED = Counter(
+    "tracemq_broker_transaction_recovered_total",
+    "Commit forwards found already delivered after a restart (not delivered again)",
+)

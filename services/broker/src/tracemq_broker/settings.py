@@ -9,6 +9,8 @@ from pydantic import Field, field_validator
 from tracemq.naming import TRACE_TOPIC, validate_broker_name
 from tracemq.settings import CommonSettings
 
+from tracemq_broker.delay_levels import DEFAULT_DELAY_LEVELS, parse_delay_levels
+
 
 class BrokerSettings(CommonSettings):
     broker_name: str = Field("broker-a", description="Unique broker name ([a-zA-Z0-9_-], no dots).")
@@ -35,7 +37,37 @@ class BrokerSettings(CommonSettings):
         30_000, ge=100, description="How often the broker re-registers with the nameserver."
     )
     broker_data_dir: Path = Field(
-        Path("./data/broker"), description="Where the topic table is persisted."
+        Path("./data/broker"),
+        description="Where the topic table, schedule progress and transaction state are persisted.",
+    )
+    broker_schedule_enable: bool | None = Field(
+        None,
+        description="Run the schedule service (delay levels, consumer retries); "
+        "default: true for role=business, else false.",
+    )
+    broker_delay_levels: str = Field(
+        DEFAULT_DELAY_LEVELS,
+        description="Delay of each level, space-separated, level 1 first (units ms, s, m, h, d); "
+        "one queue of SCHEDULE_TOPIC_XXXX per level.",
+    )
+    broker_transaction_enable: bool | None = Field(
+        None,
+        description="Run the transaction service (half messages, commit/rollback, check-back); "
+        "default: true for role=business, else false.",
+    )
+    broker_transaction_timeout_ms: int = Field(
+        6_000,
+        ge=1,
+        description="A half message without a commit or rollback this long after it was sent "
+        "gets its first check-back.",
+    )
+    broker_transaction_check_interval_ms: int = Field(
+        30_000, ge=1, description="Time between two check-backs of the same half message."
+    )
+    broker_transaction_check_max: int = Field(
+        15,
+        ge=0,
+        description="Check-backs of one half message before the broker rolls it back.",
     )
 
     @field_validator("broker_name")
@@ -43,6 +75,29 @@ class BrokerSettings(CommonSettings):
     def _name(cls, v: str) -> str:
         validate_broker_name(v)
         return v
+
+    @field_validator("broker_delay_levels")
+    @classmethod
+    def _levels(cls, v: str) -> str:
+        parse_delay_levels(v)
+        return v
+
+    @property
+    def delay_levels_ms(self) -> list[int]:
+        """Delay of level ``n`` at index ``n - 1``, in milliseconds."""
+        return parse_delay_levels(self.broker_delay_levels)
+
+    @property
+    def runs_schedule(self) -> bool:
+        if self.broker_schedule_enable is None:
+            return self.broker_role == "business"
+        return self.broker_schedule_enable
+
+    @property
+    def runs_transactions(self) -> bool:
+        if self.broker_transaction_enable is None:
+            return self.broker_role == "business"
+        return self.broker_transaction_enable
 
     @property
     def hosts_trace_topic(self) -> bool:

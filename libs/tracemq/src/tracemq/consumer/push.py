@@ -3,9 +3,28 @@
 One Kafka consumer per data cluster (group id = the consumer group in CLUSTERING mode; a
 per-instance group in BROADCASTING mode, so every instance gets every message and keeps its own
 offsets). Offsets are committed only after the listener's result: the committed offset of a
-queue is the lowest offset still in flight. A failed message (RECONSUME_LATER, an exception, a
-None result or a time-out) is redelivered in-process until the broker's retry service exists;
-every attempt is traced with its retry count.
+queue is the lowest offset still in flight.
+
+Retries (CLUSTERING, RocketMQ's ``sendMessageBack``): a failed message (RECONSUME_LATER, an
+exception, a None result or a time-out) is sent back to the broker that stored it — to its
+``SCHEDULE_TOPIC_XXXX`` at level ``3 + reconsume_times`` (capped at the broker's last level;
+``ConsumeContext.delay_level_when_next_consume`` > 0 overrides it, < 0 sends the message to the
+dead-letter queue at once) with ``REAL_TOPIC=%RETRY%<group>``, ``REAL_QID=0``,
+``RECONSUME_TIME`` + 1, ``RETRY_TOPIC`` = its topic, ``ORIGIN_MESSAGE_ID`` and the same msgId —
+and its offset counts as consumed only once the broker has acknowledged the send-back. Every
+consumer of the group also consumes ``%RETRY%<group>`` (tag ``*``, from its beginning for a new
+group, as RocketMQ), asking each broker hosting its topics to create it at start
+(``retry.ensure``); a message read from there is presented with its original topic
+(``RETRY_TOPIC``) to the listener and the trace, and SubBefore's retryTimes is its
+``RECONSUME_TIME``. After ``max_reconsume_times`` retries (16) a failure sends the message to
+``%DLQ%<group>`` (queue 0 of the same broker) instead, traced as a Pub of the consumer group to
+that topic. If a send-back (or the dead-letter write) fails, the message is consumed again
+locally after ``in_process_retry_delay_ms`` with its reconsume count + 1 (as RocketMQ), and a
+new failure tries the broker again: a message is never dropped.
+
+Orderly listeners suspend the queue and retry locally, up to ``max_reconsume_times``, then
+dead-letter the message. BROADCASTING mode does not retry (as RocketMQ): a failed message is
+logged, counted in ``tracemq_consumer_given_up_total`` and dropped after its trace.
 """
 
 from __future__ import annotations
@@ -35,22 +54,54 @@ from tracemq.consumer.listener import (
     OrderlyListener,
 )
 from tracemq.errors import ClientStateError, NoRouteError
-from tracemq.hooks import ConsumeMessageContext, ConsumeMessageHook, call_hooks
+from tracemq.hooks import ConsumeMessageContext, ConsumeMessageHook, SendMessageContext, call_hooks
 from tracemq.log import get_logger
-from tracemq.message import MessageExt
-from tracemq.naming import kafka_topic, validate_group, validate_topic
+from tracemq.message import (
+    Message,
+    MessageConst,
+    MessageExt,
+    MessageQueue,
+    SendResult,
+    SendStatus,
+)
+from tracemq.message_id import encode_offset_msg_id
+from tracemq.naming import (
+    SCHEDULE_TOPIC,
+    dlq_topic,
+    kafka_topic,
+    retry_topic,
+    validate_group,
+    validate_topic,
+)
 from tracemq.protocol.control import Subscription
+from tracemq.protocol.forwarding import ROUTING_PROPERTIES
 from tracemq.routing import QueueRoute
-from tracemq.trace import ConsumeReturnType
+from tracemq.trace import ConsumeReturnType, MessageType
 
 log = get_logger("consumer")
 
 CONSUMED = Counter("tracemq_consumer_messages_total", "Listener outcomes", ["group", "result"])
 GIVEN_UP = Counter(
     "tracemq_consumer_given_up_total",
-    "Messages that failed max_reconsume_times+1 times (no DLQ yet)",
+    "Failed messages dropped: BROADCASTING mode does not retry (as RocketMQ)",
     ["group"],
 )
+SENT_BACK = Counter(
+    "tracemq_consumer_sent_back_total",
+    "Failed messages sent back to the broker for a retry (result: ok, failed)",
+    ["group", "result"],
+)
+DEAD_LETTERED = Counter(
+    "tracemq_consumer_dead_lettered_total",
+    "Messages moved to %DLQ%<group> after max_reconsume_times retries",
+    ["group"],
+)
+
+#: RocketMQ: a retry waits ``3 + reconsume_times`` levels (10 s, 30 s, 1 m, ... by default).
+RETRY_BASE_LEVEL = 3
+SEND_BACK_TIMEOUT_S = 5.0
+#: a broker that did not answer ``retry.ensure`` is asked again after this long
+RETRY_ENSURE_BACKOFF_S = 60.0
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -115,9 +166,15 @@ class _ClusterConsumer:
     async def on_assigned(self, assigned: list[TopicPartition]) -> None:
         for tp in assigned:
             self.pqs[tp] = ProcessQueue()
+        retry = [tp for tp in assigned if tp.topic in self.parent._retry_ktopics]
+        for tp in retry:  # a new group reads its retry queues from the start (RocketMQ)
+            if await self.consumer.committed(tp) is None:
+                await self.consumer.seek_to_beginning(tp)
         if self.parent.consume_from != ConsumeFromWhere.TIMESTAMP:
             return
-        fresh = [tp for tp in assigned if await self.consumer.committed(tp) is None]
+        fresh = [
+            tp for tp in assigned if tp not in retry and await self.consumer.committed(tp) is None
+        ]
         if fresh:
             ts = self.parent.consume_timestamp_ms or now_ms() - 30 * 60 * 1000
             found = await self.consumer.offsets_for_times({tp: ts for tp in fresh})
@@ -161,10 +218,14 @@ class _ClusterConsumer:
                 route = p._route_for(tp.topic)
                 store_host = await p._runtime.store_host(route.address) if route else "0.0.0.0:0"
                 batch: list[MessageExt] = []
+                from_retry = tp.topic in p._retry_ktopics
                 for rec in records:
                     msg = to_message_ext(rec, store_host)
-                    tags = p._subscriptions.get(msg.topic)
-                    if msg.topic not in p._subscriptions or not _tags.matches(tags, msg.tags):
+                    if from_retry:  # present it as what it was: a message of its own topic
+                        msg.topic = msg.properties.get(MessageConst.RETRY_TOPIC) or msg.topic
+                    elif msg.topic not in p._subscriptions or not _tags.matches(
+                        p._subscriptions.get(msg.topic), msg.tags
+                    ):
                         pq.skip(rec.offset)
                         continue
                     pq.add(rec.offset)
@@ -229,6 +290,7 @@ class PushConsumer:
         self.consume_timeout_s = consume_timeout_minutes * 60
         self.pull_batch_size = pull_batch_size
         self.pull_threshold_per_queue = pull_threshold_per_queue
+        #: delay before consuming a message again locally when its send-back failed
         self.in_process_retry_delay_ms = in_process_retry_delay_ms
         self.commit_interval_ms = commit_interval_ms
         self.session_timeout_ms = session_timeout_ms
@@ -263,6 +325,14 @@ class PushConsumer:
         self._listener_is_async = False
         self._outcome_counters: dict[ConsumeReturnType, Any] = {}
         self._idle = asyncio.Event()
+        # retries: %RETRY%<group> (clustering only), its Kafka topics, brokers that created it
+        self._retry_topic: str | None = (
+            retry_topic(self.group) if self.message_model == MessageModel.CLUSTERING else None
+        )
+        self._retry_ktopics: set[str] = set()
+        self._retry_ready: set[str] = set()
+        self._retry_asked: dict[str, float] = {}  # broker -> loop time of the last request
+        self._dlq_trace: Any = None
 
     # -- configuration ---------------------------------------------------------------------
     def subscribe(self, topic: str, expression: str = "*") -> None:
@@ -300,14 +370,20 @@ class PushConsumer:
             raise ClientStateError("subscribe to at least one topic before start()")
         if self._listener is None:
             raise ClientStateError("register a message listener before start()")
+        if self._retry_topic is not None:
+            validate_topic(self._retry_topic)  # a group too long for its retry topic fails here
+            validate_topic(dlq_topic(self.group))
         self._state = "starting"
         try:
             await self._runtime.start()
             if self._runtime.dispatcher is not None:
-                from tracemq.trace._hooks import ConsumeMessageTraceHook
+                from tracemq.trace._hooks import ConsumeMessageTraceHook, SendMessageTraceHook
 
                 self._hooks.append(
                     ConsumeMessageTraceHook(self._runtime.dispatcher, self._runtime.trace_topic)
+                )
+                self._dlq_trace = SendMessageTraceHook(
+                    self._runtime.dispatcher, self._runtime.trace_topic
                 )
             self._work = asyncio.Queue(maxsize=self.consume_concurrency * 2)
             if not self._orderly:
@@ -365,16 +441,38 @@ class PushConsumer:
     async def _sync_clusters(self, *, initial: bool = False) -> None:
         wanted: dict[str, set[str]] = defaultdict(set)
         routes: dict[str, QueueRoute] = {}
+        brokers: set[str] = set()
         for topic in self._subscriptions:
             route = await self._runtime.routes.get(topic)
             if not route.queues and initial:
                 raise NoRouteError(f"no route for topic {topic!r}: no live broker hosts it")
             for q in route.queues:
+                brokers.add(q.broker)
                 if not q.readable:
                     continue
                 kt = kafka_topic(q.broker, topic)
                 wanted[q.data_bootstrap].add(kt)
                 routes[kt] = q
+        if self._retry_topic is not None:
+            now = asyncio.get_running_loop().time()
+            ask = {
+                b
+                for b in brokers - self._retry_ready
+                if b not in self._retry_asked
+                or now >= self._retry_asked[b] + RETRY_ENSURE_BACKOFF_S
+            }
+            if ask:
+                self._retry_asked.update(dict.fromkeys(ask, now))
+                await self._ensure_retry(ask)
+            route = await self._runtime.routes.get(self._retry_topic)
+            if brokers - {q.broker for q in route.queues}:
+                route = await self._runtime.routes.get(self._retry_topic, refresh=True)
+            for q in route.queues:
+                if q.readable:
+                    kt = kafka_topic(q.broker, self._retry_topic)
+                    wanted[q.data_bootstrap].add(kt)
+                    routes[kt] = q
+                    self._retry_ktopics.add(kt)
         self._routes.update(routes)
         for bootstrap, topics in wanted.items():
             cc = self._clusters.get(bootstrap)
@@ -384,6 +482,31 @@ class PushConsumer:
                 await cc.start()
             else:
                 cc.resubscribe(topics)
+
+    async def _ensure_retry(self, brokers: set[str]) -> None:
+        """Ask ``brokers`` to create this group's retry and dead-letter topics (``retry.ensure``).
+        A failure is logged, not raised: the next route sync asks again, and the broker also
+        creates a missing retry topic when it first forwards a retry to it."""
+        from tracemq.admin import AdminClient
+
+        s = self.settings
+        try:
+            async with AdminClient(
+                s.control_bootstrap, s.redis_url, redis_prefix=s.redis_prefix, timeout_s=10
+            ) as admin:
+                for broker in sorted(brokers):
+                    try:
+                        await admin.ensure_retry_topics(broker, self.group)
+                        self._retry_ready.add(broker)
+                    except Exception as exc:
+                        log.warning(
+                            "retry topics not ensured",
+                            group=self.group,
+                            broker=broker,
+                            error=repr(exc),
+                        )
+        except Exception as exc:
+            log.warning("retry topics not ensured", group=self.group, error=repr(exc))
 
     async def _watch_routes(self) -> None:
         changes = self._runtime.routes.subscribe_changes()
@@ -425,8 +548,9 @@ class PushConsumer:
         """A worker must never die silently: log it and start a new one."""
         if task.cancelled() or self._state == "shutdown":
             return
-        log.error("listener worker died; restarting it", group=self.group,
-                  error=repr(task.exception()))
+        log.error(
+            "listener worker died; restarting it", group=self.group, error=repr(task.exception())
+        )
         if i < len(self._workers):
             self._workers[i] = self._spawn_worker(i)
 
@@ -436,12 +560,12 @@ class PushConsumer:
             cc, tp, pq, msgs, route = await self._work.get()
             self._in_flight += 1
             try:
-                ok = await self._consume(msgs, route)
+                ok, level = await self._consume(msgs, route)
                 if ok:
                     for m in msgs:
                         pq.done(m.queue_offset)
                 else:
-                    self._retry_later(pq, msgs, route)
+                    await self._failed(pq, msgs, route, level)
             finally:
                 self._leave()
 
@@ -453,13 +577,16 @@ class PushConsumer:
                 while True:
                     if pq.dropped:
                         break
-                    ok = await self._consume(msgs, route)
+                    ok, _ = await self._consume(msgs, route)
                     if ok:
                         for m in msgs:
                             pq.done(m.queue_offset)
                         break
                     if msgs[0].reconsume_times >= self.max_reconsume_times:
-                        self._give_up(pq, msgs)
+                        if self.message_model == MessageModel.BROADCASTING:
+                            self._give_up(pq, msgs)
+                        else:
+                            await self._dead_letter_until_done(pq, msgs, route)
                         break
                     for m in msgs:
                         m.reconsume_times += 1
@@ -472,13 +599,38 @@ class PushConsumer:
         if not self._in_flight:
             self._idle.set()
 
-    def _retry_later(
-        self, pq: ProcessQueue, msgs: list[MessageExt], route: QueueRoute | None
+    # -- failures: send back, dead-letter, local re-consume -------------------------------
+    async def _failed(
+        self, pq: ProcessQueue, msgs: list[MessageExt], route: QueueRoute | None, level: int
     ) -> None:
-        if msgs[0].reconsume_times >= self.max_reconsume_times:
+        """A concurrent listener failed ``msgs``: send each back (or to the DLQ); the offset of
+        each is done once the broker has it; the others are consumed again locally."""
+        if self.message_model == MessageModel.BROADCASTING:
             self._give_up(pq, msgs)
             return
+        again = []
+        for m in msgs:
+            if pq.dropped:
+                return  # the queue moved to another consumer, which will deliver it again
+            try:
+                await self._send_back(m, route, level)
+            except Exception as exc:
+                SENT_BACK.labels(self.group, "failed").inc()
+                log.warning(
+                    "send-back failed; consuming again locally",
+                    group=self.group,
+                    msg_id=m.msg_id,
+                    error=repr(exc),
+                )
+                again.append(m)
+            else:
+                pq.done(m.queue_offset)
+        if again:
+            self._reconsume_later(pq, again, route)
 
+    def _reconsume_later(
+        self, pq: ProcessQueue, msgs: list[MessageExt], route: QueueRoute | None
+    ) -> None:
         async def again() -> None:
             await asyncio.sleep(self.in_process_retry_delay_ms / 1000)
             for m in msgs:
@@ -487,11 +639,12 @@ class PushConsumer:
             try:
                 if pq.dropped:
                     return
-                if await self._consume(msgs, route):
+                ok, level = await self._consume(msgs, route)
+                if ok:
                     for m in msgs:
                         pq.done(m.queue_offset)
                 else:
-                    self._retry_later(pq, msgs, route)
+                    await self._failed(pq, msgs, route, level)
             finally:
                 self._leave()
 
@@ -499,18 +652,139 @@ class PushConsumer:
         self._retry_tasks.add(task)
         task.add_done_callback(self._retry_tasks.discard)
 
+    async def _dead_letter_until_done(
+        self, pq: ProcessQueue, msgs: list[MessageExt], route: QueueRoute | None
+    ) -> None:
+        """Orderly: the queue stays suspended until every message is in the DLQ."""
+        for m in msgs:
+            while not pq.dropped:
+                try:
+                    await self._send_back(m, route, -1)
+                    break
+                except Exception as exc:
+                    log.warning(
+                        "dead-letter write failed; retrying",
+                        group=self.group,
+                        msg_id=m.msg_id,
+                        error=repr(exc),
+                    )
+                    await asyncio.sleep(self.in_process_retry_delay_ms / 1000)
+            pq.done(m.queue_offset)
+
     def _give_up(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
         GIVEN_UP.labels(self.group).inc(len(msgs))
         log.error(
-            "message failed max_reconsume_times; giving up (no DLQ yet)",
+            "message failed in BROADCASTING mode; not retried (as RocketMQ)",
             group=self.group,
             msg_ids=[m.msg_id for m in msgs],
         )
         for m in msgs:
             pq.done(m.queue_offset)
 
-    async def _consume(self, msgs: list[MessageExt], route: QueueRoute | None) -> bool:
-        """Run the listener once over ``msgs`` with hooks; True when consumed successfully."""
+    def _back_headers(self, m: MessageExt) -> list[tuple[str, bytes]]:
+        props = {k: v for k, v in m.properties.items() if k not in ROUTING_PROPERTIES}
+        props[MessageConst.UNIQ_KEY] = m.msg_id
+        props[MessageConst.RETRY_TOPIC] = m.topic
+        props[MessageConst.ORIGIN_MESSAGE_ID] = (
+            props.get(MessageConst.ORIGIN_MESSAGE_ID) or m.msg_id
+        )
+        props[MessageConst.RECONSUME_TIME] = str(m.reconsume_times + 1)
+        props[MessageConst.MAX_RECONSUME_TIMES] = str(self.max_reconsume_times)
+        return [(k, v.encode()) for k, v in props.items()]
+
+    async def _delay_levels(self, broker: str) -> int:
+        """How many delay levels ``broker``'s schedule service has (0: it has none)."""
+        for refresh in (False, True):
+            route = await self._runtime.routes.get(SCHEDULE_TOPIC, refresh=refresh)
+            for q in route.queues:
+                if q.broker == broker and q.writable:
+                    return q.write_queues
+        return 0
+
+    async def _send_back(self, m: MessageExt, route: QueueRoute | None, level: int) -> None:
+        """Send ``m`` back to the broker that stored it: to the schedule topic for a retry, or to
+        the dead-letter topic (``level < 0`` or retries exhausted). Raises if not acknowledged."""
+        if route is None:
+            raise NoRouteError(f"no route to the broker of {m.queue}")
+        if level < 0 or m.reconsume_times >= self.max_reconsume_times:
+            await self._dead_letter(m, route)
+            return
+        assert self._retry_topic is not None
+        levels = await self._delay_levels(route.broker)
+        if not levels:
+            raise NoRouteError(f"broker {route.broker!r} runs no schedule service")
+        level = min(level or RETRY_BASE_LEVEL + m.reconsume_times, levels)
+        headers = self._back_headers(m)
+        headers += [
+            (MessageConst.DELAY, str(level).encode()),
+            (MessageConst.REAL_TOPIC, self._retry_topic.encode()),
+            (MessageConst.REAL_QID, b"0"),
+        ]
+        producer = await self._runtime.pool.get(route.data_bootstrap)
+        await asyncio.wait_for(
+            producer.send_and_wait(
+                kafka_topic(route.broker, SCHEDULE_TOPIC),
+                m.body,
+                partition=level - 1,
+                headers=headers,
+            ),
+            SEND_BACK_TIMEOUT_S,
+        )
+        SENT_BACK.labels(self.group, "ok").inc()
+
+    async def _dead_letter(self, m: MessageExt, route: QueueRoute) -> None:
+        dlq = dlq_topic(self.group)
+        hosted = {q.broker for q in (await self._runtime.routes.get(dlq)).queues}
+        if route.broker not in hosted:
+            await self._ensure_retry({route.broker})
+            hosted = {q.broker for q in (await self._runtime.routes.get(dlq, refresh=True)).queues}
+            if route.broker not in hosted:
+                raise NoRouteError(f"broker {route.broker!r} has no {dlq!r}")
+        ctx = SendMessageContext(
+            producer_group=self.group,
+            message=Message(dlq, m.body, tags=m.tags, keys=m.key_list),
+            msg_id=m.msg_id,
+            msg_type=MessageType.Normal_Msg,
+            born_host=self._runtime.client_host,
+            queue=MessageQueue(dlq, route.broker, 0),
+            broker_address=route.address,
+            region_id=route.region_id,
+            trace_on=route.trace_on,
+            begin_timestamp=now_ms(),
+        )
+        producer = await self._runtime.pool.get(route.data_bootstrap)
+        md = await asyncio.wait_for(
+            producer.send_and_wait(
+                kafka_topic(route.broker, dlq), m.body, partition=0, headers=self._back_headers(m)
+            ),
+            SEND_BACK_TIMEOUT_S,
+        )
+        DEAD_LETTERED.labels(self.group).inc()
+        log.warning(
+            "message moved to the dead-letter queue",
+            group=self.group,
+            msg_id=m.msg_id,
+            topic=m.topic,
+            reconsume_times=m.reconsume_times,
+        )
+        if self._dlq_trace is not None:  # a Pub to %DLQ%<group> tells the trace it ended there
+            store_host = await self._runtime.store_host(route.address)
+            ctx.end_timestamp = now_ms()
+            ctx.send_result = SendResult(
+                send_status=SendStatus.SEND_OK,
+                msg_id=m.msg_id,
+                offset_msg_id=encode_offset_msg_id(store_host, 0, md.offset),
+                queue=ctx.queue,  # type: ignore[arg-type]
+                queue_offset=md.offset,
+                region_id=route.region_id,
+                trace_on=route.trace_on,
+                store_timestamp=ctx.end_timestamp,
+            )
+            call_hooks([self._dlq_trace], "send_message_after", ctx)
+
+    async def _consume(self, msgs: list[MessageExt], route: QueueRoute | None) -> tuple[bool, int]:
+        """Run the listener once over ``msgs`` with hooks: (consumed successfully, the
+        listener's ``delay_level_when_next_consume``)."""
         assert self._listener is not None
         queue = msgs[0].queue
         cctx = ConsumeContext(queue=queue)
@@ -566,4 +840,4 @@ class PushConsumer:
         if counter is None:
             counter = self._outcome_counters[code] = CONSUMED.labels(self.group, code.name)
         counter.inc(len(msgs))
-        return hctx.success
+        return hctx.success, cctx.delay_level_when_next_consume

@@ -1,5 +1,19 @@
-"""Producers: :class:`Producer` (and, with the transaction service, TransactionProducer)."""
+"""Producers: :class:`Producer` and :class:`TransactionProducer`."""
 
 from tracemq.producer.producer import MessageQueueSelector, Producer, SendError
+from tracemq.producer.transaction import (
+    LocalTransactionState,
+    TransactionListener,
+    TransactionProducer,
+    TransactionSendResult,
+)
 
-__all__ = ["MessageQueueSelector", "Producer", "SendError"]
+__all__ = [
+    "LocalTransactionState",
+    "MessageQueueSelector",
+    "Producer",
+    "SendError",
+    "TransactionListener",
+    "TransactionProducer",
+    "TransactionSendResult",
+]

@@ -5,12 +5,28 @@ record to partition ``queue_id`` of ``<broker>.<topic>`` on that broker's cluste
 on another queue — preferably another broker — with the same msgId (``retry_times_when_send_failed``,
 2 by default). Every message of :meth:`Producer.send_batch` keeps its own msgId and its own Pub
 trace (RocketMQ cannot trace batch members).
+
+Delayed messages (``Message.delay_level = n > 0``): the real queue is chosen as usual among the
+brokers that run a schedule service with at least ``n`` levels (the route of
+``SCHEDULE_TOPIC_XXXX`` tells which, and how many levels each has); the record goes to partition
+``n - 1`` of that *same* broker's ``SCHEDULE_TOPIC_XXXX`` with the properties ``DELAY``,
+``REAL_TOPIC`` and ``REAL_QID``, and the broker delivers it to the real queue when due, with the
+same msgId. A level beyond every candidate broker's levels is refused with
+:class:`~tracemq.message.InvalidMessageError`. The Pub trace has msgType ``Delay_Msg``. The
+:class:`SendResult` describes the record where it is stored until due, like RocketMQ's (whose
+queueId is ``level - 1``): ``queue`` is ``SCHEDULE_TOPIC_XXXX@<broker>#<level-1>``, and
+``queue_offset`` / ``offset_msg_id`` are that record's; where it will be delivered is
+``(msg.topic, queue.broker, REAL_QID)``. Batches cannot be delayed (as in RocketMQ).
+
+Half messages of :class:`~tracemq.producer.transaction.TransactionProducer` take the same path
+to ``RMQ_SYS_TRANS_HALF_TOPIC`` (queue 0) with ``TRAN_MSG=true``; see that module.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka.structs import RecordMetadata
@@ -28,7 +44,7 @@ from tracemq.message import (
     SendStatus,
 )
 from tracemq.message_id import encode_offset_msg_id, new_msg_id
-from tracemq.naming import kafka_topic, validate_group
+from tracemq.naming import HALF_TOPIC, SCHEDULE_TOPIC, kafka_topic, validate_group
 from tracemq.producer._fault import FaultTolerance
 from tracemq.routing import QueueRoute, TopicRoute
 from tracemq.trace import MessageType
@@ -43,6 +59,16 @@ class SendError(TracemqError):
     """Every attempt of a send failed; ``__cause__`` is the last failure."""
 
     retriable = True
+
+
+@dataclass(frozen=True, slots=True)
+class _Placement:
+    """Where a message is physically written, and the queue its SendResult reports."""
+
+    ktopic: str
+    partition: int
+    queue: MessageQueue
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 class Producer:
@@ -146,14 +172,11 @@ class Producer:
             )
         if not msg.body:
             raise InvalidMessageError("body is empty")
-        if msg.delay_level:
-            raise InvalidMessageError(
-                "delay_level needs the broker's schedule service, "
-                "which this version does not provide yet"
-            )
         return msg
 
-    async def _queues(self, topic: str) -> tuple[TopicRoute, list[tuple[QueueRoute, int]]]:
+    async def _queues(
+        self, topic: str, *, delay_level: int = 0, half: bool = False
+    ) -> tuple[TopicRoute, list[tuple[QueueRoute, int]]]:
         route = await self._runtime.routes.require(topic)
         queues = [(q, i) for q in route.queues if q.writable for i in range(q.write_queues)]
         if not queues:
@@ -161,7 +184,70 @@ class Producer:
             queues = [(q, i) for q in route.queues if q.writable for i in range(q.write_queues)]
         if not queues:
             raise SendError(f"topic {topic!r} has no writable queue")
+        if delay_level:
+            levels = await self._service_brokers(SCHEDULE_TOPIC, {q.broker for q, _ in queues})
+            if not levels:
+                raise SendError(
+                    f"no broker hosting {topic!r} runs a schedule service; "
+                    "a delayed message needs one"
+                )
+            if delay_level > max(levels.values()):
+                raise InvalidMessageError(
+                    f"delay_level {delay_level} is out of range: the brokers hosting {topic!r} "
+                    f"have {max(levels.values())} delay levels"
+                )
+            queues = [(q, i) for q, i in queues if levels.get(q.broker, 0) >= delay_level]
+        if half:
+            hosts = await self._service_brokers(HALF_TOPIC, {q.broker for q, _ in queues})
+            queues = [(q, i) for q, i in queues if q.broker in hosts]
+            if not queues:
+                raise SendError(
+                    f"no broker hosting {topic!r} runs a transaction service; "
+                    "a transactional message needs one"
+                )
         return route, queues
+
+    async def _service_brokers(self, system_topic: str, brokers: set[str]) -> dict[str, int]:
+        """Brokers among ``brokers`` hosting ``system_topic`` (a broker service), with their
+        writable queue count (for the schedule topic: the number of delay levels)."""
+
+        def hosts(route: TopicRoute) -> dict[str, int]:
+            return {
+                q.broker: q.write_queues for q in route.queues if q.writable and q.broker in brokers
+            }
+
+        found = hosts(await self._runtime.routes.get(system_topic))
+        if not found:  # route changes refresh the cache; only an empty answer is re-read
+            found = hosts(await self._runtime.routes.get(system_topic, refresh=True))
+        return found
+
+    def _place(self, q: QueueRoute, qid: int, msg: Message, *, half: bool = False) -> _Placement:
+        if half:
+            return _Placement(
+                kafka_topic(q.broker, HALF_TOPIC),
+                0,
+                MessageQueue(HALF_TOPIC, q.broker, 0),
+                (
+                    (MessageConst.TRAN_MSG, b"true"),
+                    (MessageConst.REAL_TOPIC, msg.topic.encode()),
+                    (MessageConst.REAL_QID, str(qid).encode()),
+                ),
+            )
+        if msg.delay_level:
+            level = msg.delay_level
+            return _Placement(
+                kafka_topic(q.broker, SCHEDULE_TOPIC),
+                level - 1,
+                MessageQueue(SCHEDULE_TOPIC, q.broker, level - 1),
+                (
+                    (MessageConst.DELAY, str(level).encode()),
+                    (MessageConst.REAL_TOPIC, msg.topic.encode()),
+                    (MessageConst.REAL_QID, str(qid).encode()),
+                ),
+            )
+        return _Placement(
+            kafka_topic(q.broker, msg.topic), qid, MessageQueue(msg.topic, q.broker, qid)
+        )
 
     def _pick(
         self, queues: list[tuple[QueueRoute, int]], avoid: str | None
@@ -194,15 +280,18 @@ class Producer:
         return h
 
     async def _produce(
-        self, q: QueueRoute, qid: int, msg: Message, headers: list[tuple[str, bytes]]
+        self, q: QueueRoute, place: _Placement, msg: Message, headers: list[tuple[str, bytes]]
     ) -> asyncio.Future[RecordMetadata]:
         producer = await self._runtime.pool.get(q.data_bootstrap)
         return await producer.send(
-            kafka_topic(q.broker, msg.topic), msg.body, partition=qid, headers=headers
+            place.ktopic,
+            msg.body,
+            partition=place.partition,
+            headers=[*headers, *place.headers] if place.headers else headers,
         )
 
     async def _result(
-        self, q: QueueRoute, qid: int, msg_id: str, md: RecordMetadata, topic: str
+        self, q: QueueRoute, place: _Placement, msg_id: str, md: RecordMetadata
     ) -> SendResult:
         store_host = await self._runtime.store_host(q.address)
         # Kafka LogAppendTime (type 1) is the broker's store time; otherwise the ack time.
@@ -210,8 +299,8 @@ class Producer:
         return SendResult(
             send_status=SendStatus.SEND_OK,
             msg_id=msg_id,
-            offset_msg_id=encode_offset_msg_id(store_host, qid, md.offset),
-            queue=MessageQueue(topic, q.broker, qid),
+            offset_msg_id=encode_offset_msg_id(store_host, place.partition, md.offset),
+            queue=place.queue,
             queue_offset=md.offset,
             region_id=q.region_id,
             trace_on=q.trace_on,
@@ -229,15 +318,34 @@ class Producer:
         """Send and wait for the broker's acknowledgement. ``timeout`` (s) covers all retries.
 
         With ``selector`` (ordered messages) the selected queue is used and not changed on retry.
+        A message with ``delay_level`` is delivered when due (see the module docstring).
         """
         msg = self._check(msg)
+        result, _ = await self._send(msg, timeout=timeout, selector=selector, arg=arg)
+        return result
+
+    async def _send(
+        self,
+        msg: Message,
+        *,
+        timeout: float | None = None,
+        selector: MessageQueueSelector | None = None,
+        arg: Any = None,
+        half: bool = False,
+    ) -> tuple[SendResult, QueueRoute]:
         msg_id = new_msg_id()
-        route, queues = await self._queues(msg.topic)
+        route, queues = await self._queues(msg.topic, delay_level=msg.delay_level, half=half)
+        if half:
+            msg_type = MessageType.Trans_Msg_Half
+        elif msg.delay_level:
+            msg_type = MessageType.Delay_Msg
+        else:
+            msg_type = MessageType.Order_Msg if selector else MessageType.Normal_Msg
         ctx = SendMessageContext(
             producer_group=self.group,
             message=msg,
             msg_id=msg_id,
-            msg_type=MessageType.Order_Msg if selector else MessageType.Normal_Msg,
+            msg_type=msg_type,
             born_host=self._runtime.client_host,
         )
         headers = self._headers(msg, msg_id)
@@ -248,7 +356,8 @@ class Producer:
         ctx.begin_timestamp = now_ms()
         for attempt in range(attempts):
             q, qid = fixed or self._pick(queues, avoid)
-            ctx.queue = MessageQueue(msg.topic, q.broker, qid)
+            place = self._place(q, qid, msg, half=half)
+            ctx.queue = place.queue
             ctx.broker_address, ctx.region_id, ctx.trace_on = q.address, q.region_id, q.trace_on
             if attempt == 0:
                 call_hooks(self._hooks, "send_message_before", ctx)
@@ -257,7 +366,7 @@ class Producer:
                     raise TimeoutError(f"send timed out after {attempt} attempt(s)")
                 # One deadline for enqueue + ack; asyncio.timeout_at creates no extra task.
                 async with asyncio.timeout_at(deadline):
-                    md = await (await self._produce(q, qid, msg, headers))
+                    md = await (await self._produce(q, place, msg, headers))
             except Exception as exc:
                 self._faults.failed(q.broker)
                 ctx.exception = exc
@@ -273,10 +382,10 @@ class Producer:
                 )
                 continue
             self._faults.succeeded(q.broker)
-            result = await self._result(q, qid, msg_id, md, msg.topic)
+            result = await self._result(q, place, msg_id, md)
             ctx.end_timestamp, ctx.send_result, ctx.exception = now_ms(), result, None
             call_hooks(self._hooks, "send_message_after", ctx)
-            return result
+            return result, q
         ctx.end_timestamp = now_ms()
         call_hooks(self._hooks, "send_message_after", ctx)
         raise SendError(
@@ -303,35 +412,38 @@ class Producer:
         recorded when the ack (or failure) arrives."""
         msg = self._check(msg)
         msg_id = new_msg_id()
-        _, queues = await self._queues(msg.topic)
+        _, queues = await self._queues(msg.topic, delay_level=msg.delay_level)
         q, qid = self._pick(queues, None)
+        place = self._place(q, qid, msg)
         ctx = SendMessageContext(
             producer_group=self.group,
             message=msg,
             msg_id=msg_id,
-            msg_type=MessageType.Normal_Msg,
+            msg_type=MessageType.Delay_Msg if msg.delay_level else MessageType.Normal_Msg,
             born_host=self._runtime.client_host,
-            queue=MessageQueue(msg.topic, q.broker, qid),
+            queue=place.queue,
             broker_address=q.address,
             region_id=q.region_id,
             trace_on=q.trace_on,
             begin_timestamp=now_ms(),
         )
         call_hooks(self._hooks, "send_message_before", ctx)
-        fut = await self._produce(q, qid, msg, self._headers(msg, msg_id))
-        fut.add_done_callback(lambda f: asyncio.ensure_future(self._oneway_done(f, ctx, q, qid)))
+        fut = await self._produce(q, place, msg, self._headers(msg, msg_id))
+        fut.add_done_callback(lambda f: asyncio.ensure_future(self._oneway_done(f, ctx, q, place)))
 
     async def _oneway_done(
-        self, fut: asyncio.Future[RecordMetadata], ctx: SendMessageContext, q: QueueRoute, qid: int
+        self,
+        fut: asyncio.Future[RecordMetadata],
+        ctx: SendMessageContext,
+        q: QueueRoute,
+        place: _Placement,
     ) -> None:
         ctx.end_timestamp = now_ms()
         if fut.cancelled() or fut.exception() is not None:
             ctx.exception = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
             self._faults.failed(q.broker)
         else:
-            ctx.send_result = await self._result(
-                q, qid, ctx.msg_id, fut.result(), ctx.message.topic
-            )
+            ctx.send_result = await self._result(q, place, ctx.msg_id, fut.result())
         call_hooks(self._hooks, "send_message_after", ctx)
 
     async def send_batch(
@@ -342,6 +454,8 @@ class Producer:
         if not msgs:
             raise InvalidMessageError("send_batch needs at least one message")
         checked = [self._check(m) for m in msgs]
+        if any(m.delay_level for m in checked):
+            raise InvalidMessageError("delay_level is not supported in a batch (as in RocketMQ)")
         topics = {m.topic for m in checked}
         if len(topics) != 1:
             raise InvalidMessageError(f"a batch must have one topic, got {sorted(topics)}")
@@ -373,14 +487,17 @@ class Producer:
             if not pending:
                 break
             q, qid = self._pick(queues, avoid)
+            place = _Placement(
+                kafka_topic(q.broker, topic), qid, MessageQueue(topic, q.broker, qid)
+            )
             futs = []
             for i in pending:
                 c = ctxs[i]
-                c.queue = MessageQueue(topic, q.broker, qid)
+                c.queue = place.queue
                 c.broker_address, c.region_id, c.trace_on = q.address, q.region_id, q.trace_on
                 try:
                     futs.append(
-                        await self._produce(q, qid, c.message, self._headers(c.message, c.msg_id))
+                        await self._produce(q, place, c.message, self._headers(c.message, c.msg_id))
                     )
                 except Exception as exc:
                     futs.append(_failed(exc))
@@ -392,7 +509,7 @@ class Producer:
                     ctxs[i].exception = md
                     still.append(i)
                 else:
-                    results[i] = await self._result(q, qid, ctxs[i].msg_id, md, topic)
+                    results[i] = await self._result(q, place, ctxs[i].msg_id, md)
             if still:
                 self._faults.failed(q.broker)
                 avoid = q.broker

@@ -3,6 +3,16 @@
 A requester (the CLI) sends an :class:`AdminRequest` keyed by the target broker and waits for an
 :class:`AdminReply` with the same ``request_id`` on ``reply_topic``. Every broker reads every
 request and acts only on those addressed to it.
+
+Operations:
+
+- ``topic.create`` / ``topic.update``: body ``topic``, ``read_queues``, ``write_queues``, ``perm``
+- ``topic.delete``: body ``topic``
+- ``topic.list``: no body
+- ``retry.ensure``: body ``group``; the broker creates ``%RETRY%<group>`` and ``%DLQ%<group>``
+  (one queue each, on its own cluster) if missing and registers them. A clustering consumer
+  sends it at start to every broker hosting its topics, as RocketMQ creates them on a
+  consumer's heartbeat (the schedule service also creates a missing one on first use).
 """
 
 from __future__ import annotations
@@ -16,7 +26,7 @@ from tracemq.protocol._envelope import SCHEMA_VERSION, ProtocolError, pack, unpa
 ADMIN_TOPIC = "tracemq.admin"
 ADMIN_REPLY_TOPIC = "tracemq.admin.reply"
 
-AdminOp = Literal["topic.create", "topic.update", "topic.delete", "topic.list"]
+AdminOp = Literal["topic.create", "topic.update", "topic.delete", "topic.list", "retry.ensure"]
 
 
 class AdminRequest(BaseModel):
@@ -28,7 +38,8 @@ class AdminRequest(BaseModel):
     broker: str = Field(min_length=1)
     reply_topic: str = ADMIN_REPLY_TOPIC
     ts: int = 0
-    #: topic.create/update: topic, read_queues, write_queues, perm; topic.delete: topic
+    #: topic.create/update: topic, read_queues, write_queues, perm; topic.delete: topic;
+    #: retry.ensure: group
     body: dict[str, Any] = Field(default_factory=dict)
 
 
