@@ -414,3 +414,135 @@ def test_a_message_cut_anywhere_keeps_every_whole_record_before_the_cut(
 def test_any_text_fields_never_raise(fields: list[str]) -> None:
     for kind in ("Pub", "SubBefore", "SubAfter", "EndTransaction", "Recall"):
         _check_shape(*decode(S.join([kind, *fields]).encode() + b"\x02"))
+
+
+# ------------------------------------------------------------ fast path == general path
+
+from tracemq_collector import events as ev  # noqa: E402
+
+_NUMBERS = st.one_of(
+    st.sampled_from(
+        ["0", "7", "007", "-1", "+5", " 5", "5 ", "", "null", "1e3", "\u0661", "\u00b2", "x"]
+    ),
+    st.integers(min_value=0, max_value=2**64).map(str),
+    st.sampled_from([str(2**31 - 1), str(2**31), str(2**63 - 1), str(2**63), "9" * 25]),
+    st.sampled_from([str(ev.MAX_TIMESTAMP_MS), str(ev.MAX_TIMESTAMP_MS + 1), str(TS)]),
+)
+_TEXTS = st.one_of(
+    st.sampled_from(["null", "", "NULL", "a b", "k1 null k2", "TagA", "true", "TRUE", "False"]),
+    st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x01\x02"), max_size=12),
+)
+_OFFSET_IDS = st.one_of(
+    st.just(OFFSET_ID),
+    st.sampled_from(["null", "", OFFSET_ID.lower(), OFFSET_ID[:-1], OFFSET_ID + "0"]),
+    st.sampled_from([" " + OFFSET_ID[1:], OFFSET_ID[:10] + " " + OFFSET_ID[11:], "G" * 32]),
+    st.text(alphabet="0123456789ABCDEFabcdef ", min_size=32, max_size=32),
+)
+
+
+def _general(text: str, ingest_ts: int = INGEST) -> dict | str | None:
+    return ev._decode_text(text, TOPIC, 2, 7, 3, ingest_ts)
+
+
+def _fast(text: str, ingest_ts: int = INGEST) -> dict | None:
+    row = ev._fast_row(text, TOPIC, 2, 7, 3, ingest_ts, None)
+    return None if row is None else dict(zip(ev.ROW_NAMES, row, strict=True))
+
+
+def _assert_same(text: str, ingest_ts: int = INGEST) -> None:
+    fast = _fast(text, ingest_ts)
+    if fast is not None:  # when the fast path answers, it answers what the general path does
+        assert fast == _general(text, ingest_ts)
+
+
+@given(
+    st.sampled_from(["Pub", "SubBefore", "SubAfter"]),
+    st.lists(st.one_of(_NUMBERS, _TEXTS, _OFFSET_IDS), min_size=5, max_size=16),
+    st.sampled_from([INGEST, 0, ev.MAX_TIMESTAMP_MS + 1]),
+)
+@settings(max_examples=1500, deadline=None)
+def test_the_fast_path_decodes_exactly_like_the_general_path(
+    kind: str, fields: list[str], ingest_ts: int
+) -> None:
+    _assert_same(S.join([kind, *fields]), ingest_ts)
+
+
+@given(
+    ts=_NUMBERS, body=_NUMBERS, cost=_NUMBERS, msg_type=_NUMBERS, success=_TEXTS,
+    offset_id=_OFFSET_IDS, text=_TEXTS,
+)  # fmt: skip
+@settings(max_examples=800, deadline=None)
+def test_the_fast_path_agrees_on_well_shaped_records(
+    ts: str, body: str, cost: str, msg_type: str, success: str, offset_id: str, text: str
+) -> None:
+    _assert_same(
+        S.join(["Pub", ts, "R", "pg", "orders", MSG_ID, text, "k1 k2", "10.0.0.9:10911", body,
+                cost, msg_type, offset_id, success or "true"])
+    )  # fmt: skip
+    _assert_same(S.join(["SubBefore", ts, text, "cg", "req", MSG_ID, body, "k1" + text]))
+    _assert_same(
+        S.join(["SubAfter", "req", MSG_ID, cost, success, text, msg_type, ts, "cg" + text])
+    )
+
+
+def test_the_fast_path_takes_the_common_records_and_leaves_the_rest() -> None:
+    for text in (pub(), sub_before(), sub_after()):
+        assert _fast(text[:-1]) is not None
+        assert _fast(text[:-1]) == _general(text[:-1])
+    for text in (
+        S.join(["Pub", str(TS), "R", "g", "t", MSG_ID, "tag", "k", "h", "1", "2", "0"]),  # 12
+        S.join(["SubAfter", "req", MSG_ID, "3", "true", "k"]),  # 6 fields
+        S.join(["SubBefore", "-1", "R", "g", "r", MSG_ID, "0", "k"]),  # a sign
+        S.join(["SubBefore", str(TS), "R", "g", "r", MSG_ID, "0", ""]),  # trailing empty
+    ):
+        assert _fast(text) is None
+
+
+def test_rows_are_the_same_whichever_path_decoded_them() -> None:
+    # rows_from_record goes through the fast path; the general path, record by record, must
+    # give the same rows.
+    value = (pub() + sub_before() + sub_after() + record("Recall", str(TS), "R", "g", "t", MSG_ID,
+             "true") + pub(ts=0) + sub_after(ts=0)).encode()  # fmt: skip
+    events, quarantine = rows_from_record(TOPIC, 2, 7, value, INGEST)
+    general: list[dict] = []
+    bad: list[dict] = []
+    for index, piece in enumerate(value.split(b"\x02")[:-1]):
+        ev._decode_piece(piece, TOPIC, 2, 7, index, INGEST, general, bad)
+    assert events == general and quarantine == bad == []
+
+
+def test_decode_message_fills_the_client_host_where_the_record_has_none() -> None:
+    old = record("SubBefore", str(TS), "R", "cg", "r", MSG_ID, "0", "k", "10.1.1.1")
+    rows, _ = ev.decode_message(TOPIC, 0, 1, (pub() + old).encode(), INGEST, "10.9.9.9")
+    hosts = [dict(zip(ev.ROW_NAMES, r, strict=True))["client_host"] for r in rows]
+    assert hosts == ["10.9.9.9", "10.1.1.1"]
+
+
+def test_the_lake_columns_written_out_agree_with_the_lake_schema() -> None:
+    assert ev.LAKE_COLUMNS == tuple(lake_schema.COLUMN_NAMES)
+    assert ev.LAKE_SCHEMA_VERSION == lake_schema.SCHEMA_VERSION
+    assert set(ev.ROW_NAMES) == ROW_KEYS
+
+
+def test_decode_chunk_gives_the_store_rows_keys_and_lake_batches() -> None:
+    value = (pub(keys="b a a null") + sub_before() + pub(keys="c") + sub_after()).encode()
+    chunk = ev.decode_chunk([(TOPIC, 2, [(7, value, "10.9.9.9"), (8, b"\xff\x02", None)])], INGEST)
+    rows, _ = rows_from_record(TOPIC, 2, 7, value, INGEST)
+    assert [e[1:] for e in chunk.store.events] == [
+        tuple(({**r, "client_host": r["client_host"] or "10.9.9.9"})[n] for n in ev.STORE_ROW)
+        for r in rows
+    ]
+    assert [e[0] for e in chunk.store.events] == [0, 1, 2, 3]
+    # The retried Pub (same msgId) indexes nothing; keys sorted, deduped, "null" dropped.
+    assert [k[:2] for k in chunk.store.key_rows] == [(0, "a"), (1, "b")]
+    assert chunk.store.key_msg_ids == [MSG_ID]
+    assert chunk.store.progress == {(TOPIC, 2): 9}
+    assert chunk.store.ordered and chunk.records == 2
+    assert [q["trace_offset"] for q in chunk.store.quarantine] == [8]
+    part = chunk.partitions[(TOPIC, 2)]
+    assert (part.first_offset, part.end_offset, part.events) == (7, 9, 4)
+    (batch,) = part.lake.values()
+    assert batch.schema == lake_schema.SCHEMA
+    expected = [{k: {**r, "client_host": r["client_host"] or "10.9.9.9"}[k]
+                 for k in lake_schema.COLUMN_NAMES} for r in rows]  # fmt: skip
+    assert batch.to_pylist() == expected

@@ -412,3 +412,51 @@ def test_an_empty_lake_reads_as_an_empty_table(lake: TraceLake) -> None:
     assert table.num_rows == 0
     assert table.schema.names == [*lake_schema.COLUMN_NAMES, "date", "hour"]
     assert lake.files() == [] and lake.recover() == [] and lake.compact(LATER) == 0
+
+
+# ------------------------------------------------------ lake files from ingest's batches
+
+from tracemq_collector.events import decode_chunk  # noqa: E402
+
+
+def decoded_segments(values: list[bytes], first: int = 0) -> Any:
+    chunk = decode_chunk([(TOPIC, 0, [(first + i, v, None) for i, v in enumerate(values)])], INGEST)
+    part = chunk.partitions[(TOPIC, 0)]
+    return chunk, (part.first_offset, part.end_offset, {k: [v] for k, v in part.lake.items()})
+
+
+def test_files_written_from_ingest_batches_equal_the_files_read_from_the_store(
+    tmp_path: Path,
+) -> None:
+    values = [encode_many(contexts(n, T0 + (n % 3) * HOUR)).data.encode() for n in range(9)]
+    with TraceStore(tmp_path / "a.db") as a, TraceStore(tmp_path / "b.db") as b:
+        chunk, segment = decoded_segments(values)
+        for s in (a, b):
+            assert s.write_rows(chunk.store)[0] == 18
+        from_batches = TraceLake(tmp_path / "lake-a", a)
+        from_store = TraceLake(tmp_path / "lake-b", b)
+        files = from_batches.write_decoded(TOPIC, 0, None, [segment])
+        assert files is not None and len(files) == 3
+        assert sorted(p.name for p in files) == sorted(p.name for p in from_store.flush(TOPIC, 0))
+        assert lake_rows(from_batches) == lake_rows(from_store) == stored_rows(a)
+        assert a.lake_progress() == b.lake_progress() == {(TOPIC, 0): 9}
+        assert a.pending_lake_segments() == []
+        # Recovery of that segment rewrites the very same files from the store.
+        a.begin_lake_segment(TOPIC, 0, 0, 9)
+        assert sorted(from_batches.recover()) == sorted(files)
+        assert lake_rows(from_batches) == stored_rows(a)
+
+
+def test_ingest_batches_are_refused_when_the_lake_is_elsewhere(store: TraceStore) -> None:
+    ingest = Ingest(store)
+    ingest.messages(T0, T0 + 1)  # offsets 0, 1 stored, not in the lake
+    values = [encode_many(contexts(n, T0)).data.encode() for n in (2, 3)]
+    chunk, segment = decoded_segments(values, first=2)
+    store.write_rows(chunk.store)
+    lake = TraceLake(store.path.parent / "lake", store)
+    # The batches start after offset 2, the lake at nothing: it must read the store.
+    assert lake.write_decoded(TOPIC, 0, 2, [segment]) is None
+    assert lake.files() == []
+    lake.flush(TOPIC, 0)
+    counts = coordinates(lake)
+    assert sum(counts.values()) == 8 and set(counts.values()) == {1}

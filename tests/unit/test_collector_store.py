@@ -487,3 +487,134 @@ def test_events_in_range_are_in_offset_order_with_their_partition(store: TraceSt
     assert store.first_event_offset(TOPIC, 9) is None
     assert store.nth_event_offset(TOPIC, 0, 0, 3) == 1
     assert store.nth_event_offset(TOPIC, 0, 0, 5) is None
+
+
+# ------------------------------------------------- ingest's path, key buckets, migration
+
+from tracemq_collector import store as store_module  # noqa: E402
+from tracemq_collector.events import decode_chunk  # noqa: E402
+from tracemq_collector.store import KEY_BUCKET_BITS, SCHEMA_VERSION  # noqa: E402
+
+
+def table(path: Path, sql: str) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(path) as conn:
+        return [tuple(r) for r in conn.execute(sql)]
+
+
+def test_ingest_rows_store_exactly_what_write_batch_stores(tmp_path: Path) -> None:
+    messages = [
+        [pub_ctx(1, T0), *consume_ctxs(1, T0 + 5)],
+        [pub_ctx(2, T0 + 1, keys="b a null a"), pub_ctx(2, T0 + 2)],  # a retried send
+        [pub_ctx(3, T0 + 3, keys="")],
+    ]
+    values = [encode_many(m).data.encode() for m in messages] + [b"\xff\x02"]
+    with TraceStore(tmp_path / "a.db") as a, TraceStore(tmp_path / "b.db") as b:
+        feed = Feed()
+        rows: list[dict[str, Any]] = []
+        quarantine: list[dict[str, Any]] = []
+        for value in values:
+            r, q, progress = feed.raw(value)
+            rows += r
+            quarantine += q
+        assert a.write_batch(rows, quarantine, progress) == 6
+        chunk = decode_chunk([(TOPIC, 0, [(i, v, None) for i, v in enumerate(values)])], INGEST)
+        assert b.write_rows(chunk.store) == (6, {(TOPIC, 0): None})
+        assert b.write_rows(chunk.store) == (0, {(TOPIC, 0): 4})  # a replay adds nothing
+        for sql in (
+            "SELECT * FROM events ORDER BY id",
+            "SELECT rowid, * FROM event_keys ORDER BY rowid",
+            "SELECT trace_offset, trace_index, reason FROM quarantine",
+            "SELECT * FROM progress",
+        ):
+            assert table(a.path, sql) == table(b.path, sql), sql
+        assert b.by_key("a")[0][0]["msg_id"] == msg_id(2)
+
+
+def test_a_partly_stored_chunk_stores_the_rest_with_its_keys(store: TraceStore) -> None:
+    values = [encode_many([pub_ctx(n, T0 + n)]).data.encode() for n in range(4)]
+    first = decode_chunk([(TOPIC, 0, [(i, v, None) for i, v in enumerate(values[:2])])], INGEST)
+    whole = decode_chunk([(TOPIC, 0, [(i, v, None) for i, v in enumerate(values)])], INGEST)
+    assert store.write_rows(first.store)[0] == 2
+    assert store.write_rows(whole.store)[0] == 2
+    assert [i["msg_id"] for i in store.by_key("shared", limit=10)[0]] == [
+        msg_id(n) for n in (3, 2, 1, 0)
+    ]
+    ids = table(store.path, "SELECT id FROM events ORDER BY id")
+    keys = table(store.path, "SELECT rowid >> 8, key FROM event_keys WHERE key != 'shared'")
+    assert ids == [(1,), (2,), (3,), (4,)]
+    assert sorted(keys) == [(1, "order-0"), (2, "order-1"), (3, "order-2"), (4, "order-3")]
+
+
+def test_key_look_ups_span_every_bucket_in_time_order(store: TraceStore) -> None:
+    feed = Feed()
+    for n in range(6):
+        store.write_batch(*feed.batch([pub_ctx(n, T0 + (n * 7) % 6)]))
+        # The next message lands in the next bucket of the key index.
+        with sqlite3.connect(store.path) as conn:
+            conn.execute(
+                "UPDATE meta SET value = value + ? WHERE key = 'next_event_id'",
+                (1 << KEY_BUCKET_BITS,),
+            )
+    buckets = table(store.path, "SELECT DISTINCT bucket FROM event_keys ORDER BY bucket")
+    assert len(buckets) == 6
+    seen: list[str] = []
+    items, cursor = store.by_key("shared", limit=4)
+    seen += [i["msg_id"] for i in items]
+    items, cursor = store.by_key("shared", limit=4, cursor=cursor)
+    seen += [i["msg_id"] for i in items]
+    assert cursor is None
+    by_time = sorted(range(6), key=lambda n: ((n * 7) % 6, n), reverse=True)
+    assert seen == [msg_id(n) for n in by_time]
+    assert [i["msg_id"] for i in store.by_key("order-4")[0]] == [msg_id(4)]
+    # Retention empties the first buckets; look-ups still find the rest.
+    assert store.delete_older_than(T0 + 2) == 2
+    assert sorted(i["msg_id"] for i in store.by_key("shared")[0]) == sorted(
+        msg_id(n) for n in range(6) if (n * 7) % 6 >= 2
+    )
+
+
+_SCHEMA_V1_KEYS = """
+CREATE TABLE event_keys (
+    key TEXT NOT NULL, msg_id TEXT NOT NULL, topic TEXT, timestamp INTEGER NOT NULL
+);
+CREATE INDEX event_keys_key_time ON event_keys (key, timestamp);
+"""
+
+
+def test_a_version_1_file_is_migrated_on_open(tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    feed = Feed()
+    with TraceStore(path) as s:
+        s.write_batch(*feed.batch([pub_ctx(1, T0)], [pub_ctx(2, T0 + 1)]))
+    with sqlite3.connect(path) as conn:  # back to version 1's key index
+        keys = conn.execute("SELECT rowid, key, msg_id, topic, timestamp FROM event_keys")
+        old = keys.fetchall()
+        conn.execute("DROP TABLE event_keys")
+        conn.executescript(_SCHEMA_V1_KEYS)
+        conn.executemany("INSERT INTO event_keys (rowid, key, msg_id, topic, timestamp) "
+                         "VALUES (?, ?, ?, ?, ?)", old)  # fmt: skip
+        conn.execute("UPDATE meta SET value = 1 WHERE key = 'schema_version'")
+    with TraceStore(path) as s:
+        assert [i["msg_id"] for i in s.by_key("shared")[0]] == [msg_id(2), msg_id(1)]
+        s.write_batch(*feed.batch([pub_ctx(3, T0 + 2)]))
+        assert [i["msg_id"] for i in s.by_key("shared")[0]][0] == msg_id(3)
+    assert table(path, "SELECT value FROM meta WHERE key = 'schema_version'") == [(SCHEMA_VERSION,)]
+    names = {r[0] for r in table(path, "SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert "event_keys_bucket" in names and "event_keys_key_time" not in names
+
+
+def test_the_ingest_worker_refuses_every_batch_after_a_failed_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = str(tmp_path / "w.db")
+    monkeypatch.setattr(store_module, "_worker_stores", {})
+    monkeypatch.setattr(store_module, "_worker_failed", [])
+    value = encode_many([pub_ctx(1, T0)]).data.encode()
+    good = decode_chunk([(TOPIC, 0, [(0, value, None)])], INGEST).store
+    assert store_module.write_rows_in_worker(path, good)[0] == 1
+    with pytest.raises(AttributeError):
+        store_module.write_rows_in_worker(path, None)  # type: ignore[arg-type]
+    with pytest.raises(TraceStoreError, match="an earlier batch failed"):
+        store_module.write_rows_in_worker(path, good)
+    for s in store_module._worker_stores.values():
+        s.close()

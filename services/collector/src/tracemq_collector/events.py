@@ -4,7 +4,7 @@ A trace message (one Kafka record of the trace topic) holds records in RocketMQ'
 (DESIGN §3). :func:`rows_from_record` turns it into
 
 * **event rows**: one per good record, a dict with every column of
-  :data:`tracemq.lake_schema.COLUMNS` plus three keys that are not lake columns: ``date``
+  :data:`tracemq.lake_schema.COLUMNS` (:data:`LAKE_COLUMNS`) plus three keys that are not lake columns: ``date``
   (``YYYY-MM-DD``) and ``hour`` (0-23), the UTC Hive partition of the event, and ``record``, the
   record's text (without its ``\\x02``), which the trace store keeps instead of thirty columns
   and decodes again with :func:`event_from_stored`;
@@ -22,21 +22,45 @@ The function never raises, whatever the bytes: the ingest loop must not stop on 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
+from dataclasses import dataclass
 from functools import lru_cache
+from operator import itemgetter
 from typing import Any
 
-from tracemq import lake_schema
 from tracemq.message_id import decode_offset_msg_id
-from tracemq.trace import CONTENT_SPLITOR, FIELD_SPLITOR, TraceBean, TraceContext, decode_report
+from tracemq.trace import (
+    CONTENT_SPLITOR,
+    FIELD_SPLITOR,
+    MessageType,
+    TraceBean,
+    TraceContext,
+    decode_report,
+)
 
 __all__ = [
     "EMPTY_MESSAGE",
     "MAX_FIELD_CHARS",
+    "MAX_KEYS_PER_MESSAGE",
+    "LAKE_COLUMNS",
+    "LAKE_SCHEMA_VERSION",
     "MAX_RAW_BYTES",
     "MAX_TIMESTAMP_MS",
     "EXTRA_KEYS",
     "QUARANTINE_KEYS",
+    "ROW_NAMES",
+    "STORE_ROW",
+    "DecodedChunk",
+    "KEY_SHIFT",
+    "PartitionChunk",
+    "StoreRows",
+    "decode_chunk",
+    "key_rows_of",
+    "lake_batch",
+    "store_rows",
+    "split_keys",
+    "decode_message",
     "event_from_stored",
     "hour_partition",
     "rows_from_record",
@@ -51,6 +75,48 @@ MAX_RAW_BYTES = 65_536
 MAX_TIMESTAMP_MS = 253_402_300_799_999
 #: Reason of the single quarantine row of a message that holds no record at all.
 EMPTY_MESSAGE = "empty trace message"
+
+#: Business keys indexed per message (in sorted order); more are kept in the event, unindexed.
+MAX_KEYS_PER_MESSAGE = 256
+
+#: The lake's columns, in :data:`tracemq.lake_schema.COLUMN_NAMES` order, and its schema
+#: version. Written out because importing ``tracemq.lake_schema`` imports pyarrow, which the
+#: ingest worker process (it only writes SQLite) does without; ``tracemq_collector.lake``
+#: checks on import that they agree.
+LAKE_COLUMNS: tuple[str, ...] = (
+    "trace_type",
+    "timestamp",
+    "region_id",
+    "group_name",
+    "request_id",
+    "cost_time",
+    "success",
+    "context_code",
+    "topic",
+    "msg_id",
+    "offset_msg_id",
+    "tags",
+    "keys",
+    "store_host",
+    "client_host",
+    "store_time",
+    "retry_times",
+    "body_length",
+    "msg_type",
+    "transaction_id",
+    "transaction_state",
+    "from_transaction_check",
+    "trace_topic",
+    "trace_partition",
+    "trace_offset",
+    "trace_index",
+    "ingest_ts",
+    "store_addr",
+    "queue_id",
+    "queue_offset",
+    "schema_version",
+)
+LAKE_SCHEMA_VERSION = 1
 
 #: Keys an event row has on top of the lake columns.
 EXTRA_KEYS = ("date", "hour", "record")
@@ -179,7 +245,7 @@ def _event_row(
         "store_addr": store_addr,
         "queue_id": queue_id,
         "queue_offset": queue_offset,
-        "schema_version": lake_schema.SCHEMA_VERSION,
+        "schema_version": LAKE_SCHEMA_VERSION,
         "date": date,
         "hour": hour,
         "record": record,
@@ -249,6 +315,171 @@ def _decode_piece(
         )
 
 
+# ------------------------------------------------------------------------- the fast path
+#
+# Nearly every record on the wire is a Pub of 14 fields, a SubBefore of 8 or a SubAfter of 9,
+# with plain decimal numbers. _fast_row decodes exactly those shapes straight into a tuple
+# (no TraceContext, no dict) and gives up (None) on anything else — another field count, a
+# sign, a number out of range, a trailing empty field, an oversized record, a timestamp no
+# partition can hold — which then takes the general path above. Whenever it answers, its row
+# is the one the general path builds (tests/unit/test_collector_events.py compares the two).
+
+#: The columns of an event the trace store keeps, in its table's order (after ``id``).
+STORE_ROW = (
+    "trace_topic",
+    "trace_partition",
+    "trace_offset",
+    "trace_index",
+    "trace_type",
+    "timestamp",
+    "msg_id",
+    "topic",
+    "client_host",
+    "store_time",
+    "ingest_ts",
+    "record",
+)
+#: Keys of an event row, in the order of the tuples :func:`decode_message` produces: the
+#: store's columns (:data:`STORE_ROW`, so that a slice is the store's row), then the other
+#: lake columns, then ``date`` and ``hour``.
+ROW_NAMES: tuple[str, ...] = (
+    *STORE_ROW,
+    *(c for c in LAKE_COLUMNS if c not in STORE_ROW),
+    "date",
+    "hour",
+)
+#: Positions of a few columns in an event tuple.
+COL = {name: i for i, name in enumerate(ROW_NAMES)}
+
+_C = CONTENT_SPLITOR
+_INT_MAX = 2**31 - 1
+_LONG_MAX = 2**63 - 1
+_MSG_TYPE_MAX = len(MessageType) - 1
+_SCHEMA_VERSION = LAKE_SCHEMA_VERSION
+_KAFKA_OFFSET_MASK = 2**48 - 1
+_store_addrs: dict[bytes, str] = {}
+
+
+def _nat(value: str, high: int) -> int | None:
+    """A plain ASCII decimal (no sign) in ``0..high``, else None (the general path decides)."""
+    if len(value) <= 19 and value.isdigit() and value.isascii():
+        number = int(value)
+        if number <= high:
+            return number
+    return None
+
+
+def _offset_coords(offset_msg_id: str | None) -> tuple[str | None, int | None, int | None]:
+    """``decode_offset_msg_id`` as ``_event_row`` uses it: (store_addr, queue_id, offset)."""
+    if offset_msg_id is None or len(offset_msg_id) != 32:
+        return None, None, None
+    try:
+        raw = bytes.fromhex(offset_msg_id)
+    except ValueError:
+        return None, None, None
+    if len(raw) != 16:  # fromhex skips spaces: 32 characters but not 32 hex digits
+        return None, None, None
+    host = raw[:8]
+    addr = _store_addrs.get(host)
+    if addr is None:
+        if len(_store_addrs) > 4096:
+            _store_addrs.clear()
+        addr = f"{'.'.join(str(b) for b in host[:4])}:{int.from_bytes(host[4:8], 'big')}"
+        _store_addrs[host] = addr
+    physical = int.from_bytes(raw[8:16], "big")
+    return addr, physical >> 48, physical & _KAFKA_OFFSET_MASK
+
+
+def _fast_row(
+    text: str,
+    trace_topic: str,
+    partition: int,
+    offset: int,
+    index: int,
+    ingest_ts: int,
+    client_host: str | None,
+) -> tuple[Any, ...] | None:
+    """The event tuple of a common record, or None to let the general path decide.
+
+    ``client_host`` fills the column (the three shapes decoded here never carry one).
+    """
+    if len(text) > MAX_FIELD_CHARS or FIELD_SPLITOR in text:
+        return None
+    f = text.split(_C)
+    n = len(f)
+    if not f[-1]:
+        return None  # Java's split drops trailing empty fields: another field count
+    kind = f[0]
+    if kind == "SubAfter" and n == 9:
+        cost = _nat(f[3], _INT_MAX)
+        code = _nat(f[6], _INT_MAX)
+        ts = _nat(f[7], _LONG_MAX)
+        if cost is None or code is None or ts is None:
+            return None
+        timestamp = ts or ingest_ts
+        if timestamp > MAX_TIMESTAMP_MS:
+            return None
+        date, hour = _partition_of_hour(timestamp // _HOUR_MS)
+        v1, v2, v5, v8 = f[1], f[2], f[5], f[8]
+        return (
+            trace_topic, partition, offset, index, "SubAfter", timestamp,
+            None if v2 == "null" else v2, None, client_host, 0, ingest_ts, text,
+            None, None if v8 == "null" else v8, None if v1 == "null" else v1, cost,
+            f[4].lower() == "true", code, None, None, None if v5 == "null" else v5, None,
+            0, 0, None, None, None, False, None, None, None, _SCHEMA_VERSION, date, hour,
+        )  # fmt: skip
+    if kind == "SubBefore" and n == 8:
+        ts = _nat(f[1], _LONG_MAX)
+        retry = _nat(f[6], _INT_MAX)
+        if ts is None or retry is None:
+            return None
+        timestamp = ts or ingest_ts
+        if timestamp > MAX_TIMESTAMP_MS:
+            return None
+        date, hour = _partition_of_hour(timestamp // _HOUR_MS)
+        v2, v3, v4, v5, v7 = f[2], f[3], f[4], f[5], f[7]
+        return (
+            trace_topic, partition, offset, index, "SubBefore", timestamp,
+            None if v5 == "null" else v5, None, client_host, 0, ingest_ts, text,
+            None if v2 == "null" else v2, None if v3 == "null" else v3,
+            None if v4 == "null" else v4, 0, True, 0, None, None,
+            None if v7 == "null" else v7, None,
+            retry, 0, None, None, None, False, None, None, None, _SCHEMA_VERSION, date, hour,
+        )  # fmt: skip
+    if kind == "Pub" and n == 14:
+        ts = _nat(f[1], _LONG_MAX)
+        body = _nat(f[9], _INT_MAX)
+        cost = _nat(f[10], _INT_MAX)
+        msg_type = _nat(f[11], _MSG_TYPE_MAX)
+        if ts is None or body is None or cost is None or msg_type is None:
+            return None
+        timestamp = ts or ingest_ts
+        if timestamp > MAX_TIMESTAMP_MS:
+            return None
+        date, hour = _partition_of_hour(timestamp // _HOUR_MS)
+        v2, v3, v4, v5, v6, v7, v8, v12 = f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[12]
+        offset_msg_id = None if v12 == "null" else v12
+        store_addr, queue_id, queue_offset = _offset_coords(offset_msg_id)
+        return (
+            trace_topic, partition, offset, index, "Pub", timestamp,
+            None if v5 == "null" else v5, None if v4 == "null" else v4, client_host, 0,
+            ingest_ts, text,
+            None if v2 == "null" else v2, None if v3 == "null" else v3, None, cost,
+            f[13].lower() == "true", 0, offset_msg_id,
+            None if v6 == "null" else v6, None if v7 == "null" else v7,
+            None if v8 == "null" else v8,
+            0, body, msg_type, None, None, False, store_addr, queue_id, queue_offset,
+            _SCHEMA_VERSION, date, hour,
+        )  # fmt: skip
+    return None
+
+
+def _as_tuple(row: dict[str, Any], client_host: str | None) -> tuple[Any, ...]:
+    if client_host and not row["client_host"]:
+        row["client_host"] = client_host
+    return tuple([row[name] for name in ROW_NAMES])
+
+
 def event_from_stored(
     record: str, trace_topic: str, partition: int, offset: int, index: int, ingest_ts: int
 ) -> dict[str, Any]:
@@ -259,6 +490,9 @@ def event_from_stored(
     Raises:
         ValueError: the record no longer decodes (the codec changed incompatibly).
     """
+    fast = _fast_row(record, trace_topic, partition, offset, index, ingest_ts, None)
+    if fast is not None:
+        return dict(zip(ROW_NAMES, fast, strict=True))
     outcome = _decode_text(record, trace_topic, partition, offset, index, ingest_ts)
     if not isinstance(outcome, dict):
         raise ValueError(
@@ -266,6 +500,59 @@ def event_from_stored(
             f"{outcome or 'empty record'}"
         )
     return outcome
+
+
+def decode_message(
+    trace_topic: str,
+    partition: int,
+    offset: int,
+    value: bytes | None,
+    ingest_ts: int,
+    client_host: str | None = None,
+) -> tuple[list[tuple[Any, ...]], list[dict[str, Any]]]:
+    """:func:`rows_from_record` with each event row as a tuple in :data:`ROW_NAMES` order.
+
+    ``client_host`` (the trace message's born host) fills the column of every event whose
+    record names no client host. Never raises.
+    """
+    events: list[tuple[Any, ...]] = []
+    quarantine: list[dict[str, Any]] = []
+    pieces = value.split(_RECORD_END) if value else []
+    if pieces and not pieces[-1]:
+        pieces.pop()  # the text after the last separator is not a record
+    for index, piece in enumerate(pieces):
+        try:
+            try:
+                text = piece.decode("utf-8")
+            except UnicodeDecodeError:
+                fast = None
+            else:
+                fast = _fast_row(
+                    text, trace_topic, partition, offset, index, ingest_ts, client_host
+                )
+            if fast is not None:
+                events.append(fast)
+                continue
+            slow: list[dict[str, Any]] = []
+            _decode_piece(piece, trace_topic, partition, offset, index, ingest_ts, slow, quarantine)
+            events.extend(_as_tuple(row, client_host) for row in slow)
+        except Exception as exc:  # noqa: BLE001 - one record must never stop ingest
+            quarantine.append(
+                _quarantine(
+                    trace_topic,
+                    partition,
+                    offset,
+                    index,
+                    f"undecodable record: {type(exc).__name__}: {exc}",
+                    piece,
+                    ingest_ts,
+                )
+            )
+    if not events and not quarantine:
+        quarantine.append(
+            _quarantine(trace_topic, partition, offset, 0, EMPTY_MESSAGE, value or b"", ingest_ts)
+        )
+    return events, quarantine
 
 
 def rows_from_record(
@@ -288,30 +575,180 @@ def rows_from_record(
         ``(events, quarantine)``, each in record order. A message with no record at all gives
         one quarantine row with index 0 and reason :data:`EMPTY_MESSAGE`. Never raises.
     """
-    events: list[dict[str, Any]] = []
+    events, quarantine = decode_message(trace_topic, partition, offset, value, ingest_ts)
+    return [dict(zip(ROW_NAMES, row, strict=True)) for row in events], quarantine
+
+
+def split_keys(keys: str) -> list[str]:
+    """The business keys of a ``keys`` field, as the trace store indexes them.
+
+    The trace codec's key rule: spaces separate, ``null`` is no key. Sorted, so that the cap of
+    :data:`MAX_KEYS_PER_MESSAGE` always keeps the same keys.
+    """
+    return sorted({k for k in keys.split(" ") if k and k != "null"})
+
+
+# ----------------------------------------------------------------------- batches for ingest
+
+_I_TYPE, _I_MSG_ID, _I_KEYS = COL["trace_type"], COL["msg_id"], COL["keys"]
+_I_TOPIC, _I_TIMESTAMP = COL["topic"], COL["timestamp"]
+_I_DATE, _I_HOUR = COL["date"], COL["hour"]
+_LAKE_GETTERS = [itemgetter(COL[name]) for name in LAKE_COLUMNS]
+#: A key row's id is ``event id << KEY_SHIFT | n`` (n < :data:`MAX_KEYS_PER_MESSAGE`).
+KEY_SHIFT = 8
+
+
+@dataclass
+class PartitionChunk:
+    """The events of one trace partition in a :class:`DecodedChunk`.
+
+    ``lake`` holds them as Arrow record batches of :data:`tracemq.lake_schema.SCHEMA`, one per
+    UTC ``(date, hour)``, each in trace offset and index order: what the lake files of the
+    offsets ``[first_offset, end_offset)`` hold.
+    """
+
+    first_offset: int
+    end_offset: int
+    events: int
+    lake: dict[tuple[str, int], Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclass
+class StoreRows:
+    """A batch in the shape the trace store writes it (see ``TraceStore.write_rows``).
+
+    * ``events``: ``(position, *STORE_ROW)``; the event gets id ``first id + position``,
+      positions being ``0..len(events)-1`` in order;
+    * ``key_rows``: ``(position << KEY_SHIFT | n, key, msg_id, topic, timestamp)`` for the n-th
+      key of each Pub that indexes its keys (the first Pub of a msgId in the batch with keys);
+    * ``key_msg_ids``: the msgIds of those Pubs (an earlier batch may have indexed them);
+    * ``ordered``: no two events share coordinates.
+    """
+
+    events: list[tuple[Any, ...]]
+    key_rows: list[tuple[Any, ...]]
+    key_msg_ids: list[str]
+    quarantine: list[dict[str, Any]]
+    progress: dict[tuple[str, int], int]
+    ordered: bool
+
+
+@dataclass
+class DecodedChunk:
+    """Trace messages decoded for the store and the lake in one go (ingest's unit of work)."""
+
+    store: StoreRows
+    partitions: dict[tuple[str, int], PartitionChunk]
+    records: int
+
+    @property
+    def events(self) -> int:
+        return len(self.store.events)
+
+
+def key_rows_of(
+    position: int, msg_id: str, topic: str | None, timestamp: int, keys: str
+) -> list[tuple[Any, ...]]:
+    """The key rows of a Pub event at ``position`` of a batch (see :class:`StoreRows`)."""
+    base = position << KEY_SHIFT
+    return [
+        (base + n, key, msg_id, topic, timestamp)
+        for n, key in enumerate(split_keys(keys)[:MAX_KEYS_PER_MESSAGE])
+    ]
+
+
+def store_rows(
+    rows: list[tuple[Any, ...]],
+    quarantine: list[dict[str, Any]],
+    progress: dict[tuple[str, int], int],
+    ordered: bool,
+) -> StoreRows:
+    """Event tuples (:data:`ROW_NAMES` order) → the :class:`StoreRows` of a batch."""
+    events: list[tuple[Any, ...]] = []
+    key_rows: list[tuple[Any, ...]] = []
+    key_msg_ids: list[str] = []
+    seen: set[str] = set()
+    n = len(STORE_ROW)
+    for position, row in enumerate(rows):
+        events.append((position, *row[:n]))
+        if row[_I_TYPE] == "Pub" and row[_I_KEYS]:
+            msg_id = row[_I_MSG_ID]
+            if msg_id is not None and msg_id not in seen:
+                # A send retried under the same msgId is one message for key look-ups.
+                seen.add(msg_id)
+                keys = key_rows_of(position, msg_id, row[_I_TOPIC], row[_I_TIMESTAMP], row[_I_KEYS])
+                if keys:
+                    key_msg_ids.append(msg_id)
+                    key_rows.extend(keys)
+    return StoreRows(events, key_rows, key_msg_ids, quarantine, progress, ordered)
+
+
+def lake_batch(rows: list[tuple[Any, ...]]) -> Any:
+    """Event tuples (:data:`ROW_NAMES` order) → an Arrow record batch of the lake schema."""
+    import pyarrow as pa
+    from tracemq import lake_schema
+
+    schema = lake_schema.SCHEMA
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(list(map(get, rows)), type=schema.field(i).type)
+            for i, get in enumerate(_LAKE_GETTERS)
+        ],
+        schema=schema,
+    )
+
+
+def decode_chunk(
+    messages: list[tuple[str, int, list[tuple[int, bytes | None, str | None]]]],
+    ingest_ts: int,
+    *,
+    with_lake: bool = True,
+) -> DecodedChunk:
+    """Decode trace messages for ``TraceStore.write_rows`` and the lake.
+
+    Args:
+        messages: ``(trace_topic, partition, [(offset, value, born_host), ...])``, offsets
+            increasing within a partition. ``born_host`` fills ``client_host`` where the
+            record has none.
+        ingest_ts: when the collector read them, epoch ms.
+        with_lake: also build the lake's Arrow batches (:attr:`PartitionChunk.lake`).
+
+    Pure: runs in a worker process as well as in the caller's. Never raises on bad input.
+    """
+    rows: list[tuple[Any, ...]] = []
     quarantine: list[dict[str, Any]] = []
-    pieces = value.split(_RECORD_END) if value else []
-    if pieces and not pieces[-1]:
-        pieces.pop()  # the text after the last separator is not a record
-    for index, piece in enumerate(pieces):
-        try:
-            _decode_piece(
-                piece, trace_topic, partition, offset, index, ingest_ts, events, quarantine
-            )
-        except Exception as exc:  # noqa: BLE001 - one record must never stop ingest
-            quarantine.append(
-                _quarantine(
-                    trace_topic,
-                    partition,
-                    offset,
-                    index,
-                    f"undecodable record: {type(exc).__name__}: {exc}",
-                    piece,
-                    ingest_ts,
-                )
-            )
-    if not events and not quarantine:
-        quarantine.append(
-            _quarantine(trace_topic, partition, offset, 0, EMPTY_MESSAGE, value or b"", ingest_ts)
-        )
-    return events, quarantine
+    progress: dict[tuple[str, int], int] = {}
+    partitions: dict[tuple[str, int], PartitionChunk] = {}
+    ordered = True
+    records = 0
+    for trace_topic, partition, recs in messages:
+        if not recs:
+            continue
+        first = len(rows)
+        last = -1
+        for offset, value, born in recs:
+            if offset <= last:
+                ordered = False
+            last = offset
+            r, q = decode_message(trace_topic, partition, offset, value, ingest_ts, born)
+            rows.extend(r)
+            quarantine.extend(q)
+        records += len(recs)
+        key = (trace_topic, partition)
+        if key in partitions:
+            ordered = False  # the same partition twice in one chunk
+        progress[key] = max(progress.get(key, 0), last + 1)
+        mine = rows[first:]
+        part = PartitionChunk(recs[0][0], last + 1, len(mine))
+        if with_lake and mine:
+            groups: dict[tuple[str, int], list[tuple[Any, ...]]] = {}
+            for row in mine:
+                hour_key = (row[_I_DATE], row[_I_HOUR])
+                group = groups.get(hour_key)
+                if group is None:
+                    groups[hour_key] = [row]
+                else:
+                    group.append(row)
+            part.lake = {hour_key: lake_batch(group) for hour_key, group in groups.items()}
+        partitions[key] = part
+    return DecodedChunk(store_rows(rows, quarantine, progress, ordered), partitions, records)

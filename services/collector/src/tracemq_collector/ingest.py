@@ -2,19 +2,36 @@
 
 Exactly once in effect: the store keeps, in the same SQLite transaction as the events, the next
 offset of every trace partition, and dedupes by (trace topic, partition, offset, index); after a
-restart consumption resumes at the store's progress. The lake is written from the store in
-segments with a recorded, replayable offset range. Kafka offsets are committed only up to what
-both the store and the lake hold, so a partition that moves to another collector resumes at a
-point where nothing can be lost.
+restart consumption resumes at the store's progress. The lake is written in segments with a
+recorded, replayable offset range. Kafka offsets are committed only up to what both the store
+and the lake hold, so a partition that moves to another collector resumes at a point where
+nothing can be lost.
+
+The write path is a pipeline over two cores:
+
+* fetches are cut into chunks of about :data:`CHUNK_BYTES`; a decode thread turns a chunk into
+  the store's rows and the lake's Arrow batches in one pass (:func:`events.decode_chunk`);
+* an ingest worker *process* writes the chunks to the store, strictly in order, one transaction
+  each (:func:`store.write_rows_in_worker`): SQLite's inserts bind each row with the GIL held,
+  and in this process they would wait behind the decode thread at every row;
+* the Arrow batches of stored chunks wait here for the lake (:class:`_LakeBuffer`); a lake
+  thread writes them as segments (:meth:`TraceLake.write_decoded`) without reading the store
+  again. A segment is recorded before its files are written, as always, so a crash rewrites
+  exactly the same files from the store (:meth:`TraceLake.recover`). When the buffered events
+  are not exactly the store's events of a range (a replay, a restart, a failed flush), the lake
+  reads the store instead (:meth:`TraceLake.flush`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import multiprocessing
 import time
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -24,12 +41,29 @@ from tracemq.naming import kafka_topic
 from tracemq.routing import RouteCache
 
 from tracemq_collector import metrics
-from tracemq_collector.events import rows_from_record
+from tracemq_collector.events import DecodedChunk, decode_chunk
 from tracemq_collector.lake import TraceLake
 from tracemq_collector.settings import CollectorSettings
-from tracemq_collector.store import TraceStore
+from tracemq_collector.store import TraceStore, init_worker, write_rows_in_worker
 
 log = get_logger("collector.ingest")
+
+#: Trace message bytes per pipeline chunk (about 5,000 events of RocketMQ's text format).
+CHUNK_BYTES = 768_000
+#: Chunks handed to the worker ahead of the one being stored; bounds a large fetch's memory.
+PIPELINE_DEPTH = 1
+#: Events kept for the lake (about 300 bytes each as Arrow) beyond which all partitions are
+#: flushed at once, whatever the interval: bounds the memory they take.
+LAKE_BUFFER_EVENTS = 100_000
+#: Trace messages taken from the consumer at once (at most collector_batch_max_records).
+MAX_FETCH_RECORDS = 500
+#: Bytes one fetch brings at most (a larger single trace message still comes whole, as
+#: max_partition_fetch_bytes allows): bounds what waits in memory before it is decoded.
+FETCH_MAX_BYTES = 16 * 1024 * 1024
+#: Longest wait of an empty fetch: trace freshness vs idle fetch requests (10/s per broker).
+FETCH_MAX_WAIT_MS = 100
+#: Attempts at a chunk after its first failure (each on a new worker) before ingest stops.
+WORKER_RETRIES = 2
 
 
 def _now_ms() -> int:
@@ -61,8 +95,11 @@ class _ClusterIngest:
             max_poll_records=s.collector_batch_max_records,
             session_timeout_ms=s.collector_session_timeout_ms,
             heartbeat_interval_ms=max(300, s.collector_session_timeout_ms // 5),
-            fetch_max_bytes=64 * 1024 * 1024,
+            fetch_max_bytes=FETCH_MAX_BYTES,
             max_partition_fetch_bytes=16 * 1024 * 1024,
+            # How long the broker may hold a fetch while it has nothing new: the bound on how
+            # late a trace message is seen once written (aiokafka's default is 500 ms).
+            fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
         )
         self.task: asyncio.Task[None] | None = None
         self.assigned: set[TopicPartition] = set()
@@ -99,15 +136,44 @@ class _ClusterIngest:
         ing = self.ingestor
         while True:
             data = await self.consumer.getmany(
-                timeout_ms=200, max_records=ing.settings.collector_batch_max_records
+                timeout_ms=200,
+                max_records=min(ing.settings.collector_batch_max_records, MAX_FETCH_RECORDS),
             )
             if data:
                 await ing.ingest(data)
-            await ing.maybe_flush(self)
+            # Caught up (nothing fetched): the lake gets what is waiting without delay.
+            await ing.maybe_flush(self, idle=not data)
+
+
+@dataclass
+class _LakeBuffer:
+    """Events of one trace partition stored but not yet in the lake, kept for the lake.
+
+    ``after`` is the store's progress before the first of them was stored (None: none was);
+    ``end`` the progress after the last. Each entry is one stored chunk: ``(start, end,
+    events, {(date, hour): [record batch]})`` with consecutive ranges.
+    """
+
+    after: int | None
+    end: int
+    entries: list[tuple[int, int, int, dict[tuple[str, int], list[Any]]]] = field(
+        default_factory=list
+    )
+    events: int = 0
+    since: float = field(default_factory=time.monotonic)
 
 
 class Ingestor:
-    """Follows every broker hosting the configured trace topics and ingests them."""
+    """Follows every broker hosting the configured trace topics and ingests them.
+
+    The write path is a pipeline (see the module docstring): trace messages are cut into
+    chunks of about :data:`CHUNK_BYTES`; a decode thread turns each chunk into the store's
+    rows and the lake's Arrow batches; an ingest worker process stores the chunks, in order,
+    one transaction each, on its own writer connection (SQLite there runs without competing
+    for this process's GIL); the Arrow batches wait here until a lake thread writes them,
+    every ``collector_lake_flush_interval_ms`` (or sooner when ``collector_lake_segment_rows``
+    events wait), while the next chunks are decoded and stored.
+    """
 
     def __init__(
         self,
@@ -117,24 +183,57 @@ class Ingestor:
         routes: RouteCache,
         writer: ThreadPoolExecutor,
     ) -> None:
+        limit_malloc_arenas()
         self.settings = settings
         self.store = store
         self.lake = lake
         self.routes = routes
         self.writer = writer
         self.clusters: dict[str, _ClusterIngest] = {}
-        self._unflushed: dict[tuple[str, int], tuple[float, int]] = {}
         self._watch: asyncio.Task[None] | None = None
         self.events_stored = 0
         self.last_batch_ms = 0
+        self._worker: ProcessPoolExecutor | None = None
+        self._lake_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lake-writer")
+        self._decode_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
+        self._queue: asyncio.Queue[tuple[asyncio.Future[Any], DecodedChunk, float]] | None
+        self._queue = None
+        self._stage: asyncio.Task[None] | None = None
+        self._buffers: dict[tuple[str, int], _LakeBuffer] = {}
+        # Partitions stored but not in the lake and not buffered (the lake reads the store).
+        self._unbuffered: dict[tuple[str, int], float] = {}
+        self._flushing: asyncio.Task[None] | None = None
+        self._inflight = 0  # chunks handed to the pipeline and not stored yet
 
     async def run(self, fn: Any, *args: Any) -> Any:
-        """Run store/lake work on the single writer thread (never on the event loop)."""
+        """Run store work on the single writer thread (never on the event loop)."""
         return await asyncio.get_running_loop().run_in_executor(self.writer, fn, *args)
 
+    async def _in_lake_thread(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._lake_thread, fn, *args)
+
     async def start(self) -> None:
+        self._queue = asyncio.Queue(maxsize=PIPELINE_DEPTH)
+        self._stage = asyncio.create_task(self._store_stage(), name="ingest-store")
+        self._start_worker()
         await self.sync_clusters()
         self._watch = asyncio.create_task(self._watch_routes(), name="ingest-routes")
+
+    def _start_worker(self) -> None:
+        try:
+            self._worker = ProcessPoolExecutor(
+                max_workers=1,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=init_worker,
+            )
+        except Exception as exc:  # noqa: BLE001 - ingest on the writer thread instead
+            log.warning("ingest worker unavailable; storing in-process", error=repr(exc))
+            self._worker = None
+
+    def _stop_worker(self, *, wait: bool) -> None:
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.shutdown(wait=wait)
 
     async def stop(self) -> None:
         if self._watch:
@@ -144,9 +243,19 @@ class Ingestor:
         for c in list(self.clusters.values()):
             await c.stop()
         self.clusters.clear()
+        if self._stage:
+            self._stage.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._stage
+        self._stop_worker(wait=True)
+        self._decode_thread.shutdown(wait=True)
+        self._lake_thread.shutdown(wait=True)
 
     def healthy(self) -> bool:
-        return all(c.task is not None and not c.task.done() for c in self.clusters.values())
+        stage_ok = self._stage is None or not self._stage.done()
+        return stage_ok and all(
+            c.task is not None and not c.task.done() for c in self.clusters.values()
+        )
 
     async def sync_clusters(self) -> None:
         wanted: dict[str, set[str]] = defaultdict(set)
@@ -176,69 +285,190 @@ class Ingestor:
 
     # -- the write path --------------------------------------------------------------------
     async def ingest(self, data: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
-        t0 = time.perf_counter()
-        new, total, reasons = await self.run(self._ingest_sync, data)
-        metrics.BATCH_SECONDS.observe(time.perf_counter() - t0)
-        metrics.RECORDS.inc(sum(len(v) for v in data.values()))
+        """Hand a fetch to the pipeline; returns once its last chunk is queued for the store."""
+        assert self._queue is not None, "start() first"
+        ingest_ts = _now_ms()
+        for chunk in _chunks(data):
+            if self._stage is None or self._stage.done():
+                raise RuntimeError("the store stage of the ingest pipeline stopped")
+            self._inflight += 1
+            try:
+                t0 = time.perf_counter()
+                decoded = await asyncio.get_running_loop().run_in_executor(
+                    self._decode_thread, decode_chunk, chunk, ingest_ts
+                )
+                await self._queue.put((self._submit(decoded), decoded, t0))
+            except BaseException:
+                self._inflight -= 1
+                raise
+
+    def _submit(self, decoded: DecodedChunk) -> asyncio.Future[Any]:
+        if self._worker is not None:
+            try:
+                return asyncio.wrap_future(
+                    self._worker.submit(write_rows_in_worker, str(self.store.path), decoded.store)
+                )
+            except Exception as exc:  # noqa: BLE001 - a broken pool: the stage restarts it
+                fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+                fut.set_exception(exc)
+                return fut
+        return asyncio.ensure_future(self.run(self.store.write_rows, decoded.store))
+
+    async def _store_stage(self) -> None:
+        """Take the chunks' results strictly in order; retry a failed chunk on a new worker."""
+        assert self._queue is not None
+        while True:
+            fut, decoded, t0 = await self._queue.get()
+            try:
+                attempt = 0
+                while True:
+                    try:
+                        new, before = await fut
+                        break
+                    except Exception as exc:
+                        attempt += 1
+                        if attempt > WORKER_RETRIES:
+                            raise
+                        # The worker refuses every batch after a failed one, so nothing later
+                        # is stored before this chunk is; storing it again is harmless.
+                        log.warning("ingest worker failed; retrying the chunk", error=repr(exc))
+                        if self._worker is not None:
+                            self._stop_worker(wait=False)
+                            self._start_worker()
+                        fut = self._submit(decoded)
+                self._stored(decoded, new, before)
+                metrics.BATCH_SECONDS.observe(time.perf_counter() - t0)
+            finally:
+                self._inflight -= 1
+
+    def _stored(
+        self, decoded: DecodedChunk, new: int, before: dict[tuple[str, int], int | None]
+    ) -> None:
+        total = decoded.events
+        metrics.RECORDS.inc(decoded.records)
         metrics.EVENTS.inc(new)
         metrics.DUPLICATES.inc(total - new)
+        reasons: dict[str, int] = defaultdict(int)
+        for q in decoded.store.quarantine:
+            reasons[_reason_label(q.get("reason", ""))] += 1
         for reason, n in reasons.items():
             metrics.QUARANTINED.labels(reason).inc(n)
         self.events_stored += new
         self.last_batch_ms = _now_ms()
         metrics.LAST_INGEST.set(time.time())
         now = time.monotonic()
-        for tp, recs in data.items():
-            key = (tp.topic, tp.partition)
-            since, n = self._unflushed.get(key, (now, 0))
-            self._unflushed[key] = (since, n + len(recs))
+        all_new = new == total and decoded.store.ordered
+        for key, part in decoded.partitions.items():
+            prev = before.get(key)
+            buf = self._buffers.get(key)
+            fits = (
+                all_new
+                and key not in self._unbuffered
+                and (prev is None or part.first_offset >= prev)
+                and (buf is None or buf.end == prev)
+            )
+            if not fits:
+                # The lake of this partition will read the store (a replay, or a gap).
+                self._buffers.pop(key, None)
+                self._unbuffered.setdefault(key, now)
+                continue
+            if buf is None:
+                buf = self._buffers[key] = _LakeBuffer(after=prev, end=part.first_offset)
+            groups = {k: [v] for k, v in part.lake.items()}
+            start = buf.end if buf.entries else (part.first_offset if prev is None else prev)
+            buf.entries.append((start, part.end_offset, part.events, groups))
+            buf.end = part.end_offset
+            buf.events += part.events
+        metrics.LAKE_ROWS_PENDING.set(sum(b.events for b in self._buffers.values()))
 
-    def _ingest_sync(
-        self, data: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
-    ) -> tuple[int, int, dict[str, int]]:
-        ingest_ts = _now_ms()
-        rows: list[dict[str, Any]] = []
-        bad: list[dict[str, Any]] = []
-        progress: dict[tuple[str, int], int] = {}
-        for tp, records in data.items():
-            for rec in records:
-                r, q = rows_from_record(tp.topic, tp.partition, rec.offset, rec.value, ingest_ts)
-                if r:
-                    born = _born_host(rec.headers)
-                    if born:
-                        for row in r:
-                            if not row.get("client_host"):
-                                row["client_host"] = born
-                    rows.extend(r)
-                bad.extend(q)
-            if records:
-                progress[(tp.topic, tp.partition)] = records[-1].offset + 1
-        new = self.store.write_batch(rows, bad, progress)
-        reasons: dict[str, int] = defaultdict(int)
-        for q in bad:
-            reasons[_reason_label(q.get("reason", ""))] += 1
-        return new, len(rows), reasons
+    async def drain(self) -> None:
+        """Wait until every chunk handed to the pipeline is stored (or the stage failed)."""
+        if self._queue is None:
+            return
+        while self._inflight:
+            if self._stage is None or self._stage.done():
+                return  # join() would wait forever on a dead stage
+            await asyncio.sleep(0.005)
 
-    async def maybe_flush(self, cluster: _ClusterIngest) -> None:
+    async def maybe_flush(self, cluster: _ClusterIngest, *, idle: bool = False) -> None:
+        """Start a lake flush of the partitions that are due, in the background.
+
+        Due: ``collector_lake_segment_rows`` events wait (in one partition or in all), or the
+        oldest waited ``collector_lake_flush_interval_ms``, or a burst is over: ingest is
+        ``idle`` (caught up, every chunk stored) with a tenth of that many events waiting.
+        A trickle still waits for the interval, so files do not get smaller.
+        """
+        if self._flushing is not None and not self._flushing.done():
+            return
+        if self._flushing is not None and not self._flushing.cancelled():
+            exc = self._flushing.exception()
+            if exc is not None:
+                # The lake progress did not move: the next flush writes the range again.
+                log.warning("lake flush failed; retrying", error=repr(exc))
+            self._flushing = None
         now = time.monotonic()
+        interval = self.settings.collector_lake_flush_interval_ms / 1000
+        rows = self.settings.collector_lake_segment_rows
+        pending = sum(b.events for b in self._buffers.values())
+        full = pending >= min(rows, LAKE_BUFFER_EVENTS)
+        idle = idle and not self._inflight
         due = [
             TopicPartition(t, p)
-            for (t, p), (since, n) in self._unflushed.items()
-            if n >= self.settings.collector_lake_segment_rows
-            or now - since >= self.settings.collector_lake_flush_interval_ms / 1000
+            for (t, p), b in self._buffers.items()
+            if b.entries
+            and (
+                b.events >= rows
+                or full
+                or now - b.since >= interval
+                or (idle and pending >= rows // 10)
+            )
+        ]
+        due += [
+            TopicPartition(t, p)
+            for (t, p), since in self._unbuffered.items()
+            if now - since >= interval
         ]
         due = [tp for tp in due if tp in cluster.assigned]
         if due:
-            await self.flush_and_commit(cluster, due)
+            self._flushing = asyncio.create_task(
+                self.flush_and_commit(cluster, due, drain=False), name="lake-flush"
+            )
 
-    async def flush_and_commit(self, cluster: _ClusterIngest, tps: list[TopicPartition]) -> None:
-        """Write the lake up to the store, then commit Kafka up to what both hold."""
+    async def _flush_one(self, tp: TopicPartition) -> list[Path]:
+        key = (tp.topic, tp.partition)
+        buf = self._buffers.pop(key, None)
+        self._unbuffered.pop(key, None)
+        if buf is not None and buf.entries:
+            files = await self._in_lake_thread(
+                self.lake.write_decoded, tp.topic, tp.partition, buf.after,
+                _segments(buf.entries, self.settings.collector_lake_segment_rows),
+            )  # fmt: skip
+            if files is not None:
+                return list(files)
+            # The lake is not where the buffer starts (a failed flush, a restart): the lake
+            # reads the store instead, which covers the buffered events too.
+        return list(await self._in_lake_thread(self.lake.flush, tp.topic, tp.partition))
+
+    async def flush_and_commit(
+        self, cluster: _ClusterIngest, tps: list[TopicPartition], *, drain: bool = True
+    ) -> None:
+        """Write the lake up to the store, then commit Kafka up to what both hold.
+
+        ``drain``: first wait for the chunks in the pipeline (partitions changing owner,
+        shutdown); a periodic flush writes what is stored so far and lets ingest go on.
+        """
         if not tps:
             return
+        if drain:
+            await self.drain()
+            if self._flushing is not None and self._flushing is not asyncio.current_task():
+                with contextlib.suppress(Exception):
+                    await self._flushing
         for tp in tps:
-            files = await self.run(self.lake.flush, tp.topic, tp.partition)
+            files = await self._flush_one(tp)
             metrics.LAKE_FILES.inc(len(files))
-            self._unflushed.pop((tp.topic, tp.partition), None)
+        metrics.LAKE_ROWS_PENDING.set(sum(b.events for b in self._buffers.values()))
+        await self._in_lake_thread(release_free_memory)
         lake = await self.run(self.store.lake_progress)
         store = await self.run(self.store.progress)
         offsets = {}
@@ -252,6 +482,80 @@ class Ingestor:
                 await cluster.consumer.commit(offsets)
             except Exception as exc:  # rebalancing: the next owner resumes from the commit
                 log.warning("trace offset commit failed", error=repr(exc))
+
+
+def _segments(
+    entries: list[tuple[int, int, int, dict[tuple[str, int], list[Any]]]], max_rows: int
+) -> list[tuple[int, int, dict[tuple[str, int], list[Any]]]]:
+    """Consecutive chunks → lake segments of at most ``max_rows`` events (at least one chunk)."""
+    out: list[tuple[int, int, dict[tuple[str, int], list[Any]]]] = []
+    start = end = 0
+    rows = 0
+    groups: dict[tuple[str, int], list[Any]] = {}
+    for s, e, n, g in entries:
+        if groups and rows + n > max_rows:
+            out.append((start, end, groups))
+            groups, rows = {}, 0
+        if not groups:
+            start = s
+        end = e
+        rows += n
+        for hour_key, batches in g.items():
+            groups.setdefault(hour_key, []).extend(batches)
+    if groups or not out:
+        out.append((start, end, groups))
+    return out
+
+
+def _chunks(
+    data: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]],
+) -> list[list[tuple[str, int, list[tuple[int, bytes | None, str | None]]]]]:
+    """A fetch → chunks of about CHUNK_BYTES of trace messages (a partition's in order)."""
+    chunks: list[list[tuple[str, int, list[tuple[int, bytes | None, str | None]]]]] = []
+    current: list[tuple[str, int, list[tuple[int, bytes | None, str | None]]]] = []
+    size = 0
+    for tp, records in data.items():
+        recs: list[tuple[int, bytes | None, str | None]] = []
+        current.append((tp.topic, tp.partition, recs))
+        for rec in records:
+            if size >= CHUNK_BYTES and recs:
+                recs = []
+                chunks.append(current)
+                current = [(tp.topic, tp.partition, recs)]
+                size = 0
+            value = rec.value
+            recs.append((rec.offset, value, _born_host(rec.headers)))
+            size += len(value) if value else 0
+    current = [c for c in current if c[2]]
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def _libc() -> Any:
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6")
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        return None
+
+
+_LIBC = _libc()
+_M_ARENA_MAX = -8
+
+
+def limit_malloc_arenas(arenas: int = 2) -> None:
+    """glibc gives every thread that allocates its own malloc arena (up to 8 per core), and
+    each keeps what it freed; ingest's threads allocate a lot, so few arenas keep RSS low."""
+    if _LIBC is not None:
+        _LIBC.mallopt(_M_ARENA_MAX, arenas)
+
+
+def release_free_memory() -> None:
+    """Hand the heap's free pages back to the OS (a flushed lake buffer leaves many)."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
 
 
 def _born_host(headers: Any) -> str | None:

@@ -58,6 +58,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from tracemq import lake_schema
 
+from tracemq_collector.events import LAKE_COLUMNS, LAKE_SCHEMA_VERSION
 from tracemq_collector.store import TraceStore
 
 __all__ = ["COMPACTED_FROM_KEY", "SORT_KEYS", "TraceLake"]
@@ -68,6 +69,12 @@ COMPACTED_FROM_KEY = b"tracemq.lake.compacted_from"
 SORT_KEYS = ("trace_topic", "trace_partition", "trace_offset", "trace_index")
 
 _HOUR_MS = 3_600_000
+
+if (tuple(lake_schema.COLUMN_NAMES), lake_schema.SCHEMA_VERSION) != (
+    LAKE_COLUMNS,
+    LAKE_SCHEMA_VERSION,
+):  # pragma: no cover - caught by the unit tests too
+    raise RuntimeError("tracemq_collector.events.LAKE_COLUMNS disagree with tracemq.lake_schema")
 _PART = re.compile(
     r"part-(?P<topic>.+)-(?P<partition>\d{5})-(?P<start>\d{20})-(?P<end>\d{20})\.parquet"
 )
@@ -173,6 +180,49 @@ class TraceLake:
                     end = max(cut, lake_next + 1)
                 written += self._segment(trace_topic, partition, lake_next, end)
                 lake_next = end
+            return written
+
+    def write_decoded(
+        self,
+        trace_topic: str,
+        partition: int,
+        after: int | None,
+        segments: list[tuple[int, int, dict[tuple[str, int], list[pa.RecordBatch]]]],
+    ) -> list[Path] | None:
+        """Write segments from events decoded by ingest, without reading the store again.
+
+        Args:
+            after: the store's progress of the partition before the first segment's events
+                were stored (None: the partition had none); it must be the lake's progress,
+                so that the segments hold exactly the events the store holds in their ranges.
+            segments: ``(start, end, {(date, hour): record batches})``, consecutive, each
+                batch of :data:`tracemq.lake_schema.SCHEMA` in offset and index order.
+
+        Returns:
+            The files written, or None when the lake is not where ``after`` says, or a
+            segment of the partition is pending (then nothing was written: :meth:`flush`
+            instead, which reads the store).
+
+        The segment protocol is :meth:`flush`'s: each range is recorded before its files are
+        written, so a crash rewrites exactly the same files from the store (:meth:`recover`).
+        """
+        _check_topic(trace_topic)
+        key = (trace_topic, partition)
+        with self._lock:
+            if self.store.lake_progress().get(key) != after or any(
+                s[:2] == key for s in self.store.pending_lake_segments()
+            ):
+                return None
+            written: list[Path] = []
+            for start, end, groups in segments:
+                self.store.begin_lake_segment(trace_topic, partition, start, end)
+                name = f"part-{trace_topic}-{partition:05d}-{start:020d}-{end:020d}.parquet"
+                for (date, hour), batches in sorted(groups.items()):
+                    table = pa.Table.from_batches(batches, schema=lake_schema.SCHEMA)
+                    path = self.root / f"date={date}" / f"hour={hour:02d}" / name
+                    self._write_atomic(table, path)
+                    written.append(path)
+                self.store.finish_lake_segment(trace_topic, partition, end)
             return written
 
     def flush_all(self) -> list[Path]:
