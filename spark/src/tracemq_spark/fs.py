@@ -1,0 +1,145 @@
+"""File-system operations on any Hadoop-supported URI (``file:``, ``hdfs:``, ``s3a:``, …),
+through the JVM of the Spark session, so the job works the same locally and on a cluster."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+class HadoopFS:
+    """A thin wrapper of ``org.apache.hadoop.fs.FileSystem`` for the paths the job touches."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self._jvm: Any = spark._jvm  # type: ignore[attr-defined]
+        self._conf: Any = spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
+
+    # -- paths ----------------------------------------------------------------------------
+    def _path(self, uri: str) -> Any:
+        return self._jvm.org.apache.hadoop.fs.Path(uri)
+
+    def _fs(self, path: Any) -> Any:
+        return path.getFileSystem(self._conf)
+
+    def qualify(self, uri: str) -> str:
+        """The absolute URI (with scheme) of ``uri``; relative paths are local to the CWD."""
+        p = self._path(uri)
+        return str(self._fs(p).makeQualified(p).toString())
+
+    @staticmethod
+    def join(base: str, *parts: str) -> str:
+        out = base.rstrip("/")
+        for part in parts:
+            out = f"{out}/{part.strip('/')}"
+        return out
+
+    # -- queries --------------------------------------------------------------------------
+    def exists(self, uri: str) -> bool:
+        p = self._path(uri)
+        return bool(self._fs(p).exists(p))
+
+    def is_dir(self, uri: str) -> bool:
+        p = self._path(uri)
+        fs = self._fs(p)
+        return bool(fs.exists(p) and fs.getFileStatus(p).isDirectory())
+
+    def list(self, uri: str) -> list[tuple[str, bool, int]]:
+        """Entries of a directory: (name, is_dir, length); [] if it does not exist."""
+        p = self._path(uri)
+        fs = self._fs(p)
+        if not fs.exists(p):
+            return []
+        return [
+            (str(s.getPath().getName()), bool(s.isDirectory()), int(s.getLen()))
+            for s in fs.listStatus(p)
+        ]
+
+    def data_files(self, uri: str) -> list[str]:
+        """Parquet data files directly in a directory (hidden and ``_``-files skipped)."""
+        return [
+            self.join(uri, name)
+            for name, is_dir, _ in self.list(uri)
+            if not is_dir and not name.startswith(("_", ".")) and not name.endswith(".crc")
+        ]
+
+    # -- changes --------------------------------------------------------------------------
+    def mkdirs(self, uri: str) -> None:
+        p = self._path(uri)
+        if not self._fs(p).mkdirs(p):
+            raise OSError(f"cannot create directory {uri}")
+
+    def delete(self, uri: str) -> None:
+        p = self._path(uri)
+        fs = self._fs(p)
+        if fs.exists(p):
+            fs.delete(p, True)
+
+    def rename(self, src: str, dst: str) -> None:
+        """Move ``src`` to ``dst`` (the parent of ``dst`` is created); raise if it fails."""
+        s, d = self._path(src), self._path(dst)
+        fs = self._fs(s)
+        parent = d.getParent()
+        if parent is not None and not fs.exists(parent):
+            fs.mkdirs(parent)
+        if not fs.rename(s, d):
+            raise OSError(f"cannot move {src} to {dst}")
+
+    def delete_if_empty(self, uri: str) -> None:
+        p = self._path(uri)
+        fs = self._fs(p)
+        if fs.exists(p) and fs.getFileStatus(p).isDirectory() and not list(fs.listStatus(p)):
+            fs.delete(p, False)
+
+    def write_bytes(self, uri: str, data: bytes) -> None:
+        p = self._path(uri)
+        out = self._fs(p).create(p, True)
+        try:
+            out.write(bytearray(data))
+        finally:
+            out.close()
+
+    def write_text(self, uri: str, text: str) -> None:
+        self.write_bytes(uri, text.encode("utf-8"))
+
+    def read_bytes(self, uri: str) -> bytes:
+        p = self._path(uri)
+        fs = self._fs(p)
+        length = int(fs.getFileStatus(p).getLen())
+        stream = fs.open(p)
+        try:
+            buf = self._jvm.java.io.ByteArrayOutputStream(max(length, 1))
+            self._jvm.org.apache.hadoop.io.IOUtils.copyBytes(stream, buf, 65536, False)
+            return bytes(buf.toByteArray())
+        finally:
+            stream.close()
+
+    def read_text(self, uri: str) -> str:
+        return self.read_bytes(uri).decode("utf-8")
+
+    # -- Parquet footers ------------------------------------------------------------------
+    def parquet_metadata(
+        self, files: list[str], key: str, threads: int = 8
+    ) -> dict[str, str | None]:
+        """The footer key-value metadata ``key`` of each file (None when absent).
+
+        Raises the JVM's error for a file that is not Parquet (bad magic, cut footer).
+        """
+        reader_cls = self._jvm.org.apache.parquet.hadoop.ParquetFileReader
+        input_file = self._jvm.org.apache.parquet.hadoop.util.HadoopInputFile
+
+        def one(uri: str) -> tuple[str, str | None]:
+            reader = reader_cls.open(input_file.fromPath(self._path(uri), self._conf))
+            try:
+                kv = reader.getFooter().getFileMetaData().getKeyValueMetaData()
+                value = kv.get(key)
+                return uri, None if value is None else str(value)
+            finally:
+                reader.close()
+
+        if len(files) <= 1:
+            return dict(one(f) for f in files)
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            return dict(pool.map(one, files))

@@ -1,0 +1,1359 @@
+"""A synthetic trace lake with known ground truth, for the exactness tests and the benchmark.
+
+Vectorized with numpy and pyarrow: 10 million messages (about 45 million trace events) are
+generated in chunks of ``chunk_messages`` messages, each written as its own Parquet files into
+the lake's ``date=YYYY-MM-DD/hour=HH`` directories, in the lake schema of
+:mod:`tracemq.lake_schema`.
+
+The world it simulates (see :func:`topology`):
+
+* topics ``TopicA`` (tags TagA/TagB/TagC), ``TopicB`` (no tag or ``x``), ``TopicC`` (TagX/TagY/
+  TagZ) on two brokers with four queues each; two producers, one with a clock 0.4 s ahead;
+* consumer groups: ``G_all_A`` (``*``), ``G_tag_A`` (``TagA || TagB``: tag filter),
+  ``G_late_A`` (subscribes in the middle of the window), ``G_all_B``, ``G_bcast_B``
+  (broadcasting, three clients, one 3 s ahead), ``G_chg_C`` (changes its expression from TagX to
+  TagY in the middle of the window), ``G_silent_C`` (broadcasting, ``TagZ``, never consumes) and
+  ``G_rogue`` (no subscription at all, consumes now and then: UNEXPECTED_GROUP); one consumer
+  host of ``G_all_A`` runs 8 s behind (clock skew);
+* messages: normal, ordered, delayed (RocketMQ's delay levels up to ``max_delay``; some
+  recalled), transactional (committed, rolled back, unresolved), failed sends, send retries;
+* per (message, expected group[, broadcasting client]) a behaviour: consumed, consumed after
+  retries, failed, dead-lettered (17 failed attempts), in flight, consumed twice, consumed with
+  its trace records duplicated, consumed with an old-format SubAfter (no group), no trace but
+  committed offset passed, not consumed, consumed late inside / past the horizon;
+* orphan consumes (msgIds without Pub, also empty and null msgIds), consumes of messages
+  published before the window (in the look-back, and long before), messages published after
+  the window.
+
+The ground truth (:attr:`GeneratedLake.truth`) is the outcome the reconciliation must find for
+each (window, msgId, group, client) — what each behaviour means, given which events fall inside
+the job's read range ``[from - horizon, to + horizon)``, the committed offsets and the cutoff.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from tracemq import lake_schema
+
+SEC = 1000
+MIN = 60 * SEC
+HOUR = 60 * MIN
+DAY = 24 * HOUR
+
+TRACE_TOPIC = "RMQ_SYS_TRACE_TOPIC"
+TRACE_PARTITIONS = 4
+REGION = "DefaultRegion"
+
+#: RocketMQ's 18 delay levels
+DELAY_LEVELS_MS = (
+    np.array(
+        [1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200],
+        dtype=np.int64,
+    )
+    * SEC
+)
+
+# ----------------------------------------------------------------------------- topology
+
+BROKERS = [("broker-a", "10.0.0.1:10911"), ("broker-b", "10.0.0.2:10911")]
+QUEUES = 4
+TOPICS = ["TopicA", "TopicB", "TopicC"]
+TOPIC_P = np.array([0.55, 0.12, 0.33])
+#: tags per topic (None = no tag) and their probabilities
+TAGS: list[list[str | None]] = [["TagA", "TagB", "TagC"], [None, "x"], ["TagX", "TagY", "TagZ"]]
+TAG_P = [np.array([0.4, 0.4, 0.2]), np.array([0.5, 0.5]), np.array([0.48, 0.48, 0.04])]
+PRODUCERS = [("PG_orders", "10.0.3.1", 0), ("PG_billing", "10.0.3.2", 400)]
+
+# behaviours of an expected (message, group[, client]) pair
+OK, RETRY_OK, FAILED, DLQ, IN_FLIGHT, DUPLICATE, DUP_TRACE, OLDFMT = range(8)
+TRACE_LOST, NOT_CONSUMED, LATE_IN, LATE_PAST = range(8, 12)
+BEHAVIOURS = [
+    "ok",
+    "retry_ok",
+    "failed",
+    "dlq",
+    "in_flight",
+    "duplicate",
+    "dup_trace",
+    "oldfmt",
+    "trace_lost",
+    "not_consumed",
+    "late_in_horizon",
+    "late_past_horizon",
+]
+NO_TRACE = (TRACE_LOST, NOT_CONSUMED, LATE_PAST)
+#: (probability for clustering groups, for broadcasting clients)
+_BEHAVIOUR_P = np.array(
+    [
+        [0.80, 0.90],  # ok
+        [0.04, 0.0],  # retry_ok
+        [0.02, 0.02],  # failed
+        [0.01, 0.0],  # dlq
+        [0.015, 0.01],  # in_flight (only late in the window)
+        [0.015, 0.03],  # duplicate
+        [0.02, 0.0],  # dup_trace
+        [0.02, 0.0],  # oldfmt
+        [0.025, 0.02],  # trace_lost
+        [0.015, 0.02],  # not_consumed (only late in the window)
+        [0.01, 0.0],  # late_in_horizon
+        [0.01, 0.0],  # late_past_horizon
+    ]
+)
+#: behaviours that keep a group's committed offset from passing the message
+_BLOCKERS = (IN_FLIGHT, NOT_CONSUMED)
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    topic: int  # index into TOPICS, -1 for none
+    #: subscription rows: (expression, first_seen, last_seen)
+    rows: tuple[tuple[str, int, int], ...]
+    broadcasting: bool
+    #: consuming hosts: (client_host, clock skew ms)
+    clients: tuple[tuple[str, int], ...]
+    consumes: bool = True
+
+
+def topology(start_ms: int, end_ms: int, now_ms: int) -> list[Group]:
+    """The consumer groups of the simulated world (see the module docstring)."""
+    long_ago = start_ms - DAY
+    mid = start_ms + (end_ms - start_ms) // 2
+    return [
+        Group(
+            "G_all_A",
+            0,
+            (("*", long_ago, now_ms),),
+            False,
+            (("10.0.2.1", 0), ("10.0.2.2", 0), ("10.0.2.9", -8 * SEC)),
+        ),
+        Group(
+            "G_tag_A",
+            0,
+            (("TagA || TagB", long_ago, now_ms),),
+            False,
+            (("10.0.2.3", 0), ("10.0.2.4", 0)),
+        ),
+        Group("G_late_A", 0, (("*", mid, now_ms),), False, (("10.0.2.5", 0),)),
+        Group("G_all_B", 1, (("*", long_ago, now_ms),), False, (("10.0.2.6", 0),)),
+        Group(
+            "G_bcast_B",
+            1,
+            (("*", long_ago, now_ms),),
+            True,
+            (("10.0.1.1", 0), ("10.0.1.2", 0), ("10.0.1.3", 3 * SEC)),
+        ),
+        Group(
+            "G_chg_C",
+            2,
+            (("TagX", long_ago, mid), ("TagY", mid, now_ms)),
+            False,
+            (("10.0.2.7", 0), ("10.0.2.8", 0)),
+        ),
+        Group("G_silent_C", 2, (("TagZ", long_ago, now_ms),), True, (), consumes=False),
+        Group("G_rogue", -1, (), False, (("10.0.9.9", 0),)),
+    ]
+
+
+def subscription_rows(groups: Sequence[Group]) -> list[dict[str, Any]]:
+    """The subscription history as ``RegistryReader.subscription_history()`` returns it."""
+    rows: list[dict[str, Any]] = []
+    for g in groups:
+        for expression, first, last in g.rows:
+            rows.append(
+                {
+                    "group": g.name,
+                    "topic": TOPICS[g.topic],
+                    "expression": expression,
+                    "message_model": "BROADCASTING" if g.broadcasting else "CLUSTERING",
+                    "first_seen": int(first),
+                    "last_seen": int(last),
+                }
+            )
+        if g.rows and not g.broadcasting:  # clustering consumers also subscribe their retry topic
+            rows.append(
+                {
+                    "group": g.name,
+                    "topic": f"%RETRY%{g.name}",
+                    "expression": "*",
+                    "message_model": "CLUSTERING",
+                    "first_seen": int(g.rows[0][1]),
+                    "last_seen": int(g.rows[-1][2]),
+                }
+            )
+    return sorted(rows, key=lambda r: (r["group"], r["topic"], r["first_seen"]))
+
+
+def _tag_matches(expression: str, tags: np.ndarray, topic: int) -> np.ndarray:
+    """Per message tag code (within ``topic``): does ``expression`` accept it?"""
+    expr = expression.strip()
+    if expr in ("", "*"):
+        return np.ones(len(tags), dtype=bool)
+    wanted = {t.strip() for t in expr.split("||")}
+    ok_codes = [i for i, t in enumerate(TAGS[topic]) if t is not None and t in wanted]
+    return np.isin(tags, ok_codes)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+_HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
+
+
+def _strings_fixed(raw: np.ndarray) -> pa.Array:
+    """(n, k) uint8 → an arrow string array of n strings of k bytes."""
+    n, k = raw.shape
+    offsets = np.arange(0, (n + 1) * k, k, dtype=np.int32 if n * k < 2**31 else np.int64)
+    data = np.ascontiguousarray(raw).tobytes()
+    if offsets.dtype == np.int64:
+        return pa.LargeStringArray.from_buffers(
+            n, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data)
+        ).cast(pa.string())
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data))
+
+
+def _hex(raw: np.ndarray) -> np.ndarray:
+    """(n, k) uint8 → (n, 2k) uint8 of upper-case hex digits."""
+    out = np.empty((raw.shape[0], raw.shape[1] * 2), dtype=np.uint8)
+    out[:, 0::2] = _HEX[raw >> 4]
+    out[:, 1::2] = _HEX[raw & 15]
+    return out
+
+
+def _be(values: np.ndarray, nbytes: int) -> np.ndarray:
+    """Big-endian bytes of unsigned integers: (n,) → (n, nbytes) uint8."""
+    v = values.astype(np.uint64)
+    shifts = np.arange(nbytes - 1, -1, -1, dtype=np.uint64) * np.uint64(8)
+    return ((v[:, None] >> shifts[None, :]) & np.uint64(0xFF)).astype(np.uint8)
+
+
+def _month_start(ms: np.ndarray) -> np.ndarray:
+    days = (ms // DAY).astype("datetime64[D]")
+    months = days.astype("datetime64[M]")
+    return months.astype("datetime64[D]").astype(np.int64) * DAY
+
+
+def msg_ids(index: np.ndarray, created_ms: np.ndarray, producer: np.ndarray) -> pa.Array:
+    """RocketMQ msgIds: client IPv4, pid, salt, ms since month start (UTC), counter.
+
+    Unique per ``index``: the salt holds ``index >> 16`` and the counter ``index & 0xFFFF``.
+    """
+    n = len(index)
+    raw = np.empty((n, 16), dtype=np.uint8)
+    ips = np.array([[int(x) for x in p[1].split(".")] for p in PRODUCERS], dtype=np.uint8)
+    raw[:, 0:4] = ips[producer]
+    raw[:, 4:6] = _be(1000 + producer, 2)
+    raw[:, 6:10] = _be(index >> 16, 4)
+    raw[:, 10:14] = _be(created_ms - _month_start(created_ms), 4)
+    raw[:, 14:16] = _be(index & 0xFFFF, 2)
+    return _strings_fixed(_hex(raw))
+
+
+def _request_ids(index: np.ndarray, salt: int) -> pa.Array:
+    n = len(index)
+    raw = np.empty((n, 16), dtype=np.uint8)
+    raw[:, 0:8] = _be(index, 8)
+    raw[:, 8:16] = _be(np.full(n, salt, dtype=np.uint64), 8)
+    return _strings_fixed(_hex(raw)[:, ::-1].copy())  # reversed: not sorted like the msgIds
+
+
+def _offset_msg_ids(broker: np.ndarray, queue: np.ndarray, offset: np.ndarray) -> pa.Array:
+    n = len(broker)
+    raw = np.empty((n, 16), dtype=np.uint8)
+    addr = np.array(
+        [[int(x) for x in b[1].split(":")[0].split(".")] for b in BROKERS], dtype=np.uint8
+    )
+    port = np.array([int(b[1].split(":")[1]) for b in BROKERS], dtype=np.int64)
+    raw[:, 0:4] = addr[broker]
+    raw[:, 4:8] = _be(port[broker], 4)
+    raw[:, 8:16] = _be((queue.astype(np.uint64) << np.uint64(48)) | offset.astype(np.uint64), 8)
+    return _strings_fixed(_hex(raw))
+
+
+def _take(values: Sequence[str | None], codes: np.ndarray) -> pa.Array:
+    """Strings from a small dictionary by code (a negative code or a None entry is null)."""
+    dictionary = pa.array(list(values) + [None], type=pa.string())
+    idx = np.where(codes < 0, len(values), codes).astype(np.int32)
+    return dictionary.take(pa.array(idx))
+
+
+def _keys(index: np.ndarray) -> pa.Array:
+    return pc.binary_join_element_wise("order-", pc.cast(pa.array(index), pa.string()), "")
+
+
+# ----------------------------------------------------------------------------- events
+
+_COLS = lake_schema.COLUMN_NAMES
+_TYPES = {name: typ for name, typ, _, _ in lake_schema.COLUMNS}
+_DEFAULTS: dict[str, Any] = {
+    "cost_time": 0,
+    "success": True,
+    "context_code": 0,
+    "store_time": 0,
+    "retry_times": 0,
+    "body_length": 0,
+    "from_transaction_check": False,
+    "trace_partition": 0,
+    "trace_offset": 0,
+    "trace_index": 0,
+    "ingest_ts": 0,
+    "schema_version": lake_schema.SCHEMA_VERSION,
+    "trace_topic": TRACE_TOPIC,
+}
+
+
+def _frame(n: int, **cols: Any) -> pa.Table:
+    """A lake table of ``n`` rows: given columns, defaults, nulls for the rest."""
+    arrays = []
+    for name in _COLS:
+        typ = _TYPES[name]
+        if name in cols:
+            v = cols[name]
+            if isinstance(v, pa.Array | pa.ChunkedArray):
+                arr = v if v.type == typ else pc.cast(v, typ)
+            elif isinstance(v, np.ndarray):
+                arr = pa.array(v, type=typ)
+            else:
+                arr = pa.array(np.full(n, v), type=typ) if v is not None else pa.nulls(n, typ)
+        elif name in _DEFAULTS:
+            d = _DEFAULTS[name]
+            arr = (
+                pa.array(np.full(n, d), type=typ)
+                if not isinstance(d, str)
+                else pa.array([d], type=typ).take(pa.array(np.zeros(n, dtype=np.int32)))
+            )
+        else:
+            arr = pa.nulls(n, typ)
+        arrays.append(arr)
+    return pa.Table.from_arrays(arrays, schema=lake_schema.SCHEMA)
+
+
+# ----------------------------------------------------------------------------- generation
+
+
+@dataclass
+class GeneratedLake:
+    """What :func:`generate` wrote and what the reconciliation must find."""
+
+    lake: Path
+    subscriptions: list[dict[str, Any]]
+    offsets: list[dict[str, Any]]
+    #: window_start, msg_id, group, client_host, outcome, skew_suspect (None without truth)
+    truth: pa.Table | None
+    #: ROLLED_BACK, TX_UNRESOLVED, RECALLED, NO_EXPECTED_GROUP counts of window messages
+    informational: dict[str, int] = field(default_factory=dict)
+    messages: int = 0
+    events: int = 0
+    files: int = 0
+
+    def write_inputs(self, directory: Path) -> tuple[Path, Path]:
+        """Write ``subscriptions.json`` and ``offsets.json`` for the job into ``directory``."""
+        import json
+
+        directory.mkdir(parents=True, exist_ok=True)
+        subs = directory / "subscriptions.json"
+        offs = directory / "offsets.json"
+        subs.write_text(json.dumps({"subscriptions": self.subscriptions}, indent=1))
+        offs.write_text(json.dumps({"offsets": self.offsets}, indent=1))
+        return subs, offs
+
+
+@dataclass(frozen=True)
+class Scenario:
+    start_ms: int
+    end_ms: int
+    messages: int
+    horizon_ms: int = 30 * MIN
+    window_ms: int = 10 * MIN
+    max_delay_ms: int = 2 * HOUR
+    max_reconsume_times: int = 16
+    subscription_grace_ms: int = 2 * MIN
+    #: the job's "now"; the cutoff is min(end + horizon, now). None: long after the window.
+    now_ms: int | None = None
+    seed: int = 7
+    #: density of messages published in the look-back and after the window, relative to the
+    #: window's (they produce events in the read range but are not classified)
+    surrounding_density: float = 0.25
+    #: fraction of window messages with extra orphan / ancient / null-id consumes
+    orphan_rate: float = 0.005
+    #: share of messages per topic (TopicA, TopicB, TopicC); TopicA has 2-3 consuming groups,
+    #: TopicB four consumers, TopicC about one
+    topic_weights: tuple[float, float, float] = (0.55, 0.12, 0.33)
+
+    @property
+    def cutoff_ms(self) -> int:
+        end = self.end_ms + self.horizon_ms
+        return end if self.now_ms is None else min(end, self.now_ms)
+
+    @property
+    def read_lo(self) -> int:
+        return self.start_ms - self.horizon_ms
+
+    @property
+    def read_hi(self) -> int:
+        return self.end_ms + self.horizon_ms
+
+
+class _Writer:
+    """Writes event tables into the lake's hour directories, one file per chunk and hour."""
+
+    def __init__(self, lake: Path, rows_per_group: int = 256 * 1024) -> None:
+        self.lake = lake
+        self.rows_per_group = rows_per_group
+        self.files = 0
+        self.events = 0
+        self.trace_offset = np.zeros(TRACE_PARTITIONS, dtype=np.int64)
+
+    def write(self, table: pa.Table, chunk: int, rng: np.random.Generator) -> None:
+        n = table.num_rows
+        if n == 0:
+            return
+        ts = table.column("timestamp").to_numpy()
+        order = np.argsort(ts, kind="stable")
+        table = table.take(pa.array(order))
+        ts = ts[order]
+        part = rng.integers(0, TRACE_PARTITIONS, n).astype(np.int32)
+        offsets = np.empty(n, dtype=np.int64)
+        for p in range(TRACE_PARTITIONS):
+            sel = part == p
+            k = int(sel.sum())
+            offsets[sel] = self.trace_offset[p] + np.arange(k)
+            self.trace_offset[p] += k
+        table = table.set_column(
+            _COLS.index("trace_partition"), "trace_partition", pa.array(part, type=pa.int32())
+        )
+        table = table.set_column(_COLS.index("trace_offset"), "trace_offset", pa.array(offsets))
+        table = table.set_column(
+            _COLS.index("ingest_ts"), "ingest_ts", pa.array(ts + rng.integers(5, 900, n))
+        )
+        hours = ts // HOUR
+        bounds = np.flatnonzero(np.diff(hours)) + 1
+        starts = np.concatenate([[0], bounds])
+        ends = np.concatenate([bounds, [n]])
+        for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+            hour = int(hours[s])
+            day = _dt.date(1970, 1, 1) + _dt.timedelta(days=hour // 24)
+            d = self.lake / f"date={day.isoformat()}" / f"hour={hour % 24:02d}"
+            d.mkdir(parents=True, exist_ok=True)
+            piece = table.slice(s, e - s)
+            name = f"part-{TRACE_TOPIC}-c{chunk:04d}-{int(offsets[s]):012d}-{e - s}.parquet"
+            pq.write_table(
+                piece, d / name, row_group_size=self.rows_per_group, compression="snappy"
+            )
+            self.files += 1
+        self.events += n
+
+
+def generate(
+    lake: str | os.PathLike[str],
+    scenario: Scenario,
+    *,
+    chunk_messages: int = 1_000_000,
+    with_truth: bool = True,
+) -> GeneratedLake:
+    """Generate the lake of ``scenario`` into ``lake`` (created; must not hold other data)."""
+    lake = Path(lake)
+    lake.mkdir(parents=True, exist_ok=True)
+    sc = scenario
+    now = sc.now_ms if sc.now_ms is not None else sc.end_ms + sc.horizon_ms + DAY
+    groups = topology(sc.start_ms, sc.end_ms, now)
+    gen = _Gen(sc, groups, lake, with_truth)
+    # Message time line: [read_lo, start) look-back, [start, end) window, [end, read_hi) after.
+    span = sc.end_ms - sc.start_ms
+    n_before = int(sc.messages * sc.surrounding_density * sc.horizon_ms / span)
+    n_after = int(sc.messages * sc.surrounding_density * sc.horizon_ms / span)
+    segments = [
+        (sc.read_lo, sc.start_ms, n_before, 1),
+        (sc.start_ms, sc.end_ms, sc.messages, 0),
+        (sc.end_ms, sc.read_hi, n_after, 2),
+    ]
+    chunk = 0
+    for lo, hi, n, kind in segments:
+        if n <= 0:
+            continue
+        pieces = max(1, -(-n // chunk_messages))
+        for i in range(pieces):
+            c_lo = lo + (hi - lo) * i // pieces
+            c_hi = lo + (hi - lo) * (i + 1) // pieces
+            c_n = n * (i + 1) // pieces - n * i // pieces
+            gen.chunk(chunk, c_lo, c_hi, c_n, kind)
+            chunk += 1
+    return gen.finish()
+
+
+class _Gen:
+    def __init__(self, sc: Scenario, groups: list[Group], lake: Path, with_truth: bool) -> None:
+        self.sc = sc
+        self.groups = groups
+        self.gidx = {g.name: i for i, g in enumerate(groups)}
+        self.with_truth = with_truth
+        self.rng = np.random.default_rng(sc.seed)
+        self.writer = _Writer(lake)
+        self.lake = lake
+        self.next_index = 0
+        self.next_attempt = 0
+        n_clients = max(len(g.clients) for g in groups) + 1
+        shape = (len(groups), len(TOPICS), len(BROKERS), QUEUES, n_clients)
+        big = np.iinfo(np.int64).max
+        self.blocker = np.full(shape, big, dtype=np.int64)
+        self.queue_next = np.zeros((len(TOPICS), len(BROKERS), QUEUES), dtype=np.int64)
+        self.truth: list[pa.Table] = []
+        #: pending no-trace truth rows: resolved against the committed offsets at the end
+        self.no_trace: list[dict[str, np.ndarray | pa.Array]] = []
+        self.info = {"ROLLED_BACK": 0, "TX_UNRESOLVED": 0, "RECALLED": 0, "NO_EXPECTED_GROUP": 0}
+        self.messages = 0
+        self.orphan_batches: list[tuple[pa.Array, np.ndarray, np.ndarray]] = []
+        self.null_batches: list[tuple[np.ndarray, np.ndarray]] = []
+
+    # -- one chunk of messages published in [lo, hi) ----------------------------------
+    def chunk(self, chunk: int, lo: int, hi: int, n: int, kind: int) -> None:
+        sc, rng = self.sc, self.rng
+        w = sc.window_ms
+        idx = self.next_index + np.arange(n, dtype=np.int64)
+        self.next_index += n
+        if kind == 0:
+            self.messages += n
+        pub_ts = np.sort(rng.integers(lo, hi, n))  # recorded by the producer's clock
+        producer = rng.integers(0, len(PRODUCERS), n)
+        skew = np.array([p[2] for p in PRODUCERS])[producer]
+        true_ts = pub_ts - skew
+        tw = np.asarray(sc.topic_weights, dtype=float)
+        topic = rng.choice(len(TOPICS), n, p=tw / tw.sum())
+        tag = np.zeros(n, dtype=np.int64)
+        for t in range(len(TOPICS)):
+            sel = topic == t
+            tag[sel] = rng.choice(len(TAGS[t]), int(sel.sum()), p=TAG_P[t])
+        # message types; surrounding messages are plain
+        r = rng.random(n)
+        mtype = np.zeros(n, dtype=np.int32)
+        if kind == 0:
+            mtype[r < 0.05] = 1  # transactional half
+            mtype[(r >= 0.05) & (r < 0.08)] = 3  # delayed
+            mtype[(r >= 0.08) & (r < 0.10)] = 4  # ordered
+        half = mtype == 1
+        r2 = rng.random(n)
+        commit = half & (r2 < 0.6)
+        rollback = half & (r2 >= 0.6) & (r2 < 0.9)
+        unresolved = half & (r2 >= 0.9)
+        delayed = mtype == 3
+        levels = DELAY_LEVELS_MS[DELAY_LEVELS_MS <= sc.max_delay_ms]
+        delay = np.where(delayed, rng.choice(levels, n), 0)
+        recalled = delayed & (rng.random(n) < 0.1)
+        # send outcome: 0 ok, 1 failed then ok (send retry), 2 failed only (PUB_FAILED)
+        r3 = rng.random(n)
+        send = np.zeros(n, dtype=np.int8)
+        if kind == 0:
+            send[r3 < 0.015] = 1
+            send[(r3 >= 0.015) & (r3 < 0.025)] = 2
+            send[(send == 2) & half] = 0
+        ok = send != 2
+        cost = rng.integers(1, 40, n)
+        store_true = true_ts + cost // 2
+        store_time = np.where(rng.random(n) < 0.2, 0, store_true)  # 0: transport gave none
+        broker = rng.integers(0, len(BROKERS), n)
+        queue = rng.integers(0, QUEUES, n)
+        qoff = np.full(n, -1, dtype=np.int64)
+        okpos = np.flatnonzero(ok)
+        flat = (topic * len(BROKERS) + broker) * QUEUES + queue
+        qn = self.queue_next.reshape(-1)
+        order = okpos[np.argsort(flat[okpos], kind="stable")]
+        keys_sorted = flat[order]
+        if len(order):
+            first = np.r_[0, np.flatnonzero(np.diff(keys_sorted)) + 1]
+            run = np.arange(len(order)) - np.repeat(first, np.diff(np.r_[first, len(order)]))
+            qoff[order] = qn[keys_sorted] + run
+            np.add.at(qn, keys_sorted, 1)
+        ids = msg_ids(idx, pub_ts, producer)
+        in_window = kind == 0
+        events: list[pa.Table] = []
+
+        # Pub events: a failed attempt before a retry, failed attempts only, or one success
+        tags_arr = np.full(n, -1)
+        tag_strings: list[str | None] = []
+        for t in range(len(TOPICS)):
+            base = len(tag_strings)
+            tag_strings.extend(TAGS[t])
+            sel = topic == t
+            tag_vals = np.array(
+                [base + i if TAGS[t][i] is not None else -1 for i in range(len(TAGS[t]))]
+            )
+            tags_arr[sel] = tag_vals[tag[sel]]
+        tag_col = _take(tag_strings, tags_arr)
+        topic_col = _take(TOPICS, topic)
+        keys_col = _keys(idx)
+        pgroup = _take([p[0] for p in PRODUCERS], producer)
+        phost = _take([p[1] for p in PRODUCERS], producer)
+        baddr = _take([b[1] for b in BROKERS], broker)
+
+        def pubs(sel: np.ndarray, ts: np.ndarray, success: bool) -> None:
+            s = pa.array(sel)
+            k = int(sel.sum())
+            if k == 0:
+                return
+            cols: dict[str, Any] = dict(
+                trace_type="Pub",
+                timestamp=ts[sel],
+                region_id=REGION,
+                group_name=pgroup.filter(s),
+                cost_time=cost[sel],
+                success=success,
+                topic=topic_col.filter(s),
+                msg_id=ids.filter(s),
+                tags=tag_col.filter(s),
+                keys=keys_col.filter(s),
+                store_host=baddr.filter(s),
+                client_host=phost.filter(s),
+                body_length=rng.integers(64, 2048, k),
+                msg_type=mtype[sel],
+            )
+            if success:
+                cols.update(
+                    offset_msg_id=_offset_msg_ids(broker[sel], queue[sel], qoff[sel]),
+                    store_time=store_time[sel],
+                    store_addr=baddr.filter(s),
+                    queue_id=queue[sel].astype(np.int32),
+                    queue_offset=qoff[sel],
+                )
+            else:
+                cols.update(store_time=0, cost_time=rng.integers(3000, 3100, k))
+            events.append(_frame(k, **cols))
+
+        pubs(send == 1, pub_ts - 3200, False)  # a failed attempt 3.2 s before the retry
+        pubs(send == 2, pub_ts, False)  # failed sends: the attempt and its retry
+        pubs(send == 2, pub_ts + 3200, False)
+        pubs(ok, pub_ts, True)
+
+        # transactions: EndTransaction COMMIT / ROLLBACK / UNKNOW (half of the unresolved)
+        end_tx = commit | rollback | (unresolved & (r2 >= 0.95))
+        if end_tx.any():
+            s = pa.array(end_tx)
+            state = np.where(commit, 0, np.where(rollback, 1, 2))[end_tx]
+            check = rng.random(int(end_tx.sum())) < 0.2
+            ts_tx = pub_ts[end_tx] + np.where(
+                check, 60 * SEC, rng.integers(5, 2000, int(end_tx.sum()))
+            )
+            events.append(
+                _frame(
+                    int(end_tx.sum()),
+                    trace_type="EndTransaction",
+                    timestamp=ts_tx,
+                    region_id=REGION,
+                    group_name=pgroup.filter(s),
+                    topic=topic_col.filter(s),
+                    msg_id=ids.filter(s),
+                    tags=tag_col.filter(s),
+                    keys=keys_col.filter(s),
+                    store_host=baddr.filter(s),
+                    msg_type=np.where(state == 0, 2, 1).astype(np.int32),
+                    transaction_id=keys_col.filter(s),
+                    transaction_state=_take(
+                        ["COMMIT_MESSAGE", "ROLLBACK_MESSAGE", "UNKNOW"], state
+                    ),
+                    from_transaction_check=check,
+                )
+            )
+        commit_ts = np.where(commit, pub_ts + 2100 + 60 * SEC, 0) - skew
+        if recalled.any():
+            s = pa.array(recalled)
+            events.append(
+                _frame(
+                    int(recalled.sum()),
+                    trace_type="Recall",
+                    timestamp=pub_ts[recalled] + 500,
+                    region_id=REGION,
+                    group_name=pgroup.filter(s),
+                    topic=topic_col.filter(s),
+                    msg_id=ids.filter(s),
+                    success=True,
+                )
+            )
+
+        expected_anywhere = ok & ~recalled & (~half | commit)
+        if in_window:
+            self.info["ROLLED_BACK"] += int((ok & rollback).sum())
+            self.info["TX_UNRESOLVED"] += int((ok & unresolved).sum())
+            self.info["RECALLED"] += int((ok & recalled).sum())
+
+        # --- expected pairs ------------------------------------------------------------
+        g_cols: list[np.ndarray] = []  # per group: expected mask
+        any_expected = np.zeros(n, dtype=bool)
+        pair_msg, pair_group, pair_client = [], [], []
+        for gi, g in enumerate(self.groups):
+            exp = np.zeros(n, dtype=bool)
+            if g.topic >= 0:
+                for expression, first, last in g.rows:
+                    exp |= (
+                        (topic == g.topic)
+                        & _tag_matches(expression, tag, g.topic)
+                        & (pub_ts >= first)
+                        & (pub_ts <= last + self.sc.subscription_grace_ms)
+                    )
+            exp &= expected_anywhere
+            g_cols.append(exp)
+            any_expected |= exp
+            m = np.flatnonzero(exp)
+            if g.broadcasting:
+                clients = range(len(g.clients)) if g.clients else [-1]
+                for c in clients:
+                    pair_msg.append(m)
+                    pair_group.append(np.full(len(m), gi))
+                    pair_client.append(np.full(len(m), c))
+            else:
+                pair_msg.append(m)
+                pair_group.append(np.full(len(m), gi))
+                pair_client.append(np.full(len(m), -1))
+        if in_window:
+            self.info["NO_EXPECTED_GROUP"] += int((expected_anywhere & ~any_expected).sum())
+        p_msg = np.concatenate(pair_msg) if pair_msg else np.zeros(0, np.int64)
+        p_group = np.concatenate(pair_group) if pair_group else np.zeros(0, np.int64)
+        p_client = np.concatenate(pair_client) if pair_client else np.zeros(0, np.int64)
+        P = len(p_msg)
+        is_b = np.array([g.broadcasting for g in self.groups])[p_group]
+        consumes = np.array([g.consumes for g in self.groups])[p_group]
+        beh = np.full(P, OK, dtype=np.int64)
+        if in_window and P:
+            u = rng.random(P)
+            late = pub_ts[p_msg] >= sc.start_ms + (sc.end_ms - sc.start_ms) * 3 // 4
+            for which, col in ((~is_b, 0), (is_b, 1)):
+                p = _BEHAVIOUR_P[:, col] / _BEHAVIOUR_P[:, col].sum()
+                cuts = np.cumsum(p)
+                b = np.searchsorted(cuts, u, side="right").clip(0, len(p) - 1)
+                beh[which] = b[which]
+            # blockers only late in the window, so that TRACE_LOST stays common
+            blk = np.isin(beh, _BLOCKERS) & ~late
+            beh[blk] = OK
+            # delayed messages: consumed at their due time, or lost
+            dl = delayed[p_msg]
+            beh[dl & ~np.isin(beh, (OK, TRACE_LOST, NOT_CONSUMED))] = OK
+        beh[~consumes] = NOT_CONSUMED  # G_silent_C: never consumes
+
+        # consume start (true time)
+        base = np.maximum(
+            true_ts[p_msg]
+            + rng.integers(2, 3 * SEC, P)
+            + (rng.random(P) < 0.05) * rng.integers(0, 4 * MIN, P),
+            store_true[p_msg] + 1,
+        )
+        base = np.where(
+            delayed[p_msg], true_ts[p_msg] + delay[p_msg] + rng.integers(1, 500, P), base
+        )
+        base = np.where(commit[p_msg], np.maximum(base, commit_ts[p_msg] + 5), base)
+        base = np.where(
+            beh == LATE_IN,
+            sc.end_ms + 10 * SEC + rng.integers(0, int(sc.horizon_ms * 0.7), P),
+            base,
+        )
+        base = np.where(
+            beh == LATE_PAST,
+            sc.end_ms + sc.horizon_ms + 10 * SEC + rng.integers(0, 20 * MIN, P),
+            base,
+        )
+
+        # --- unexpected consumption (window messages, successful Pub) -------------------
+        u_msg: list[np.ndarray] = []
+        u_group: list[np.ndarray] = []
+        if in_window:
+            plain = ok & ~delayed
+            rogue = np.flatnonzero(plain & (topic == 0) & (rng.random(n) < 0.02))
+            u_msg.append(rogue)
+            u_group.append(np.full(len(rogue), self.gidx["G_rogue"]))
+            tag_c = np.flatnonzero(plain & (topic == 0) & (tag == 2) & (rng.random(n) < 0.05))
+            u_msg.append(tag_c)
+            u_group.append(np.full(len(tag_c), self.gidx["G_tag_A"]))
+            early = np.flatnonzero(
+                plain & (topic == 0) & ~g_cols[self.gidx["G_late_A"]] & (rng.random(n) < 0.05)
+            )
+            u_msg.append(early)
+            u_group.append(np.full(len(early), self.gidx["G_late_A"]))
+            rb = np.flatnonzero(ok & rollback & (topic == 0) & (rng.random(n) < 0.3))
+            u_msg.append(rb)
+            u_group.append(np.full(len(rb), self.gidx["G_all_A"]))
+        um = np.concatenate(u_msg) if u_msg else np.zeros(0, np.int64)
+        ug = np.concatenate(u_group) if u_group else np.zeros(0, np.int64)
+        U = len(um)
+        ubase = np.maximum(true_ts[um] + rng.integers(2, 3 * SEC, U), store_true[um] + 1)
+
+        # --- attempts of all pairs (expected + unexpected) -------------------------------
+        all_msg = np.concatenate([p_msg, um])
+        all_group = np.concatenate([p_group, ug])
+        all_client = np.concatenate([p_client, np.full(U, -1)])
+        all_beh = np.concatenate([beh, np.full(U, OK)])
+        all_base = np.concatenate([base, ubase])
+        n_pairs = len(all_msg)
+        k_fail = rng.integers(1, 4, n_pairs)
+        k_fail5 = rng.integers(1, 6, n_pairs)
+        k_if = rng.integers(0, 2, n_pairs)
+        count = np.select(
+            [
+                all_beh == RETRY_OK,
+                all_beh == FAILED,
+                all_beh == DLQ,
+                all_beh == IN_FLIGHT,
+                all_beh == DUPLICATE,
+                np.isin(all_beh, (TRACE_LOST, NOT_CONSUMED)),
+            ],
+            [k_fail + 1, k_fail5, sc.max_reconsume_times + 1, k_if + 1, 2, 0],
+            1,
+        )
+        att = self._attempts(
+            all_msg,
+            all_group,
+            all_client,
+            all_beh,
+            all_base,
+            count,
+            pub_ids=ids,
+            msg_topic=topic,
+            tag_col=tag_col,
+            keys_col=keys_col,
+            baddr=baddr,
+            store_true=store_true,
+        )
+        events.extend(att["events"])
+
+        # --- committed-offset blockers ---------------------------------------------------
+        gi_arr = all_group[:P]
+        for b in _BLOCKERS:
+            sel = np.flatnonzero((all_beh[:P] == b) & ok[p_msg])
+            if len(sel):
+                m = p_msg[sel]
+                np.minimum.at(
+                    self.blocker,
+                    (gi_arr[sel], topic[m], broker[m], queue[m], all_client[sel] + 1),
+                    qoff[m],
+                )
+
+        # --- orphans, ancient and null-id consumes (window chunks only) -----------------
+        if in_window:
+            events.extend(self._orphans(lo, hi, n))
+
+        # --- truth -----------------------------------------------------------------------
+        if self.with_truth and in_window:
+            self._truth(
+                n,
+                ids,
+                pub_ts,
+                send,
+                ok,
+                mtype,
+                delayed,
+                topic,
+                broker,
+                queue,
+                qoff,
+                store_time,
+                cost,
+                P,
+                p_msg,
+                p_group,
+                p_client,
+                beh,
+                um,
+                ug,
+                att,
+                w,
+            )
+        table = pa.concat_tables(events)
+        self.writer.write(table, chunk, rng)
+
+    # -- attempts → SubBefore / SubAfter events ---------------------------------------
+    def _attempts(
+        self,
+        msg,
+        group,
+        client,
+        beh,
+        base,
+        count,
+        *,
+        pub_ids,
+        msg_topic,
+        tag_col,
+        keys_col,
+        baddr,
+        store_true,
+    ) -> dict[str, Any]:
+        rng = self.rng
+        sc = self.sc
+        n_att = int(count.sum())
+        pair = np.repeat(np.arange(len(msg)), count)
+        first = np.r_[0, np.cumsum(count)[:-1]]
+        j = np.arange(n_att) - np.repeat(first, count)
+        k = count[pair]
+        b = beh[pair]
+        last = j == k - 1
+        success = np.select(
+            [np.isin(b, (FAILED, DLQ)), b == IN_FLIGHT, b == DUPLICATE], [False, False, True], last
+        )
+        has_after = ~((b == IN_FLIGHT) & last)
+        retry = np.where(np.isin(b, (RETRY_OK, FAILED, DLQ, IN_FLIGHT)), j, 0)
+        spacing = np.where(b == DLQ, 2 * SEC, np.where(b == DUPLICATE, 10 * SEC, 5 * SEC))
+        before_true = base[pair] + j * spacing
+        acost = rng.integers(1, 60, n_att)
+        after_true = before_true + acost
+        # the consuming client: broadcasting pairs name theirs; clustering picks one per pair
+        g = group[pair]
+        c = client[pair].copy()
+        # clustering: one client per pair; a skewed host takes a small share of the work
+        pick_p = rng.random(len(msg))
+        pick = np.zeros(len(msg), dtype=np.int64)
+        for gi, gr in enumerate(self.groups):
+            if not gr.clients:
+                continue
+            wts = np.array([0.1 if s else 1.0 for _, s in gr.clients])
+            sel = group == gi
+            pick[sel] = np.searchsorted(np.cumsum(wts / wts.sum()), pick_p[sel], side="right")
+        pick = pick.clip(0, None)[pair]
+        c = np.where(c < 0, pick, c)
+        host_tab = [[h for h, _ in gr.clients] or [None] for gr in self.groups]
+        skew_tab = [[s for _, s in gr.clients] or [0] for gr in self.groups]
+        width = max(len(h) for h in host_tab)
+        hosts_flat = [h for hs in host_tab for h in (hs + [None] * (width - len(hs)))]
+        skews = np.array([s for ss in skew_tab for s in (ss + [0] * (width - len(ss)))])
+        hcode = g * width + c
+        skew = skews[hcode]
+        before_ts = before_true + skew
+        after_ts = after_true + skew
+        host = _take(hosts_flat, hcode)
+        att_id = self.next_attempt + np.arange(n_att)
+        self.next_attempt += n_att
+        rid = _request_ids(att_id, 0x5EED)
+        gname = _take([gr.name for gr in self.groups], g)
+        mi = pa.array(msg[pair])
+        mid = pub_ids.take(mi)
+        topic_real = _take(TOPICS, msg_topic[msg[pair]])
+        retry_topic = _take([f"%RETRY%{gr.name}" for gr in self.groups], g)
+        sb_topic = pc.if_else(pa.array(retry > 0), retry_topic, topic_real)
+        events = []
+        events.append(
+            _frame(
+                n_att,
+                trace_type="SubBefore",
+                timestamp=before_ts,
+                region_id=REGION,
+                group_name=gname,
+                request_id=rid,
+                topic=sb_topic,
+                msg_id=mid,
+                tags=tag_col.take(mi),
+                keys=keys_col.take(mi),
+                store_host=baddr.take(mi),
+                client_host=host,
+                store_time=store_true[msg[pair]],
+                retry_times=retry.astype(np.int32),
+                body_length=rng.integers(64, 2048, n_att),
+            )
+        )
+        a = pa.array(has_after)
+        oldfmt = (b == OLDFMT)[has_after]
+        code = np.where(success, 0, rng.choice([1, 2, 4], n_att))[has_after]
+        events.append(
+            _frame(
+                int(has_after.sum()),
+                trace_type="SubAfter",
+                timestamp=after_ts[has_after],
+                region_id=REGION,
+                group_name=pc.if_else(
+                    pa.array(oldfmt), pa.nulls(len(oldfmt), pa.string()), gname.filter(a)
+                ),
+                request_id=rid.filter(a),
+                cost_time=acost[has_after],
+                success=success[has_after],
+                context_code=code.astype(np.int32),
+                msg_id=mid.filter(a),
+                keys=keys_col.take(mi).filter(a),
+                client_host=host.filter(a),
+            )
+        )
+        dup = b == DUP_TRACE
+        if dup.any():  # the same records again (a trace message sent twice)
+            d = pa.array(dup)
+            da = pa.array(dup[has_after])
+            events.append(events[0].filter(d))
+            events.append(events[1].filter(da))
+        return {
+            "events": events,
+            "pair": pair,
+            "before_ts": before_ts,
+            "after_ts": after_ts,
+            "success": success,
+            "has_after": has_after,
+            "n": n_att,
+            "read": (before_ts >= sc.read_lo) & (before_ts < sc.read_hi),
+            "read_after": has_after & (after_ts >= sc.read_lo) & (after_ts < sc.read_hi),
+        }
+
+    def _orphans(self, lo: int, hi: int, n: int) -> list[pa.Table]:
+        """Consumes without a Pub: orphans (first consumed in the window, or after it),
+        consumes of ancient messages, and consumes with null / empty msgIds."""
+        sc, rng = self.sc, self.rng
+        k = max(3, int(n * sc.orphan_rate))
+        events = []
+        # orphans of G_all_A (clustering) and G_bcast_B (broadcasting); 15% are first consumed
+        # after the window (the next run reports those)
+        idx = (1 << 40) + self.next_index * 4 + np.arange(k)
+        created = rng.integers(lo, hi, k)
+        ts = created + rng.integers(6 * SEC, 8 * SEC, k)
+        after_window = rng.random(k) < 0.15
+        ts = np.where(after_window, sc.end_ms + rng.integers(10 * SEC, sc.horizon_ms // 2, k), ts)
+        grp = np.where(rng.random(k) < 0.7, self.gidx["G_all_A"], self.gidx["G_bcast_B"])
+        failed_first = rng.random(k) < 0.2
+        ids = msg_ids(idx, created, np.zeros(k, dtype=np.int64))
+        events += self._raw_consumes(ids, grp, ts, failed_first)
+        first = np.where(failed_first, ts - 5 * SEC, ts)
+        self.orphan_batches.append((ids, grp, first))
+        # ancient: created 3 h before the window, no Pub in range: not an orphan of this run
+        a = max(2, k // 3)
+        aidx = (1 << 41) + self.next_index * 4 + np.arange(a)
+        acreated = np.full(a, sc.start_ms - 3 * HOUR) + np.arange(a)
+        ats = rng.integers(lo, hi, a)
+        events += self._raw_consumes(
+            msg_ids(aidx, acreated, np.zeros(a, dtype=np.int64)),
+            np.full(a, self.gidx["G_all_A"]),
+            ats,
+            np.zeros(a, bool),
+        )
+        # null / empty msgIds, by G_all_B
+        z = max(2, k // 3)
+        zts = rng.integers(lo, hi, z)
+        zid = pa.array([None if i % 2 else "" for i in range(z)], type=pa.string())
+        events += self._raw_consumes(zid, np.full(z, self.gidx["G_all_B"]), zts, np.zeros(z, bool))
+        self.null_batches.append((np.full(z, self.gidx["G_all_B"]), zts))
+        return events
+
+    def _orphan_host(self, grp: np.ndarray) -> pa.Array:
+        """The consuming host of orphan consumes: a group's first client (10.0.1.2 for
+        G_bcast_B)."""
+        hosts = [gr.clients[0][0] if gr.clients else None for gr in self.groups]
+        bc = self.gidx["G_bcast_B"]
+        hosts[bc] = self.groups[bc].clients[1][0]
+        return _take(hosts, grp)
+
+    def _raw_consumes(
+        self, ids: pa.Array, grp: np.ndarray, ts: np.ndarray, failed_first: np.ndarray
+    ) -> list[pa.Table]:
+        """One successful attempt at ``ts`` per id, after a failed one 5 s earlier where
+        ``failed_first``."""
+        k = len(grp)
+        out = []
+        for final, sel in ((False, failed_first), (True, np.ones(k, bool))):
+            m = int(sel.sum())
+            if m == 0:
+                continue
+            s = pa.array(sel)
+            rts = ts[sel] - (0 if final else 5 * SEC)
+            att = self.next_attempt + np.arange(m)
+            self.next_attempt += m
+            rid = _request_ids(att, 0x0FA7)
+            gname = _take([gr.name for gr in self.groups], grp[sel])
+            host = self._orphan_host(grp[sel])
+            retry = (failed_first[sel] & final).astype(np.int32)
+            out.append(
+                _frame(
+                    m,
+                    trace_type="SubBefore",
+                    timestamp=rts,
+                    region_id=REGION,
+                    group_name=gname,
+                    request_id=rid,
+                    topic="TopicA",
+                    msg_id=ids.filter(s),
+                    client_host=host,
+                    retry_times=retry,
+                )
+            )
+            out.append(
+                _frame(
+                    m,
+                    trace_type="SubAfter",
+                    timestamp=rts + 7,
+                    region_id=REGION,
+                    group_name=gname,
+                    request_id=rid,
+                    cost_time=7,
+                    success=final,
+                    context_code=0 if final else 4,
+                    msg_id=ids.filter(s),
+                    client_host=host,
+                )
+            )
+        return out
+
+    # -- ground truth -------------------------------------------------------------------
+    def _truth(
+        self,
+        n,
+        ids,
+        pub_ts,
+        send,
+        ok,
+        mtype,
+        delayed,
+        topic,
+        broker,
+        queue,
+        qoff,
+        store_time,
+        cost,
+        P,
+        p_msg,
+        p_group,
+        p_client,
+        beh,
+        um,
+        ug,
+        att,
+        w,
+    ) -> None:
+        sc = self.sc
+        pair = att["pair"]
+        n_pairs = P + len(um)
+        all_msg = np.concatenate([p_msg, um])
+        # which events of each pair the job reads
+        rb = att["read"]
+        ra = att["read_after"]
+        succ = att["success"] & ra
+        n_seen = np.bincount(pair, weights=(rb | ra), minlength=n_pairs)
+        n_succ = np.bincount(pair, weights=succ, minlength=n_pairs)
+        n_inflight = np.bincount(pair, weights=rb & ~ra, minlength=n_pairs)
+        n_fail = np.bincount(pair, weights=ra & ~att["success"], minlength=n_pairs)
+        max_retry_seen = np.zeros(n_pairs)
+        # outcome of pairs with events seen
+        beh_all = np.concatenate([beh, np.full(len(um), OK)])
+        n_att_seen = np.bincount(pair, weights=(rb | ra), minlength=n_pairs)
+        retry = np.zeros(att["n"])
+        # retry_times of attempts: recompute from pair position (as in _attempts)
+        counts = np.bincount(pair, minlength=n_pairs)
+        first = np.r_[0, np.cumsum(counts)[:-1]]
+        j = np.arange(att["n"]) - np.repeat(first, counts)
+        bb = beh_all[pair]
+        retry = np.where(np.isin(bb, (RETRY_OK, FAILED, DLQ, IN_FLIGHT)), j, 0)
+        np.maximum.at(max_retry_seen, pair[rb], retry[rb])
+        succ_retry = np.zeros(n_pairs)
+        np.maximum.at(succ_retry, pair[succ], retry[succ])
+        outcome = np.full(n_pairs, "", dtype=object)
+        seen = n_seen > 0
+        outcome[seen & (n_succ > 1)] = "DUPLICATE"
+        one = seen & (n_succ == 1)
+        outcome[one & ((n_att_seen > 1) | (succ_retry > 0))] = "CONSUMED_AFTER_RETRY"
+        outcome[one & ~((n_att_seen > 1) | (succ_retry > 0))] = "CONSUMED"
+        none = seen & (n_succ == 0)
+        outcome[none & (n_inflight > 0)] = "IN_FLIGHT"
+        outcome[none & (n_inflight == 0) & (max_retry_seen >= sc.max_reconsume_times)] = (
+            "DEAD_LETTERED"
+        )
+        outcome[none & (n_inflight == 0) & (max_retry_seen < sc.max_reconsume_times)] = "FAILED"
+        del n_fail
+        # behaviour-level sanity: fully seen chains give the behaviour's own outcome
+        expect = {
+            OK: "CONSUMED",
+            RETRY_OK: "CONSUMED_AFTER_RETRY",
+            FAILED: "FAILED",
+            DLQ: "DEAD_LETTERED",
+            IN_FLIGHT: "IN_FLIGHT",
+            DUPLICATE: "DUPLICATE",
+            DUP_TRACE: "CONSUMED",
+            OLDFMT: "CONSUMED",
+            LATE_IN: "CONSUMED",
+        }
+        full = n_seen == counts
+        for b, name in expect.items():
+            bad = full[:P] & (beh == b) & (counts[:P] > 0) & (outcome[:P] != name)
+            assert not bad.any(), f"generator: behaviour {BEHAVIOURS[b]} seen as other outcome"
+        # skew flags: store-to-consume start and end-to-end
+        m = all_msg
+        first_before = np.full(n_pairs, np.iinfo(np.int64).max)
+        np.minimum.at(first_before, pair[rb], att["before_ts"][rb])
+        first_succ = np.full(n_pairs, np.iinfo(np.int64).max)
+        np.minimum.at(first_succ, pair[succ], att["after_ts"][succ])
+        store_ref = np.where(store_time[m] > 0, store_time[m], pub_ts[m] + cost[m])
+        has_b = first_before != np.iinfo(np.int64).max
+        has_s = first_succ != np.iinfo(np.int64).max
+        stc = first_before - store_ref
+        e2e = first_succ - pub_ts[m]
+        skew = (has_b & ((stc < 0) | (stc > DAY))) | (has_s & ((e2e < 0) | (e2e > DAY)))
+        window = (pub_ts[m] // w) * w
+        # expected pairs with no event seen: pending / offsets (resolved at the end)
+        gnames = [g.name for g in self.groups]
+        exp_seen = seen[:P]
+        rows = {
+            "window_start": window[:P][exp_seen],
+            "msg_id": ids.take(pa.array(p_msg[exp_seen])),
+            "group": _take(gnames, p_group[exp_seen]),
+            "client_host": self._client_col(p_group[exp_seen], p_client[exp_seen]),
+            "outcome": pa.array(outcome[:P][exp_seen].tolist(), type=pa.string()),
+            "skew_suspect": skew[:P][exp_seen],
+        }
+        self.truth.append(pa.table(rows))
+        nt = ~seen[:P]
+        mm = p_msg[nt]
+        due = pub_ts[mm] + np.where(delayed[mm], max(sc.max_delay_ms, sc.horizon_ms), sc.horizon_ms)
+        self.no_trace.append(
+            {
+                "window_start": window[:P][nt],
+                "msg_id": ids.take(pa.array(mm)),
+                "group": p_group[nt],
+                "client": p_client[nt],
+                "topic": topic[mm],
+                "broker": broker[mm],
+                "queue": queue[mm],
+                "offset": qoff[mm],
+                "pending": due > sc.cutoff_ms,
+                "offset_applicable": ~np.isin(mtype[mm], (1, 3)),
+            }
+        )
+        # unexpected consumption: every one is seen (consumed within minutes of the Pub)
+        us = seen[P:]
+        assert us.all(), "generator: an unexpected consume fell outside the read range"
+        self.truth.append(
+            pa.table(
+                {
+                    "window_start": window[P:],
+                    "msg_id": ids.take(pa.array(um)),
+                    "group": _take(gnames, ug),
+                    "client_host": pa.nulls(len(um), pa.string()),
+                    "outcome": pa.array(["UNEXPECTED_GROUP"] * len(um), type=pa.string()),
+                    "skew_suspect": skew[P:],
+                }
+            )
+        )
+        # failed sends
+        pf = np.flatnonzero(send == 2)
+        self.truth.append(
+            pa.table(
+                {
+                    "window_start": (pub_ts[pf] // w) * w,
+                    "msg_id": ids.take(pa.array(pf)),
+                    "group": pa.nulls(len(pf), pa.string()),
+                    "client_host": pa.nulls(len(pf), pa.string()),
+                    "outcome": pa.array(["PUB_FAILED"] * len(pf), type=pa.string()),
+                    "skew_suspect": np.zeros(len(pf), dtype=bool),
+                }
+            )
+        )
+
+    def _client_col(self, group: np.ndarray, client: np.ndarray) -> pa.Array:
+        hosts: list[str | None] = []
+        codes = np.full(len(group), -1)
+        for gi, g in enumerate(self.groups):
+            for ci, (h, _) in enumerate(g.clients):
+                sel = (group == gi) & (client == ci) & g.broadcasting
+                codes[sel] = len(hosts)
+                hosts.append(h)
+        return _take(hosts, codes)
+
+    # -- the end: committed offsets, resolved truth ---------------------------------------
+    def finish(self) -> GeneratedLake:
+        sc = self.sc
+        w = sc.window_ms
+        big = np.iinfo(np.int64).max
+        qn = self.queue_next
+        offsets: list[dict[str, Any]] = []
+        committed = np.zeros_like(self.blocker)
+        for gi, g in enumerate(self.groups):
+            if not g.consumes or g.topic < 0:
+                continue
+            clients = (
+                [(ci, h) for ci, (h, _) in enumerate(g.clients)] if g.broadcasting else [(-1, None)]
+            )
+            t = g.topic
+            for bi, (bname, addr) in enumerate(BROKERS):
+                for q in range(QUEUES):
+                    for ci, host in clients:
+                        blk = self.blocker[gi, t, bi, q, ci + 1]
+                        c = int(blk) if blk != big else int(qn[t, bi, q])
+                        committed[gi, t, bi, q, ci + 1] = c
+                        offsets.append(
+                            {
+                                "group": g.name,
+                                "topic": TOPICS[t],
+                                "broker": bname,
+                                "store_addr": addr,
+                                "queue_id": q,
+                                "committed": c,
+                                "client_host": host,
+                            }
+                        )
+        truth = None
+        if self.with_truth:
+            gnames = [g.name for g in self.groups]
+            for nt in self.no_trace:
+                grp, cl = nt["group"], nt["client"]
+                consumes = np.array([g.consumes for g in self.groups])[grp]
+                c = committed[grp, nt["topic"], nt["broker"], nt["queue"], cl + 1]
+                passed = consumes & (c > nt["offset"])
+                outcome = np.where(
+                    nt["pending"],
+                    "PENDING",
+                    np.where(nt["offset_applicable"] & passed, "TRACE_LOST", "NOT_CONSUMED"),
+                )
+                self.truth.append(
+                    pa.table(
+                        {
+                            "window_start": nt["window_start"],
+                            "msg_id": nt["msg_id"],
+                            "group": _take(gnames, grp),
+                            "client_host": self._client_col(grp, cl),
+                            "outcome": pa.array(outcome.tolist(), type=pa.string()),
+                            "skew_suspect": np.zeros(len(grp), dtype=bool),
+                        }
+                    )
+                )
+            # orphans: first consume in the window (all were created inside the read range)
+            bc = self.gidx["G_bcast_B"]
+            for ids, grp, first in self.orphan_batches:
+                inw = (first >= sc.start_ms) & (first < sc.end_ms)
+                sel = pa.array(inw)
+                g = grp[inw]
+                self.truth.append(
+                    pa.table(
+                        {
+                            "window_start": (first[inw] // w) * w,
+                            "msg_id": ids.filter(sel),
+                            "group": _take(gnames, g),
+                            "client_host": pc.if_else(
+                                pa.array(g == bc),
+                                self._orphan_host(g),
+                                pa.nulls(len(g), pa.string()),
+                            ),
+                            "outcome": pa.array(["ORPHAN_CONSUME"] * len(g), type=pa.string()),
+                            "skew_suspect": np.zeros(len(g), dtype=bool),
+                        }
+                    )
+                )
+            for grp, ts in self.null_batches:
+                win = (ts // w) * w
+                inw = (ts >= sc.start_ms) & (ts < sc.end_ms)
+                keys = sorted(set(zip(win[inw].tolist(), grp[inw].tolist(), strict=True)))
+                self.truth.append(
+                    pa.table(
+                        {
+                            "window_start": pa.array([k[0] for k in keys], type=pa.int64()),
+                            "msg_id": pa.nulls(len(keys), pa.string()),
+                            "group": pa.array([gnames[k[1]] for k in keys], type=pa.string()),
+                            "client_host": pa.nulls(len(keys), pa.string()),
+                            "outcome": pa.array(["ORPHAN_CONSUME"] * len(keys), type=pa.string()),
+                            "skew_suspect": np.zeros(len(keys), dtype=bool),
+                        }
+                    )
+                )
+            truth = pa.concat_tables(self.truth)
+        return GeneratedLake(
+            lake=self.lake,
+            subscriptions=subscription_rows(self.groups),
+            offsets=offsets,
+            truth=truth,
+            informational=dict(self.info),
+            messages=self.messages,
+            events=self.writer.events,
+            files=self.writer.files,
+        )

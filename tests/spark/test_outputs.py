@@ -1,0 +1,110 @@
+"""Outputs: the report files, a rerun replacing exactly its windows, and failures (injected at
+every stage, including half-way through the commit) leaving the previous output untouched."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tracemq_spark.job import METRICS, OUTCOMES, run
+
+from tests.spark.conftest import START, Lake, fingerprint, params
+
+MIN = 60_000
+
+
+@pytest.fixture(scope="module")
+def first_run(spark: Any, lake: Lake, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    out = tmp_path_factory.mktemp("outputs") / "out"
+    res = run(spark, params(lake, out))
+    return res, out
+
+
+def test_summary_json_and_report(first_run: Any) -> None:
+    res, out = first_run
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary) >= {
+        "run",
+        "input",
+        "outcomes",
+        "informational",
+        "by_topic",
+        "by_group",
+        "by_topic_group",
+        "by_window",
+        "latency",
+        "clock_skew",
+    }
+    assert list(summary["outcomes"]) == OUTCOMES
+    assert summary["outcomes"] == res.summary["outcomes"]
+    assert len(summary["by_window"]) == 6 and len(summary["run"]["windows"]) == 6
+    for m in METRICS:
+        fig = summary["latency"][m]
+        assert fig["count"] > 0 and 0 <= fig["p50"] <= fig["p90"] <= fig["p99"] <= fig["max"]
+    assert summary["clock_skew"]["flagged"] is True
+    assert summary["by_group"]["G_all_A"]["CONSUMED"] > 0
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 2
+    assert 'id="chart-outcomes"' in html and 'id="chart-latency"' in html
+    assert 'id="skew-warning"' in html
+    png = (out / "report.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", png[16:24])
+    assert width > 600 and height > 300
+
+
+def test_summary_parquet_per_window(spark: Any, first_run: Any) -> None:
+    res, out = first_run
+    rows = spark.read.parquet(str(out / "summary")).collect()
+    assert {r["window"] for r in rows} == set(res.summary["run"]["windows"])
+    assert sum(r["consumed"] for r in rows) == res.summary["outcomes"]["CONSUMED"]
+    r = next(r for r in rows if r["group"] == "G_all_A")
+    assert r["end_to_end_ms_p50"] <= r["end_to_end_ms_p99"]
+    assert r["end_to_end_ms_count"] > 0
+
+
+def test_rerun_replaces_exactly_its_window(
+    spark: Any, lake: Lake, first_run: Any, tmp_path: Path
+) -> None:
+    _, out = first_run
+    before = fingerprint(out)
+    # the rerun sees no committed offsets: TRACE_LOST of its window becomes NOT_CONSUMED
+    offsets = tmp_path / "no-offsets.json"
+    offsets.write_text(json.dumps({"offsets": []}))
+    window = "20240310T1020Z"
+    run(
+        spark,
+        params(lake, out, from_ms=START + 20 * MIN, to_ms=START + 30 * MIN, offsets=str(offsets)),
+    )
+    after = fingerprint(out)
+    for ds in ("anomalies", "summary"):
+        part = f"{ds}/window={window}/"
+        old = {k: v for k, v in before.items() if k.startswith(part)}
+        new = {k: v for k, v in after.items() if k.startswith(part)}
+        assert old and new and old != new, f"{part} was not replaced"
+    untouched = {k: v for k, v in before.items() if "/window=" in k and f"window={window}" not in k}
+    assert untouched and all(after.get(k) == v for k, v in untouched.items())
+    assert {k for k in after if "/window=" in k and f"window={window}" not in k} == set(untouched)
+    assert not (out / "_staging").exists()
+    rows = spark.read.parquet(str(out / "anomalies")).where(f"window = '{window}'").collect()
+    assert not [r for r in rows if r["outcome"] == "TRACE_LOST"]
+    assert [r for r in rows if r["outcome"] == "NOT_CONSUMED"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["run"]["windows"] == [window]
+
+
+@pytest.mark.parametrize(
+    "stage", ["after_classified", "after_tables", "after_report", "during_commit"]
+)
+def test_failure_leaves_previous_output_untouched(
+    spark: Any, lake: Lake, first_run: Any, stage: str
+) -> None:
+    _, out = first_run
+    before = fingerprint(out)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        run(spark, params(lake, out, fail_at=stage))
+    assert fingerprint(out) == before
+    assert not (out / "_staging").exists()
