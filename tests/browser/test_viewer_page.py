@@ -35,6 +35,7 @@ T0 = 1_717_171_717_000  # 2024-05-31T16:08:37.000Z
 MAIN_ID = "7F0000010A1B2C3D4E5F0123456789AB"
 TX_ID = "7F0000010A1B2C3D4E5F012345678A01"
 NOPUB_ID = "7F0000010A1B2C3D4E5F012345678B02"
+DLQ_ID = "7F0000010A1B2C3D4E5F012345678C03"
 MISSING_ID = "0A0000020000000000000000DEADBEEF"
 TOPIC = "orders"
 TOKEN = "s3cret"
@@ -311,7 +312,45 @@ NOPUB_TRACE: dict[str, Any] = {
     ],
 }
 
-TRACES = {MAIN_ID: MAIN_TRACE, TX_ID: TX_TRACE, NOPUB_ID: NOPUB_TRACE}
+DLQ_TRACE: dict[str, Any] = {
+    "msg_id": DLQ_ID,
+    "topic": TOPIC,
+    "producer": {**MAIN_TRACE["producer"], "timestamp": T0},
+    "transactions": [],
+    "consumers": [
+        {
+            "group": "billing-service",
+            "dead_lettered": True,
+            "attempts": [
+                _attempt("req-d-0", 0, 40, 50, "failed", 4, "10.0.0.21"),
+                _attempt("req-d-1", 1, 10050, 10060, "failed", 2, "10.0.0.21"),
+            ],
+        }
+    ],
+    "dead_letters": [
+        {
+            "timestamp": T0 + 10070,
+            "group": "billing-service",
+            "topic": "%DLQ%billing-service",
+            "success": True,
+            "client_host": "10.0.0.21",
+        }
+    ],
+    "events": [
+        _event("Pub", 0, msg_id=DLQ_ID, timestamp=T0, group_name="order-producer", cost_time=12),
+        _event(
+            "Pub",
+            1,
+            msg_id=DLQ_ID,
+            timestamp=T0 + 10070,
+            group_name="billing-service",
+            topic="%DLQ%billing-service",
+            cost_time=2,
+        ),
+    ],
+}
+
+TRACES = {MAIN_ID: MAIN_TRACE, TX_ID: TX_TRACE, NOPUB_ID: NOPUB_TRACE, DLQ_ID: DLQ_TRACE}
 
 KEY_ITEMS = [
     {"msg_id": MAIN_ID, "topic": TOPIC, "timestamp": T0, "keys": "order-42", "tags": "created"},
@@ -637,6 +676,25 @@ async def test_clicking_a_bar_shows_its_details(browser: BrowserSession, site: s
     await page.wait_for_selector(f"{details}:not([hidden])")
     assert await field(page, details, "requestId") == "req-bill-2"
     assert await field(page, details, "retry") == "1"
+
+
+async def test_dead_lettered_message_has_its_own_failed_row(
+    browser: BrowserSession, site: str
+) -> None:
+    page = browser.page
+    await open_trace(page, site, DLQ_ID)
+    row = "dlq:billing-service"
+    assert await page.locator(bar(row, "failed")).count() == 1
+    assert await page.locator(bar("consumer:billing-service", "failed")).count() == 2
+    await page.locator(bar(row)).click()
+    details = '[data-testid="details"]'
+    await page.wait_for_selector(f"{details}:not([hidden])")
+    assert await field(page, details, "topic") == "%DLQ%billing-service"
+    assert await field(page, details, "status") == "failed"
+    # its raw event is the consumer group's Pub to the DLQ, not the producer's send
+    highlighted = page.locator('[data-testid="events-table"] tbody tr.highlight')
+    assert await highlighted.evaluate_all("els => els.map(e => e.dataset.index)") == ["1"]
+    await save_screenshot(page, "viewer-dead-letter")
 
 
 async def test_events_table_has_one_row_per_event(browser: BrowserSession, site: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -71,17 +72,42 @@ def test_dev_up_detach_status_down(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.spark
 def test_demo_end_to_end(tmp_path: Path) -> None:
-    res = run("demo", "--messages", "200", "--out", str(tmp_path / "out"), cwd=tmp_path,
-              timeout=380)
+    out_dir = tmp_path / "out"
+    res = run("demo", "--messages", "200", "--out", str(out_dir), cwd=tmp_path, timeout=380)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     out = res.stdout
     assert "route of TopicTest" in out and "broker-a" in out and "4/4" in out
     assert "route of RMQ_SYS_TRACE_TOPIC" in out and "trace-broker" in out and "1/1" in out
-    assert "sent 200;" in out and "demo_healthy 200" in out and "demo_flaky 200" in out
+    # 200 messages: 10 transactional (2 rolled back), 9 delayed; 198 deliverable
+    m = re.search(
+        r"sent 200 \(delayed (\d+), transactional 10: committed 8, rolled back 2\); consumed: "
+        r"demo_healthy (\d+), demo_flaky (\d+), demo_stopped (\d+); "
+        r"first attempts failed in demo_flaky: (\d+)",
+        out,
+    )
+    assert m, out[-3000:]
+    delayed, healthy, flaky, stopped, failed_first = map(int, m.groups())
+    assert delayed == 9 and healthy == flaky == 198 and 99 <= stopped < 198
     # the trace table of a sample message: its Pub row and the consumer groups' rows
     assert "trace of " in out and "│ Pub" in out and "demo_healthy" in out
     assert "trace viewer: http://127.0.0.1:" in out
+    # the reconciliation's summary, printed and written
+    assert "outcomes per topic and group" in out and "latency (ms)" in out
+    assert f"report: {out_dir}/report.html" in out
+    summary = json.loads((out_dir / "summary.json").read_text())
+    groups = {r["group"]: r["outcomes"] for r in summary["by_topic_group"] if r["group"]}
+    assert groups["demo_healthy"]["CONSUMED"] == 198, groups["demo_healthy"]
+    assert groups["demo_flaky"]["CONSUMED_AFTER_RETRY"] == failed_first > 0, groups["demo_flaky"]
+    assert groups["demo_flaky"]["CONSUMED"] == 198 - failed_first, groups["demo_flaky"]
+    backlog = groups["demo_stopped"]["NOT_CONSUMED"] + groups["demo_stopped"]["PENDING"]
+    assert backlog > 0 and groups["demo_stopped"]["CONSUMED"] == stopped, groups["demo_stopped"]
+    assert backlog + stopped + groups["demo_stopped"]["IN_FLIGHT"] == 198
+    assert summary["informational"]["ROLLED_BACK"] == 2
+    for group in ("demo_healthy", "demo_flaky"):  # nothing else went wrong
+        assert sum(groups[group].values()) == 198, groups[group]
+    assert (out_dir / "report.png").stat().st_size > 0
     assert "no process left behind" in out
 
 

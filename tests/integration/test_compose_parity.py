@@ -1,9 +1,13 @@
-"""compose.yaml is valid, and every long-running tracemq command in it becomes healthy on the
-embedded stack with compose's own environment (host names mapped to loopback)."""
+"""compose.yaml is valid, every long-running tracemq command in it becomes healthy on the
+embedded stack with compose's own environment (host names mapped to loopback, volumes to
+directories), and the one-shot reconcile job runs with its compose command over the lake the
+compose collector wrote."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -13,6 +17,16 @@ from typing import Any
 
 import pytest
 import yaml
+from tracemq import (
+    ConsumeConcurrentlyStatus,
+    ConsumeFromWhere,
+    Message,
+    MessageExt,
+    Producer,
+    PushConsumer,
+)
+from tracemq.admin import AdminClient
+from tracemq.collector_lag import wait_caught_up
 from tracemq.devstack import EmbeddedStack, StackConfig, free_port
 from tracemq.devstack.stack import tracemq_command
 from tracemq.routing import RegistryReader, connect
@@ -109,6 +123,8 @@ def infra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStack]:
         _SESSION_STACKS.remove(s)
 
 
+@pytest.mark.spark
+@pytest.mark.timeout(420)
 def test_every_compose_service_runs_healthy_on_the_embedded_stack(
     compose: dict[str, Any], infra: EmbeddedStack, tmp_path: Path
 ) -> None:
@@ -126,8 +142,8 @@ def test_every_compose_service_runs_healthy_on_the_embedded_stack(
             value = value.replace(host, target)
         if value == "0.0.0.0":
             return "127.0.0.1"
-        if value.startswith("/data"):
-            return str(tmp_path / name / value.lstrip("/"))
+        if value.startswith("/data"):  # the service's volume, shared with who mounts it too
+            return str(tmp_path / _data_volume(compose["services"][name]) / value.lstrip("/"))
         return value
 
     started = []
@@ -158,5 +174,93 @@ def test_every_compose_service_runs_healthy_on_the_embedded_stack(
             await r.aclose()
 
     asyncio.run(eventually(wired, timeout=20, what="compose brokers registered"))
+
+    # the one-shot reconcile job, with compose's command, environment and volume, over the lake
+    # the compose collector wrote from a traced workload
+    group = asyncio.run(_traced_workload(infra, tmp_path))
+    job = compose["services"]["reconcile"]
+    assert job["build"]["target"] == "reconcile" and job["restart"] == "no"
+    assert _data_volume(job) == _data_volume(compose["services"]["collector"])
+    entrypoint = _dockerfile_entrypoint("reconcile")
+    assert entrypoint == ["tracemq", "reconcile"]
+    res = subprocess.run(
+        [*tracemq_command(), *entrypoint[1:], *(mapped("reconcile", a) for a in job["command"])],
+        env={
+            **os.environ,
+            **{k: mapped("reconcile", str(v)) for k, v in job["environment"].items()},
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    out = Path(mapped("reconcile", job["command"][job["command"].index("--out") + 1]))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["by_group"][group]["CONSUMED"] == WORKLOAD, summary["by_group"]
+    assert summary["anomalies"] == 0, summary["outcomes"]
+
     for proc in reversed(started):
         assert proc.stop() == 0, f"{proc.name} did not stop cleanly:\n{proc.log_tail()}"
+
+
+WORKLOAD = 12
+
+
+def _data_volume(service: dict[str, Any]) -> str:
+    """The named volume a service mounts at /data (compose config writes ``name:/data:rw``)."""
+    for v in service.get("volumes", []):
+        source, target = (v["source"], v["target"]) if isinstance(v, dict) else v.split(":")[:2]
+        if target == "/data":
+            return str(source)
+    raise AssertionError(f"no volume mounted at /data: {service.get('volumes')}")
+
+
+def _dockerfile_entrypoint(target: str) -> list[str]:
+    """The ENTRYPOINT of a docker/Dockerfile stage (a JSON array)."""
+    stage = None
+    for line in (ROOT / "docker" / "Dockerfile").read_text().splitlines():
+        m = re.match(r"FROM\s+\S+\s+AS\s+(\S+)", line, re.IGNORECASE)
+        if m:
+            stage = m.group(1)
+        elif stage == target and line.startswith("ENTRYPOINT"):
+            return list(json.loads(line.split(None, 1)[1]))
+    raise AssertionError(f"docker/Dockerfile: stage {target} has no ENTRYPOINT")
+
+
+async def _traced_workload(infra: EmbeddedStack, tmp_path: Path) -> str:
+    """A topic on the compose broker-a, messages sent and consumed with trace on; returns the
+    consumer group once the compose collector has every trace in its lake."""
+    unique = tmp_path.name[-8:].replace("-", "_")
+    topic, group = f"TopicCompose_{unique}", f"CG_compose_{unique}"
+    env = {"redis_url": infra.redis_url, "control_bootstrap": infra.business_bootstrap}
+    async with AdminClient(infra.business_bootstrap, infra.redis_url) as admin:
+        await admin.create_topic("broker-a", topic, read_queues=2, write_queues=2)
+    consumed: set[str] = set()
+
+    async def on(msgs: list[MessageExt], ctx: Any) -> ConsumeConcurrentlyStatus:
+        consumed.update(m.msg_id for m in msgs)
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    consumer = PushConsumer(
+        group, consume_from=ConsumeFromWhere.FIRST_OFFSET, enable_msg_trace=True, **env
+    )
+    consumer.subscribe(topic, "*")
+    consumer.register_message_listener(on)
+    producer = Producer(f"PG_compose_{unique}", enable_msg_trace=True, **env)
+    await consumer.start()
+    await producer.start()
+    try:
+        sent = {
+            (await producer.send(Message(topic, b"x", keys=f"k{i}"))).msg_id
+            for i in range(WORKLOAD)
+        }
+
+        async def all_consumed() -> bool:
+            return consumed >= sent
+
+        await eventually(all_consumed, timeout=30, what="the compose workload consumed")
+    finally:
+        await consumer.shutdown()
+        await producer.shutdown()
+    await wait_caught_up(infra.redis_url, timeout_s=60)
+    return group

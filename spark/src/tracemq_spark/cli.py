@@ -5,7 +5,8 @@ are on the callback, so the command is ``tracemq reconcile --from … --to …``
 ``python -m tracemq_spark``.
 
 Times (``--from``, ``--to``, ``--now``): ISO 8601 (``2024-05-14T08:00:00Z``,
-``2024-05-14T10:00+02:00``; without a zone: UTC) or epoch milliseconds. Durations: ``500ms``,
+``2024-05-14T10:00+02:00``; without a zone: UTC), epoch milliseconds, or relative to the start
+of the run: ``now``, ``-1h``, ``now-90m``. Durations: ``500ms``,
 ``45s``, ``10m``, ``2h``, ``1d``, or combined (``1h30m``).
 
 Exit codes: 0 done, 2 bad input (one line on stderr; the output is left untouched), 1 any other
@@ -53,11 +54,21 @@ def parse_duration(text: str, what: str) -> int:
     return int(total)
 
 
-def parse_time(text: str, what: str) -> int:
-    """ISO 8601 (no zone: UTC) or epoch milliseconds → epoch ms."""
+def parse_time(text: str, what: str, now_ms: int | None = None) -> int:
+    """ISO 8601 (no zone: UTC), epoch milliseconds, ``now``, or a time relative to now
+    (``-1h``, ``now-90m``: what a cron job or ``docker compose run`` passes) → epoch ms."""
     s = text.strip()
     if re.fullmatch(r"-?\d+", s):
         return int(s)
+    rel = re.fullmatch(r"(?:now)?\s*(?:-\s*(.+))?", s.lower())
+    if s and rel is not None:
+        base = now_ms if now_ms is not None else int(time.time() * 1000)
+        try:
+            return base - (parse_duration(rel.group(1), what) if rel.group(1) else 0)
+        except ReconcileError:
+            raise ReconcileError(
+                f"{what}: {text!r} is not a time (ISO 8601, epoch ms, now, -1h, now-90m)"
+            ) from None
     try:
         dt = datetime.fromisoformat(s.replace("z", "Z"))
     except ValueError:
@@ -164,11 +175,12 @@ def _run(console: Any, **kw: Any) -> int:
     def say(msg: str) -> None:
         console.print(f"[dim]{time.monotonic() - t0:7.1f}s[/] {msg}", highlight=False)
 
+    started_ms = int(time.time() * 1000)  # one "now" for every relative time of the run
     params = job.Params(
         lake=kw["lake"],
         out=kw["out"],
-        from_ms=parse_time(kw["from_"], "--from"),
-        to_ms=parse_time(kw["to"], "--to"),
+        from_ms=parse_time(kw["from_"], "--from", started_ms),
+        to_ms=parse_time(kw["to"], "--to", started_ms),
         subscriptions=kw["subscriptions"] or "",
         offsets=kw["offsets"] or "",
         horizon_ms=parse_duration(kw["horizon"], "--horizon"),
@@ -176,7 +188,7 @@ def _run(console: Any, **kw: Any) -> int:
         max_reconsume_times=kw["max_reconsume_times"],
         max_delay_ms=parse_duration(kw["max_delay"], "--max-delay"),
         subscription_grace_ms=parse_duration(kw["subscription_grace"], "--subscription-grace"),
-        now_ms=parse_time(kw["now"], "--now") if kw["now"] else None,
+        now_ms=parse_time(kw["now"], "--now", started_ms) if kw["now"] else None,
         keep_classified=kw["keep_classified"],
     )
     params.validate()
@@ -286,7 +298,10 @@ class _SparkProgress:
 
 
 def _print_summary(console: Any, result: Any) -> None:
+    """What an operator reads first: outcomes overall and per (topic, group), then latency."""
     from rich.table import Table
+
+    from tracemq_spark.job import METRICS
 
     s = result.summary
     table = Table(title=f"tracemq reconcile {s['run']['from']} → {s['run']['to']}")
@@ -297,6 +312,40 @@ def _print_summary(console: Any, result: Any) -> None:
     for o, n in s["informational"].items():
         table.add_row(f"[dim]{o}[/]", f"[dim]{n:,}[/]")
     console.print(table)
+
+    rows = s["by_topic_group"]
+    seen = [o for o in OUTCOMES if any(r["outcomes"][o] for r in rows if r["group"])]
+    if seen:
+        per_group = Table(title="outcomes per topic and group")
+        per_group.add_column("topic")
+        per_group.add_column("group")
+        for o in seen:
+            per_group.add_column(o, justify="right")
+        for r in rows:
+            if r["group"]:
+                per_group.add_row(r["topic"], r["group"], *(f"{r['outcomes'][o]:,}" for o in seen))
+        console.print(per_group)
+
+    latency = Table(title="latency (ms): p50 / p90 / p99 / max (count)")
+    latency.add_column("topic")
+    latency.add_column("group")
+    for m in METRICS:
+        latency.add_column(m.removesuffix("_ms"), justify="right")
+
+    def cell(x: dict[str, Any]) -> str:
+        if not x["count"]:
+            return "-"
+        figs = " / ".join(
+            "-" if x[k] is None else f"{x[k]:,}" for k in ("p50", "p90", "p99", "max")
+        )
+        skew = f" [yellow]skew {x['skew_suspect']:,}[/]" if x["skew_suspect"] else ""
+        return f"{figs} ({x['count']:,}){skew}"
+
+    for r in rows:
+        if r["group"] and any(r["latency"][m]["count"] for m in METRICS):
+            latency.add_row(r["topic"], r["group"], *(cell(r["latency"][m]) for m in METRICS))
+    latency.add_row("[b]all[/]", "", *(cell(s["latency"][m]) for m in METRICS))
+    console.print(latency)
     if s["clock_skew"]["flagged"]:
         console.print(
             "[bold yellow]clock skew suspected:[/] "
@@ -308,6 +357,7 @@ def _print_summary(console: Any, result: Any) -> None:
         f"output: {result.out}  (anomalies/, summary/, summary.json, report.html, "
         f"report.png) in {result.elapsed_s:.1f}s"
     )
+    console.print(f"report: {result.out.rstrip('/')}/report.html")
 
 
 def main() -> None:

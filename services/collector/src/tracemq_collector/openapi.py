@@ -25,7 +25,15 @@ _ATTEMPT = {
 }
 _VIEW = {
     "type": "object",
-    "required": ["msg_id", "topic", "producer", "transactions", "consumers", "events"],
+    "required": [
+        "msg_id",
+        "topic",
+        "producer",
+        "transactions",
+        "consumers",
+        "dead_letters",
+        "events",
+    ],
     "properties": {
         "msg_id": {"type": "string"},
         "topic": {"type": ["string", "null"]},
@@ -51,6 +59,24 @@ _VIEW = {
                 "properties": {
                     "group": {"type": ["string", "null"]},
                     "attempts": {"type": "array", "items": _ATTEMPT},
+                    "dead_lettered": {
+                        "type": "boolean",
+                        "description": "the group moved the message to its %DLQ% topic",
+                    },
+                },
+            },
+        },
+        "dead_letters": {
+            "type": "array",
+            "description": "moves to %DLQ%<group> (traced as a Pub of the consumer group)",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "timestamp": {"type": "integer"},
+                    "group": {"type": ["string", "null"]},
+                    "topic": {"type": "string"},
+                    "success": {"type": "boolean"},
+                    "client_host": {"type": ["string", "null"]},
                 },
             },
         },

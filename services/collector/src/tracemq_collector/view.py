@@ -1,6 +1,7 @@
 """The trace view of one message, built from its raw events (DESIGN §5): the producer node,
-transaction nodes, and per consumer group every attempt (SubBefore paired with SubAfter by
-requestId) with its status ``success`` / ``failed`` / ``unknown``."""
+transaction nodes, per consumer group every attempt (SubBefore paired with SubAfter by
+requestId) with its status ``success`` / ``failed`` / ``unknown`` — broker retries are just
+more attempts of the group, with their retry count — and the moves to a dead-letter queue."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 from tracemq.trace import ConsumeReturnType, MessageType
 
 EVENT_IDENTITY = ("trace_topic", "trace_partition", "trace_offset", "trace_index")
+DLQ_PREFIX = "%DLQ%"
 
 
 def _name(enum: Any, value: int | None) -> str | None:
@@ -33,9 +35,25 @@ def dedupe(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def build_view(msg_id: str, events: list[dict[str, Any]]) -> dict[str, Any]:
     events = dedupe(events)
-    pubs = [e for e in events if e["trace_type"] == "Pub"]
+    # A consumer that gives up on a message after max_reconsume_times traces its move to
+    # %DLQ%<group> as a Pub of the consumer group: that is not the producer's send.
+    all_pubs = [e for e in events if e["trace_type"] == "Pub"]
+    pubs = [e for e in all_pubs if not (e.get("topic") or "").startswith(DLQ_PREFIX)]
+    dead_letters = [
+        {
+            "timestamp": e["timestamp"],
+            "group": e["group_name"],
+            "topic": e["topic"],
+            "success": e["success"],
+            "client_host": e.get("client_host"),
+        }
+        for e in all_pubs
+        if (e.get("topic") or "").startswith(DLQ_PREFIX)
+    ]
     pub = next((e for e in pubs if e["success"]), pubs[0] if pubs else None)
-    topic = next((e["topic"] for e in events if e.get("topic")), None)
+    topic = next((e["topic"] for e in pubs if e.get("topic")), None) or next(
+        (e["topic"] for e in events if e.get("topic")), None
+    )
     producer = None
     if pub is not None:
         producer = {
@@ -90,8 +108,10 @@ def build_view(msg_id: str, events: list[dict[str, Any]]) -> dict[str, Any]:
         if e["trace_type"] == "SubAfter" and id(e) not in used:
             g = groups.setdefault(e["group_name"] or "", {"group": e["group_name"], "attempts": []})
             g["attempts"].append(_attempt(None, e))
+    dead_groups = {d["group"] for d in dead_letters if d["success"]}
     consumers = []
     for g in sorted(groups.values(), key=lambda g: g["group"] or ""):
+        g["dead_lettered"] = g["group"] in dead_groups
         g["attempts"].sort(
             key=lambda a: (a["begin"] if a["begin"] is not None else 0, a["retry_times"] or 0)
         )
@@ -102,6 +122,7 @@ def build_view(msg_id: str, events: list[dict[str, Any]]) -> dict[str, Any]:
         "producer": producer,
         "transactions": transactions,
         "consumers": consumers,
+        "dead_letters": dead_letters,
         "events": events,
     }
 

@@ -1,10 +1,12 @@
 """``tracemq demo``: the whole mission end to end on the embedded stack.
 
 Starts the stack (two Kafka clusters, Redis, nameserver, broker-a, trace-broker, collector);
-creates the business topic; runs a traced workload — two producers with keys and tags, three
-consumer groups: a healthy one, one failing about 5 % of first attempts (retried), one stopped
-halfway so some messages stay unconsumed; prints the trace of a sample message and the viewer
-URL; runs the Spark reconciliation when it is installed and prints its summary.
+creates the business topic; runs a traced workload — two producers with keys and tags (one
+message in twenty delayed 5 s), a transactional producer (one message in twenty; a quarter of
+those rolled back), three consumer groups: a healthy one, one failing about 5 % of first
+attempts (retried by the broker), one stopped halfway so some messages stay unconsumed; prints
+the trace of a sample message and the viewer URL; waits until the collector has every trace in
+its lake; runs the Spark reconciliation and prints its summary.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from rich.table import Table
 from tracemq.admin import AdminClient
 from tracemq.cli._console import console
 from tracemq.cli.trace import trace_table
+from tracemq.collector_lag import wait_caught_up
 from tracemq.devstack import EmbeddedStack, StackConfig
 from tracemq.devstack.stack import tracemq_command
 from tracemq.routing import RegistryReader, TopicRoute, connect
@@ -54,7 +57,8 @@ def _progress() -> Progress:
 
 
 class Workload:
-    """Two producers, three consumer groups; counts what happened for the summary."""
+    """Two producers (with some delayed messages) and a transactional producer; three consumer
+    groups. Counts what happened for the summary."""
 
     def __init__(self, stack: EmbeddedStack, messages: int, queues: int) -> None:
         self.stack = stack
@@ -64,7 +68,33 @@ class Workload:
         self.consumed: dict[str, set[str]] = {g: set() for g in GROUPS}
         self.failed_first: set[str] = set()
         self.sent: list[str] = []
+        self.delayed: list[str] = []
+        self.committed: list[str] = []
+        self.rolled_back: list[str] = []
+        # of `messages`: 1 in 20 delayed (level 2, 5 s), 1 in 20 transactional (1 in 4 of those
+        # rolled back); the rest plain
+        self.n_tx = max(2, messages // 20)
+        self.n_rollback = max(1, self.n_tx // 4)
+        self.n_plain = messages - self.n_tx
         self.rng = random.Random(42)  # noqa: S311 - a demo, not crypto
+        self.progressed = asyncio.Event()  # set at every first consumption
+
+    async def _until(self, done: Callable[[], bool], deadline: float) -> bool:
+        """Wait until ``done()`` (re-checked at every consumption) or the loop time deadline."""
+        loop = asyncio.get_running_loop()
+        while not done():
+            self.progressed.clear()
+            if done():
+                break
+            try:
+                await asyncio.wait_for(self.progressed.wait(), deadline - loop.time())
+            except TimeoutError:
+                return done()
+        return True
+
+    @property
+    def deliverable(self) -> int:
+        return self.messages - self.n_rollback
 
     async def setup(self) -> list[TopicRoute]:
         async with AdminClient(self.stack.business_bootstrap, self.stack.redis_url) as admin:
@@ -86,25 +116,44 @@ class Workload:
             await asyncio.sleep(self.rng.uniform(0.0005, 0.003))  # "business work"
             if group == "demo_flaky" and m.reconsume_times == 0 and self.rng.random() < 0.05:
                 self.failed_first.add(m.msg_id)
-                return ConsumeConcurrentlyStatus.RECONSUME_LATER
+                return ConsumeConcurrentlyStatus.RECONSUME_LATER  # the broker retries it
             if m.msg_id not in self.consumed[group]:
                 self.consumed[group].add(m.msg_id)
+                self.progressed.set()
                 on_message()
             return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
         return listener
 
     async def run(self) -> None:
-        from tracemq import ConsumeFromWhere, Message, Producer, PushConsumer
+        from tracemq import (
+            ConsumeFromWhere,
+            LocalTransactionState,
+            Message,
+            Producer,
+            PushConsumer,
+            TransactionProducer,
+        )
 
-        n = self.messages
+        n = self.deliverable
+        rollback = set(range(0, self.n_tx, max(1, self.n_tx // self.n_rollback))[: self.n_rollback])
+
+        class Ledger:
+            """The demo's local transaction: commit, except the ones it rolls back."""
+
+            def execute_local_transaction(self, msg: Any, arg: Any) -> Any:
+                return (LocalTransactionState.ROLLBACK_MESSAGE if arg in rollback
+                        else LocalTransactionState.COMMIT_MESSAGE)
+
+            def check_local_transaction(self, msg: Any) -> Any:
+                return LocalTransactionState.COMMIT_MESSAGE
+
         with _progress() as progress:
             bars = {g: progress.add_task(f"consumed by {g}", total=n) for g in GROUPS}
-            sent_bar = progress.add_task("sent (2 producers)", total=n)
+            sent_bar = progress.add_task("sent (3 producers)", total=self.messages)
             consumers: dict[str, Any] = {}
             for g in GROUPS:
                 c = PushConsumer(g, consume_from=ConsumeFromWhere.FIRST_OFFSET,
-                                 enable_msg_trace=True, in_process_retry_delay_ms=500,
-                                 consume_concurrency=8, **self.env)
+                                 enable_msg_trace=True, consume_concurrency=8, **self.env)
                 c.subscribe(DEMO_TOPIC, "*")
                 c.register_message_listener(self._listener(
                     g, lambda g=g: progress.advance(bars[g])))
@@ -112,33 +161,46 @@ class Workload:
                 consumers[g] = c
             producers = [Producer(f"demo_{name}_producer", enable_msg_trace=True, **self.env)
                          for name in ("orders", "payments")]
-            for p in producers:
+            tx = TransactionProducer("demo_ledger_producer", Ledger(), enable_msg_trace=True,
+                                     **self.env)
+            for p in (*producers, tx):
                 await p.start()
             try:
                 async def produce(p: Any, idx: int) -> None:
                     tags = ("Created", "Paid") if idx == 0 else ("Paid", "Refunded")
-                    for i in range(idx, n, 2):
+                    for i in range(idx, self.n_plain, 2):
+                        delay = 2 if i % 20 == 10 else 0  # level 2: 5 s
                         msg = Message(DEMO_TOPIC, json.dumps({"order": i}).encode(),
-                                      tags=tags[i % 4 // 2], keys=[f"order-{i}", f"user-{i % 97}"])
-                        self.sent.append((await p.send(msg)).msg_id)
+                                      tags=tags[i % 4 // 2], keys=[f"order-{i}", f"user-{i % 97}"],
+                                      delay_level=delay)
+                        msg_id = (await p.send(msg)).msg_id
+                        self.sent.append(msg_id)
+                        if delay:
+                            self.delayed.append(msg_id)
                         progress.advance(sent_bar)
 
-                await asyncio.gather(*(produce(p, i) for i, p in enumerate(producers)))
-                deadline = time.monotonic() + 120
-                while time.monotonic() < deadline:
-                    if len(self.consumed["demo_stopped"]) >= n // 2:
-                        break
-                    await asyncio.sleep(0.05)
+                async def transact() -> None:
+                    for j in range(self.n_tx):
+                        msg = Message(DEMO_TOPIC, json.dumps({"ledger": j}).encode(),
+                                      tags="Ledger", keys=[f"ledger-{j}"])
+                        res = await tx.send_message_in_transaction(msg, j)
+                        self.sent.append(res.msg_id)
+                        (self.rolled_back if j in rollback else self.committed).append(res.msg_id)
+                        progress.advance(sent_bar)
+
+                await asyncio.gather(*(produce(p, i) for i, p in enumerate(producers)),
+                                     transact())
+                deadline = asyncio.get_running_loop().time() + 120
+                await self._until(lambda: len(self.consumed["demo_stopped"]) >= n // 2, deadline)
                 # the third group stops halfway: the rest of its messages stay unconsumed
                 await consumers.pop("demo_stopped").shutdown()
-                while time.monotonic() < deadline and not all(
-                        len(self.consumed[g]) >= n for g in ("demo_healthy", "demo_flaky")):
-                    await asyncio.sleep(0.05)
+                await self._until(lambda: all(len(self.consumed[g]) >= n
+                                              for g in ("demo_healthy", "demo_flaky")), deadline)
             finally:
                 for c in consumers.values():
                     await c.shutdown()
-                for p in producers:
-                    await p.shutdown()
+                for p in (*producers, tx):
+                    await p.shutdown()  # flushes each one's traces
 
 
 def _get(url: str) -> Any:
@@ -159,12 +221,18 @@ def _wait_trace(api: str, msg_id: str, groups: int, timeout: float = 30) -> dict
     return None
 
 
+#: consume events are awaited this long after the window (the stopped group's backlog is
+#: NOT_CONSUMED once it is over; PENDING before)
+HORIZON_S = 5
+
+
 def _reconcile(stack: EmbeddedStack, lake: Path, out: Path, since: datetime,
                until: datetime) -> int | None:
     """Run `tracemq reconcile` when the Spark job is installed; return its exit code."""
     cmd = [*tracemq_command(), "reconcile", "--from", since.isoformat(), "--to", until.isoformat(),
-           "--horizon", "2m", "--window", "1m", "--lake", str(lake), "--out", str(out),
-           "--master", "local[2]"]
+           "--horizon", f"{HORIZON_S}s", "--window", "1m", "--lake", str(lake), "--out", str(out),
+           "--max-delay", f"{HORIZON_S}s", "--master", "local[2]", "--driver-memory", "1g",
+           "--shuffle-partitions", "4"]
     help_check = subprocess.run([*tracemq_command(), "reconcile", "--help"], capture_output=True,
                                 text=True, check=False)
     if help_check.returncode != 0:
@@ -178,7 +246,8 @@ def demo(
     keep_running: bool = typer.Option(False, "--keep-running",
                                       help="Keep the stack and the viewer up until Ctrl-C."),
     queues: int = typer.Option(4, help="Queues of the demo topic."),
-    out: Path = typer.Option(Path("artifacts/demo"), help="Where the reconciliation goes."),
+    out: Path = typer.Option(Path("artifacts/demo"),  # noqa: B008 - typer reads it
+                             help="Where the reconciliation goes."),
 ) -> None:
     """Run the demo on the embedded stack."""
     if messages < 10:
@@ -209,9 +278,11 @@ def demo(
         started = datetime.now(UTC)
         asyncio.run(workload.run())
         finished = datetime.now(UTC)
-        con.print(f"sent {len(workload.sent)}; consumed: " + ", ".join(
-            f"{g} {len(s)}" for g, s in workload.consumed.items())
-            + f"; first attempts failed in demo_flaky: {len(workload.failed_first)}")
+        con.print(f"sent {len(workload.sent)} (delayed {len(workload.delayed)}, transactional "
+                  f"{len(workload.committed) + len(workload.rolled_back)}: committed "
+                  f"{len(workload.committed)}, rolled back {len(workload.rolled_back)}); "
+                  "consumed: " + ", ".join(f"{g} {len(s)}" for g, s in workload.consumed.items())
+                  + f"; first attempts failed in demo_flaky: {len(workload.failed_first)}")
         sample = next(iter(sorted(workload.failed_first)), None) or workload.sent[0]
         view = _wait_trace(api, sample, groups=2)
         if view is None:
@@ -220,7 +291,11 @@ def demo(
         con.print(trace_table(view))
         con.print(f"trace viewer: [link]{api}/?msgId={sample}[/link]")
         con.print(f"(same from a shell: tracemq trace show {sample} --url {api})")
-        time.sleep(2.5)  # let the collector's lake flush (interval 1 s) catch up
+        with con.status("waiting for the collector to make every trace durable in its lake…"):
+            asyncio.run(wait_caught_up(stack.redis_url, timeout_s=60))
+            # the horizon of the window must be over, or the stopped group's backlog is PENDING
+            while datetime.now(UTC) < finished + timedelta(seconds=1 + HORIZON_S):
+                time.sleep(0.1)
         lake = Path(stack.workdir) / "data" / "collector" / "lake"
         out = out.resolve()
         shutil.rmtree(out, ignore_errors=True)

@@ -116,3 +116,52 @@ def find(key: str = typer.Option(..., "--key", "-k", help="Business key."),
     console().print(table)
     if not res["items"]:
         raise typer.Exit(1)
+
+
+@app.command("lag")
+def lag(
+    wait: float = typer.Option(
+        0, help="Wait up to this many seconds until the collectors have caught up (exit 1 if not)."
+    ),
+    group: str = typer.Option("tracemq-collector", help="The collectors' consumer group."),
+    trace_topic: list[str] | None = typer.Option(  # noqa: B008 - typer reads it, never mutated
+        None, help="Trace topics (default RMQ_SYS_TRACE_TOPIC; repeat for several)."
+    ),
+    redis_url: str | None = typer.Option(None, help="Routing Redis (default: TRACEMQ_REDIS_URL)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """How many trace messages the collectors have not yet made durable in store and lake."""
+    import asyncio
+
+    from aiokafka.errors import KafkaError
+
+    from tracemq.cli._connection import resolve
+    from tracemq.collector_lag import collector_lag, wait_caught_up
+    from tracemq.naming import TRACE_TOPIC
+
+    conn = resolve(redis_url)
+    kw: dict[str, Any] = {"group": group, "trace_topics": tuple(trace_topic or [TRACE_TOPIC]),
+                          "redis_prefix": conn.redis_prefix}
+    try:
+        if wait > 0:
+            parts = asyncio.run(wait_caught_up(conn.redis_url, timeout_s=wait, **kw))
+        else:
+            parts = asyncio.run(collector_lag(conn.redis_url, **kw))
+    except TimeoutError as exc:
+        console().print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from None
+    except (OSError, KafkaError) as exc:
+        raise LookupError_(f"cannot read the trace topics' offsets: {exc!r}") from None
+    total = sum(p.lag for p in parts)
+    if as_json:
+        typer.echo(json.dumps({"lag": total, "partitions": [
+            {"trace_topic": p.trace_topic, "broker": p.broker, "queue_id": p.queue_id,
+             "end": p.end, "committed": p.committed, "lag": p.lag} for p in parts]}))
+    else:
+        table = Table(title=f"trace collector lag (group {group})")
+        for col in ("trace topic", "broker", "queue", "end", "committed", "lag"):
+            table.add_column(col)
+        for p in parts:
+            table.add_row(p.trace_topic, p.broker, str(p.queue_id), str(p.end), str(p.committed),
+                          str(p.lag))
+        console().print(table)

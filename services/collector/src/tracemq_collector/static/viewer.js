@@ -149,6 +149,7 @@
     const transactions = Array.isArray(trace && trace.transactions) ? trace.transactions : [];
     const consumers = Array.isArray(trace && trace.consumers) ? trace.consumers : [];
     const events = Array.isArray(trace && trace.events) ? trace.events : [];
+    const deadLetters = Array.isArray(trace && trace.dead_letters) ? trace.dead_letters : [];
 
     let origin = producer ? toNum(producer.timestamp) : null;
     let originLabel = "the send (Pub timestamp)";
@@ -220,6 +221,20 @@
       });
     }
 
+    // A consumer group that gave up: the move to %DLQ%<group> (failed: the message was never
+    // consumed successfully by that group).
+    for (const d of deadLetters) {
+      const start = rel(d.timestamp) ?? 0;
+      rows.push({
+        key: `dlq:${d.group}`, role: "DEAD-LETTER QUEUE", name: `${d.group || "(no group)"} → ${d.topic}`,
+        bars: [{
+          id: `bar-${seq++}`, kind: "deadletter", row: `dlq:${d.group}`,
+          status: d.success === false ? "unknown" : "failed", start, end: start, open: false,
+          retry: null, group: d.group, data: d,
+        }],
+      });
+    }
+
     const points = [];
     if (producer) points.push(0);
     for (const r of rows) {
@@ -243,7 +258,7 @@
     hi += span * (hasOpen ? 0.12 : 0.06); // room for labels, and for open bars to run on
     if (lo < 0) lo -= span * 0.02;
 
-    return { origin, originLabel, rows, lo, hi, producer, transactions, consumers, events };
+    return { origin, originLabel, rows, lo, hi, producer, transactions, consumers, events, deadLetters };
   }
 
   /* ---------------------------------------------------------------------------------------- */
@@ -708,6 +723,9 @@
     if (b.kind === "transaction") {
       return `${dash(d.transaction_state)}${d.from_transaction_check ? " (check-back)" : ""}`;
     }
+    if (b.kind === "deadletter") {
+      return d.success === false ? "dead-letter write failed" : "dead-lettered";
+    }
     const retry = b.retry ? ` · retry ${b.retry}` : "";
     if (b.status === "unknown") {
       return b.open ? `started${retry} · no result traced` : `unknown${retry}`;
@@ -726,6 +744,9 @@
     }
     if (b.kind === "transaction") {
       return `Transaction ${dash(d.transaction_id)} · ${dash(d.transaction_state)}\n${fmtIsoLocal(d.timestamp)}`;
+    }
+    if (b.kind === "deadletter") {
+      return `${dash(d.group)} gave up: moved to ${dash(d.topic)}\n${fmtIsoLocal(d.timestamp)}`;
     }
     const code = contextCodeName(d.context_code, d.context_code_name);
     return `${dash(b.group)} · retry ${b.retry ?? "—"} · ${b.status}` +
@@ -951,6 +972,13 @@
       item("status", "Status", statusText(b.status));
       item("fromCheck", "From broker check-back", d.from_transaction_check === true ? "yes" : d.from_transaction_check === false ? "no" : null);
       item("msgType", "Message type", msgTypeName(d.msg_type, d.msg_type_name));
+    } else if (b.kind === "deadletter") {
+      $(".details-title", panel).textContent = `Dead-lettered · ${dash(d.group)}`;
+      item("group", "Consumer group", dash(d.group));
+      item("topic", "Dead-letter topic", dash(d.topic), true);
+      item("begin", "Moved at", timeWithRel(d.timestamp));
+      item("status", "Status", statusText(b.status));
+      item("clientHost", "Client host", present(d.client_host) ? d.client_host : null, true);
     } else {
       $(".details-title", panel).textContent = `Consume attempt · ${dash(b.group)}`;
       item("group", "Consumer group", dash(b.group));
@@ -973,7 +1001,8 @@
 
   function eventMatchesBar(e, b) {
     if (!b || !e) return false;
-    if (b.kind === "producer") return e.trace_type === "Pub";
+    if (b.kind === "producer") return e.trace_type === "Pub" && !String(e.topic || "").startsWith("%DLQ%");
+    if (b.kind === "deadletter") return e.trace_type === "Pub" && e.topic === b.data.topic;
     if (b.kind === "transaction") {
       return e.trace_type === "EndTransaction" &&
         (present(b.data.transaction_id) ? e.transaction_id === b.data.transaction_id : toNum(e.timestamp) === toNum(b.data.timestamp));

@@ -1,0 +1,177 @@
+"""The reconciliation job on a lake written end to end by the real services: producers and
+consumers with trace on, the trace broker, the collector's lake; the subscription history
+exported from Redis and the committed offsets snapshotted from Kafka by ``tracemq reconcile``
+itself. Every (message, group) classification must be what the workload did."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import time
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow.dataset as ds
+import pytest
+from tracemq import (
+    ConsumeConcurrentlyStatus,
+    ConsumeFromWhere,
+    Message,
+    MessageExt,
+    Producer,
+    PushConsumer,
+)
+from tracemq.admin import AdminClient
+from tracemq.collector_lag import wait_caught_up
+from tracemq.devstack import EmbeddedStack
+from tracemq.devstack.process import ManagedProcess
+from tracemq.devstack.stack import tracemq_command
+
+from tests.support.waiting import eventually
+
+pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis, pytest.mark.spark]
+
+N = 40  # messages; the first half is sent before the "stopped" group stops
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat()
+
+
+@pytest.mark.timeout(420)
+async def test_reconcile_a_lake_written_by_the_real_services(
+    stack: EmbeddedStack, collector: ManagedProcess, unique: str, tmp_path: Path
+) -> None:
+    topic = f"TopicRecon_{unique}"
+    env = {"redis_url": stack.redis_url, "control_bootstrap": stack.business_bootstrap}
+    async with AdminClient(stack.business_bootstrap, stack.redis_url) as admin:
+        await admin.create_topic("broker-a", topic, read_queues=2, write_queues=2)
+
+    seen: dict[str, list[tuple[str, int]]] = {}  # group -> [(msg_id, reconsume_times)]
+    retried: set[str] = set()
+    sent: list[str] = []
+    tags: dict[str, str] = {}
+
+    def listener(group: str) -> Any:
+        async def on(msgs: list[MessageExt], ctx: Any) -> ConsumeConcurrentlyStatus:
+            m = msgs[0]
+            seen.setdefault(group, []).append((m.msg_id, m.reconsume_times))
+            if group == "retry" and m.reconsume_times == 0 and sent.index(m.msg_id) % 5 == 0:
+                retried.add(m.msg_id)
+                ctx.delay_level_when_next_consume = 1  # 1 s, not RocketMQ's 10 s
+                return ConsumeConcurrentlyStatus.RECONSUME_LATER
+            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+        return on
+
+    groups = {  # role -> (consumer group, tag expression, trace on)
+        "all": (f"CG_all_{unique}", "*", True),
+        "retry": (f"CG_retry_{unique}", "*", True),
+        "tagA": (f"CG_tagA_{unique}", "A", True),
+        "stopped": (f"CG_stopped_{unique}", "*", True),
+        "untraced": (f"CG_untraced_{unique}", "*", False),
+    }
+    consumers: dict[str, PushConsumer] = {}
+    t_from = time.time() - 1
+    for role, (group, expr, traced) in groups.items():
+        c = PushConsumer(
+            group, consume_from=ConsumeFromWhere.FIRST_OFFSET, enable_msg_trace=traced, **env
+        )
+        c.subscribe(topic, expr)
+        c.register_message_listener(listener(role))
+        await c.start()
+        consumers[role] = c
+    producer = Producer(f"PG_recon_{unique}", enable_msg_trace=True, **env)
+    await producer.start()
+
+    def got(role: str, upto: int) -> bool:
+        return {m for m, _ in seen.get(role, [])} >= set(sent[:upto])
+
+    async def half_stopped() -> bool:
+        return got("stopped", N // 2)
+
+    async def all_done() -> bool:
+        retried_again = {m for m, rt in seen.get("retry", []) if rt > 0}
+        return all(got(r, N) for r in ("all", "retry", "untraced")) and retried_again >= retried
+
+    async def send(lo: int, hi: int) -> None:
+        for i in range(lo, hi):
+            tag = "A" if i % 2 == 0 else "B"
+            res = await producer.send(Message(topic, f"m{i}".encode(), tags=tag, keys=f"k{i}"))
+            sent.append(res.msg_id)
+            tags[res.msg_id] = tag
+
+    try:
+        await send(0, N // 2)
+        await eventually(half_stopped, timeout=30, what="the stopped group's first half")
+        await consumers.pop("stopped").shutdown()
+        await send(N // 2, N)
+        await eventually(all_done, timeout=60, what="every group consumed all (retries too)")
+    finally:
+        for c in consumers.values():
+            await c.shutdown()  # commits the final offsets
+        await producer.shutdown()  # flushes its traces
+    t_to = time.time() + 1
+    assert retried, "the workload retried nothing"
+
+    await wait_caught_up(stack.redis_url, timeout_s=60)
+    lake = Path(stack.workdir) / "data" / "collector" / "lake"
+    out = tmp_path / "out"
+    while time.time() < t_to + 2:  # --horizon 2s must be over before the run (PENDING otherwise)
+        await asyncio.sleep(0.2)
+    res = await asyncio.to_thread(
+        subprocess.run,
+        [
+            *tracemq_command(),
+            "reconcile",
+            "--from", _iso(t_from),
+            "--to", _iso(t_to),
+            "--horizon", "2s",
+            "--window", "1m",
+            "--lake", str(lake),
+            "--out", str(out),
+            "--master", "local[2]",
+            "--driver-memory", "1g",
+            "--shuffle-partitions", "4",
+            "--keep-classified",
+        ],
+        env={**os.environ, **stack.client_env()},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    assert "outcomes per topic and group" in res.stdout and "latency (ms)" in res.stdout
+
+    # -- every (message, group) as the workload made it -----------------------------------------
+    table = ds.dataset(out / "classified", format="parquet", partitioning="hive").to_table()
+    got_rows = {
+        (r["msg_id"], r["group"]): r["outcome"] for r in table.to_pylist() if r["topic"] == topic
+    }
+    expected: dict[tuple[str, str], str] = {}
+    for i, m in enumerate(sent):
+        expected[(m, groups["all"][0])] = "CONSUMED"
+        expected[(m, groups["retry"][0])] = "CONSUMED_AFTER_RETRY" if m in retried else "CONSUMED"
+        if tags[m] == "A":
+            expected[(m, groups["tagA"][0])] = "CONSUMED"
+        expected[(m, groups["stopped"][0])] = "CONSUMED" if i < N // 2 else "NOT_CONSUMED"
+        expected[(m, groups["untraced"][0])] = "TRACE_LOST"
+    assert got_rows == expected, {
+        k: (got_rows.get(k), v) for k, v in expected.items() if got_rows.get(k) != v
+    } or set(got_rows) - set(expected)
+
+    summary = json.loads((out / "summary.json").read_text())
+    per_group = {r["group"]: r for r in summary["by_topic_group"] if r["topic"] == topic}
+    want = Counter(v for (_, g), v in expected.items() if g == groups["retry"][0])
+    assert (
+        per_group[groups["retry"][0]]["outcomes"]["CONSUMED_AFTER_RETRY"]
+        == want["CONSUMED_AFTER_RETRY"]
+    )
+    lat = per_group[groups["all"][0]]["latency"]
+    assert lat["end_to_end_ms"]["count"] == N and lat["end_to_end_ms"]["p50"] >= 0
+    assert lat["send_cost_ms"]["count"] == N
+    assert (out / "report.html").stat().st_size > 0 and (out / "report.png").stat().st_size > 0

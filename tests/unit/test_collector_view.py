@@ -1,0 +1,110 @@
+"""The trace view built from raw events: producer, broker retries as attempts of one group,
+the move to the dead-letter queue, transactions, old SubAfters without a group."""
+
+from __future__ import annotations
+
+from itertools import count
+from typing import Any
+
+from tracemq_collector.view import build_view
+
+MSG = "C0A8000100002A9F0000000000000001"
+_offsets = count()
+
+
+def ev(trace_type: str, ts: int, **kw: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "trace_type": trace_type,
+        "timestamp": ts,
+        "trace_topic": "RMQ_SYS_TRACE_TOPIC",
+        "trace_partition": 0,
+        "trace_offset": next(_offsets),
+        "trace_index": 0,
+        "msg_id": MSG,
+        "group_name": None,
+        "topic": None,
+        "success": True,
+        "request_id": None,
+        "retry_times": None,
+        "cost_time": 0,
+        "context_code": None,
+        "client_host": "10.0.0.2",
+        "store_host": None,
+        "msg_type": None,
+        "offset_msg_id": None,
+        "region_id": "DefaultRegion",
+        "transaction_id": None,
+        "transaction_state": None,
+        "from_transaction_check": None,
+    }
+    base.update(kw)
+    return base
+
+
+def attempt(group: str, req: str, begin: int, retry: int, ok: bool, code: int) -> list[dict]:
+    return [
+        ev("SubBefore", begin, group_name=group, request_id=req, retry_times=retry),
+        ev("SubAfter", begin + 3, group_name=group, request_id=req, success=ok,
+           cost_time=3, context_code=code),
+    ]  # fmt: skip
+
+
+def test_retries_are_attempts_of_one_group_and_the_dlq_move_is_not_the_producer() -> None:
+    events = [
+        ev("Pub", 1000, group_name="PG", topic="Orders", cost_time=2, msg_type=0,
+           store_host="10.0.0.1:9876"),
+        *attempt("CG", "r0", 1010, 0, False, 4),
+        *attempt("CG", "r1", 11010, 1, False, 2),
+        *attempt("CG", "r2", 41010, 2, False, 4),
+        ev("Pub", 41020, group_name="CG", topic="%DLQ%CG", cost_time=1, msg_type=0),
+        *attempt("Other", "o0", 1020, 0, True, 0),
+    ]  # fmt: skip
+    view = build_view(MSG, list(reversed(events)))  # the order they come in does not matter
+    assert view["topic"] == "Orders"
+    assert view["producer"]["group"] == "PG" and view["producer"]["send_attempts"] == 1
+    assert view["dead_letters"] == [
+        {"timestamp": 41020, "group": "CG", "topic": "%DLQ%CG", "success": True,
+         "client_host": "10.0.0.2"}
+    ]  # fmt: skip
+    cg, other = view["consumers"]
+    assert (cg["group"], cg["dead_lettered"]) == ("CG", True)
+    assert [(a["retry_times"], a["status"], a["context_code_name"]) for a in cg["attempts"]] == [
+        (0, "failed", "FAILED"),
+        (1, "failed", "EXCEPTION"),
+        (2, "failed", "FAILED"),
+    ]
+    assert (other["group"], other["dead_lettered"]) == ("Other", False)
+    assert [a["status"] for a in other["attempts"]] == ["success"]
+    assert len(view["events"]) == len(events)
+
+
+def test_delayed_and_transactional_messages() -> None:
+    events = [
+        ev("Pub", 1000, group_name="PGtx", topic="Pay", msg_type=1),
+        ev("EndTransaction", 1005, group_name="PGtx", topic="Pay", msg_type=2,
+           transaction_id=MSG, transaction_state="COMMIT_MESSAGE", from_transaction_check=False),
+        *attempt("CG", "r0", 1100, 0, True, 0),
+    ]  # fmt: skip
+    view = build_view(MSG, events)
+    assert view["producer"]["msg_type_name"] == "Trans_Msg_Half"
+    assert [(t["transaction_state"], t["msg_type_name"]) for t in view["transactions"]] == [
+        ("COMMIT_MESSAGE", "Trans_msg_Commit")
+    ]
+    assert view["dead_letters"] == []
+    delayed = build_view(MSG, [ev("Pub", 5, group_name="PG", topic="T", msg_type=3)])
+    assert delayed["producer"]["msg_type_name"] == "Delay_Msg" and delayed["consumers"] == []
+
+
+def test_subafter_without_group_pairs_by_request_id_and_lone_before_is_unknown() -> None:
+    events = [
+        ev("SubBefore", 10, group_name="CG", request_id="a", retry_times=0),
+        ev("SubAfter", 20, group_name=None, request_id="a", cost_time=10, context_code=None),
+        ev("SubBefore", 30, group_name="CG", request_id="b", retry_times=1),
+    ]
+    view = build_view(MSG, events)
+    assert view["producer"] is None
+    (cg,) = view["consumers"]
+    assert [(a["begin"], a["end"], a["status"]) for a in cg["attempts"]] == [
+        (10, 20, "success"),
+        (30, None, "unknown"),
+    ]
