@@ -785,3 +785,56 @@ def test_decode_of_spliced_valid_text_never_raises(ctx: TraceContext, cut: int, 
     cut %= len(data) + 1
     decode_report(data[:cut] + junk + data[cut:])
     decode_report(data[:cut])
+
+
+# ---- the fast encoders write exactly what the checked ones write, and fail the same way ----
+
+_wild_text = st.none() | st.text(max_size=12) | separator_heavy
+_wild_int = st.integers() | st.booleans() | st.none()
+
+
+@st.composite
+def wild_contexts(draw: st.DrawFn) -> TraceContext:
+    """Any of the three hot-path types, with fields the checked path may refuse."""
+    trace_type = draw(st.sampled_from([TraceType.Pub, TraceType.SubBefore, TraceType.SubAfter]))
+    bean = TraceBean(
+        topic=draw(_wild_text),
+        msg_id=draw(_wild_text),
+        tags=draw(_wild_text),
+        keys=draw(_wild_text),
+        store_host=draw(_wild_text),
+        offset_msg_id=draw(_wild_text),
+        body_length=draw(_wild_int),
+        retry_times=draw(_wild_int),
+        msg_type=draw(st.none() | st.integers(-1, 6) | st.sampled_from(MessageType)),
+    )
+    return TraceContext(
+        trace_type,
+        timestamp=draw(_wild_int),
+        region_id=draw(_wild_text),
+        group_name=draw(_wild_text),
+        request_id=draw(_wild_text),
+        cost_time=draw(_wild_int),
+        success=draw(st.booleans()),
+        context_code=draw(_wild_int | st.sampled_from(ConsumeReturnType)),
+        trace_beans=draw(st.lists(st.just(bean), min_size=1, max_size=2)),
+    )
+
+
+def _outcome(fn: object, ctx: TraceContext) -> tuple[str, str]:
+    try:
+        return "ok", fn(ctx)  # type: ignore[operator]
+    except Exception as exc:  # noqa: BLE001 - compared, not swallowed
+        return type(exc).__name__, str(exc)
+
+
+@given(wild_contexts())
+def test_fast_encoders_equal_the_checked_ones(ctx: TraceContext) -> None:
+    from tracemq.trace import _codec as c
+
+    checked = {
+        TraceType.Pub: c._encode_pub,
+        TraceType.SubBefore: c._encode_sub_before,
+        TraceType.SubAfter: c._encode_sub_after,
+    }[ctx.trace_type]
+    assert _outcome(c._ENCODERS[ctx.trace_type], ctx) == _outcome(checked, ctx)

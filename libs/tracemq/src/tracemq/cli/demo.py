@@ -12,6 +12,7 @@ its lake; runs the Spark reconciliation and prints its summary.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import random
@@ -64,7 +65,10 @@ class Workload:
         self.stack = stack
         self.messages = messages
         self.queues = queues
-        self.env = {"redis_url": stack.redis_url, "control_bootstrap": stack.business_bootstrap}
+        self.env: dict[str, Any] = {
+            "redis_url": stack.redis_url,
+            "control_bootstrap": stack.business_bootstrap,
+        }
         self.consumed: dict[str, set[str]] = {g: set() for g in GROUPS}
         self.failed_first: set[str] = set()
         self.sent: list[str] = []
@@ -156,7 +160,7 @@ class Workload:
                                  enable_msg_trace=True, consume_concurrency=8, **self.env)
                 c.subscribe(DEMO_TOPIC, "*")
                 c.register_message_listener(self._listener(
-                    g, lambda g=g: progress.advance(bars[g])))
+                    g, functools.partial(progress.advance, bars[g])))
                 await c.start()
                 consumers[g] = c
             producers = [Producer(f"demo_{name}_producer", enable_msg_trace=True, **self.env)

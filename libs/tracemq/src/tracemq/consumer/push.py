@@ -33,7 +33,6 @@ import asyncio
 import contextlib
 import functools
 import inspect
-import uuid
 from collections import defaultdict
 from typing import Any
 
@@ -64,7 +63,7 @@ from tracemq.message import (
     SendResult,
     SendStatus,
 )
-from tracemq.message_id import encode_offset_msg_id
+from tracemq.message_id import encode_offset_msg_id, new_msg_id
 from tracemq.naming import (
     SCHEDULE_TOPIC,
     dlq_topic,
@@ -795,8 +794,9 @@ class PushConsumer:
             client_host=self._runtime.client_host,
             region_id=route.region_id if route else "DefaultRegion",
             trace_on=route.trace_on if route else True,
-            # request ids pair SubBefore with SubAfter; only hooks need them
-            request_ids={m.msg_id: uuid.uuid4().hex for m in msgs} if self._hooks else {},
+            # request ids pair SubBefore with SubAfter (unique ids like RocketMQ's, which uses
+            # createUniqID too); only hooks need them
+            request_ids={m.msg_id: new_msg_id() for m in msgs} if self._hooks else {},
         )
         hctx.begin_timestamp = now_ms()
         call_hooks(self._hooks, "consume_message_before", hctx)

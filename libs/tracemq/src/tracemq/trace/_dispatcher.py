@@ -26,10 +26,13 @@ unsettled number, which is what :meth:`AsyncTraceDispatcher.flush` waits on.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import functools
 import inspect
 import itertools
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -79,6 +82,16 @@ TRACE_FAILED = Counter(
 TRACE_QUEUE_DEPTH = Gauge(
     "tracemq_trace_queue_depth", "Trace contexts waiting in dispatcher queues", ["group"]
 )
+# The business path must stay cheap: append() touches no metric. The queue depth is read at
+# scrape time from the live dispatchers of each group; "appended" is added to its counter by
+# the worker, a batch at a time (and at shutdown).
+_LIVE: dict[str, weakref.WeakSet[AsyncTraceDispatcher]] = {}
+
+
+def _depth_of(group: str) -> float:
+    return float(sum(len(d._queue) for d in list(_LIVE.get(group, ()))))
+
+
 TRACE_SEND_SECONDS = Histogram(
     "tracemq_trace_send_seconds",
     "Duration of successful trace message sends",
@@ -269,7 +282,9 @@ class AsyncTraceDispatcher:
         self._max_send_attempts = max_send_attempts
         self._sender: TraceSender = sender if sender is not None else KafkaTraceSender()
 
-        self._queue: asyncio.Queue[TraceContext] = asyncio.Queue(maxsize=queue_size)
+        # A deque, not an asyncio.Queue: one consumer (the worker), woken by _wakeup; the bound
+        # is checked by append(). Half the cost per context on the business path.
+        self._queue: collections.deque[TraceContext] = collections.deque()
         self._semaphore = asyncio.Semaphore(max_in_flight)
         self._wakeup = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
@@ -305,11 +320,15 @@ class AsyncTraceDispatcher:
         self._latency_count = 0
         self._drop_reports = {"discarded": _DropReport(), "failed": _DropReport()}
 
+        self._appended_reported = 0  # part of _appended already added to the counter
         self._m_appended = TRACE_APPENDED.labels(group=group)
         self._m_sent = TRACE_SENT.labels(group=group)
         self._m_discarded = TRACE_DISCARDED.labels(group=group)
         self._m_failed = TRACE_FAILED.labels(group=group)
-        self._m_depth = TRACE_QUEUE_DEPTH.labels(group=group)
+        if group not in _LIVE:
+            _LIVE[group] = weakref.WeakSet()
+            TRACE_QUEUE_DEPTH.labels(group=group).set_function(functools.partial(_depth_of, group))
+        _LIVE[group].add(self)
 
     # ------------------------------------------------------------------ public API
 
@@ -362,16 +381,15 @@ class AsyncTraceDispatcher:
             if self._closing:
                 self._discard("dispatcher shut down")
                 return False
-            try:
-                self._queue.put_nowait(ctx)
-            except asyncio.QueueFull:
+            queue = self._queue
+            if len(queue) >= self._queue_size:
                 self._discard("queue full")
                 return False
+            queue.append(ctx)
             self._accepted_seq += 1
             self._appended += 1
-            self._m_appended.inc()
-            self._m_depth.inc()
-            self._wakeup.set()
+            if not self._wakeup.is_set():
+                self._wakeup.set()
             return True
         except Exception:  # pragma: no cover - defensive: tracing must not break the client
             return False
@@ -430,16 +448,11 @@ class AsyncTraceDispatcher:
                 # A send task cancelled before its first step never ran its clean-up.
                 for job in list(self._jobs):
                     self._settle(job, ok=False, reason="not sent before shutdown")
-            left = 0
-            while True:
-                try:
-                    self._queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    break
-                left += 1
+            left = len(self._queue)
+            self._queue.clear()
+            self._report_appended()
             if left:
                 self._taken_seq += left
-                self._m_depth.dec(left)
                 self._fail(left, "not sent before shutdown")
             self._check_waiters()
             for kind in self._drop_reports:
@@ -458,7 +471,7 @@ class AsyncTraceDispatcher:
             "discarded": self._discarded,
             "failed": self._failed,
             "oversize": self._oversize,
-            "queue_depth": self._queue.qsize(),
+            "queue_depth": len(self._queue),
             "in_flight": self._in_flight,
             "send_latency_ms_last": self._latency_last_ms,
             "send_latency_ms_mean": mean,
@@ -470,7 +483,7 @@ class AsyncTraceDispatcher:
         pending: list[_Job] = []
         try:
             while True:
-                while self._queue.empty():
+                while not self._queue:
                     self._wakeup.clear()
                     await self._wakeup.wait()
                 self._gathering_seq = self._taken_seq
@@ -507,17 +520,14 @@ class AsyncTraceDispatcher:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._flush_interval_s
         batch = self._batch
+        queue = self._queue
         while True:
-            taken = 0
-            while len(batch) < self._batch_size:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except asyncio.QueueEmpty:
-                    break
-                taken += 1
-            if taken:
+            taken = min(len(queue), self._batch_size - len(batch))
+            if taken > 0:
+                popleft = queue.popleft
+                batch.extend([popleft() for _ in range(taken)])
                 self._taken_seq += taken
-                self._m_depth.dec(taken)
+                self._report_appended()
             if len(batch) >= self._batch_size or self._hurry or self._closing:
                 return
             remaining = deadline - loop.time()
@@ -660,7 +670,7 @@ class AsyncTraceDispatcher:
         return target
 
     def _may_retry(self, delay: float) -> bool:
-        if self._queue.qsize() * 4 > self._queue_size * 3:
+        if len(self._queue) * 4 > self._queue_size * 3:
             return False  # more than 3/4 full: make room rather than insist
         if self._deadline is not None:
             return asyncio.get_running_loop().time() + delay < self._deadline
@@ -691,6 +701,12 @@ class AsyncTraceDispatcher:
         else:
             self._fail(job.contexts, reason)
         self._check_waiters()
+
+    def _report_appended(self) -> None:
+        delta = self._appended - self._appended_reported
+        if delta:
+            self._appended_reported = self._appended
+            self._m_appended.inc(delta)
 
     def _fail(self, count: int, reason: str) -> None:
         if count <= 0:
