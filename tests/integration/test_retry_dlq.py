@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import time
+import urllib.error
+import urllib.request
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -28,6 +31,7 @@ from tracemq import (
 from tracemq.admin import AdminClient
 from tracemq.consumer.push import DEAD_LETTERED, GIVEN_UP, SENT_BACK
 from tracemq.devstack import EmbeddedStack
+from tracemq.devstack.process import ManagedProcess
 from tracemq.message import MessageConst
 from tracemq.naming import dlq_topic, kafka_topic, retry_topic
 from tracemq.trace import ConsumeReturnType, TraceType
@@ -52,6 +56,14 @@ def broker(stack: EmbeddedStack) -> Iterator[str]:
 @pytest.fixture
 def env(stack: EmbeddedStack) -> dict[str, str]:
     return {"redis_url": stack.redis_url, "control_bootstrap": stack.business_bootstrap}
+
+
+def _http(url: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
 
 
 class Attempts:
@@ -79,7 +91,12 @@ async def _traces(stack: EmbeddedStack, ids: set[str]) -> list[Any]:
 
 @pytest.mark.timeout(90)
 async def test_retry_chain_up_to_the_dead_letter_queue(
-    stack: EmbeddedStack, admin: AdminClient, broker: str, env: dict[str, str], unique: str
+    stack: EmbeddedStack,
+    collector: ManagedProcess,
+    admin: AdminClient,
+    broker: str,
+    env: dict[str, str],
+    unique: str,
 ) -> None:
     topic, group = f"Retry_{unique}", f"CG_{unique}"
     await admin.create_topic(broker, topic, read_queues=2, write_queues=2)
@@ -202,6 +219,22 @@ async def test_retry_chain_up_to_the_dead_letter_queue(
         [by_id[b"always"], by_id[b"to-dlq"]]
     )
     assert all(c.group_name == group and c.success for c in dlq_pubs)
+
+    # the collector's trace view: the retries are attempts of one group, then the DLQ move
+    base = f"http://127.0.0.1:{collector.env['TRACEMQ_HTTP_PORT']}"
+
+    async def dead_lettered_view() -> dict[str, Any] | None:
+        status, view = await asyncio.to_thread(_http, f"{base}/api/v1/traces/{by_id[b'always']}")
+        return view if status == 200 and view["dead_letters"] else None
+
+    view = await eventually(dead_lettered_view, timeout=20, what="the DLQ move in the trace view")
+    assert view["topic"] == topic and view["producer"]["group"] == f"PG_{unique}"
+    (node,) = view["consumers"]
+    assert node["group"] == group and node["dead_lettered"] is True
+    assert [(a["retry_times"], a["status"]) for a in node["attempts"]] == [
+        (i, "failed") for i in range(max_retries + 1)
+    ]
+    assert [(d["group"], d["topic"]) for d in view["dead_letters"]] == [(group, dlq_topic(group))]
 
 
 @pytest.mark.timeout(90)

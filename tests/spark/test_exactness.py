@@ -103,3 +103,27 @@ def test_anomalies_are_the_non_consumed_rows(spark: Any, lake: Lake, result: Any
     ev = {r["outcome"]: r["evidence"] for r in df.select("outcome", "evidence").collect()}
     assert "committed offset" in ev["TRACE_LOST"]
     assert all(ev[o] for o in expected), ev
+
+
+def test_dead_letters_told_by_the_traced_move_and_by_the_retry_count(
+    spark: Any, lake: Lake, result: Any
+) -> None:
+    """Both ways of knowing are exercised: chains shorter than max_reconsume_times that end in
+    a traced move to %DLQ%<group>, and full chains without it (RocketMQ's clients)."""
+    _, out = result
+    from pyspark.sql import functions as F
+
+    dead = (
+        spark.read.parquet(str(Path(out) / "classified"))
+        .where(F.col("outcome") == "DEAD_LETTERED")
+        .select("max_retry_times")
+        .collect()
+    )
+    retries = [r["max_retry_times"] for r in dead]
+    assert any(r < 16 for r in retries) and any(r >= 16 for r in retries), retries
+    moves = (
+        spark.read.parquet(str(lake.path))
+        .where((F.col("trace_type") == "Pub") & F.col("topic").startswith("%DLQ%"))
+        .count()
+    )
+    assert moves > 0

@@ -792,16 +792,30 @@ class _Gen:
         k_fail = rng.integers(1, 4, n_pairs)
         k_fail5 = rng.integers(1, 6, n_pairs)
         k_if = rng.integers(0, 2, n_pairs)
+        # dead letters: half after max_reconsume_times retries, half sooner (a consumer with a
+        # lower limit, or delay_level_when_next_consume = -1); tracemq consumers trace the move
+        # to %DLQ%<group> as a Pub of the group — the early ones always, the others half the
+        # time (RocketMQ's clients do not trace it: the retry count has to tell)
+        is_dlq = all_beh == DLQ
+        dlq_short = is_dlq & (rng.random(n_pairs) < 0.5)
+        dlq_pub = is_dlq & (dlq_short | (rng.random(n_pairs) < 0.5))
         count = np.select(
             [
                 all_beh == RETRY_OK,
                 all_beh == FAILED,
-                all_beh == DLQ,
+                is_dlq,
                 all_beh == IN_FLIGHT,
                 all_beh == DUPLICATE,
                 np.isin(all_beh, (TRACE_LOST, NOT_CONSUMED)),
             ],
-            [k_fail + 1, k_fail5, sc.max_reconsume_times + 1, k_if + 1, 2, 0],
+            [
+                k_fail + 1,
+                k_fail5,
+                np.where(dlq_short, k_fail5, sc.max_reconsume_times + 1),
+                k_if + 1,
+                2,
+                0,
+            ],
             1,
         )
         att = self._attempts(
@@ -811,6 +825,7 @@ class _Gen:
             all_beh,
             all_base,
             count,
+            dlq_pub=dlq_pub,
             pub_ids=ids,
             msg_topic=topic,
             tag_col=tag_col,
@@ -875,6 +890,7 @@ class _Gen:
         base,
         count,
         *,
+        dlq_pub,
         pub_ids,
         msg_topic,
         tag_col,
@@ -980,6 +996,30 @@ class _Gen:
             da = pa.array(dup[has_after])
             events.append(events[0].filter(d))
             events.append(events[1].filter(da))
+        # the move to %DLQ%<group> after the last failed attempt: a Pub of the consumer group
+        moved = np.flatnonzero(dlq_pub & (count > 0))
+        dlq_ts = np.full(len(msg), -1, dtype=np.int64)
+        if len(moved):
+            li = pa.array(first[moved] + count[moved] - 1)
+            dlq_ts[moved] = after_ts[li.to_numpy()] + rng.integers(1, 50, len(moved))
+            events.append(
+                _frame(
+                    len(moved),
+                    trace_type="Pub",
+                    timestamp=dlq_ts[moved],
+                    region_id=REGION,
+                    group_name=gname.take(li),
+                    cost_time=rng.integers(1, 10, len(moved)),
+                    success=True,
+                    topic=_take([f"%DLQ%{gr.name}" for gr in self.groups], group[moved]),
+                    msg_id=mid.take(li),
+                    tags=tag_col.take(pa.array(msg[moved])),
+                    keys=keys_col.take(pa.array(msg[moved])),
+                    client_host=host.take(li),
+                    body_length=rng.integers(64, 2048, len(moved)),
+                    msg_type=0,
+                )
+            )
         return {
             "events": events,
             "pair": pair,
@@ -990,6 +1030,7 @@ class _Gen:
             "n": n_att,
             "read": (before_ts >= sc.read_lo) & (before_ts < sc.read_hi),
             "read_after": has_after & (after_ts >= sc.read_lo) & (after_ts < sc.read_hi),
+            "dlq_read": (dlq_ts >= sc.read_lo) & (dlq_ts < sc.read_hi),
         }
 
     def _orphans(self, lo: int, hi: int, n: int) -> list[pa.Table]:
@@ -1148,10 +1189,10 @@ class _Gen:
         outcome[one & ~((n_att_seen > 1) | (succ_retry > 0))] = "CONSUMED"
         none = seen & (n_succ == 0)
         outcome[none & (n_inflight > 0)] = "IN_FLIGHT"
-        outcome[none & (n_inflight == 0) & (max_retry_seen >= sc.max_reconsume_times)] = (
-            "DEAD_LETTERED"
-        )
-        outcome[none & (n_inflight == 0) & (max_retry_seen < sc.max_reconsume_times)] = "FAILED"
+        # dead-lettered: the traced move to the DLQ, or (without it) the retry count
+        dead = att["dlq_read"] | (max_retry_seen >= sc.max_reconsume_times)
+        outcome[none & (n_inflight == 0) & dead] = "DEAD_LETTERED"
+        outcome[none & (n_inflight == 0) & ~dead] = "FAILED"
         del n_fail
         # behaviour-level sanity: fully seen chains give the behaviour's own outcome
         expect = {

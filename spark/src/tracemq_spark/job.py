@@ -89,6 +89,7 @@ KNOWN_SCHEMA_VERSIONS = frozenset({1})
 PERCENTILES = (0.5, 0.9, 0.99)
 
 _TX_COMMIT = "COMMIT_MESSAGE"
+_DLQ_PREFIX = "%DLQ%"
 _TX_ROLLBACK = "ROLLBACK_MESSAGE"
 _MSG_HALF = 1
 _MSG_DELAY = 3
@@ -635,6 +636,10 @@ class _Context:
         tt = col("trace_type")
         base = self.read_lo  # every timestamp read is >= base: (ts - base) fits 62 bits
 
+        # a consumer's move of a message to %DLQ%<group> is traced as a Pub of the group: it
+        # belongs to the consume side, not to the message's send
+        dlq_move = (tt == "Pub") & col("topic").startswith(_DLQ_PREFIX)
+
         # ---- producer side: one row per msgId (the first successful Pub wins) -----------
         is_pub = tt == "Pub"
         order = F.when(
@@ -645,6 +650,7 @@ class _Context:
         prod = (
             ev.where(
                 tt.isin("Pub", "EndTransaction", "Recall")
+                & ~F.coalesce(dlq_move, F.lit(False))
                 & col("msg_id").isNotNull()
                 & (col("msg_id") != "")
             )
@@ -773,12 +779,20 @@ class _Context:
             col("request_id"), F.concat(F.lit("\u0001"), F.coalesce(col("group_name"), F.lit("")))
         )
         before = tt == "SubBefore"
+        moved = F.coalesce(dlq_move & col("success"), F.lit(False))
         cons = (
-            ev.where(tt.isin("SubBefore", "SubAfter"))
+            ev.where(tt.isin("SubBefore", "SubAfter") | moved)
             .select(
                 F.coalesce(mid, F.concat(F.lit("\u0000"), rid)).alias("pkey"),
-                F.xxhash64(rid).alias("rid"),
+                # a DLQ move is an "attempt" of its own (its rid), counted apart below
+                F.xxhash64(
+                    F.when(
+                        moved,
+                        F.concat(F.lit("\u0002dlq"), F.coalesce(col("group_name"), F.lit(""))),
+                    ).otherwise(rid)
+                ).alias("rid"),
                 before.alias("b"),
+                moved.alias("d"),
                 _h(col("group_name")).alias("gh"),
                 _h(F.when(col("client_host") != "", col("client_host"))).alias("ch"),
                 F.when(before, _h(col("topic"))).alias("th"),
@@ -789,21 +803,22 @@ class _Context:
             )
             .repartition(n_parts, "pkey")
         )
-        b, a = col("b"), ~col("b")
+        b, a = col("b"), ~col("b") & ~col("d")
         ok_ts = F.when(a & col("success"), col("timestamp"))
         att = (
             cons.groupBy("pkey", "rid")
             .agg(
                 F.max(F.when(b, col("gh"))).alias("gb"),
-                F.max(F.when(a, col("gh"))).alias("ga"),
+                F.max(F.when(~b, col("gh"))).alias("ga"),
                 F.max(F.when(b, col("ch"))).alias("cb"),
-                F.max(F.when(a, col("ch"))).alias("ca"),
+                F.max(F.when(~b, col("ch"))).alias("ca"),
                 F.max("th").alias("th"),
                 F.max(b.cast("int")).alias("has_before"),
                 F.max(a.cast("int")).alias("has_after"),
                 F.min(F.when(b, col("timestamp"))).alias("before_ts"),
                 F.max(F.when(b, col("retry_times"))).alias("retry"),
                 F.max((a & col("success")).cast("int")).alias("ok"),
+                F.max(col("d").cast("int")).alias("dlq"),
                 F.min(ok_ts).alias("succ_ts"),
                 F.min_by("cost_time", ok_ts).alias("succ_cost"),
                 F.min(F.when(a, col("timestamp"))).alias("after_ts"),
@@ -824,7 +839,8 @@ class _Context:
         done_ok = col("ok") == 1
         first_ok = F.when(done_ok, col("succ_ts"))
         agg = att.groupBy("pkey", "group_h", "ck").agg(
-            F.count(F.lit(1)).alias("attempts"),
+            F.sum(1 - col("dlq")).alias("attempts"),
+            F.max("dlq").alias("dead_lettered"),
             F.sum("ok").alias("successes"),
             F.sum(((col("has_after") == 1) & ~done_ok).cast("int")).alias("failed_attempts"),
             F.sum(((col("has_before") == 1) & (col("has_after") == 0)).cast("int")).alias(
@@ -899,7 +915,9 @@ class _Context:
             .when(expected & has_consume & (col("successes") == 1), F.lit("CONSUMED"))
             .when(expected & has_consume & (col("in_flight_attempts") > 0), F.lit("IN_FLIGHT"))
             .when(
-                expected & has_consume & (col("max_retry_times") >= p.max_reconsume_times),
+                expected
+                & has_consume
+                & ((col("dead_lettered") == 1) | (col("max_retry_times") >= p.max_reconsume_times)),
                 F.lit("DEAD_LETTERED"),
             )
             .when(expected & has_consume, F.lit("FAILED"))
