@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import typer
-
 from tracemq.cli import app
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()

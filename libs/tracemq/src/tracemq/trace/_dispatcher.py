@@ -287,6 +287,9 @@ class AsyncTraceDispatcher:
         self._queue: collections.deque[TraceContext] = collections.deque()
         self._semaphore = asyncio.Semaphore(max_in_flight)
         self._wakeup = asyncio.Event()
+        # Queue length at which append() wakes the worker: 1 while it idles, what its batch
+        # still lacks while it gathers (so a batch filling up is not a wake-up per context).
+        self._want = 1
         self._worker: asyncio.Task[None] | None = None
         self._send_tasks: set[asyncio.Task[None]] = set()
         self._closing = False
@@ -388,7 +391,7 @@ class AsyncTraceDispatcher:
             queue.append(ctx)
             self._accepted_seq += 1
             self._appended += 1
-            if not self._wakeup.is_set():
+            if len(queue) >= self._want and not self._wakeup.is_set():
                 self._wakeup.set()
             return True
         except Exception:  # pragma: no cover - defensive: tracing must not break the client
@@ -484,6 +487,7 @@ class AsyncTraceDispatcher:
         try:
             while True:
                 while not self._queue:
+                    self._want = 1
                     self._wakeup.clear()
                     await self._wakeup.wait()
                 self._gathering_seq = self._taken_seq
@@ -533,9 +537,13 @@ class AsyncTraceDispatcher:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return
+            self._want = self._batch_size - len(batch)
             self._wakeup.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), remaining)
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), remaining)
+            finally:
+                self._want = 1
 
     def _build_jobs(self, batch: list[TraceContext], first_seq: int) -> list[_Job]:
         """Encode a batch into trace messages, grouped by (topic, region) and size-bounded.
