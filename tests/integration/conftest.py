@@ -15,6 +15,12 @@ async def admin(stack: EmbeddedStack) -> AsyncIterator[AdminClient]:
 
 
 @pytest.fixture
+def env(stack: EmbeddedStack) -> dict[str, str]:
+    """Client keyword arguments that reach the session stack."""
+    return {"redis_url": stack.redis_url, "control_bootstrap": stack.business_bootstrap}
+
+
+@pytest.fixture
 async def registry(stack: EmbeddedStack) -> AsyncIterator[RegistryReader]:
     r = connect(stack.redis_url)
     try:

@@ -36,7 +36,13 @@ from tracemq.message import MessageConst
 from tracemq.naming import dlq_topic, kafka_topic, retry_topic
 from tracemq.trace import ConsumeReturnType, TraceType
 
-from tests.support.brokers import FAST_LEVELS_MS, fast_broker_name, read_topic, start_fast_broker
+from tests.support.brokers import (
+    FAST_LEVELS_MS,
+    fast_broker,
+    fast_broker_name,
+    read_topic,
+    start_fast_broker,
+)
 from tests.support.traces import read_trace_topic
 from tests.support.waiting import eventually
 
@@ -45,17 +51,8 @@ pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 
 @pytest.fixture(scope="module")
 def broker(stack: EmbeddedStack) -> Iterator[str]:
-    name = fast_broker_name("brd")
-    start_fast_broker(stack, name)
-    try:
+    with fast_broker(stack, "brd") as name:
         yield name
-    finally:
-        stack.processes[name].stop()
-
-
-@pytest.fixture
-def env(stack: EmbeddedStack) -> dict[str, str]:
-    return {"redis_url": stack.redis_url, "control_bootstrap": stack.business_bootstrap}
 
 
 def _http(url: str) -> tuple[int, Any]:

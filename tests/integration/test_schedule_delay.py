@@ -27,7 +27,11 @@ from tracemq.naming import SCHEDULE_TOPIC, kafka_topic
 from tracemq.protocol.forwarding import SCHEDULE_OFFSET
 from tracemq.trace import MessageType, TraceType
 
-from tests.support.brokers import FAST_LEVELS_MS, fast_broker_name, read_topic, start_fast_broker
+from tests.support.brokers import (
+    FAST_LEVELS_MS,
+    fast_broker,
+    read_topic,
+)
 from tests.support.metrics import value
 from tests.support.traces import read_trace_topic
 from tests.support.waiting import eventually
@@ -37,17 +41,8 @@ pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 
 @pytest.fixture(scope="module")
 def broker(stack: EmbeddedStack) -> Iterator[str]:
-    name = fast_broker_name("bsd")
-    start_fast_broker(stack, name)
-    try:
+    with fast_broker(stack, "bsd") as name:
         yield name
-    finally:
-        stack.processes[name].stop()
-
-
-@pytest.fixture
-def env(stack: EmbeddedStack) -> dict[str, str]:
-    return {"redis_url": stack.redis_url, "control_bootstrap": stack.business_bootstrap}
 
 
 async def test_delayed_messages_arrive_when_due_with_their_traces(

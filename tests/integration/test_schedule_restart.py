@@ -31,11 +31,6 @@ from tests.support.waiting import eventually
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 
 
-@pytest.fixture
-def env(stack: EmbeddedStack) -> dict[str, str]:
-    return {"redis_url": stack.redis_url, "control_bootstrap": stack.business_bootstrap}
-
-
 def _restart(stack: EmbeddedStack, name: str) -> None:
     stack.restart(name)
     wait_routed_sync(stack, name)

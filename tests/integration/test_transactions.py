@@ -35,7 +35,13 @@ from tracemq.naming import HALF_TOPIC, OP_HALF_TOPIC, kafka_topic
 from tracemq.protocol import transaction as txp
 from tracemq.trace import MessageType, TraceType, TransactionState
 
-from tests.support.brokers import fast_broker_name, read_topic, start_fast_broker, wait_routed_sync
+from tests.support.brokers import (
+    fast_broker,
+    fast_broker_name,
+    read_topic,
+    start_fast_broker,
+    wait_routed_sync,
+)
 from tests.support.metrics import value
 from tests.support.traces import read_trace_topic
 from tests.support.waiting import eventually
@@ -50,17 +56,8 @@ UNKNOW = LocalTransactionState.UNKNOW
 
 @pytest.fixture(scope="module")
 def broker(stack: EmbeddedStack) -> Iterator[str]:
-    name = fast_broker_name("btx")
-    start_fast_broker(stack, name, **TX_ENV)
-    try:
+    with fast_broker(stack, "btx", **TX_ENV) as name:
         yield name
-    finally:
-        stack.processes[name].stop()
-
-
-@pytest.fixture
-def env(stack: EmbeddedStack) -> dict[str, str]:
-    return {"redis_url": stack.redis_url, "control_bootstrap": stack.business_bootstrap}
 
 
 class Listener:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -35,6 +37,17 @@ def start_fast_broker(stack: EmbeddedStack, name: str, **env: str) -> None:
     so that module-scoped fixtures can use it)."""
     stack.start_broker(name, **{**FAST_BROKER_ENV, **env})
     wait_routed_sync(stack, name)
+
+
+@contextmanager
+def fast_broker(stack: EmbeddedStack, prefix: str, **env: str) -> Iterator[str]:
+    """A fast broker for a module's tests, stopped afterwards."""
+    name = fast_broker_name(prefix)
+    start_fast_broker(stack, name, **env)
+    try:
+        yield name
+    finally:
+        stack.processes[name].stop()
 
 
 def wait_routed_sync(stack: EmbeddedStack, name: str) -> None:
@@ -81,6 +94,7 @@ class RawRecord:
     timestamp: int
     value: bytes
     headers: dict[str, str]
+    raw_headers: list[tuple[str, bytes]]
 
 
 async def read_topic(bootstrap: str, ktopic: str, *, timeout_s: float = 10.0) -> list[RawRecord]:
@@ -113,6 +127,7 @@ async def read_topic(bootstrap: str, ktopic: str, *, timeout_s: float = 10.0) ->
                     r.timestamp,
                     r.value or b"",
                     {k: v.decode(errors="replace") for k, v in r.headers or ()},
+                    list(r.headers or ()),
                 )
                 for tp, recs in batch.items()
                 for r in recs

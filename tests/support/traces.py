@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from tracemq.naming import TRACE_TOPIC, kafka_topic
 from tracemq.trace import TraceContext, decode_report
+
+from tests.support.brokers import read_topic
 
 
 @dataclass
@@ -27,45 +27,15 @@ async def read_trace_topic(
     timeout_s: float = 5.0,
 ) -> list[TraceMessage]:
     """Every trace message currently in the trace topic (all partitions, from the beginning)."""
-    ktopic = kafka_topic(broker, topic)
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False
-    )
-    await consumer.start()
-    try:
-        await consumer.topics()
-        parts = consumer.partitions_for_topic(ktopic) or set()
-        tps = [TopicPartition(ktopic, p) for p in sorted(parts)]
-        if not tps:
-            return []
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        end = await consumer.end_offsets(tps)
-        out: list[TraceMessage] = []
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-
-        async def behind() -> bool:
-            return any([await consumer.position(tp) < end[tp] for tp in tps])
-
-        while await behind():
-            if loop.time() > deadline:
-                raise AssertionError("could not read the trace topic to its end in time")
-            batch = await consumer.getmany(timeout_ms=500)
-            for tp, recs in batch.items():
-                for r in recs:
-                    keys = set()
-                    for k, v in r.headers or ():
-                        if k == "KEYS":
-                            keys = set(v.decode().split())
-                    # the trace topic is shared by the session: other tests put garbage in it
-                    try:
-                        text = (r.value or b"").decode()
-                    except UnicodeDecodeError as exc:
-                        out.append(TraceMessage(tp.partition, r.offset, keys, [], [exc]))
-                        continue
-                    res = decode_report(text)
-                    out.append(TraceMessage(tp.partition, r.offset, keys, res.contexts, res.errors))
-        return out
-    finally:
-        await asyncio.wait_for(consumer.stop(), 10)
+    out: list[TraceMessage] = []
+    for r in await read_topic(bootstrap, kafka_topic(broker, topic), timeout_s=timeout_s):
+        keys = set(r.headers["KEYS"].split()) if "KEYS" in r.headers else set()
+        # the trace topic is shared by the session: other tests put garbage in it
+        try:
+            text = r.value.decode()
+        except UnicodeDecodeError as exc:
+            out.append(TraceMessage(r.partition, r.offset, keys, [], [exc]))
+            continue
+        res = decode_report(text)
+        out.append(TraceMessage(r.partition, r.offset, keys, res.contexts, res.errors))
+    return out
