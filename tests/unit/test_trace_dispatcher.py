@@ -16,7 +16,7 @@ from tracemq.message_id import new_msg_id
 from tracemq.naming import TRACE_TOPIC
 from tracemq.protocol.control import PERM_READ, PERM_RW
 from tracemq.routing.model import QueueRoute, TopicRoute
-from tracemq.trace import MessageType, TraceBean, TraceContext, TraceType, decode
+from tracemq.trace import MessageType, TraceBean, TraceContext, TraceType, decode, encode
 from tracemq.trace._dispatcher import (
     AsyncTraceDispatcher,
     KafkaTraceSender,
@@ -647,3 +647,21 @@ async def test_kafka_sender_writes_the_partition_of_the_broker_topic() -> None:
 async def test_kafka_sender_closes_its_own_pool() -> None:
     sender = KafkaTraceSender()
     await sender.close()
+
+
+async def test_hook_records_and_contexts_share_a_message_and_its_keys(make: Factory) -> None:
+    """append_record (what the trace hooks use) and append (contexts) in one batch: one trace
+    message per topic, records in order, KEYS = msgIds + business keys without null/empty."""
+    d = make(queue_size=3)
+    a = pub(topic="T", keys="k1")
+    d.append(a)
+    assert d.append_record("T", "DefaultRegion", "SubBefore\x01rec\x02", "MSGB", "k2 null  k3")
+    assert d.append_record("T", "DefaultRegion", "SubAfter\x01rec\x02", None, None)
+    assert not d.append_record("T", "DefaultRegion", "x\x02", "MSGC", None)  # full: discarded
+    await d.start()
+    assert await d.flush()
+    (call,) = sender_of(d).delivered
+    assert call.value == (encode(a).data + "SubBefore\x01rec\x02SubAfter\x01rec\x02").encode()
+    assert call.header["KEYS"] == " ".join(sorted({msg_id(a), "k1", "MSGB", "k2", "k3"})).encode()
+    s = d.stats()
+    assert (s["appended"], s["sent"], s["discarded"]) == (3, 3, 1)

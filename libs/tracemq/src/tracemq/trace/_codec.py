@@ -263,7 +263,8 @@ def _encode_recall(ctx: TraceContext) -> str:
 # Each record is built with one f-string and checked afterwards by counting separators: a text
 # field holding U+0001 or U+0002 changes the counts. Only then (and for an integer out of the
 # Java range) does the checked encoder above run, to raise the error naming the field. The two
-# paths write the same bytes (tests/unit/test_trace_codec.py compares them).
+# paths write the same bytes (tests/unit/test_trace_codec.py compares them). The trace hooks
+# call the *_record functions directly, without building a TraceContext.
 
 
 def _s(value: str | None) -> str:
@@ -277,69 +278,125 @@ def _fits(low: int, high: int, *values: int) -> bool:
     return True
 
 
-def _checked(
-    record: str, fields: int, slow: Callable[[TraceContext], str], ctx: TraceContext
-) -> str:
+def _valid(record: str, fields: int) -> str | None:
     if record.count(CONTENT_SPLITOR) != fields - 1 or record.count(FIELD_SPLITOR) != 1:
-        return slow(ctx)  # raises, naming the field
+        return None  # a text field holds a separator
     return record
 
 
-def _fast_pub(ctx: TraceContext) -> str:
-    if len(ctx.trace_beans) != 1:
-        return _encode_pub(ctx)
-    b = ctx.trace_beans[0]
-    mt = b.msg_type
+def pub_record(
+    timestamp: int,
+    region_id: str | None,
+    group_name: str | None,
+    topic: str | None,
+    msg_id: str | None,
+    tags: str | None,
+    keys: str | None,
+    store_host: str | None,
+    body_length: int,
+    cost_time: int,
+    msg_type: int | None,
+    offset_msg_id: str | None,
+    success: bool,
+) -> str | None:
+    """The Pub record of these fields, or None when a field is invalid (the caller then goes
+    through :func:`encode`, which names it)."""
     if not (
-        _fits(_LONG_MIN, _LONG_MAX, ctx.timestamp)
-        and _fits(_INT_MIN, _INT_MAX, b.body_length, ctx.cost_time)
-        and mt is not None
-        and type(mt) in (int, MessageType)
-        and 0 <= mt <= 4
+        _fits(_LONG_MIN, _LONG_MAX, timestamp)
+        and _fits(_INT_MIN, _INT_MAX, body_length, cost_time)
+        and msg_type is not None
+        and type(msg_type) in (int, MessageType)
+        and 0 <= msg_type <= 4
     ):
-        return _encode_pub(ctx)
-    record = (
-        f"Pub\x01{ctx.timestamp:d}\x01{_s(ctx.region_id)}\x01{_s(ctx.group_name)}\x01"
-        f"{_s(b.topic)}\x01{_s(b.msg_id)}\x01{_s(b.tags)}\x01{_s(b.keys)}\x01"
-        f"{_s(b.store_host)}\x01{b.body_length:d}\x01{ctx.cost_time:d}\x01{mt:d}\x01"
-        f"{_s(b.offset_msg_id)}\x01{'true' if ctx.success else 'false'}\x02"
+        return None
+    return _valid(
+        f"Pub\x01{timestamp:d}\x01{_s(region_id)}\x01{_s(group_name)}\x01"
+        f"{_s(topic)}\x01{_s(msg_id)}\x01{_s(tags)}\x01{_s(keys)}\x01"
+        f"{_s(store_host)}\x01{body_length:d}\x01{cost_time:d}\x01{msg_type:d}\x01"
+        f"{_s(offset_msg_id)}\x01{'true' if success else 'false'}\x02",
+        14,
     )
-    return _checked(record, 14, _encode_pub, ctx)
+
+
+def sub_before_record(
+    timestamp: int,
+    region_id: str | None,
+    group_name: str | None,
+    request_id: str | None,
+    msg_id: str | None,
+    retry_times: int,
+    keys: str | None,
+) -> str | None:
+    """The SubBefore record of these fields, or None when a field is invalid."""
+    if not (_fits(_LONG_MIN, _LONG_MAX, timestamp) and _fits(_INT_MIN, _INT_MAX, retry_times)):
+        return None
+    return _valid(
+        f"SubBefore\x01{timestamp:d}\x01{_s(region_id)}\x01{_s(group_name)}\x01"
+        f"{_s(request_id)}\x01{_s(msg_id)}\x01{retry_times:d}\x01{_s(keys)}\x02",
+        8,
+    )
+
+
+def sub_after_record(
+    request_id: str | None,
+    msg_id: str | None,
+    cost_time: int,
+    success: bool,
+    keys: str | None,
+    context_code: int,
+    timestamp: int,
+    group_name: str | None,
+) -> str | None:
+    """The SubAfter record of these fields, or None when a field is invalid."""
+    if not (
+        _fits(_LONG_MIN, _LONG_MAX, timestamp)
+        and _fits(_INT_MIN, _INT_MAX, cost_time)
+        and type(context_code) in (int, ConsumeReturnType)
+        and _INT_MIN <= context_code <= _INT_MAX
+    ):
+        return None
+    return _valid(
+        f"SubAfter\x01{_s(request_id)}\x01{_s(msg_id)}\x01{cost_time:d}\x01"
+        f"{'true' if success else 'false'}\x01{_s(keys)}\x01{context_code:d}\x01"
+        f"{timestamp:d}\x01{_s(group_name)}\x02",
+        9,
+    )
+
+
+def _fast_pub(ctx: TraceContext) -> str:
+    if len(ctx.trace_beans) == 1:
+        b = ctx.trace_beans[0]
+        record = pub_record(
+            ctx.timestamp, ctx.region_id, ctx.group_name, b.topic, b.msg_id, b.tags, b.keys,
+            b.store_host, b.body_length, ctx.cost_time, b.msg_type, b.offset_msg_id, ctx.success,
+        )  # fmt: skip
+        if record is not None:
+            return record
+    return _encode_pub(ctx)  # the checked path: raises, naming the field
 
 
 def _fast_sub_before(ctx: TraceContext) -> str:
-    if len(ctx.trace_beans) != 1:
-        return _encode_sub_before(ctx)
-    b = ctx.trace_beans[0]
-    if not (
-        _fits(_LONG_MIN, _LONG_MAX, ctx.timestamp) and _fits(_INT_MIN, _INT_MAX, b.retry_times)
-    ):
-        return _encode_sub_before(ctx)
-    record = (
-        f"SubBefore\x01{ctx.timestamp:d}\x01{_s(ctx.region_id)}\x01{_s(ctx.group_name)}\x01"
-        f"{_s(ctx.request_id)}\x01{_s(b.msg_id)}\x01{b.retry_times:d}\x01{_s(b.keys)}\x02"
-    )
-    return _checked(record, 8, _encode_sub_before, ctx)
+    if len(ctx.trace_beans) == 1:
+        b = ctx.trace_beans[0]
+        record = sub_before_record(
+            ctx.timestamp, ctx.region_id, ctx.group_name, ctx.request_id, b.msg_id,
+            b.retry_times, b.keys,
+        )  # fmt: skip
+        if record is not None:
+            return record
+    return _encode_sub_before(ctx)
 
 
 def _fast_sub_after(ctx: TraceContext) -> str:
-    if len(ctx.trace_beans) != 1:
-        return _encode_sub_after(ctx)
-    b = ctx.trace_beans[0]
-    code = ctx.context_code
-    if not (
-        _fits(_LONG_MIN, _LONG_MAX, ctx.timestamp)
-        and _fits(_INT_MIN, _INT_MAX, ctx.cost_time)
-        and type(code) in (int, ConsumeReturnType)
-        and _INT_MIN <= code <= _INT_MAX
-    ):
-        return _encode_sub_after(ctx)
-    record = (
-        f"SubAfter\x01{_s(ctx.request_id)}\x01{_s(b.msg_id)}\x01{ctx.cost_time:d}\x01"
-        f"{'true' if ctx.success else 'false'}\x01{_s(b.keys)}\x01{code:d}\x01"
-        f"{ctx.timestamp:d}\x01{_s(ctx.group_name)}\x02"
-    )
-    return _checked(record, 9, _encode_sub_after, ctx)
+    if len(ctx.trace_beans) == 1:
+        b = ctx.trace_beans[0]
+        record = sub_after_record(
+            ctx.request_id, b.msg_id, ctx.cost_time, ctx.success, b.keys, ctx.context_code,
+            ctx.timestamp, ctx.group_name,
+        )  # fmt: skip
+        if record is not None:
+            return record
+    return _encode_sub_after(ctx)
 
 
 _ENCODERS: dict[TraceType, Callable[[TraceContext], str]] = {

@@ -34,7 +34,7 @@ import itertools
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -42,10 +42,14 @@ from tracemq.errors import ClientStateError, TracemqError
 from tracemq.log import get_logger
 from tracemq.message_id import local_ipv4, new_msg_id
 from tracemq.naming import TRACE_TOPIC, kafka_topic
-from tracemq.trace._codec import encode
-from tracemq.trace._model import TraceContext, TraceTransferBean
+from tracemq.trace._codec import KEY_SEPARATOR, encode
+from tracemq.trace._model import TraceContext
 
 _BORN_HOST = local_ipv4().encode()
+#: entries that never go into a KEYS header (as tracemq.trace.encode leaves them out)
+_NOT_KEYS = frozenset({None, "", "null"})
+#: what the queue holds: a context, or a record a hook encoded (topic, region, text, msgId, keys)
+_Item = TraceContext | tuple[str | None, str | None, str, str | None, str | None]
 
 if TYPE_CHECKING:
     from tracemq._kafka import ProducerPool
@@ -284,7 +288,7 @@ class AsyncTraceDispatcher:
 
         # A deque, not an asyncio.Queue: one consumer (the worker), woken by _wakeup; the bound
         # is checked by append(). Half the cost per context on the business path.
-        self._queue: collections.deque[TraceContext] = collections.deque()
+        self._queue: collections.deque[_Item] = collections.deque()
         self._semaphore = asyncio.Semaphore(max_in_flight)
         self._wakeup = asyncio.Event()
         # Queue length at which append() wakes the worker: 1 while it idles, what its batch
@@ -300,7 +304,7 @@ class AsyncTraceDispatcher:
         self._accepted_seq = 0  # number of contexts accepted so far
         self._taken_seq = 0  # number of contexts taken off the queue so far
         self._gathering_seq: int | None = None  # first number of the batch being built
-        self._batch: list[TraceContext] = []  # taken off the queue, not yet in a job
+        self._batch: list[_Item] = []  # taken off the queue, not yet in a job
         self._jobs: set[_Job] = set()  # trace messages not yet settled
         self._flush_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._hurry = 0  # flushes in progress: do not wait for batches to fill
@@ -389,6 +393,30 @@ class AsyncTraceDispatcher:
                 self._discard("queue full")
                 return False
             queue.append(ctx)
+            self._accepted_seq += 1
+            self._appended += 1
+            if len(queue) >= self._want and not self._wakeup.is_set():
+                self._wakeup.set()
+            return True
+        except Exception:  # pragma: no cover - defensive: tracing must not break the client
+            return False
+
+    def append_record(
+        self, topic: str | None, region_id: str | None, record: str, msg_id: str | None,
+        keys: str | None,
+    ) -> bool:  # fmt: skip
+        """:meth:`append` for a record the trace hooks already encoded (``tracemq.trace._codec``
+        ``*_record``): no TraceContext on the business path. ``msg_id`` and the
+        space-separated ``keys`` go into the trace message's KEYS header."""
+        try:
+            if self._closing:
+                self._discard("dispatcher shut down")
+                return False
+            queue = self._queue
+            if len(queue) >= self._queue_size:
+                self._discard("queue full")
+                return False
+            queue.append((topic, region_id, record, msg_id, keys))
             self._accepted_seq += 1
             self._appended += 1
             if len(queue) >= self._want and not self._wakeup.is_set():
@@ -545,32 +573,39 @@ class AsyncTraceDispatcher:
             finally:
                 self._want = 1
 
-    def _build_jobs(self, batch: list[TraceContext], first_seq: int) -> list[_Job]:
+    def _build_jobs(self, batch: list[_Item], first_seq: int) -> list[_Job]:
         """Encode a batch into trace messages, grouped by (topic, region) and size-bounded.
 
         Contexts are encoded one by one (to know each one's size) and a message's body is
         their concatenation with the keys unioned, exactly what ``encode_many`` produces.
         """
-        groups: dict[tuple[str | None, str | None], list[tuple[int, TraceTransferBean]]] = {}
+        # per (topic, region): (seq, record text, its keys: a set, or msgId and key string)
+        groups: dict[tuple[str | None, str | None], list[tuple[int, str, Any]]] = {}
         bad = 0
-        for seq, ctx in enumerate(batch, start=first_seq):
+        for seq, item in enumerate(batch, start=first_seq):
+            if isinstance(item, tuple):  # encoded by a trace hook (append_record)
+                topic, region, data, msg_id, business_keys = item
+                groups.setdefault((topic, region), []).append(
+                    (seq, data, (msg_id, business_keys))
+                )
+                continue
             try:
-                topic = ctx.trace_beans[0].topic if ctx.trace_beans else None
-                key = (topic, ctx.region_id)
-                encoded = encode(ctx)
+                topic = item.trace_beans[0].topic if item.trace_beans else None
+                key = (topic, item.region_id)
+                encoded = encode(item)
             except Exception as exc:
                 bad += 1
                 log.debug("trace context could not be encoded", group=self.group, error=str(exc))
                 continue
-            groups.setdefault(key, []).append((seq, encoded))
+            groups.setdefault(key, []).append((seq, encoded.data, encoded.keys))
         jobs: list[_Job] = []
         for items in groups.values():
             parts: list[str] = []
             keys: set[str] = set()
             size = 0
             min_seq = 0
-            for seq, encoded in items:
-                length = _utf8_len(encoded.data)
+            for seq, data, item_keys in items:
+                length = _utf8_len(data)
                 if length > self._max_message_size:
                     self._oversize += 1
                 if parts and size + length > self._max_message_size:
@@ -578,8 +613,14 @@ class AsyncTraceDispatcher:
                     parts, keys, size = [], set(), 0
                 if not parts:
                     min_seq = seq
-                parts.append(encoded.data)
-                keys |= encoded.keys
+                parts.append(data)
+                if type(item_keys) is tuple:  # (msgId, space-separated business keys)
+                    msg_id, business = item_keys
+                    keys.add(msg_id)
+                    if business:
+                        keys.update(business.split(KEY_SEPARATOR))
+                else:
+                    keys |= item_keys
                 size += length
             if parts:
                 jobs.append(self._job(min_seq, parts, keys))
@@ -589,7 +630,9 @@ class AsyncTraceDispatcher:
         return jobs
 
     def _job(self, min_seq: int, parts: list[str], keys: set[str]) -> _Job:
-        # The same as encode_many() over the chunk: records concatenated, keys unioned.
+        # The same as encode_many() over the chunk: records concatenated, keys unioned (the
+        # hooks' raw keys unfiltered until here: what encode() leaves out, left out once).
+        keys.difference_update(_NOT_KEYS)
         headers: list[tuple[str, bytes]] = []
         if keys:
             headers.append(("KEYS", " ".join(sorted(keys)).encode()))

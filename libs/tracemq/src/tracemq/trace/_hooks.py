@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from tracemq.trace._codec import pub_record, sub_after_record, sub_before_record
 from tracemq.trace._model import MessageType, TraceBean, TraceContext, TraceType, TransactionState
 
 if TYPE_CHECKING:
@@ -19,6 +20,11 @@ if TYPE_CHECKING:
 
 class _Appender(Protocol):
     def append(self, ctx: TraceContext) -> bool: ...
+
+    def append_record(
+        self, topic: str | None, region_id: str | None, record: str, msg_id: str | None,
+        keys: str | None,
+    ) -> bool: ...  # fmt: skip
 
 
 class SendMessageTraceHook:
@@ -36,6 +42,18 @@ class SendMessageTraceHook:
         if msg.topic == self.trace_topic or not context.trace_on:
             return
         result = context.send_result
+        cost = max(0, context.end_timestamp - context.begin_timestamp)
+        keys = msg.keys_str
+        record = pub_record(
+            context.begin_timestamp, context.region_id, context.producer_group, msg.topic,
+            context.msg_id, msg.tags, keys, context.broker_address, len(msg.body), cost,
+            context.msg_type, result.offset_msg_id if result else None, result is not None,
+        )  # fmt: skip
+        if record is not None:  # the usual case: no TraceContext built
+            self.dispatcher.append_record(
+                msg.topic, context.region_id, record, context.msg_id, keys
+            )
+            return
         bean = TraceBean(
             topic=msg.topic,
             msg_id=context.msg_id,
@@ -54,7 +72,7 @@ class SendMessageTraceHook:
                 timestamp=context.begin_timestamp,
                 region_id=context.region_id,
                 group_name=context.producer_group,
-                cost_time=max(0, context.end_timestamp - context.begin_timestamp),
+                cost_time=cost,
                 success=result is not None,
                 trace_beans=[bean],
             )
@@ -74,7 +92,17 @@ class ConsumeMessageTraceHook:
     def consume_message_before(self, context: ConsumeMessageContext) -> None:
         if not self._traced(context):
             return
+        ts, region, group = context.begin_timestamp, context.region_id, context.consumer_group
+        request_ids, append_record = context.request_ids, self.dispatcher.append_record
         for msg in context.messages:
+            keys = msg.keys
+            record = sub_before_record(
+                ts, region, group, request_ids.get(msg.msg_id), msg.msg_id,
+                msg.reconsume_times, keys,
+            )  # fmt: skip
+            if record is not None:
+                append_record(msg.topic, region, record, msg.msg_id, keys)
+                continue
             self.dispatcher.append(
                 TraceContext(
                     trace_type=TraceType.SubBefore,
@@ -101,8 +129,19 @@ class ConsumeMessageTraceHook:
     def consume_message_after(self, context: ConsumeMessageContext) -> None:
         if not self._traced(context):
             return
+        region, group, success = context.region_id, context.consumer_group, context.success
+        code, request_ids, ends = context.context_code, context.request_ids, context.end_timestamps
+        append_record = self.dispatcher.append_record
         for msg in context.messages:
-            end = context.end_timestamps.get(msg.msg_id, context.end_timestamp)
+            end = ends.get(msg.msg_id, context.end_timestamp)
+            keys = msg.keys
+            record = sub_after_record(
+                request_ids.get(msg.msg_id), msg.msg_id, max(0, end - context.begin_timestamp),
+                success, keys, code, end, group,
+            )  # fmt: skip
+            if record is not None:
+                append_record(msg.topic, region, record, msg.msg_id, keys)
+                continue
             self.dispatcher.append(
                 TraceContext(
                     trace_type=TraceType.SubAfter,
