@@ -307,3 +307,12 @@ def test_offset_msg_id_rejects_a_bad_store_host(store_host: str) -> None:
 def test_decode_offset_msg_id_rejects_bad_text(bad: str) -> None:
     with pytest.raises(ValueError, match="offsetMsgId must be 32 hexadecimal"):
         decode_offset_msg_id(bad)
+
+
+def test_request_ids_are_unique_and_shaped_like_msg_ids() -> None:
+    from tracemq.message_id import new_msg_id, new_request_id
+
+    ids = [new_request_id() for _ in range(10_000)]
+    assert len(set(ids)) == len(ids)
+    assert all(re.fullmatch(r"[0-9A-F]{32}", i) for i in ids)
+    assert ids[0][:20] == new_msg_id()[:20]  # this process's identity: IPv4, pid, salt

@@ -22,6 +22,7 @@ from __future__ import annotations
 import calendar
 import functools
 import ipaddress
+import itertools
 import os
 import re
 import secrets
@@ -198,8 +199,7 @@ _default_generator: MessageIdGenerator | None = None
 _default_lock = threading.Lock()
 
 
-def new_msg_id() -> str:
-    """Return a new msgId from the process-wide default generator."""
+def _default() -> MessageIdGenerator:
     global _default_generator
     generator = _default_generator
     if generator is None:
@@ -208,7 +208,23 @@ def new_msg_id() -> str:
             if _default_generator is None:
                 _default_generator = MessageIdGenerator()
             generator = _default_generator
-    return generator.next()
+    return generator
+
+
+def new_msg_id() -> str:
+    """Return a new msgId from the process-wide default generator."""
+    return _default().next()
+
+
+_request_counter = itertools.count()
+
+
+def new_request_id() -> str:
+    """A process-unique id pairing a SubBefore with its SubAfter (RocketMQ's requestId): 32
+    upper-case hex characters, this process's msgId prefix (IPv4, pid, salt) and a counter.
+    Cheaper than :func:`new_msg_id` (no clock, no lock): one is made per consumed message."""
+    prefix = (_default_generator or _default())._prefix  # renewed after a fork, as msgIds
+    return f"{prefix}{next(_request_counter) & 0xFFFFFFFFFFFF:012X}"
 
 
 @dataclass(frozen=True, slots=True)

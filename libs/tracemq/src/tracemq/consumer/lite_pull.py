@@ -24,7 +24,7 @@ from tracemq.consumer.listener import ConsumeFromWhere
 from tracemq.errors import ClientStateError, NoRouteError
 from tracemq.hooks import ConsumeMessageContext, ConsumeMessageHook, call_hooks
 from tracemq.message import MessageExt, MessageQueue
-from tracemq.message_id import new_msg_id
+from tracemq.message_id import new_request_id
 from tracemq.naming import kafka_topic, validate_group, validate_topic
 from tracemq.protocol.control import Subscription
 from tracemq.routing import QueueRoute
@@ -253,7 +253,7 @@ class LitePullConsumer:
             client_host=self._runtime.client_host,
             region_id=route.region_id if route else "DefaultRegion",
             trace_on=route.trace_on if route else True,
-            request_ids={msg.msg_id: new_msg_id()},
+            request_ids={msg.msg_id: new_request_id()},
             begin_timestamp=now_ms(),
         )
 

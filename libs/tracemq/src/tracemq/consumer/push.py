@@ -63,7 +63,7 @@ from tracemq.message import (
     SendResult,
     SendStatus,
 )
-from tracemq.message_id import encode_offset_msg_id, new_msg_id
+from tracemq.message_id import encode_offset_msg_id, new_request_id
 from tracemq.naming import (
     SCHEDULE_TOPIC,
     dlq_topic,
@@ -796,7 +796,7 @@ class PushConsumer:
             trace_on=route.trace_on if route else True,
             # request ids pair SubBefore with SubAfter (unique ids like RocketMQ's, which uses
             # createUniqID too); only hooks need them
-            request_ids={m.msg_id: new_msg_id() for m in msgs} if self._hooks else {},
+            request_ids={m.msg_id: new_request_id() for m in msgs} if self._hooks else {},
         )
         hctx.begin_timestamp = now_ms()
         call_hooks(self._hooks, "consume_message_before", hctx)
