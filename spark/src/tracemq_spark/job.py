@@ -35,6 +35,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -273,6 +274,12 @@ def build_session(
         "spark.sql.requireAllClusterKeysForCoPartition": "false",
     }
     conf.update(extra or {})
+    # Spark's startup warnings (hostname, native Hadoop, default log4j profile) are noise on
+    # the console of a one-shot job: a quiet log4j2 configuration unless one is given
+    quiet = f"-Dlog4j2.configurationFile={Path(__file__).with_name('log4j2.properties').as_uri()}"
+    java_opts = conf.get("spark.driver.extraJavaOptions", "")
+    if "log4j2.configurationFile" not in java_opts:
+        conf["spark.driver.extraJavaOptions"] = f"{java_opts} {quiet}".strip()
     for k, v in conf.items():
         b = b.config(k, v)
     spark = b.getOrCreate()
