@@ -433,8 +433,9 @@ async def test_fan_out_with_two_collectors(
         b.stop()
 
 
-async def test_cli_trace_show_and_find(stack: EmbeddedStack, collector: ManagedProcess,
-                                       admin: AdminClient, unique: str) -> None:
+async def test_cli_trace_show_and_find(
+    stack: EmbeddedStack, collector: ManagedProcess, admin: AdminClient, unique: str
+) -> None:
     import subprocess
 
     from tracemq.devstack.stack import tracemq_command
@@ -449,8 +450,9 @@ async def test_cli_trace_show_and_find(stack: EmbeddedStack, collector: ManagedP
     cli_env = {**os.environ, "TRACEMQ_COLLECTOR_URL": base, "TRACEMQ_DEV_HOME": "/nonexistent"}
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*tracemq_command(), *args], capture_output=True, text=True,
-                              env=cli_env, timeout=60)
+        return subprocess.run(
+            [*tracemq_command(), *args], capture_output=True, text=True, env=cli_env, timeout=60
+        )
 
     shown = cli("trace", "show", msg_id)
     assert shown.returncode == 0 and "Pub" in shown.stdout and f"PG_{unique}" in shown.stdout

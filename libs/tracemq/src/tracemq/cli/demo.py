@@ -47,14 +47,21 @@ def _route_table(route: TopicRoute) -> Table:
     for col in ("broker", "cluster", "queues (r/w)", "perm", "data cluster"):
         table.add_column(col)
     for q in route.queues:
-        table.add_row(q.broker, q.cluster, f"{q.read_queues}/{q.write_queues}", str(q.perm),
-                      q.data_bootstrap)
+        table.add_row(
+            q.broker, q.cluster, f"{q.read_queues}/{q.write_queues}", str(q.perm), q.data_bootstrap
+        )
     return table
 
 
 def _progress() -> Progress:
-    return Progress(TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=console(), transient=False)
+    return Progress(
+        TextColumn("{task.description:<28}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console(),
+        transient=False,
+    )
 
 
 class Workload:
@@ -102,13 +109,16 @@ class Workload:
 
     async def setup(self) -> list[TopicRoute]:
         async with AdminClient(self.stack.business_bootstrap, self.stack.redis_url) as admin:
-            await admin.create_topic("broker-a", DEMO_TOPIC, read_queues=self.queues,
-                                     write_queues=self.queues)
+            await admin.create_topic(
+                "broker-a", DEMO_TOPIC, read_queues=self.queues, write_queues=self.queues
+            )
         r = connect(self.stack.redis_url)
         try:
             reader = RegistryReader(r)
-            return [await reader.topic_route(DEMO_TOPIC),
-                    await reader.topic_route("RMQ_SYS_TRACE_TOPIC")]
+            return [
+                await reader.topic_route(DEMO_TOPIC),
+                await reader.topic_route("RMQ_SYS_TRACE_TOPIC"),
+            ]
         finally:
             await r.aclose()
 
@@ -126,6 +136,7 @@ class Workload:
                 self.progressed.set()
                 on_message()
             return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
         return listener
 
     async def run(self) -> None:
@@ -145,8 +156,11 @@ class Workload:
             """The demo's local transaction: commit, except the ones it rolls back."""
 
             def execute_local_transaction(self, msg: Any, arg: Any) -> Any:
-                return (LocalTransactionState.ROLLBACK_MESSAGE if arg in rollback
-                        else LocalTransactionState.COMMIT_MESSAGE)
+                return (
+                    LocalTransactionState.ROLLBACK_MESSAGE
+                    if arg in rollback
+                    else LocalTransactionState.COMMIT_MESSAGE
+                )
 
             def check_local_transaction(self, msg: Any) -> Any:
                 return LocalTransactionState.COMMIT_MESSAGE
@@ -156,27 +170,41 @@ class Workload:
             sent_bar = progress.add_task("sent (3 producers)", total=self.messages)
             consumers: dict[str, Any] = {}
             for g in GROUPS:
-                c = PushConsumer(g, consume_from=ConsumeFromWhere.FIRST_OFFSET,
-                                 enable_msg_trace=True, consume_concurrency=8, **self.env)
+                c = PushConsumer(
+                    g,
+                    consume_from=ConsumeFromWhere.FIRST_OFFSET,
+                    enable_msg_trace=True,
+                    consume_concurrency=8,
+                    **self.env,
+                )
                 c.subscribe(DEMO_TOPIC, "*")
-                c.register_message_listener(self._listener(
-                    g, functools.partial(progress.advance, bars[g])))
+                c.register_message_listener(
+                    self._listener(g, functools.partial(progress.advance, bars[g]))
+                )
                 await c.start()
                 consumers[g] = c
-            producers = [Producer(f"demo_{name}_producer", enable_msg_trace=True, **self.env)
-                         for name in ("orders", "payments")]
-            tx = TransactionProducer("demo_ledger_producer", Ledger(), enable_msg_trace=True,
-                                     **self.env)
+            producers = [
+                Producer(f"demo_{name}_producer", enable_msg_trace=True, **self.env)
+                for name in ("orders", "payments")
+            ]
+            tx = TransactionProducer(
+                "demo_ledger_producer", Ledger(), enable_msg_trace=True, **self.env
+            )
             for p in (*producers, tx):
                 await p.start()
             try:
+
                 async def produce(p: Any, idx: int) -> None:
                     tags = ("Created", "Paid") if idx == 0 else ("Paid", "Refunded")
                     for i in range(idx, self.n_plain, 2):
                         delay = 2 if i % 20 == 10 else 0  # level 2: 5 s
-                        msg = Message(DEMO_TOPIC, json.dumps({"order": i}).encode(),
-                                      tags=tags[i % 4 // 2], keys=[f"order-{i}", f"user-{i % 97}"],
-                                      delay_level=delay)
+                        msg = Message(
+                            DEMO_TOPIC,
+                            json.dumps({"order": i}).encode(),
+                            tags=tags[i % 4 // 2],
+                            keys=[f"order-{i}", f"user-{i % 97}"],
+                            delay_level=delay,
+                        )
                         msg_id = (await p.send(msg)).msg_id
                         self.sent.append(msg_id)
                         if delay:
@@ -185,21 +213,26 @@ class Workload:
 
                 async def transact() -> None:
                     for j in range(self.n_tx):
-                        msg = Message(DEMO_TOPIC, json.dumps({"ledger": j}).encode(),
-                                      tags="Ledger", keys=[f"ledger-{j}"])
+                        msg = Message(
+                            DEMO_TOPIC,
+                            json.dumps({"ledger": j}).encode(),
+                            tags="Ledger",
+                            keys=[f"ledger-{j}"],
+                        )
                         res = await tx.send_message_in_transaction(msg, j)
                         self.sent.append(res.msg_id)
                         (self.rolled_back if j in rollback else self.committed).append(res.msg_id)
                         progress.advance(sent_bar)
 
-                await asyncio.gather(*(produce(p, i) for i, p in enumerate(producers)),
-                                     transact())
+                await asyncio.gather(*(produce(p, i) for i, p in enumerate(producers)), transact())
                 deadline = asyncio.get_running_loop().time() + 120
                 await self._until(lambda: len(self.consumed["demo_stopped"]) >= n // 2, deadline)
                 # the third group stops halfway: the rest of its messages stay unconsumed
                 await consumers.pop("demo_stopped").shutdown()
-                await self._until(lambda: all(len(self.consumed[g]) >= n
-                                              for g in ("demo_healthy", "demo_flaky")), deadline)
+                await self._until(
+                    lambda: all(len(self.consumed[g]) >= n for g in ("demo_healthy", "demo_flaky")),
+                    deadline,
+                )
             finally:
                 for c in consumers.values():
                     await c.shutdown()
@@ -230,15 +263,37 @@ def _wait_trace(api: str, msg_id: str, groups: int, timeout: float = 30) -> dict
 HORIZON_S = 5
 
 
-def _reconcile(stack: EmbeddedStack, lake: Path, out: Path, since: datetime,
-               until: datetime) -> int | None:
+def _reconcile(
+    stack: EmbeddedStack, lake: Path, out: Path, since: datetime, until: datetime
+) -> int | None:
     """Run `tracemq reconcile` when the Spark job is installed; return its exit code."""
-    cmd = [*tracemq_command(), "reconcile", "--from", since.isoformat(), "--to", until.isoformat(),
-           "--horizon", f"{HORIZON_S}s", "--window", "1m", "--lake", str(lake), "--out", str(out),
-           "--max-delay", f"{HORIZON_S}s", "--master", "local[2]", "--driver-memory", "1g",
-           "--shuffle-partitions", "4"]
-    help_check = subprocess.run([*tracemq_command(), "reconcile", "--help"], capture_output=True,
-                                text=True, check=False)
+    cmd = [
+        *tracemq_command(),
+        "reconcile",
+        "--from",
+        since.isoformat(),
+        "--to",
+        until.isoformat(),
+        "--horizon",
+        f"{HORIZON_S}s",
+        "--window",
+        "1m",
+        "--lake",
+        str(lake),
+        "--out",
+        str(out),
+        "--max-delay",
+        f"{HORIZON_S}s",
+        "--master",
+        "local[2]",
+        "--driver-memory",
+        "1g",
+        "--shuffle-partitions",
+        "4",
+    ]
+    help_check = subprocess.run(
+        [*tracemq_command(), "reconcile", "--help"], capture_output=True, text=True, check=False
+    )
     if help_check.returncode != 0:
         return None
     env = {**os.environ, **stack.client_env()}
@@ -247,11 +302,13 @@ def _reconcile(stack: EmbeddedStack, lake: Path, out: Path, since: datetime,
 
 def demo(
     messages: int = typer.Option(2000, "--messages", "-n", help="Messages to send."),
-    keep_running: bool = typer.Option(False, "--keep-running",
-                                      help="Keep the stack and the viewer up until Ctrl-C."),
+    keep_running: bool = typer.Option(
+        False, "--keep-running", help="Keep the stack and the viewer up until Ctrl-C."
+    ),
     queues: int = typer.Option(4, help="Queues of the demo topic."),
-    out: Path = typer.Option(Path("artifacts/demo"),  # noqa: B008 - typer reads it
-                             help="Where the reconciliation goes."),
+    out: Path = typer.Option(  # noqa: B008 - typer reads it
+        Path("artifacts/demo"), help="Where the reconciliation goes."
+    ),
 ) -> None:
     """Run the demo on the embedded stack."""
     if messages < 10:
@@ -262,16 +319,22 @@ def demo(
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
-    stack = EmbeddedStack(StackConfig(
-        with_collector=True,
-        service_env={"TRACEMQ_COLLECTOR_LAKE_FLUSH_INTERVAL_MS": "1000"}))
+    stack = EmbeddedStack(
+        StackConfig(
+            with_collector=True, service_env={"TRACEMQ_COLLECTOR_LAKE_FLUSH_INTERVAL_MS": "1000"}
+        )
+    )
     try:
-        with con.status("starting the embedded stack (2 Kafka clusters, Redis, nameserver, "
-                        "broker-a, trace-broker, collector)…"):
+        with con.status(
+            "starting the embedded stack (2 Kafka clusters, Redis, nameserver, "
+            "broker-a, trace-broker, collector)…"
+        ):
             stack.start()
         api = stack.endpoints()["collector_api"]
-        con.print(f"[green]stack up[/] — business Kafka {stack.business_bootstrap}, "
-                  f"trace Kafka {stack.trace_bootstrap}, Redis {stack.redis_url}")
+        con.print(
+            f"[green]stack up[/] — business Kafka {stack.business_bootstrap}, "
+            f"trace Kafka {stack.trace_bootstrap}, Redis {stack.redis_url}"
+        )
         workload = Workload(stack, messages, queues)
         routes = asyncio.run(workload.setup())
         for route in routes:
@@ -282,11 +345,14 @@ def demo(
         started = datetime.now(UTC)
         asyncio.run(workload.run())
         finished = datetime.now(UTC)
-        con.print(f"sent {len(workload.sent)} (delayed {len(workload.delayed)}, transactional "
-                  f"{len(workload.committed) + len(workload.rolled_back)}: committed "
-                  f"{len(workload.committed)}, rolled back {len(workload.rolled_back)}); "
-                  "consumed: " + ", ".join(f"{g} {len(s)}" for g, s in workload.consumed.items())
-                  + f"; first attempts failed in demo_flaky: {len(workload.failed_first)}")
+        con.print(
+            f"sent {len(workload.sent)} (delayed {len(workload.delayed)}, transactional "
+            f"{len(workload.committed) + len(workload.rolled_back)}: committed "
+            f"{len(workload.committed)}, rolled back {len(workload.rolled_back)}); "
+            "consumed: "
+            + ", ".join(f"{g} {len(s)}" for g, s in workload.consumed.items())
+            + f"; first attempts failed in demo_flaky: {len(workload.failed_first)}"
+        )
         sample = next(iter(sorted(workload.failed_first)), None) or workload.sent[0]
         view = _wait_trace(api, sample, groups=2)
         if view is None:
@@ -303,8 +369,9 @@ def demo(
         lake = Path(stack.workdir) / "data" / "collector" / "lake"
         out = out.resolve()
         shutil.rmtree(out, ignore_errors=True)
-        code = _reconcile(stack, lake, out, started - timedelta(seconds=5),
-                          finished + timedelta(seconds=1))
+        code = _reconcile(
+            stack, lake, out, started - timedelta(seconds=5), finished + timedelta(seconds=1)
+        )
         if code is None:
             con.print("reconciliation: the Spark job is not installed (tracemq-spark)")
         elif code != 0:

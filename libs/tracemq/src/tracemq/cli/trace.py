@@ -26,10 +26,14 @@ class LookupError_(TracemqError):
 
 
 def collector_url(url: str | None) -> str:
-    found = url or os.environ.get("TRACEMQ_COLLECTOR_URL") or (dev_state() or {}).get("collector_api")
+    found = (
+        url or os.environ.get("TRACEMQ_COLLECTOR_URL") or (dev_state() or {}).get("collector_api")
+    )
     if not found:
-        raise LookupError_("no collector: pass --url, set TRACEMQ_COLLECTOR_URL, or run "
-                           "`tracemq dev up --collector`")
+        raise LookupError_(
+            "no collector: pass --url, set TRACEMQ_COLLECTOR_URL, or run "
+            "`tracemq dev up --collector`"
+        )
     return str(found).rstrip("/")
 
 
@@ -65,26 +69,51 @@ def trace_table(view: dict[str, Any]) -> Table:
         table.add_column(col)
     p = view.get("producer")
     if p:
-        table.add_row("Pub", p["group"] or "-", p.get("client_host") or "-", _ts(p["timestamp"]),
-                      str(p["cost_time"]), "-", "success" if p["success"] else "failed")
+        table.add_row(
+            "Pub",
+            p["group"] or "-",
+            p.get("client_host") or "-",
+            _ts(p["timestamp"]),
+            str(p["cost_time"]),
+            "-",
+            "success" if p["success"] else "failed",
+        )
     for t in view.get("transactions", []):
-        table.add_row("EndTransaction", t["group"] or "-", "-", _ts(t["timestamp"]), "-", "-",
-                      t["transaction_state"] or "-")
+        table.add_row(
+            "EndTransaction",
+            t["group"] or "-",
+            "-",
+            _ts(t["timestamp"]),
+            "-",
+            "-",
+            t["transaction_state"] or "-",
+        )
     for c in view.get("consumers", []):
         table.add_section()
         for a in c["attempts"]:
-            table.add_row("Sub", c["group"] or "-", a.get("client_host") or "-", _ts(a["begin"]),
-                          "-" if a["cost_time"] is None else str(a["cost_time"]),
-                          "-" if a["retry_times"] is None else str(a["retry_times"]),
-                          a["status"] + (f" ({a['context_code_name']})"
-                                         if a["status"] == "failed" and a.get("context_code_name")
-                                         else ""))
+            table.add_row(
+                "Sub",
+                c["group"] or "-",
+                a.get("client_host") or "-",
+                _ts(a["begin"]),
+                "-" if a["cost_time"] is None else str(a["cost_time"]),
+                "-" if a["retry_times"] is None else str(a["retry_times"]),
+                a["status"]
+                + (
+                    f" ({a['context_code_name']})"
+                    if a["status"] == "failed" and a.get("context_code_name")
+                    else ""
+                ),
+            )
     return table
 
 
 @app.command("show")
-def show(msg_id: str, as_json: bool = typer.Option(False, "--json", help="Print the JSON view."),
-         url: str | None = typer.Option(None, help="Collector API URL.")) -> None:
+def show(
+    msg_id: str,
+    as_json: bool = typer.Option(False, "--json", help="Print the JSON view."),
+    url: str | None = typer.Option(None, help="Collector API URL."),
+) -> None:
     """The trace of one message: producer, transactions, every consumer group's attempts."""
     view = get_json(collector_url(url), f"/api/v1/traces/{urllib.parse.quote(msg_id)}")
     if as_json:
@@ -94,16 +123,21 @@ def show(msg_id: str, as_json: bool = typer.Option(False, "--json", help="Print 
 
 
 @app.command("find")
-def find(key: str = typer.Option(..., "--key", "-k", help="Business key."),
-         topic: str | None = typer.Option(None, help="Only this topic."),
-         begin: str | None = typer.Option(None, help="From (epoch ms or ISO 8601)."),
-         end: str | None = typer.Option(None, help="To (epoch ms or ISO 8601)."),
-         limit: int = typer.Option(50, help="At most this many (per collector)."),
-         as_json: bool = typer.Option(False, "--json"),
-         url: str | None = typer.Option(None, help="Collector API URL.")) -> None:
+def find(
+    key: str = typer.Option(..., "--key", "-k", help="Business key."),
+    topic: str | None = typer.Option(None, help="Only this topic."),
+    begin: str | None = typer.Option(None, help="From (epoch ms or ISO 8601)."),
+    end: str | None = typer.Option(None, help="To (epoch ms or ISO 8601)."),
+    limit: int = typer.Option(50, help="At most this many (per collector)."),
+    as_json: bool = typer.Option(False, "--json"),
+    url: str | None = typer.Option(None, help="Collector API URL."),
+) -> None:
     """Messages carrying a business key, newest first."""
-    res = get_json(collector_url(url), "/api/v1/traces",
-                   {"key": key, "topic": topic, "begin": begin, "end": end, "limit": limit})
+    res = get_json(
+        collector_url(url),
+        "/api/v1/traces",
+        {"key": key, "topic": topic, "begin": begin, "end": end, "limit": limit},
+    )
     if as_json:
         typer.echo(json.dumps(res, indent=2))
         return
@@ -111,8 +145,13 @@ def find(key: str = typer.Option(..., "--key", "-k", help="Business key."),
     for col in ("msg id", "topic", "time (UTC)", "tags", "keys"):
         table.add_column(col)
     for it in res["items"]:
-        table.add_row(it["msg_id"], it["topic"] or "-", _ts(it["timestamp"]), it.get("tags") or "-",
-                      it.get("keys") or "-")
+        table.add_row(
+            it["msg_id"],
+            it["topic"] or "-",
+            _ts(it["timestamp"]),
+            it.get("tags") or "-",
+            it.get("keys") or "-",
+        )
     console().print(table)
     if not res["items"]:
         raise typer.Exit(1)
@@ -140,8 +179,11 @@ def lag(
     from tracemq.naming import TRACE_TOPIC
 
     conn = resolve(redis_url)
-    kw: dict[str, Any] = {"group": group, "trace_topics": tuple(trace_topic or [TRACE_TOPIC]),
-                          "redis_prefix": conn.redis_prefix}
+    kw: dict[str, Any] = {
+        "group": group,
+        "trace_topics": tuple(trace_topic or [TRACE_TOPIC]),
+        "redis_prefix": conn.redis_prefix,
+    }
     try:
         if wait > 0:
             parts = asyncio.run(wait_caught_up(conn.redis_url, timeout_s=wait, **kw))
@@ -154,14 +196,30 @@ def lag(
         raise LookupError_(f"cannot read the trace topics' offsets: {exc!r}") from None
     total = sum(p.lag for p in parts)
     if as_json:
-        typer.echo(json.dumps({"lag": total, "partitions": [
-            {"trace_topic": p.trace_topic, "broker": p.broker, "queue_id": p.queue_id,
-             "end": p.end, "committed": p.committed, "lag": p.lag} for p in parts]}))
+        typer.echo(
+            json.dumps(
+                {
+                    "lag": total,
+                    "partitions": [
+                        {
+                            "trace_topic": p.trace_topic,
+                            "broker": p.broker,
+                            "queue_id": p.queue_id,
+                            "end": p.end,
+                            "committed": p.committed,
+                            "lag": p.lag,
+                        }
+                        for p in parts
+                    ],
+                }
+            )
+        )
     else:
         table = Table(title=f"trace collector lag (group {group})")
         for col in ("trace topic", "broker", "queue", "end", "committed", "lag"):
             table.add_column(col)
         for p in parts:
-            table.add_row(p.trace_topic, p.broker, str(p.queue_id), str(p.end), str(p.committed),
-                          str(p.lag))
+            table.add_row(
+                p.trace_topic, p.broker, str(p.queue_id), str(p.end), str(p.committed), str(p.lag)
+            )
         console().print(table)

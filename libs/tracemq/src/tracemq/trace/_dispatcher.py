@@ -585,9 +585,7 @@ class AsyncTraceDispatcher:
         for seq, item in enumerate(batch, start=first_seq):
             if isinstance(item, tuple):  # encoded by a trace hook (append_record)
                 topic, region, data, msg_id, business_keys = item
-                groups.setdefault((topic, region), []).append(
-                    (seq, data, (msg_id, business_keys))
-                )
+                groups.setdefault((topic, region), []).append((seq, data, (msg_id, business_keys)))
                 continue
             try:
                 topic = item.trace_beans[0].topic if item.trace_beans else None
