@@ -89,7 +89,9 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     )
     assert m, out[-3000:]
     delayed, healthy, flaky, stopped, failed_first = map(int, m.groups())
-    assert delayed == 9 and healthy == flaky == 198 and 99 <= stopped < 198
+    # the stopped group stops during the first half (95 plain + 5 transactional messages, one
+    # rolled back): the second half's 99 deliverable messages are never consumed by it
+    assert delayed == 9 and healthy == flaky == 198 and 47 <= stopped <= 99
     # the trace table of a sample message: its Pub row and the consumer groups' rows
     assert "trace of " in out and "│ Pub" in out and "demo_healthy" in out
     assert "trace viewer: http://127.0.0.1:" in out
@@ -102,7 +104,7 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     assert groups["demo_flaky"]["CONSUMED_AFTER_RETRY"] == failed_first > 0, groups["demo_flaky"]
     assert groups["demo_flaky"]["CONSUMED"] == 198 - failed_first, groups["demo_flaky"]
     backlog = groups["demo_stopped"]["NOT_CONSUMED"] + groups["demo_stopped"]["PENDING"]
-    assert backlog > 0 and groups["demo_stopped"]["CONSUMED"] == stopped, groups["demo_stopped"]
+    assert backlog >= 99 and groups["demo_stopped"]["CONSUMED"] == stopped, groups["demo_stopped"]
     assert backlog + stopped + groups["demo_stopped"]["IN_FLIGHT"] == 198
     assert summary["informational"]["ROLLED_BACK"] == 2
     for group in ("demo_healthy", "demo_flaky"):  # nothing else went wrong

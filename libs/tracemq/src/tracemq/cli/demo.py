@@ -193,10 +193,11 @@ class Workload:
             for p in (*producers, tx):
                 await p.start()
             try:
+                half = self.n_plain // 2
 
-                async def produce(p: Any, idx: int) -> None:
+                async def produce(p: Any, idx: int, lo: int, hi: int) -> None:
                     tags = ("Created", "Paid") if idx == 0 else ("Paid", "Refunded")
-                    for i in range(idx, self.n_plain, 2):
+                    for i in range(lo + (lo + idx) % 2, hi, 2):
                         delay = 2 if i % 20 == 10 else 0  # level 2: 5 s
                         msg = Message(
                             DEMO_TOPIC,
@@ -211,8 +212,8 @@ class Workload:
                             self.delayed.append(msg_id)
                         progress.advance(sent_bar)
 
-                async def transact() -> None:
-                    for j in range(self.n_tx):
+                async def transact(lo: int, hi: int) -> None:
+                    for j in range(lo, hi):
                         msg = Message(
                             DEMO_TOPIC,
                             json.dumps({"ledger": j}).encode(),
@@ -224,11 +225,19 @@ class Workload:
                         (self.rolled_back if j in rollback else self.committed).append(res.msg_id)
                         progress.advance(sent_bar)
 
-                await asyncio.gather(*(produce(p, i) for i, p in enumerate(producers)), transact())
+                # first half; the third group stops once it consumed half of that, so all of
+                # the second half (at least) stays unconsumed by it
+                await asyncio.gather(
+                    *(produce(p, i, 0, half) for i, p in enumerate(producers)),
+                    transact(0, self.n_tx // 2),
+                )
                 deadline = asyncio.get_running_loop().time() + 120
-                await self._until(lambda: len(self.consumed["demo_stopped"]) >= n // 2, deadline)
-                # the third group stops halfway: the rest of its messages stay unconsumed
+                await self._until(lambda: len(self.consumed["demo_stopped"]) >= half // 2, deadline)
                 await consumers.pop("demo_stopped").shutdown()
+                await asyncio.gather(
+                    *(produce(p, i, half, self.n_plain) for i, p in enumerate(producers)),
+                    transact(self.n_tx // 2, self.n_tx),
+                )
                 await self._until(
                     lambda: all(len(self.consumed[g]) >= n for g in ("demo_healthy", "demo_flaky")),
                     deadline,
