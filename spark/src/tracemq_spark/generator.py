@@ -1031,6 +1031,7 @@ class _Gen:
             "read": (before_ts >= sc.read_lo) & (before_ts < sc.read_hi),
             "read_after": has_after & (after_ts >= sc.read_lo) & (after_ts < sc.read_hi),
             "dlq_read": (dlq_ts >= sc.read_lo) & (dlq_ts < sc.read_hi),
+            "retry": retry,
         }
 
     def _orphans(self, lo: int, hi: int, n: int) -> list[pa.Table]:
@@ -1166,18 +1167,10 @@ class _Gen:
         n_seen = np.bincount(pair, weights=(rb | ra), minlength=n_pairs)
         n_succ = np.bincount(pair, weights=succ, minlength=n_pairs)
         n_inflight = np.bincount(pair, weights=rb & ~ra, minlength=n_pairs)
-        n_fail = np.bincount(pair, weights=ra & ~att["success"], minlength=n_pairs)
         max_retry_seen = np.zeros(n_pairs)
         # outcome of pairs with events seen
-        beh_all = np.concatenate([beh, np.full(len(um), OK)])
-        n_att_seen = np.bincount(pair, weights=(rb | ra), minlength=n_pairs)
-        retry = np.zeros(att["n"])
-        # retry_times of attempts: recompute from pair position (as in _attempts)
         counts = np.bincount(pair, minlength=n_pairs)
-        first = np.r_[0, np.cumsum(counts)[:-1]]
-        j = np.arange(att["n"]) - np.repeat(first, counts)
-        bb = beh_all[pair]
-        retry = np.where(np.isin(bb, (RETRY_OK, FAILED, DLQ, IN_FLIGHT)), j, 0)
+        retry = att["retry"]  # retry_times of every attempt, as written
         np.maximum.at(max_retry_seen, pair[rb], retry[rb])
         succ_retry = np.zeros(n_pairs)
         np.maximum.at(succ_retry, pair[succ], retry[succ])
@@ -1185,15 +1178,14 @@ class _Gen:
         seen = n_seen > 0
         outcome[seen & (n_succ > 1)] = "DUPLICATE"
         one = seen & (n_succ == 1)
-        outcome[one & ((n_att_seen > 1) | (succ_retry > 0))] = "CONSUMED_AFTER_RETRY"
-        outcome[one & ~((n_att_seen > 1) | (succ_retry > 0))] = "CONSUMED"
+        outcome[one & ((n_seen > 1) | (succ_retry > 0))] = "CONSUMED_AFTER_RETRY"
+        outcome[one & ~((n_seen > 1) | (succ_retry > 0))] = "CONSUMED"
         none = seen & (n_succ == 0)
         outcome[none & (n_inflight > 0)] = "IN_FLIGHT"
         # dead-lettered: the traced move to the DLQ, or (without it) the retry count
         dead = att["dlq_read"] | (max_retry_seen >= sc.max_reconsume_times)
         outcome[none & (n_inflight == 0) & dead] = "DEAD_LETTERED"
         outcome[none & (n_inflight == 0) & ~dead] = "FAILED"
-        del n_fail
         # behaviour-level sanity: fully seen chains give the behaviour's own outcome
         expect = {
             OK: "CONSUMED",
