@@ -412,39 +412,9 @@ def run_stack_bench(
     *,
     config: Any = None,
 ) -> int:
-    """Like ``_common.run_bench`` for the collector benches: start the stack, run ``body``,
-    print its JSON line last. Exit 0 if it ran (targets met or not), 1 if ``result["correct"]``
-    is false (loss, duplicates, wrong answers), 2 on a crash, 130 on Ctrl-C."""
-    import traceback
+    """``_common.run_on_stack`` for the collector benches: exit 1 if ``result["correct"]`` is
+    false (loss, duplicates, wrong answers)."""
+    from _common import run_on_stack
 
-    from _common import EXIT_CRASH, EXIT_INTERRUPTED, EXIT_OK, emit_json, say
-    from tracemq.devstack import EmbeddedStack, StackConfig
-    from tracemq.log import configure_logging
-
-    configure_logging(getattr(args, "log_level", "WARNING"), json=False)
-    wall0 = time.monotonic()
-    result: dict[str, Any] = {"bench": name, "args": {k: v for k, v in vars(args).items()}}
-    code = EXIT_OK
-    try:
-        say(f"{name} bench: starting the embedded stack")
-        with EmbeddedStack(config or StackConfig()) as stack:
-            say(
-                f"stack up in {time.monotonic() - wall0:.1f}s: trace={stack.trace_bootstrap} "
-                f"redis={stack.redis_url}"
-            )
-            result.update(asyncio.run(body(stack, args)))
-            say("stopping the stack")
-        if not result.get("correct", False):
-            code = 1
-    except KeyboardInterrupt:
-        say("interrupted; the stack has been stopped")
-        result.update(error="interrupted")
-        code = EXIT_INTERRUPTED
-    except BaseException as exc:  # noqa: BLE001 - report any crash in the JSON line too
-        traceback.print_exc()
-        result.update(error=f"{exc.__class__.__name__}: {exc}")
-        code = EXIT_CRASH
-    result["wall_s"] = round(time.monotonic() - wall0, 1)
-    result["exit_code"] = code
-    emit_json(result)
-    return code
+    result: dict[str, Any] = {"bench": name, "args": dict(vars(args))}
+    return run_on_stack(name, args, body, result, ok_key="correct", bad_code=1, config=config)

@@ -350,8 +350,6 @@ def run_bench(
 
     ``body`` returns the result dict; its ``trace_complete`` decides between exit 0 and 1.
     """
-    configure_logging(args.log_level, json=False)  # client logs to stderr, not into our stdout
-    wall0 = time.monotonic()
     result: dict[str, Any] = {
         "bench": name,
         "messages": args.messages,
@@ -360,21 +358,38 @@ def run_bench(
         "size": args.size,
         "trace_options": args.trace_options,
     }
+    return run_on_stack(
+        name, args, body, result, ok_key="trace_complete", bad_code=EXIT_TRACE_INCOMPLETE
+    )
+
+
+def run_on_stack(
+    name: str,
+    args: argparse.Namespace,
+    body: Callable[[EmbeddedStack, argparse.Namespace], Coroutine[Any, Any, dict[str, Any]]],
+    result: dict[str, Any],
+    *,
+    ok_key: str,
+    bad_code: int,
+    config: StackConfig | None = None,
+) -> int:
+    """The frame of every bench: start the embedded stack, run ``body`` into ``result``, print
+    the JSON line last. Exit 0 if it ran (targets met or not), ``bad_code`` if ``result[ok_key]``
+    is false, 2 on a crash, 130 on Ctrl-C."""
+    configure_logging(getattr(args, "log_level", "WARNING"), json=False)  # logs to stderr
+    wall0 = time.monotonic()
     code = EXIT_OK
     try:
-        say(
-            f"{name} bench: starting the embedded stack (2 Tansu clusters, Redis, nameserver, "
-            "broker-a, trace-broker)"
-        )
-        with EmbeddedStack(StackConfig()) as stack:
+        say(f"{name} bench: starting the embedded stack")
+        with EmbeddedStack(config or StackConfig()) as stack:
             say(
                 f"stack up in {time.monotonic() - wall0:.1f}s: business={stack.business_bootstrap}"
                 f" trace={stack.trace_bootstrap} redis={stack.redis_url}"
             )
             result.update(asyncio.run(body(stack, args)))
             say("stopping the stack")
-        if not result.get("trace_complete", False):
-            code = EXIT_TRACE_INCOMPLETE
+        if not result.get(ok_key, False):
+            code = bad_code
     except KeyboardInterrupt:
         say("interrupted; the stack has been stopped")
         result.update(error="interrupted")
