@@ -184,23 +184,8 @@ CREATE TABLE lake_pending (
     PRIMARY KEY (trace_topic, partition, start_offset, end_offset)
 ) WITHOUT ROWID;
 """
-_EVENT_COLUMNS = [
-    "id",  # then STORE_ROW
-    "trace_topic",
-    "trace_partition",
-    "trace_offset",
-    "trace_index",
-    "trace_type",
-    "timestamp",
-    "msg_id",
-    "topic",
-    "client_host",
-    "store_time",
-    "ingest_ts",
-    "record",
-]
-if list(STORE_ROW) != _EVENT_COLUMNS[1:]:  # pragma: no cover - a programming error
-    raise RuntimeError("events.STORE_ROW must list the events columns after id")
+# The events table's columns in order (checked against the file when a store opens).
+_EVENT_COLUMNS = ["id", *STORE_ROW]
 # What a stored event is rebuilt from: event_from_stored's arguments, then the stored columns
 # that win over what the record decodes to.
 _STORED_COLUMNS = (
