@@ -120,6 +120,19 @@ async def test_reconcile_a_lake_written_by_the_real_services(
     assert len(retried) == len(range(0, N, 5)), retried  # every fifth message failed once
 
     await wait_caught_up(stack.redis_url, timeout_s=60)
+    lag = await asyncio.to_thread(
+        subprocess.run,
+        [*tracemq_command(), "trace", "lag", "--json"],
+        env={**os.environ, **stack.client_env()},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert lag.returncode == 0, lag.stderr
+    report = json.loads(lag.stdout)
+    # nothing traced since wait_caught_up returned: the collectors are at the end
+    assert report["lag"] == 0 and report["partitions"], report
+    assert all(p["committed"] == p["end"] >= 1 for p in report["partitions"]), report
     lake = Path(stack.workdir) / "data" / "collector" / "lake"
     out = tmp_path / "out"
     while time.time() < t_to + 2:  # --horizon 2s must be over before the run (PENDING otherwise)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
+from typing import Any
 
 from tracemq.naming import TRACE_TOPIC, kafka_topic
 from tracemq.routing import RegistryReader, connect
@@ -37,6 +38,54 @@ class PartitionLag:
         return max(0, self.end - self.committed)
 
 
+class _Offsets:
+    """The trace partitions (resolved once from the routes) and one Kafka consumer per data
+    cluster, kept open so that polling does not reconnect every time."""
+
+    def __init__(self, group: str, timeout_s: float) -> None:
+        self.group, self.timeout_s = group, timeout_s
+        self.by_cluster: dict[str, tuple[Any, list[tuple[str, str, Any]]]] = {}
+
+    async def open(self, redis_url: str, trace_topics: tuple[str, ...], prefix: str) -> None:
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        redis = connect(redis_url)
+        try:
+            reader = RegistryReader(redis, prefix)
+            routes = [await reader.topic_route(t) for t in trace_topics]
+        finally:
+            await redis.aclose()
+        items: dict[str, list[tuple[str, str, Any]]] = {}
+        for route in routes:
+            for q in route.queues:
+                for qid in range(max(q.read_queues, q.write_queues)):
+                    tp = TopicPartition(kafka_topic(q.broker, route.topic), qid)
+                    items.setdefault(q.data_bootstrap, []).append((route.topic, q.broker, tp))
+        for bootstrap, parts in sorted(items.items()):
+            consumer = AIOKafkaConsumer(
+                bootstrap_servers=bootstrap, group_id=self.group, enable_auto_commit=False
+            )
+            self.by_cluster[bootstrap] = (consumer, parts)
+            await asyncio.wait_for(consumer.start(), self.timeout_s)
+
+    async def read(self) -> list[PartitionLag]:
+        """End and committed offset of every partition, now (``committed()`` asks Kafka)."""
+        out: list[PartitionLag] = []
+        for consumer, parts in self.by_cluster.values():
+            ends = await asyncio.wait_for(
+                consumer.end_offsets([tp for *_, tp in parts]), self.timeout_s
+            )
+            for topic, broker, tp in parts:
+                committed = await asyncio.wait_for(consumer.committed(tp), self.timeout_s)
+                out.append(PartitionLag(topic, broker, tp.partition, ends[tp], committed or 0))
+        return out
+
+    async def close(self) -> None:
+        for consumer, _ in self.by_cluster.values():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(consumer.stop(), self.timeout_s)
+
+
 async def collector_lag(
     redis_url: str,
     *,
@@ -46,35 +95,12 @@ async def collector_lag(
     timeout_s: float = 10.0,
 ) -> list[PartitionLag]:
     """Per trace partition: its end offset and the collectors' committed offset (0 if none)."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    redis = connect(redis_url)
+    offsets = _Offsets(group, timeout_s)
     try:
-        reader = RegistryReader(redis, redis_prefix)
-        routes = [await reader.topic_route(t) for t in trace_topics]
+        await offsets.open(redis_url, trace_topics, redis_prefix)
+        return await offsets.read()
     finally:
-        await redis.aclose()
-    by_cluster: dict[str, list[tuple[str, str, TopicPartition]]] = {}
-    for route in routes:
-        for q in route.queues:
-            for qid in range(max(q.read_queues, q.write_queues)):
-                tp = TopicPartition(kafka_topic(q.broker, route.topic), qid)
-                by_cluster.setdefault(q.data_bootstrap, []).append((route.topic, q.broker, tp))
-    out: list[PartitionLag] = []
-    for bootstrap, items in sorted(by_cluster.items()):
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False
-        )
-        await asyncio.wait_for(consumer.start(), timeout_s)
-        try:
-            ends = await asyncio.wait_for(consumer.end_offsets([tp for *_, tp in items]), timeout_s)
-            for topic, broker, tp in items:
-                committed = await asyncio.wait_for(consumer.committed(tp), timeout_s)
-                out.append(PartitionLag(topic, broker, tp.partition, ends[tp], committed or 0))
-        finally:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(consumer.stop(), timeout_s)
-    return out
+        await offsets.close()
 
 
 async def wait_caught_up(
@@ -91,25 +117,25 @@ async def wait_caught_up(
     is still behind when ``timeout_s`` passes first."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    first = await collector_lag(
-        redis_url, group=group, trace_topics=trace_topics, redis_prefix=redis_prefix
-    )
-    targets = {(p.trace_topic, p.broker, p.queue_id): p.end for p in first}
-    lags = first
-    while True:
-        behind = [
-            p for p in lags if p.committed < targets.get((p.trace_topic, p.broker, p.queue_id), 0)
-        ]
-        if not behind:
-            return lags
-        if loop.time() >= deadline:
-            detail = ", ".join(
-                f"{p.trace_topic}@{p.broker}[{p.queue_id}] committed {p.committed} "
-                f"< {targets[(p.trace_topic, p.broker, p.queue_id)]}"
-                for p in behind
-            )
-            raise TimeoutError(f"trace collectors still behind after {timeout_s:g}s: {detail}")
-        await asyncio.sleep(poll_s)
-        lags = await collector_lag(
-            redis_url, group=group, trace_topics=trace_topics, redis_prefix=redis_prefix
-        )
+    offsets = _Offsets(group, 10.0)
+    try:
+        await offsets.open(redis_url, trace_topics, redis_prefix)
+        lags = await offsets.read()
+        targets = {(p.trace_topic, p.broker, p.queue_id): p.end for p in lags}
+        while True:
+            behind = [
+                p for p in lags if p.committed < targets[(p.trace_topic, p.broker, p.queue_id)]
+            ]
+            if not behind:
+                return lags
+            if loop.time() >= deadline:
+                detail = ", ".join(
+                    f"{p.trace_topic}@{p.broker}[{p.queue_id}] committed {p.committed} "
+                    f"< {targets[(p.trace_topic, p.broker, p.queue_id)]}"
+                    for p in behind
+                )
+                raise TimeoutError(f"trace collectors still behind after {timeout_s:g}s: {detail}")
+            await asyncio.sleep(poll_s)
+            lags = await offsets.read()
+    finally:
+        await offsets.close()
