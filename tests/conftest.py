@@ -20,7 +20,8 @@ TEST_SERVICE_ENV = {
     "TRACEMQ_BROKER_HEARTBEAT_INTERVAL_MS": "1000",
     "TRACEMQ_NAMESRV_EXPIRY_MS": "8000",
     "TRACEMQ_NAMESRV_SCAN_INTERVAL_MS": "500",
-    "TRACEMQ_NAMESRV_SESSION_TIMEOUT_MS": "6000",
+    # at most half the expiry: a failover must not let the survivor expire live brokers
+    "TRACEMQ_NAMESRV_SESSION_TIMEOUT_MS": "3000",
     "TRACEMQ_SHUTDOWN_TIMEOUT_MS": "8000",
 }
 

@@ -34,3 +34,12 @@ def test_bad_values_name_the_variable(
     with pytest.raises(ConfigError) as info:
         load_settings(cls)
     assert var in str(info.value) and repr(val) in str(info.value)
+
+
+def test_nameserver_failover_must_fit_inside_the_expiry(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRACEMQ_NAMESRV_EXPIRY_MS", "8000")
+    monkeypatch.setenv("TRACEMQ_NAMESRV_SESSION_TIMEOUT_MS", "6000")
+    with pytest.raises(ConfigError, match="TRACEMQ_NAMESRV_SESSION_TIMEOUT_MS='6000'.*half"):
+        load_settings(NamesrvSettings)
+    monkeypatch.setenv("TRACEMQ_NAMESRV_SESSION_TIMEOUT_MS", "4000")
+    assert load_settings(NamesrvSettings).namesrv_session_timeout_ms == 4000

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 from tracemq.settings import CommonSettings
 
 
@@ -25,6 +25,21 @@ class NamesrvSettings(CommonSettings):
         description="Kafka group session timeout: how fast a dead peer's "
         "partitions move to a live nameserver.",
     )
+
+    @field_validator("namesrv_session_timeout_ms")
+    @classmethod
+    def _failover_before_expiry(cls, v: int, info: ValidationInfo) -> int:
+        # A dead nameserver's control partitions stay unread until the group evicts it (the
+        # session timeout) and rebalances; the heartbeats waiting there must not look silent
+        # to the survivor's expiry meanwhile.
+        expiry = info.data.get("namesrv_expiry_ms")
+        if expiry is not None and 2 * v > expiry:
+            raise ValueError(
+                f"must be at most half of TRACEMQ_NAMESRV_EXPIRY_MS ({expiry}): during a "
+                "nameserver failover the survivor would expire live brokers"
+            )
+        return v
+
     namesrv_tombstone_ttl_s: int = Field(
         3600, ge=60, description="How long a graceful unregister shadows older heartbeats."
     )
