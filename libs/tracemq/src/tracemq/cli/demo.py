@@ -238,10 +238,19 @@ class Workload:
                     *(produce(p, i, half, self.n_plain) for i, p in enumerate(producers)),
                     transact(self.n_tx // 2, self.n_tx),
                 )
-                await self._until(
+                done = await self._until(
                     lambda: all(len(self.consumed[g]) >= n for g in ("demo_healthy", "demo_flaky")),
-                    deadline,
+                    asyncio.get_running_loop().time() + 120 + self.messages / 50,
                 )
+                if not done:  # say which, so that their traces can be looked at
+                    expected = set(self.sent) - set(self.rolled_back)
+                    for g in ("demo_healthy", "demo_flaky"):
+                        missing = sorted(expected - self.consumed[g])
+                        if missing:
+                            console().print(
+                                f"[red]{g} has not consumed {len(missing)} message(s) in time: "
+                                f"{', '.join(missing[:5])}{' …' if len(missing) > 5 else ''}[/]"
+                            )
             finally:
                 for c in consumers.values():
                     await c.shutdown()
