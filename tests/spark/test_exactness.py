@@ -127,3 +127,84 @@ def test_dead_letters_told_by_the_traced_move_and_by_the_retry_count(
         .count()
     )
     assert moves > 0
+
+
+def _exact_figures(values: list[int]) -> dict[str, Any]:
+    ok = sorted(v for v in values if 0 <= v <= DAY)
+    out: dict[str, Any] = {"count": len(ok), "skew_suspect": len(values) - len(ok)}
+    out["max"] = ok[-1] if ok else None
+    for q in (50, 90, 99):
+        out[f"p{q}"] = ok[max(1, -(-len(ok) * q // 100)) - 1] if ok else None
+    return out
+
+
+def _close(got: int | None, exact: int | None) -> bool:
+    """Exact below 256 ms, within 1/256 of the value above (8 significant bits)."""
+    if got is None or exact is None:
+        return got is exact
+    return got == exact if exact < 256 else abs(got - exact) <= exact / 256
+
+
+def test_latency_figures_against_exact_percentiles(spark: Any, result: Any) -> None:
+    """The summary's percentiles (per topic and group, and overall) against exact ranks over
+    the classified rows: counts, max and skew suspects exact, percentiles exact below 256 ms
+    and within 0.4 % above; the log2 histograms hold every value."""
+    from tracemq_spark.job import METRICS
+
+    res, out = result
+    rows = spark.read.parquet(str(Path(out) / "classified")).collect()
+    summary = res.summary
+    per_tg = {(x["topic"], x["group"]): x["latency"] for x in summary["by_topic_group"]}
+    checked = 0
+    for m in METRICS:
+        everything = [r[m] for r in rows if r[m] is not None]
+        exact = _exact_figures(everything)
+        got = summary["latency"][m]
+        assert {k: got[k] for k in ("count", "skew_suspect", "max")} == {
+            k: exact[k] for k in ("count", "skew_suspect", "max")
+        }, m
+        for q in ("p50", "p90", "p99"):
+            assert _close(got[q], exact[q]), (m, q, got[q], exact[q])
+        hist = summary["latency_histograms_log2_ms"][m]
+        assert sum(n for _, n in hist) == len(everything)
+        for (topic, group), lat in per_tg.items():
+            vals = [
+                r[m]
+                for r in rows
+                if r["topic"] == topic and r["group"] == group and r[m] is not None
+            ]
+            ex = _exact_figures(vals)
+            assert lat[m]["count"] == ex["count"] and lat[m]["max"] == ex["max"], (topic, group)
+            assert lat[m]["skew_suspect"] == ex["skew_suspect"], (topic, group, m)
+            for q in ("p50", "p90", "p99"):
+                assert _close(lat[m][q], ex[q]), (topic, group, m, q, lat[m][q], ex[q])
+                checked += ex["count"] > 0
+    assert checked > 20
+    # the values above 256 ms are there to be approximated (the generator's latencies span them)
+    assert any(summary["latency"][m]["max"] > 10_000 for m in METRICS)
+
+
+def test_latency_buckets_hold_their_values(spark: Any) -> None:
+    """Every value lies in [bucket start, start + width), widths are 2^(k-7) for values in
+    [2^k, 2^(k+1)) — around every power of two, where a double logarithm could round wrong."""
+    from pyspark.sql import functions as F
+    from tracemq_spark import latency
+
+    values = sorted(
+        {0, 1, 2, 255, 256, 257, 86_400_000, 86_400_001, -5}
+        | {(1 << k) + d for k in range(8, 40) for d in (-1, 0, 1)}
+    )
+    df = spark.createDataFrame([(v,) for v in values], "v long")
+    b, w = latency.bucket(F.col("v"), DAY)
+    got = {r["v"]: (r["b"], r["w"]) for r in df.select("v", b.alias("b"), w.alias("w")).collect()}
+    for v in values:
+        start, width = got[v]
+        if v < 0:
+            assert start == latency.SKEW_NEGATIVE
+        elif v > DAY:
+            assert start == latency.SKEW_ABSURD
+        elif v < 256:
+            assert (start, width) == (v, 1)
+        else:
+            assert width == 1 << (v.bit_length() - 8), v
+            assert start <= v < start + width and start % width == 0, v

@@ -105,16 +105,14 @@ def latency_chart(summary: dict[str, Any]) -> bytes:
             ax.bar([b for b, _ in normal], [n for _, n in normal], width=0.9, color="#5c6bc0")
             ticks = list(range(0, max(b for b, _ in normal) + 1, 2))
             ax.set_xticks(ticks)
-            ax.set_xticklabels([_ms_label(2**b - 1 if b else 0) for b in ticks], fontsize=7)
+            ax.set_xticklabels([_ms_label(2**b if b else 0) for b in ticks], fontsize=7)
         m = lat.get(metric, {})
         for q, style in (("p50", "-"), ("p90", "--"), ("p99", ":")):
             v = m.get(q)
             if v is not None:
-                pos = (
-                    0
-                    if v <= 0
-                    else (v + 1).bit_length() - 1 + ((v + 1) / 2 ** ((v + 1).bit_length() - 1) - 1)
-                )
+                # bucket k holds [2^k, 2^(k+1)) ms: the line sits at its fractional log2
+                v = int(v)
+                pos = 0 if v <= 1 else v.bit_length() - 1 + (v / 2 ** (v.bit_length() - 1) - 1)
                 ax.axvline(
                     pos,
                     color="#d81b60",
