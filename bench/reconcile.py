@@ -43,6 +43,11 @@ def main() -> int:
     ap.add_argument("--sizes", default=None, help="comma-separated sizes (overrides the above)")
     ap.add_argument("--workdir", default=None, help="where lakes and outputs go (default: tmp)")
     ap.add_argument("--keep", action="store_true", help="keep lakes and outputs")
+    ap.add_argument(
+        "--reuse-lakes",
+        action="store_true",
+        help="with --workdir: reuse a lake a previous --keep run generated there (same sizes)",
+    )
     ap.add_argument("--driver-memory", default="10g")
     ap.add_argument("--shuffle-partitions", type=int, default=16)
     ap.add_argument(
@@ -79,6 +84,7 @@ def main() -> int:
                 str(args.shuffle_partitions),
                 "--window-hours",
                 str(args.window_hours),
+                *(["--reuse-lakes"] if args.reuse_lakes else []),
             ]
             say(f"size {n:,}: {' '.join(cmd[1:])}")
             proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
@@ -95,6 +101,7 @@ def main() -> int:
                 f"{res['messages_per_s']:,.0f} messages/s"
             )
             if not args.keep:
+                (work / f"lake-{n}.json").unlink(missing_ok=True)
                 shutil.rmtree(work / f"lake-{n}", ignore_errors=True)
                 shutil.rmtree(work / f"out-{n}", ignore_errors=True)
     except Exception:
@@ -129,26 +136,47 @@ def _one(args: argparse.Namespace) -> int:
     n = int(args.one)
     work = Path(args.workdir)
     lake, out = work / f"lake-{n}", work / f"out-{n}"
-    shutil.rmtree(lake, ignore_errors=True)
     shutil.rmtree(out, ignore_errors=True)
     start = int(dt.datetime(2024, 5, 14, 8, tzinfo=dt.UTC).timestamp() * 1000)
     end = start + int(args.window_hours * generator.HOUR)
-    sc = generator.Scenario(
-        start_ms=start,
-        end_ms=end,
-        messages=n,
-        surrounding_density=0.05,
-        topic_weights=(0.35, 0.05, 0.60),
-    )  # about 4 events a message
-    t0 = time.monotonic()
-    lk = generator.generate(lake, sc, with_truth=False)
-    gen_s = time.monotonic() - t0
-    subs, offs = lk.write_inputs(work / f"inputs-{n}")
-    print(
-        f"generated {lk.messages:,} messages, {lk.events:,} events, {lk.files} files "
-        f"in {gen_s:.1f}s",
-        flush=True,
-    )
+    marker = work / f"lake-{n}.json"  # written once the lake is whole
+    reused = bool(args.reuse_lakes and marker.exists())
+    if reused:
+        meta = json.loads(marker.read_text())
+        gen_s, files = meta["generate_s"], meta["files"]
+        subs, offs = Path(meta["subscriptions"]), Path(meta["offsets"])
+        print(f"reusing {lake} ({meta['events']:,} events, generated in {gen_s:.1f}s)", flush=True)
+    else:
+        marker.unlink(missing_ok=True)
+        shutil.rmtree(lake, ignore_errors=True)
+        sc = generator.Scenario(
+            start_ms=start,
+            end_ms=end,
+            messages=n,
+            surrounding_density=0.05,
+            topic_weights=(0.35, 0.05, 0.60),
+        )  # about 4 events a message
+        t0 = time.monotonic()
+        lk = generator.generate(lake, sc, with_truth=False)
+        gen_s = time.monotonic() - t0
+        files = lk.files
+        subs, offs = lk.write_inputs(work / f"inputs-{n}")
+        print(
+            f"generated {lk.messages:,} messages, {lk.events:,} events, {lk.files} files "
+            f"in {gen_s:.1f}s",
+            flush=True,
+        )
+        marker.write_text(
+            json.dumps(
+                {
+                    "events": lk.events,
+                    "files": files,
+                    "generate_s": round(gen_s, 2),
+                    "subscriptions": str(subs),
+                    "offsets": str(offs),
+                }
+            )
+        )
     t1 = time.monotonic()
     spark = job.build_session(
         "local[2]", driver_memory=args.driver_memory, shuffle_partitions=args.shuffle_partitions
@@ -175,8 +203,9 @@ def _one(args: argparse.Namespace) -> int:
             {
                 "messages": n,
                 "events": events,
-                "files": lk.files,
+                "files": files,
                 "generate_s": round(gen_s, 2),
+                "lake_reused": reused,
                 "session_start_s": round(t2 - t1, 2),
                 "job_s": round(job_s, 2),
                 "run_s": round(t3 - t2, 2),
