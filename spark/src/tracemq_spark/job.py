@@ -89,6 +89,9 @@ METRICS = {
 #: a latency outside [0, SKEW_LIMIT_MS] is a clock-skew suspect: flagged, not in percentiles
 SKEW_LIMIT_MS = DAY_MS
 KNOWN_SCHEMA_VERSIONS = frozenset({1})
+#: up to this many anomalies, their msgIds' hashes are broadcast to fetch their Pub details
+#: (8 bytes each in the driver and every executor); beyond, the look-up shuffles both sides
+BROADCAST_IDS_MAX = 20_000_000
 PERCENTILES = (0.5, 0.9, 0.99)
 
 _TX_COMMIT = "COMMIT_MESSAGE"
@@ -965,7 +968,7 @@ class _Context:
         event_ts = F.when(pub_ts.isNotNull(), pub_ts).otherwise(first_ts)
         window_start = F.floor(event_ts / p.window_ms).cast("long") * p.window_ms
         keep_id = F.lit(True) if p.keep_classified else col("outcome") != "CONSUMED"
-        return (
+        df = (
             j.where(keep)
             .select(
                 outcome.alias("outcome"),
@@ -999,6 +1002,14 @@ class _Context:
             )
             .withColumn("msg_id", F.when(col("real_id") & keep_id, col("pkey")))
             .drop("pkey", "real_id")
+        )
+        if p.keep_classified:
+            return df
+        # CONSUMED rows (most of them) only feed the tally: their evidence columns are left
+        # null, which Parquet stores for next to nothing
+        tallied = {"outcome", "window_start_ms", "topic_h", "group_h", *METRICS}
+        return df.select(
+            *[col(c) if c in tallied else F.when(keep_id, col(c)).alias(c) for c in df.columns]
         )
 
     def _subs_frame(self) -> DataFrame:
@@ -1110,9 +1121,13 @@ class _Context:
             .withColumn("window", F.date_format(col("window_start"), "yyyyMMdd'T'HHmm'Z'"))
         )
 
-    def _pub_details(self, ids: DataFrame) -> DataFrame:
+    def _pub_details(self, ids: DataFrame, *, broadcast: bool) -> DataFrame:
         """Producer-side strings of the given msgIds (the first successful Pub's): tags,
-        keys, store address, producer group."""
+        keys, store address, producer group.
+
+        ``broadcast``: the msgIds' 64-bit hashes are broadcast and the lake's Pub rows filtered
+        against them before any shuffle (a hash collision only lets an extra row through: the
+        join on the msgId itself decides); otherwise both sides are shuffled."""
         col = F.col
         ev = self.events(
             "trace_type",
@@ -1124,10 +1139,14 @@ class _Context:
             "store_addr",
             "group_name",
         )
+        pub_rows = ev.where(col("trace_type") == "Pub")
+        if broadcast:
+            hashes = F.broadcast(ids.select(F.xxhash64("msg_id").alias("_id_h")))
+            pub_rows = pub_rows.join(hashes, F.xxhash64("msg_id") == col("_id_h"), "left_semi")
+        else:
+            pub_rows = pub_rows.join(ids, "msg_id", "left_semi")
         pubs = (
-            ev.where(col("trace_type") == "Pub")
-            .join(ids, "msg_id", "left_semi")
-            .select(
+            pub_rows.select(
                 "msg_id",
                 F.struct(
                     (~col("success")).alias("failed"),
@@ -1146,26 +1165,35 @@ class _Context:
     def publish_tables(self) -> None:
         col = F.col
         final = self.final_frame()
-        anomalies = final.where(col("outcome").isin([o for o in OUTCOMES if o != "CONSUMED"]))
-        anomalies = self._decode(
-            anomalies, [("topic_h", "topic"), ("group_h", "group"), ("client_h", "client_host")]
-        )
-        details = self._pub_details(
-            anomalies.where(col("msg_id").isNotNull()).select("msg_id").distinct()
-        )
-        anomalies = anomalies.join(details, "msg_id", "left").withColumn("evidence", _evidence())
-        self._write(self._with_window(anomalies), "anomalies")
-        if self.p.keep_classified:
-            full = self._decode(
-                final, [("topic_h", "topic"), ("group_h", "group"), ("client_h", "client_host")]
-            )
-            self._write(self._with_window(full), "classified")
         # one tally of the classified rows (outcome counts, latency buckets per window, topic
         # and group) gives the summary Parquet, summary.json and the report's histograms
         latency.tally(final, list(METRICS), SKEW_LIMIT_MS, latency.LEVELS[0][1]).write.mode(
             "overwrite"
         ).parquet(self.stage.path("_tally"))
         tallies = self.spark.read.parquet(self.stage.path("_tally"))
+        anomaly_outcomes = [o for o in OUTCOMES if o != "CONSUMED"]
+        n_anomalies = (
+            tallies.where(col("kind").isin(anomaly_outcomes)).agg(F.sum("n")).first()[0] or 0
+        )
+        anomalies = final.where(col("outcome").isin(anomaly_outcomes))
+        anomalies = self._decode(
+            anomalies, [("topic_h", "topic"), ("group_h", "group"), ("client_h", "client_host")]
+        )
+        details = self._pub_details(
+            anomalies.where(col("msg_id").isNotNull()).select("msg_id"),
+            broadcast=n_anomalies <= BROADCAST_IDS_MAX,
+        )
+        anomalies = (
+            anomalies.join(details, "msg_id", "left")
+            .withColumn("evidence", _evidence())
+            .drop("tags_h", "store_h")
+        )
+        self._write(self._with_window(anomalies), "anomalies")
+        if self.p.keep_classified:
+            full = self._decode(
+                final, [("topic_h", "topic"), ("group_h", "group"), ("client_h", "client_host")]
+            )
+            self._write(self._with_window(full), "classified")
         grouped = latency.grouped(tallies, OUTCOMES + INFORMATIONAL, list(METRICS), PERCENTILES)
         grouped.write.mode("overwrite").parquet(self.stage.path("_grouped"))
         g = self.spark.read.parquet(self.stage.path("_grouped"))
