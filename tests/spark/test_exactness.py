@@ -208,3 +208,26 @@ def test_latency_buckets_hold_their_values(spark: Any) -> None:
         else:
             assert width == 1 << (v.bit_length() - 8), v
             assert start <= v < start + width and start % width == 0, v
+
+
+def test_anomaly_details_same_without_the_broadcast(
+    spark: Any, lake: Lake, result: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past BROADCAST_IDS_MAX anomalies the Pub details are looked up by a shuffled join: the
+    same rows come out, with the producer's strings filled in."""
+    from tracemq_spark import job
+
+    _, out = result
+    monkeypatch.setattr(job, "BROADCAST_IDS_MAX", 0)
+    other = tmp_path / "out"
+    run(spark, params(lake, other))
+    cols = ["msg_id", "group", "client_host", "outcome", "tags", "keys", "store_addr"]
+    cols.append("producer_group")
+
+    def rows(path: Path) -> collections.Counter:
+        df = spark.read.parquet(str(path / "anomalies")).select(*cols)
+        return collections.Counter(tuple(r) for r in df.collect())
+
+    shuffled, broadcast = rows(other), rows(Path(out))
+    assert shuffled == broadcast
+    assert sum(n for r, n in shuffled.items() if r[5] is not None) > 100
