@@ -630,7 +630,11 @@ class _Context:
         ``<staging>/_classified`` (CONSUMED rows included, strings still hashed)."""
         df = self.classified_frame()
         try:
-            df.write.mode("overwrite").parquet(self.stage.path("_classified"))
+            # an intermediate read twice from local disk and deleted at the end: written fast
+            # (no compression, no dictionary pages) rather than small
+            df.write.mode("overwrite").option("compression", "none").option(
+                "parquet.enable.dictionary", "false"
+            ).parquet(self.stage.path("_classified"))
         except Exception as exc:
             raise _maybe_corrupt(exc, self.files) from None
 
