@@ -161,12 +161,14 @@ def test_decode_in_january_goes_back_to_december_of_last_year() -> None:
     assert decode_msg_id(raw_id(offset), now_ms=now).timestamp_ms == utc_ms(2025, 1, 1) - 3
 
 
-# Creation instants from 2001 to 2099, and a decoder clock up to 27 days later (every month
-# has at least 28 days, so the month stays unambiguous).
+# Creation instants from 2001 to 2099, and a decoder clock less than 27 days later: the
+# decoder takes an id up to a day in its future (clock skew) as this month's, so a creation
+# time 27 days back in a 28-day month is read as the next month's (hypothesis found
+# 2073-02-02 decoded on 2073-03-01).
 instants = st.integers(min_value=utc_ms(2001, 1, 1), max_value=utc_ms(2099, 1, 1))
 
 
-@given(t=instants, delay=st.integers(min_value=0, max_value=27 * DAY_MS))
+@given(t=instants, delay=st.integers(min_value=0, max_value=27 * DAY_MS - 1))
 def test_round_trip_of_creation_time(t: int, delay: int) -> None:
     gen = MessageIdGenerator("8.8.4.4", clock=lambda: t)
     assert decode_msg_id(gen.next(), now_ms=t + delay).timestamp_ms == t
@@ -316,3 +318,11 @@ def test_request_ids_are_unique_and_shaped_like_msg_ids() -> None:
     assert len(set(ids)) == len(ids)
     assert all(re.fullmatch(r"[0-9A-F]{32}", i) for i in ids)
     assert ids[0][:20] == new_msg_id()[:20]  # this process's identity: IPv4, pid, salt
+
+
+def test_a_day_of_skew_wins_over_27_days_back_in_a_28_day_month() -> None:
+    """The documented rule at its edge: an offset a day into the month, decoded exactly 27
+    days later at the start of March, is tomorrow (skew), not February."""
+    now = utc_ms(2073, 3, 1)
+    assert decode_msg_id(raw_id(DAY_MS), now_ms=now).timestamp_ms == utc_ms(2073, 3, 2)
+    assert decode_msg_id(raw_id(DAY_MS), now_ms=now - 1).timestamp_ms == utc_ms(2073, 2, 2)
