@@ -384,22 +384,7 @@ class AsyncTraceDispatcher:
 
         Never blocks and never raises.
         """
-        try:
-            if self._closing:
-                self._discard("dispatcher shut down")
-                return False
-            queue = self._queue
-            if len(queue) >= self._queue_size:
-                self._discard("queue full")
-                return False
-            queue.append(ctx)
-            self._accepted_seq += 1
-            self._appended += 1
-            if len(queue) >= self._want and not self._wakeup.is_set():
-                self._wakeup.set()
-            return True
-        except Exception:  # pragma: no cover - defensive: tracing must not break the client
-            return False
+        return self._offer(ctx)
 
     def append_record(
         self, topic: str | None, region_id: str | None, record: str, msg_id: str | None,
@@ -408,6 +393,11 @@ class AsyncTraceDispatcher:
         """:meth:`append` for a record the trace hooks already encoded (``tracemq.trace._codec``
         ``*_record``): no TraceContext on the business path. ``msg_id`` and the
         space-separated ``keys`` go into the trace message's KEYS header."""
+        return self._offer((topic, region_id, record, msg_id, keys))
+
+    def _offer(self, item: _Item) -> bool:
+        """Queue a context or an encoded record unless closing or full (a discard counted
+        then); wake the worker once a batch is waiting. Never blocks and never raises."""
         try:
             if self._closing:
                 self._discard("dispatcher shut down")
@@ -416,7 +406,7 @@ class AsyncTraceDispatcher:
             if len(queue) >= self._queue_size:
                 self._discard("queue full")
                 return False
-            queue.append((topic, region_id, record, msg_id, keys))
+            queue.append(item)
             self._accepted_seq += 1
             self._appended += 1
             if len(queue) >= self._want and not self._wakeup.is_set():
