@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -1411,10 +1411,6 @@ class _Context:
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def col_in(name: str, values: Iterable[str]) -> Column:
-    return F.col(name).isin(list(values))
 
 
 def _known_version(v: str) -> bool:
