@@ -174,6 +174,65 @@ async def test_broadcasting_delivers_to_every_instance(
             await c.shutdown()
 
 
+async def test_rebalance_hands_queues_over_without_duplicates(
+    stack: EmbeddedStack, admin: AdminClient, env: dict[str, str], unique: str
+) -> None:
+    """A second member joins while the first is busy: the first finishes what it started on the
+    revoked queues, commits, and starts nothing more there; nothing is consumed twice."""
+    from prometheus_client import REGISTRY
+
+    topic = await _topic(admin, f"Rebal_{unique}", queues=4)
+    group = f"CG_{unique}"
+    successes: dict[str, int] = defaultdict(int)
+    by_member: dict[int, int] = defaultdict(int)
+    total = 400
+
+    def make(n: int) -> PushConsumer:
+        async def listener(msgs: list[MessageExt], ctx: Any) -> Any:
+            await asyncio.sleep(0.02)  # slow enough that work is queued at the rebalance
+            for m in msgs:
+                successes[m.msg_id] += 1
+            by_member[n] += 1
+            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+        c = PushConsumer(
+            group,
+            consume_from=ConsumeFromWhere.FIRST_OFFSET,
+            consume_concurrency=2,
+            commit_interval_ms=200,
+            **env,
+        )
+        c.subscribe(topic)
+        c.register_message_listener(listener)
+        return c
+
+    def revoked() -> float:
+        v = REGISTRY.get_sample_value("tracemq_consumer_revoked_queues_total", {"group": group})
+        return v or 0.0
+
+    async with Producer(f"PG_{unique}", **env) as p:
+        for i in range(total):
+            await p.send(Message(topic, f"r{i}".encode()))
+    first, second = make(0), make(1)
+    await first.start()
+    try:
+        await eventually(
+            lambda: _async(len(successes) >= 40), timeout=30, what="the first member consuming"
+        )
+        await second.start()  # the group rebalances: the first member gives queues up
+        await eventually(
+            lambda: _async(len(successes) == total), timeout=60, what="every message consumed"
+        )
+        rebalanced = revoked()  # (read before the shutdowns, which revoke too)
+    finally:
+        await second.shutdown()
+        await first.shutdown()
+    assert rebalanced > 0, f"no rebalance happened: the test proves nothing ({dict(by_member)})"
+    assert by_member[1] > 0, dict(by_member)
+    twice = {k: v for k, v in successes.items() if v > 1}
+    assert not twice, f"{len(twice)} message(s) consumed more than once: {twice}"
+
+
 class _Boom:
     def send_message_before(self, context: Any) -> None:
         raise RuntimeError("hook failure")

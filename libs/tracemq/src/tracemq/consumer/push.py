@@ -3,7 +3,10 @@
 One Kafka consumer per data cluster (group id = the consumer group in CLUSTERING mode; a
 per-instance group in BROADCASTING mode, so every instance gets every message and keeps its own
 offsets). Offsets are committed only after the listener's result: the committed offset of a
-queue is the lowest offset still in flight.
+queue is the lowest offset still in flight. A rebalance hands a revoked queue over cleanly: no
+listener call starts on it any more, the running ones finish (up to
+``revoke_drain_timeout_ms``), their offsets are committed, and the next owner starts after
+them — so a rebalance causes no duplicate consumption unless a listener outlives the deadline.
 
 Retries (CLUSTERING, RocketMQ's ``sendMessageBack``): a failed message (RECONSUME_LATER, an
 exception, a None result or a time-out) is sent back to the broker that stored it — to its
@@ -89,6 +92,22 @@ SENT_BACK = Counter(
     "tracemq_consumer_sent_back_total",
     "Failed messages sent back to the broker for a retry (result: ok, failed)",
     ["group", "result"],
+)
+REVOKED = Counter(
+    "tracemq_consumer_revoked_queues_total",
+    "Queues (partitions) taken from this consumer by a rebalance",
+    ["group"],
+)
+DRAIN_TIMEOUTS = Counter(
+    "tracemq_consumer_revoke_drain_timeouts_total",
+    "Revoked queues handed over with listener calls still running (consumed again there)",
+    ["group"],
+)
+HANDED_OVER = Counter(
+    "tracemq_consumer_handed_over_total",
+    "Fetched messages not consumed here because their queue was revoked (the next owner "
+    "consumes them)",
+    ["group"],
 )
 DEAD_LETTERED = Counter(
     "tracemq_consumer_dead_lettered_total",
@@ -185,12 +204,36 @@ class _ClusterConsumer:
                     await self.consumer.seek_to_end(tp)
 
     async def on_revoked(self, revoked: list[TopicPartition]) -> None:
-        with contextlib.suppress(Exception):
+        """Hand the revoked queues over cleanly: start nothing more on them, let the listener
+        calls already running finish (bounded by ``revoke_drain_timeout_ms``), commit, forget
+        them. What was fetched but not started goes to the next owner unconsumed; a call still
+        running at the deadline is consumed again there (at least once, as RocketMQ)."""
+        p = self.parent
+        pqs = [pq for tp in revoked if (pq := self.pqs.get(tp)) is not None]
+        for pq in pqs:
+            pq.dropped = True
+        if revoked:
+            REVOKED.labels(p.group).inc(len(revoked))
+        busy = [pq for pq in pqs if pq.running]
+        if busy:
+            deadline = asyncio.get_running_loop().time() + p.revoke_drain_timeout_ms / 1000
+            for pq in busy:
+                left = max(0.0, deadline - asyncio.get_running_loop().time())
+                if not await pq.drained(left):
+                    DRAIN_TIMEOUTS.labels(p.group).inc()
+                    log.warning(
+                        "revoked queue still consuming at the drain deadline; its next owner "
+                        "may consume those messages again",
+                        group=p.group,
+                        running=pq.running,
+                        timeout_ms=p.revoke_drain_timeout_ms,
+                    )
+        try:
             await self.commit()
+        except Exception as exc:  # the group moved on (e.g. this member was fenced)
+            log.warning("commit at revocation failed", group=p.group, error=repr(exc))
         for tp in revoked:
-            pq = self.pqs.pop(tp, None)
-            if pq is not None:
-                pq.dropped = True
+            self.pqs.pop(tp, None)
             self.paused.discard(tp)
 
     async def commit(self) -> None:
@@ -272,6 +315,7 @@ class PushConsumer:
         in_process_retry_delay_ms: int = 1000,
         commit_interval_ms: int = 1000,
         session_timeout_ms: int = 10_000,
+        revoke_drain_timeout_ms: int = 10_000,
         settings: ClientSettings | None = None,
         redis_url: str | None = None,
         control_bootstrap: str | None = None,
@@ -283,6 +327,8 @@ class PushConsumer:
         self.consume_timestamp_ms = consume_timestamp_ms
         if consume_concurrency < 1 or consume_message_batch_max_size < 1:
             raise ValueError("consume_concurrency and consume_message_batch_max_size must be >= 1")
+        if revoke_drain_timeout_ms < 0:
+            raise ValueError(f"revoke_drain_timeout_ms must be >= 0, got {revoke_drain_timeout_ms}")
         self.consume_concurrency = consume_concurrency
         self.consume_message_batch_max_size = consume_message_batch_max_size
         self.max_reconsume_times = max_reconsume_times
@@ -293,6 +339,9 @@ class PushConsumer:
         self.in_process_retry_delay_ms = in_process_retry_delay_ms
         self.commit_interval_ms = commit_interval_ms
         self.session_timeout_ms = session_timeout_ms
+        #: how long a rebalance waits for the listener calls running on a revoked queue
+        #: (aiokafka's rebalance timeout, max_poll_interval_ms, is 5 minutes)
+        self.revoke_drain_timeout_ms = revoke_drain_timeout_ms
         self.settings = settings or ClientSettings.from_overrides(redis_url, control_bootstrap)
         self._subscriptions: dict[str, frozenset[str] | None] = {}
         self._expressions: dict[str, str] = {}
@@ -557,6 +606,9 @@ class PushConsumer:
         assert self._work is not None
         while True:
             cc, tp, pq, msgs, route = await self._work.get()
+            if not pq.begin():  # revoked while waiting here: its next owner consumes it
+                HANDED_OVER.labels(self.group).inc(len(msgs))
+                continue
             self._in_flight += 1
             try:
                 ok, level = await self._consume(msgs, route)
@@ -566,16 +618,19 @@ class PushConsumer:
                 else:
                     await self._failed(pq, msgs, route, level)
             finally:
+                pq.end()
                 self._leave()
 
     async def _orderly_worker(self, q: asyncio.Queue[tuple[Any, ...]]) -> None:
         while True:
             cc, tp, pq, msgs, route = await q.get()
+            if not pq.begin():  # revoked: its next owner consumes it, in order
+                HANDED_OVER.labels(self.group).inc(len(msgs))
+                continue
             self._in_flight += 1
+            running = True
             try:
                 while True:
-                    if pq.dropped:
-                        break
                     ok, _ = await self._consume(msgs, route)
                     if ok:
                         for m in msgs:
@@ -589,8 +644,16 @@ class PushConsumer:
                         break
                     for m in msgs:
                         m.reconsume_times += 1
+                    pq.end()  # a suspended queue does not hold up its revocation
+                    running = False
                     await asyncio.sleep(1.0)  # SUSPEND_CURRENT_QUEUE_A_MOMENT
+                    if not pq.begin():
+                        HANDED_OVER.labels(self.group).inc(len(msgs))
+                        break
+                    running = True
             finally:
+                if running:
+                    pq.end()
                 self._leave()
 
     def _leave(self) -> None:
@@ -634,10 +697,11 @@ class PushConsumer:
             await asyncio.sleep(self.in_process_retry_delay_ms / 1000)
             for m in msgs:
                 m.reconsume_times += 1
+            if not pq.begin():  # revoked meanwhile: the next owner consumes them
+                HANDED_OVER.labels(self.group).inc(len(msgs))
+                return
             self._in_flight += 1
             try:
-                if pq.dropped:
-                    return
                 ok, level = await self._consume(msgs, route)
                 if ok:
                     for m in msgs:
@@ -645,6 +709,7 @@ class PushConsumer:
                 else:
                     await self._failed(pq, msgs, route, level)
             finally:
+                pq.end()
                 self._leave()
 
         task = asyncio.create_task(again())
@@ -654,9 +719,10 @@ class PushConsumer:
     async def _dead_letter_until_done(
         self, pq: ProcessQueue, msgs: list[MessageExt], route: QueueRoute | None
     ) -> None:
-        """Orderly: the queue stays suspended until every message is in the DLQ."""
+        """Orderly: the queue stays suspended until every message is in the DLQ (or the queue
+        is revoked: the next owner then has the messages not written yet)."""
         for m in msgs:
-            while not pq.dropped:
+            while True:
                 try:
                     await self._send_back(m, route, -1)
                     break
@@ -667,6 +733,8 @@ class PushConsumer:
                         msg_id=m.msg_id,
                         error=repr(exc),
                     )
+                    if pq.dropped:
+                        return
                     await asyncio.sleep(self.in_process_retry_delay_ms / 1000)
             pq.done(m.queue_offset)
 

@@ -1,0 +1,96 @@
+"""A revoked queue is handed over cleanly: nothing new starts on it, the running listener calls
+finish before the commit, and what was fetched but not started stays uncommitted (the next
+owner consumes it). The Kafka consumer is a fake here; the real rebalance is in
+tests/integration/test_client_features.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiokafka import TopicPartition
+from tracemq.consumer._process_queue import ProcessQueue
+from tracemq.consumer.push import PushConsumer, _ClusterConsumer
+
+
+class _FakeKafka:
+    def __init__(self) -> None:
+        self.commits: list[dict[TopicPartition, int]] = []
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        self.commits.append(dict(offsets))
+
+
+def _cluster(drain_ms: int = 5_000) -> tuple[_ClusterConsumer, _FakeKafka]:
+    parent = PushConsumer(
+        "CG_revoke",
+        redis_url="redis://127.0.0.1:1",
+        control_bootstrap="127.0.0.1:1",
+        revoke_drain_timeout_ms=drain_ms,
+    )
+    cc = _ClusterConsumer.__new__(_ClusterConsumer)  # no Kafka client: only the bookkeeping
+    fake = _FakeKafka()
+    cc.parent, cc.consumer, cc.pqs, cc.paused = parent, fake, {}, set()
+    return cc, fake
+
+
+def test_process_queue_refuses_new_calls_once_dropped() -> None:
+    pq = ProcessQueue()
+    assert pq.begin() and pq.running == 1
+    pq.dropped = True
+    assert not pq.begin() and pq.running == 1
+    pq.end()
+    assert pq.running == 0
+
+
+async def test_revocation_waits_for_running_calls_then_commits_past_them() -> None:
+    cc, fake = _cluster()
+    tp = TopicPartition("t", 0)
+    pq = cc.pqs[tp] = ProcessQueue()
+    for off in (0, 1, 2):
+        pq.add(off)
+    assert pq.begin()  # offset 0's listener call is running; 1 and 2 wait in the work queue
+
+    async def finish_later() -> None:
+        await asyncio.sleep(0.05)
+        pq.done(0)
+        pq.end()
+
+    finisher = asyncio.create_task(finish_later())
+    await cc.on_revoked([tp])
+    await finisher
+    # committed after offset 0 was done, before 1 and 2 (never started: the next owner's)
+    assert fake.commits == [{tp: 1}]
+    assert tp not in cc.pqs and pq.dropped
+    assert not pq.begin()  # a worker picking offset 1 up now skips it
+
+
+async def test_revocation_gives_up_waiting_at_the_deadline() -> None:
+    from prometheus_client import REGISTRY
+
+    def timeouts() -> float:
+        v = REGISTRY.get_sample_value(
+            "tracemq_consumer_revoke_drain_timeouts_total", {"group": "CG_revoke"}
+        )
+        return v or 0.0
+
+    before = timeouts()
+    cc, fake = _cluster(drain_ms=50)
+    tp = TopicPartition("t", 1)
+    pq = cc.pqs[tp] = ProcessQueue()
+    pq.add(7)
+    assert pq.begin()  # a listener that outlives the deadline
+    await asyncio.wait_for(cc.on_revoked([tp]), 2)
+    assert fake.commits == [{tp: 7}]  # the next owner starts at 7: consumed again there
+    assert tp not in cc.pqs
+    assert timeouts() == before + 1  # counted (and logged)
+
+
+def test_revoke_drain_timeout_is_validated() -> None:
+    with pytest.raises(ValueError, match="revoke_drain_timeout_ms"):
+        PushConsumer(
+            "CG_x",
+            redis_url="redis://127.0.0.1:1",
+            control_bootstrap="127.0.0.1:1",
+            revoke_drain_timeout_ms=-1,
+        )
