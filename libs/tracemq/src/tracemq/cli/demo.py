@@ -21,6 +21,7 @@ import signal
 import subprocess
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -40,6 +41,9 @@ from tracemq.routing import RegistryReader, TopicRoute, connect
 
 DEMO_TOPIC = "TopicTest"
 GROUPS = ("demo_healthy", "demo_flaky", "demo_stopped")
+#: the outcomes a listener can tell by itself (the others need the traces: never consumed,
+#: still pending, trace lost, ...)
+LISTENER_OUTCOMES = ("CONSUMED", "CONSUMED_AFTER_RETRY", "DUPLICATE", "FAILED")
 
 
 def _route_table(route: TopicRoute) -> Table:
@@ -77,6 +81,12 @@ class Workload:
             "control_bootstrap": stack.business_bootstrap,
         }
         self.consumed: dict[str, set[str]] = {g: set() for g in GROUPS}
+        #: every listener call's result, per group and msgId: what the reconciliation must
+        #: find again in the traces
+        self.successes: dict[str, Counter[str]] = {g: Counter() for g in GROUPS}
+        self.failures: dict[str, Counter[str]] = {g: Counter() for g in GROUPS}
+        #: each client's trace dispatcher counters, read after its shutdown
+        self.trace_stats: dict[str, dict[str, float]] = {}
         self.failed_first: set[str] = set()
         self.sent: list[str] = []
         self.delayed: list[str] = []
@@ -107,6 +117,22 @@ class Workload:
     def deliverable(self) -> int:
         return self.messages - self.n_rollback
 
+    def listener_outcome(self, group: str, msg_id: str) -> str | None:
+        """The outcome the listener calls of ``group`` imply for a message (the reconciliation's
+        names; None if the listener never saw it)."""
+        ok, failed = self.successes[group][msg_id], self.failures[group][msg_id]
+        if ok > 1:
+            return "DUPLICATE"
+        if ok == 1:
+            return "CONSUMED_AFTER_RETRY" if failed else "CONSUMED"
+        return "FAILED" if failed else None
+
+    def listener_outcomes(self, group: str) -> dict[str, int]:
+        """Per outcome, how many messages the listener calls of ``group`` put there."""
+        seen = set(self.successes[group]) | set(self.failures[group])
+        out = Counter(self.listener_outcome(group, m) for m in seen)
+        return {k: out[k] for k in LISTENER_OUTCOMES}
+
     async def setup(self) -> list[TopicRoute]:
         async with AdminClient(self.stack.business_bootstrap, self.stack.redis_url) as admin:
             await admin.create_topic(
@@ -130,7 +156,9 @@ class Workload:
             await asyncio.sleep(self.rng.uniform(0.0005, 0.003))  # "business work"
             if group == "demo_flaky" and m.reconsume_times == 0 and self.rng.random() < 0.05:
                 self.failed_first.add(m.msg_id)
+                self.failures[group][m.msg_id] += 1
                 return ConsumeConcurrentlyStatus.RECONSUME_LATER  # the broker retries it
+            self.successes[group][m.msg_id] += 1
             if m.msg_id not in self.consumed[group]:
                 self.consumed[group].add(m.msg_id)
                 self.progressed.set()
@@ -233,7 +261,9 @@ class Workload:
                 )
                 deadline = asyncio.get_running_loop().time() + 120
                 await self._until(lambda: len(self.consumed["demo_stopped"]) >= half // 2, deadline)
-                await consumers.pop("demo_stopped").shutdown()
+                stopped = consumers.pop("demo_stopped")
+                await stopped.shutdown()
+                self._keep_trace_stats("demo_stopped", stopped)
                 await asyncio.gather(
                     *(produce(p, i, half, self.n_plain) for i, p in enumerate(producers)),
                     transact(self.n_tx // 2, self.n_tx),
@@ -252,10 +282,16 @@ class Workload:
                                 f"{', '.join(missing[:5])}{' …' if len(missing) > 5 else ''}[/]"
                             )
             finally:
-                for c in consumers.values():
+                for name, c in consumers.items():
                     await c.shutdown()
+                    self._keep_trace_stats(name, c)
                 for p in (*producers, tx):
                     await p.shutdown()  # flushes each one's traces
+                    self._keep_trace_stats(p.group, p)
+
+    def _keep_trace_stats(self, name: str, client: Any) -> None:
+        if client.trace_dispatcher is not None:
+            self.trace_stats[name] = client.trace_dispatcher.stats()
 
 
 def _get(url: str) -> Any:
@@ -318,6 +354,72 @@ def _reconcile(
     return subprocess.run(cmd, env=env, check=False).returncode
 
 
+def _trace_drops(workload: Workload) -> tuple[int, int, int]:
+    """(sent, discarded, failed) trace contexts over every client of the workload."""
+    stats = workload.trace_stats.values()
+    return (
+        int(sum(st["sent"] for st in stats)),
+        int(sum(st["discarded"] for st in stats)),
+        int(sum(st["failed"] + st["oversize"] for st in stats)),
+    )
+
+
+def _check_against_listeners(workload: Workload, out: Path) -> bool:
+    """Compare the reconciliation with what the listeners saw, group by group, for the
+    outcomes a listener can tell (consumed, after a retry, twice, failed); print the
+    comparison and the first messages that differ. Writes ``listeners.json`` next to the
+    summary. True when they agree."""
+    import pyarrow.dataset as ds
+
+    summary = json.loads((out / "summary.json").read_text())
+    found = {r["group"]: r["outcomes"] for r in summary["by_topic_group"] if r["group"]}
+    anomalies: dict[str, dict[str, str]] = {g: {} for g in GROUPS}
+    if (out / "anomalies").is_dir():
+        table = ds.dataset(out / "anomalies", format="parquet", partitioning="hive").to_table(
+            columns=["msg_id", "group", "outcome"]
+        )
+        for row in table.to_pylist():
+            if row["group"] in anomalies:
+                anomalies[row["group"]][row["msg_id"]] = row["outcome"]
+    saw = {g: workload.listener_outcomes(g) for g in GROUPS}
+    (out / "listeners.json").write_text(
+        json.dumps({"outcomes": saw, "trace_stats": workload.trace_stats}, indent=2) + "\n"
+    )
+    table_out = Table(title="the reconciliation against what the listeners saw")
+    for col in ("group", *LISTENER_OUTCOMES, "agree"):
+        table_out.add_column(col)
+    agree = True
+    for g in GROUPS:
+        got = found.get(g, {})
+        ok = all(got.get(o, 0) == n for o, n in saw[g].items())
+        agree &= ok
+        table_out.add_row(
+            g,
+            *(
+                f"{saw[g][o]}"
+                if got.get(o, 0) == saw[g][o]
+                else f"[red]{saw[g][o]} ≠ {got.get(o, 0)}[/]"
+                for o in LISTENER_OUTCOMES
+            ),
+            "[green]yes[/]" if ok else "[red]no[/]",
+        )
+        if not ok:  # which messages: the listener's outcome against the reconciliation's
+            seen = set(workload.successes[g]) | set(workload.failures[g])
+            differ = [
+                (m, workload.listener_outcome(g, m), anomalies[g].get(m, "CONSUMED"))
+                for m in sorted(
+                    seen | {m for m, o in anomalies[g].items() if o in LISTENER_OUTCOMES}
+                )
+            ]
+            differ = [d for d in differ if d[1] != d[2]]
+            for m, mine, theirs in differ[:5]:
+                console().print(f"  {g} {m}: listener {mine}, reconciliation {theirs}")
+            if len(differ) > 5:
+                console().print(f"  … {len(differ) - 5} more")
+    console().print(table_out)
+    return agree
+
+
 def demo(
     messages: int = typer.Option(2000, "--messages", "-n", help="Messages to send."),
     keep_running: bool = typer.Option(
@@ -371,6 +473,17 @@ def demo(
             + ", ".join(f"{g} {len(s)}" for g, s in workload.consumed.items())
             + f"; first attempts failed in demo_flaky: {len(workload.failed_first)}"
         )
+        twice = {g: sum(1 for n in workload.successes[g].values() if n > 1) for g in GROUPS}
+        if any(twice.values()):  # at least once: a rebalance or a crash can deliver again
+            con.print(
+                "[yellow]consumed more than once (at-least-once redelivery):[/] "
+                + ", ".join(f"{g} {n}" for g, n in twice.items())
+            )
+        t_sent, t_discarded, t_failed = _trace_drops(workload)
+        con.print(
+            f"trace contexts: {t_sent} sent by {len(workload.trace_stats)} clients, "
+            f"{t_discarded} discarded, {t_failed} failed"
+        )
         sample = next(iter(sorted(workload.failed_first)), None) or workload.sent[0]
         view = _wait_trace(api, sample, groups=2)
         if view is None:
@@ -397,6 +510,19 @@ def demo(
             raise typer.Exit(1)
         else:
             con.print(f"reconciliation report: {out / 'report.html'}")
+            if not _check_against_listeners(workload, out):
+                if t_discarded or t_failed:
+                    con.print(
+                        "[yellow]the reconciliation differs from the listeners; "
+                        f"{t_discarded + t_failed} trace context(s) were dropped (counted "
+                        "above), which it cannot see[/]"
+                    )
+                else:
+                    con.print(
+                        "[red]the reconciliation differs from what the listeners saw, with "
+                        "every trace delivered: a bug[/]"
+                    )
+                    raise typer.Exit(1)
         if keep_running:
             con.print(f"stack and viewer up ({api}); Ctrl-C stops everything")
             while all(p.alive() for p in stack.processes.values()):
