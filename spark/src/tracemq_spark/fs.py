@@ -121,21 +121,21 @@ class HadoopFS:
 
     # -- Parquet footers ------------------------------------------------------------------
     def parquet_metadata(
-        self, files: list[str], key: str, threads: int = 8
-    ) -> dict[str, str | None]:
-        """The footer key-value metadata ``key`` of each file (None when absent).
+        self, files: list[str], keys: tuple[str, ...], threads: int = 8
+    ) -> dict[str, dict[str, str | None]]:
+        """The footer key-value metadata ``keys`` of each file (None when absent).
 
         Raises the JVM's error for a file that is not Parquet (bad magic, cut footer).
         """
         reader_cls = self._jvm.org.apache.parquet.hadoop.ParquetFileReader
         input_file = self._jvm.org.apache.parquet.hadoop.util.HadoopInputFile
 
-        def one(uri: str) -> tuple[str, str | None]:
+        def one(uri: str) -> tuple[str, dict[str, str | None]]:
             reader = reader_cls.open(input_file.fromPath(self._path(uri), self._conf))
             try:
                 kv = reader.getFooter().getFileMetaData().getKeyValueMetaData()
-                value = kv.get(key)
-                return uri, None if value is None else str(value)
+                values = {k: kv.get(k) for k in keys}
+                return uri, {k: None if v is None else str(v) for k, v in values.items()}
             finally:
                 reader.close()
 

@@ -461,6 +461,7 @@ class _Context:
         self.cutoff = min(t_ms + h, now_ms)
         self.windows = list(range(f_ms, t_ms, params.window_ms))
         self.files: list[str] = []
+        self.superseded = 0
         self.stats: dict[str, Any] = {}
         self.started = datetime.now(tz=UTC)
 
@@ -513,10 +514,17 @@ class _Context:
                 f"[{_iso(self.read_lo)}, {_iso(self.read_hi)}) (window [{_iso(self.f_ms)}, "
                 f"{_iso(self.t_ms)}) plus the horizon)"
             )
+        version_key = lake_schema.METADATA_KEY.decode()
+        compacted_key = lake_schema.COMPACTED_FROM_KEY.decode()
         try:
-            versions = fs.parquet_metadata(files, lake_schema.METADATA_KEY.decode())
+            meta = fs.parquet_metadata(files, (version_key, compacted_key))
         except Exception as exc:
             raise ReconcileError(_corrupt_message(exc, files)) from None
+        files, superseded = _live_files(meta, compacted_key)
+        self.superseded = superseded
+        if superseded:  # a compaction's leftovers (it deletes them after the rename)
+            self.say(f"{superseded} file(s) superseded by compacted files: skipped")
+        versions = {f: meta[f][version_key] for f in files}
         bad = {f: v for f, v in versions.items() if v is None or not _known_version(v)}
         if bad:
             f, v = sorted(bad.items())[0]
@@ -571,6 +579,7 @@ class _Context:
             "events_in_window": in_window_n,
             "events_by_type": dict(sorted(by_type.items())),
             "files": len(self.files),
+            "files_superseded": self.superseded,
         }
         if in_window_n == 0:
             raise ReconcileError(
@@ -1575,6 +1584,27 @@ def _evidence() -> Column:
         )
         .when(o == "PUB_FAILED", F.lit("every send attempt failed"))
     )
+
+
+def _live_files(
+    meta: dict[str, dict[str, str | None]], compacted_key: str
+) -> tuple[list[str], int]:
+    """The lake's compaction rule (``tracemq_collector.lake``): a file named in the
+    ``compacted_from`` list of a file in the same directory is superseded by it — read only the
+    compacted file, or its rows would count twice. Returns (live files, superseded count)."""
+    superseded: set[str] = set()
+    for uri, kv in meta.items():
+        raw = kv.get(compacted_key)
+        if raw is None:
+            continue
+        parent = uri.rsplit("/", 1)[0]
+        try:
+            names = json.loads(raw)
+        except ValueError:
+            raise ReconcileError(f"unreadable {compacted_key} metadata in {uri}") from None
+        superseded.update(f"{parent}/{n}" for n in names if f"{parent}/{n}" != uri)
+    live = [f for f in meta if f not in superseded]
+    return live, len(meta) - len(live)
 
 
 def _corrupt_message(exc: BaseException, files: list[str]) -> str:

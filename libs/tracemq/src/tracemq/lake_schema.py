@@ -16,6 +16,9 @@ import pyarrow as pa
 
 SCHEMA_VERSION = 1
 METADATA_KEY = b"tracemq.lake.schema_version"
+#: Footer metadata key of a compacted file: JSON list of the file names (same directory) it
+#: replaces. A reader skips every file named there (see ``tracemq_collector.lake``).
+COMPACTED_FROM_KEY = b"tracemq.lake.compacted_from"
 
 #: (column, arrow type, nullable, meaning)
 COLUMNS: list[tuple[str, pa.DataType, bool, str]] = [

@@ -63,8 +63,9 @@ from tracemq_collector.store import TraceStore
 
 __all__ = ["COMPACTED_FROM_KEY", "SORT_KEYS", "TraceLake"]
 
-#: Footer metadata key of a compacted file: JSON list of the file names it replaces.
-COMPACTED_FROM_KEY = b"tracemq.lake.compacted_from"
+#: Footer metadata key of a compacted file: JSON list of the file names it replaces (defined
+#: with the row schema: the Spark job applies the same rule).
+COMPACTED_FROM_KEY = lake_schema.COMPACTED_FROM_KEY
 #: Row order of a compacted file.
 SORT_KEYS = ("trace_topic", "trace_partition", "trace_offset", "trace_index")
 
