@@ -13,7 +13,10 @@ wall time and events/s, the 10M/1M ratio when both ran, and one JSON line last.
 Targets (2-core machine): 10M messages in <= 180 s; cost linear in data (time(10M) / time(1M)
 within 10 x ±30%). With both sizes it also prints a two-point fit (fixed seconds + seconds per
 million messages): a ratio under 7 means fixed costs (JVM, code generation, small stages)
-dominate the small size, not a cost that grows faster than the data. Exit code 0 even when a target is missed; 2 on a crash.
+dominate the small size, not a cost that grows faster than the data. With a third, smaller size
+(``--sizes 100000,1000000,10000000``) it measures that directly: the cost per additional million
+messages from the small size to 1M and from 1M to 10M (the same within 30 % = linear in the
+data). Exit code 0 even when a target is missed; 2 on a crash.
 """
 
 from __future__ import annotations
@@ -132,6 +135,22 @@ def main() -> int:
         say(
             f"10M/1M job time ratio: {ratio:.2f} (linear: 10 ± 3); fit: "
             f"{out['fit_fixed_s']} s fixed + {out['fit_per_million_s']} s per million messages"
+        )
+    small = [n for n in sorted(by) if n < 1_000_000]
+    if small and 1_000_000 in by and 10_000_000 in by:
+        # linear in the data = the same cost per *additional* message at both scales; the
+        # smallest size stands for the fixed cost (JVM, code generation, small stages)
+        n0, t0 = small[0], by[small[0]]["job_s"]
+        t1, t10 = by[1_000_000]["job_s"], by[10_000_000]["job_s"]
+        lo = (t1 - t0) / ((1_000_000 - n0) / 1e6)
+        hi = (t10 - t1) / 9
+        out["marginal_s_per_million_to_1m"] = round(lo, 2)
+        out["marginal_s_per_million_1m_to_10m"] = round(hi, 2)
+        out["marginal_ratio"] = round(hi / lo, 3) if lo > 0 else None
+        out["marginal_linear_within_30pct"] = lo > 0 and 0.7 <= hi / lo <= 1.3
+        say(
+            f"marginal cost: {lo:.1f} s per million from {n0:,} to 1M, {hi:.1f} s per million "
+            f"from 1M to 10M (ratio {hi / lo if lo > 0 else float('nan'):.2f}; linear: 1 ± 0.3)"
         )
     if 10_000_000 in by:
         out["target_10m_le_180s"] = by[10_000_000]["job_s"] <= 180.0
