@@ -94,3 +94,22 @@ def test_revoke_drain_timeout_is_validated() -> None:
             control_bootstrap="127.0.0.1:1",
             revoke_drain_timeout_ms=-1,
         )
+
+
+async def test_fetch_max_wait_reaches_the_kafka_consumer_and_is_validated() -> None:
+    from tracemq import LitePullConsumer
+    from tracemq.consumer._fetch import FETCH_MAX_WAIT_MS
+
+    env = {"redis_url": "redis://127.0.0.1:1", "control_bootstrap": "127.0.0.1:1"}
+    assert PushConsumer("CG_f", **env).fetch_max_wait_ms == FETCH_MAX_WAIT_MS == 100
+    c = PushConsumer("CG_f", fetch_max_wait_ms=250, **env)
+    cc = _ClusterConsumer(c, "127.0.0.1:1", {"t"})  # no connection before start()
+    assert cc.consumer._fetch_max_wait_ms == 250
+    await cc.consumer.stop()
+    lite = LitePullConsumer("CG_f", fetch_max_wait_ms=30, **env)
+    kc = lite._consumer("127.0.0.1:1")
+    assert kc._fetch_max_wait_ms == 30
+    await kc.stop()
+    for cls in (PushConsumer, LitePullConsumer):
+        with pytest.raises(ValueError, match="fetch_max_wait_ms"):
+            cls("CG_f", fetch_max_wait_ms=-1, **env)

@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from tracemq._client import ClientRuntime, ClientSettings, now_ms
 from tracemq.consumer import _tags
+from tracemq.consumer._fetch import FETCH_MAX_WAIT_MS
 from tracemq.consumer._process_queue import ProcessQueue
 from tracemq.consumer._records import to_message_ext
 from tracemq.consumer.listener import ConsumeFromWhere
@@ -45,6 +46,7 @@ class LitePullConsumer:
         auto_commit_interval_ms: int = 5000,
         pull_batch_size: int = 32,
         ack_mode: bool = False,
+        fetch_max_wait_ms: int = FETCH_MAX_WAIT_MS,
         settings: ClientSettings | None = None,
         redis_url: str | None = None,
         control_bootstrap: str | None = None,
@@ -56,6 +58,9 @@ class LitePullConsumer:
         self.auto_commit_interval_ms = auto_commit_interval_ms
         self.pull_batch_size = pull_batch_size
         self.ack_mode = ack_mode
+        if fetch_max_wait_ms < 0:
+            raise ValueError(f"fetch_max_wait_ms must be >= 0, got {fetch_max_wait_ms}")
+        self.fetch_max_wait_ms = fetch_max_wait_ms
         self.settings = settings or ClientSettings.from_overrides(redis_url, control_bootstrap)
         self._subs: dict[str, frozenset[str] | None] = {}
         self._expressions: dict[str, str] = {}
@@ -154,6 +159,7 @@ class LitePullConsumer:
                 enable_auto_commit=False,
                 auto_offset_reset=reset,
                 max_poll_records=self.pull_batch_size,
+                fetch_max_wait_ms=self.fetch_max_wait_ms,
             )
             self._consumers[bootstrap] = c
         return c

@@ -44,6 +44,7 @@ from prometheus_client import Counter
 
 from tracemq._client import ClientRuntime, ClientSettings, now_ms
 from tracemq.consumer import _tags
+from tracemq.consumer._fetch import FETCH_MAX_WAIT_MS
 from tracemq.consumer._process_queue import ProcessQueue
 from tracemq.consumer._records import to_message_ext
 from tracemq.consumer.listener import (
@@ -158,6 +159,7 @@ class _ClusterConsumer:
             session_timeout_ms=p.session_timeout_ms,
             heartbeat_interval_ms=max(300, p.session_timeout_ms // 5),
             metadata_max_age_ms=30_000,
+            fetch_max_wait_ms=p.fetch_max_wait_ms,
         )
         self.task: asyncio.Task[None] | None = None
 
@@ -316,6 +318,7 @@ class PushConsumer:
         commit_interval_ms: int = 1000,
         session_timeout_ms: int = 10_000,
         revoke_drain_timeout_ms: int = 10_000,
+        fetch_max_wait_ms: int = FETCH_MAX_WAIT_MS,
         settings: ClientSettings | None = None,
         redis_url: str | None = None,
         control_bootstrap: str | None = None,
@@ -329,6 +332,12 @@ class PushConsumer:
             raise ValueError("consume_concurrency and consume_message_batch_max_size must be >= 1")
         if revoke_drain_timeout_ms < 0:
             raise ValueError(f"revoke_drain_timeout_ms must be >= 0, got {revoke_drain_timeout_ms}")
+        if fetch_max_wait_ms < 0:
+            raise ValueError(f"fetch_max_wait_ms must be >= 0, got {fetch_max_wait_ms}")
+        #: longest a fetch waits on an idle queue: the bound on a new message's wait before the
+        #: listener sees it, where the Kafka-compatible broker does not answer a waiting fetch
+        #: as soon as data arrives (Tansu does not)
+        self.fetch_max_wait_ms = fetch_max_wait_ms
         self.consume_concurrency = consume_concurrency
         self.consume_message_batch_max_size = consume_message_batch_max_size
         self.max_reconsume_times = max_reconsume_times
