@@ -74,13 +74,9 @@ async def body(stack: Any, args: argparse.Namespace) -> dict[str, Any]:
     total = int(args.rate * args.duration)
     try:
         t0 = time.monotonic()
-        await wait_for_condition(
-            lambda: all(
-                any(cc.consumer.assignment() for cc in c._clusters.values()) for c in consumers
-            ),
-            60,
-            "every group assigned its queues",
-        )
+        for c in consumers:
+            if not await c.wait_assigned(60):
+                raise RuntimeError(f"{c.group} was not assigned its queues within 60 s")
         say(f"{len(consumers)} groups assigned in {time.monotonic() - t0:.1f}s; sending {total}")
         async with Producer(f"BenchLatencyP_{run}", **env) as p:
             start = time.monotonic()

@@ -22,6 +22,7 @@ from tracemq import (
 )
 from tracemq.admin import AdminClient
 from tracemq.devstack import EmbeddedStack
+from tracemq.errors import ClientStateError
 from tracemq.hooks import HOOK_ERRORS
 from tracemq.trace import ConsumeReturnType, MessageType, TraceType
 
@@ -214,8 +215,18 @@ async def test_rebalance_hands_queues_over_without_duplicates(
         for i in range(total):
             await p.send(Message(topic, f"r{i}".encode()))
     first, second = make(0), make(1)
+    with pytest.raises(ClientStateError, match="not running"):
+        await first.wait_assigned(1)
     await first.start()
     try:
+        assert await first.wait_assigned(30)  # the group's first rebalance is over
+        (cluster,) = first._clusters.values()
+        assert {tp.partition for tp in cluster.consumer.assignment() if "Rebal_" in tp.topic} == {
+            0,
+            1,
+            2,
+            3,
+        }
         await eventually(
             lambda: _async(len(successes) >= 40), timeout=30, what="the first member consuming"
         )

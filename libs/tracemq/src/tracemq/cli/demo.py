@@ -211,6 +211,10 @@ class Workload:
                 )
                 await c.start()
                 consumers[g] = c
+            for c in consumers.values():  # a new group's first rebalance takes seconds: the
+                # latency figures should show delivery, not the group forming
+                if not await c.wait_assigned(60):
+                    console().print(f"[yellow]{c.group} not assigned its queues after 60 s[/]")
             producers = [
                 Producer(f"demo_{name}_producer", enable_msg_trace=True, **self.env)
                 for name in ("orders", "payments")

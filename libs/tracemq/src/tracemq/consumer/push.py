@@ -162,6 +162,8 @@ class _ClusterConsumer:
             fetch_max_wait_ms=p.fetch_max_wait_ms,
         )
         self.task: asyncio.Task[None] | None = None
+        #: set once the group gave this member its queues (the first rebalance is over)
+        self.joined = asyncio.Event()
 
     async def start(self) -> None:
         await self.consumer.start()
@@ -190,8 +192,13 @@ class _ClusterConsumer:
         for tp in retry:  # a new group reads its retry queues from the start (RocketMQ)
             if await self.consumer.committed(tp) is None:
                 await self.consumer.seek_to_beginning(tp)
-        if self.parent.consume_from != ConsumeFromWhere.TIMESTAMP:
-            return
+        if self.parent.consume_from == ConsumeFromWhere.TIMESTAMP:
+            await self._seek_to_timestamp(assigned, retry)
+        self.joined.set()
+
+    async def _seek_to_timestamp(
+        self, assigned: list[TopicPartition], retry: list[TopicPartition]
+    ) -> None:
         fresh = [
             tp for tp in assigned if tp not in retry and await self.consumer.committed(tp) is None
         ]
@@ -410,6 +417,20 @@ class PushConsumer:
 
     def register_consume_hook(self, hook: ConsumeMessageHook) -> None:
         self._hooks.append(hook)
+
+    async def wait_assigned(self, timeout_s: float = 30.0) -> bool:
+        """Wait until this consumer has joined its group on every data cluster and been given
+        its queues (possibly none, when the group has more members than queues). A new group's
+        first assignment takes seconds (about 5 s on Tansu): messages sent meanwhile are not
+        lost, only delivered after it. True if that happened within ``timeout_s``."""
+        if self._state != "running":
+            raise ClientStateError(f"consumer {self.group!r} is {self._state}, not running")
+        waits = [cc.joined.wait() for cc in self._clusters.values()]
+        try:
+            await asyncio.wait_for(asyncio.gather(*waits), timeout_s)
+        except TimeoutError:
+            return False
+        return True
 
     @property
     def client_id(self) -> str:
