@@ -534,10 +534,9 @@ class _Context:
             meta = fs.parquet_metadata(files, (version_key, compacted_key))
         except Exception as exc:
             raise ReconcileError(_corrupt_message(exc, files)) from None
-        files, superseded = _live_files(meta, compacted_key)
-        self.superseded = superseded
-        if superseded:  # a compaction's leftovers (it deletes them after the rename)
-            self.say(f"{superseded} file(s) superseded by compacted files: skipped")
+        files, self.superseded = _live_files(meta, compacted_key)
+        if self.superseded:  # a compaction's leftovers (it deletes them after the rename)
+            self.say(f"{self.superseded} file(s) superseded by compacted files: skipped")
         versions = {f: meta[f][version_key] for f in files}
         bad = {f: v for f, v in versions.items() if v is None or not _known_version(v)}
         if bad:
@@ -1605,7 +1604,7 @@ def _live_files(
 ) -> tuple[list[str], int]:
     """The lake's compaction rule (``tracemq_collector.lake``): a file named in the
     ``compacted_from`` list of a file in the same directory is superseded by it — read only the
-    compacted file, or its rows would count twice. Returns (live files, superseded count)."""
+    compacted file, or its rows would be read twice. Returns (live files, superseded count)."""
     superseded: set[str] = set()
     for uri, kv in meta.items():
         raw = kv.get(compacted_key)

@@ -636,8 +636,7 @@ class PushConsumer:
         assert self._work is not None
         while True:
             cc, tp, pq, msgs, route = await self._work.get()
-            if not pq.begin():  # revoked while waiting here: its next owner consumes it
-                HANDED_OVER.labels(self.group).inc(len(msgs))
+            if not self._begin(pq, msgs):  # revoked while waiting here
                 continue
             self._in_flight += 1
             try:
@@ -654,8 +653,7 @@ class PushConsumer:
     async def _orderly_worker(self, q: asyncio.Queue[tuple[Any, ...]]) -> None:
         while True:
             cc, tp, pq, msgs, route = await q.get()
-            if not pq.begin():  # revoked: its next owner consumes it, in order
-                HANDED_OVER.labels(self.group).inc(len(msgs))
+            if not self._begin(pq, msgs):  # revoked: its next owner consumes it, in order
                 continue
             self._in_flight += 1
             running = True
@@ -677,14 +675,21 @@ class PushConsumer:
                     pq.end()  # a suspended queue does not hold up its revocation
                     running = False
                     await asyncio.sleep(1.0)  # SUSPEND_CURRENT_QUEUE_A_MOMENT
-                    if not pq.begin():
-                        HANDED_OVER.labels(self.group).inc(len(msgs))
+                    if not self._begin(pq, msgs):
                         break
                     running = True
             finally:
                 if running:
                     pq.end()
                 self._leave()
+
+    def _begin(self, pq: ProcessQueue, msgs: list[MessageExt]) -> bool:
+        """Start a listener call on ``msgs`` unless their queue was revoked; then they are left
+        to the queue's next owner (counted) and False is returned."""
+        if pq.begin():
+            return True
+        HANDED_OVER.labels(self.group).inc(len(msgs))
+        return False
 
     def _leave(self) -> None:
         self._in_flight -= 1
@@ -727,8 +732,7 @@ class PushConsumer:
             await asyncio.sleep(self.in_process_retry_delay_ms / 1000)
             for m in msgs:
                 m.reconsume_times += 1
-            if not pq.begin():  # revoked meanwhile: the next owner consumes them
-                HANDED_OVER.labels(self.group).inc(len(msgs))
+            if not self._begin(pq, msgs):  # revoked meanwhile
                 return
             self._in_flight += 1
             try:

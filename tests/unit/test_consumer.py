@@ -1,6 +1,7 @@
-"""A revoked queue is handed over cleanly: nothing new starts on it, the running listener calls
-finish before the commit, and what was fetched but not started stays uncommitted (the next
-owner consumes it). The Kafka consumer is a fake here; the real rebalance is in
+"""The consumers' queue bookkeeping and Kafka settings. A revoked queue is handed over cleanly:
+nothing new starts on it, the running listener calls finish before the commit, and what was
+fetched but not started stays uncommitted (the next owner consumes it); ``fetch_max_wait_ms``
+reaches the Kafka consumer. The Kafka consumer is a fake here; the real rebalance is in
 tests/integration/test_client_features.py."""
 
 from __future__ import annotations
