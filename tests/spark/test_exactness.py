@@ -221,8 +221,16 @@ def test_anomaly_details_same_without_the_broadcast(
     monkeypatch.setattr(job, "BROADCAST_IDS_MAX", 0)
     other = tmp_path / "out"
     run(spark, params(lake, other))
-    cols = ["msg_id", "group", "client_host", "outcome", "tags", "keys", "store_addr"]
-    cols.append("producer_group")
+    cols = [
+        "msg_id",
+        "group",
+        "client_host",
+        "outcome",
+        "tags",
+        "keys",
+        "store_addr",
+        "producer_group",
+    ]
 
     def rows(path: Path) -> collections.Counter:
         df = spark.read.parquet(str(path / "anomalies")).select(*cols)
@@ -259,10 +267,9 @@ def test_compaction_leftovers_are_not_read_twice(
         meta[lake_schema.COMPACTED_FROM_KEY] = json.dumps([p.name for p in parts]).encode()
         name = f"compacted-{0:020d}-{len(table):020d}-{len(parts):05d}.parquet"
         pq.write_table(table.replace_schema_metadata(meta), hour_dir / name)
-        merged, sources = (
-            merged + 1,
-            sources + len(parts),
-        )  # the sources stay: the crash (or the listing) came before their deletion
+        # the sources stay: the crash (or the listing) came before their deletion
+        merged += 1
+        sources += len(parts)
     assert merged > 0, "the lake has no hour with two files: the test proves nothing"
     again = run(
         spark, params(Lake(lake.gen, copy, lake.subscriptions, lake.offsets), tmp_path / "o")
