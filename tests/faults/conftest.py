@@ -1,0 +1,40 @@
+"""The fault suite: trials on a real stack of their own (they kill, stop and poison its parts).
+
+Every test here gets a fresh embedded stack (Tansu ×2, Redis, nameserver, brokers, collector):
+a fault must never leak into the session stack the other tests share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from tracemq.devstack import EmbeddedStack, StackConfig
+
+from tests.conftest import _SESSION_STACKS, TEST_SERVICE_ENV
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/faults/" in str(item.fspath).replace("\\", "/"):
+            for name in ("faults", "stack", "kafka", "redis"):
+                item.add_marker(getattr(pytest.mark, name))
+
+
+@pytest.fixture
+def fault_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStack]:
+    """A whole stack with a collector, owned by one test."""
+    s = EmbeddedStack(
+        StackConfig(
+            workdir=tmp_path_factory.mktemp("fault"),
+            service_env=dict(TEST_SERVICE_ENV),
+            with_collector=True,
+        )
+    )
+    _SESSION_STACKS.append(s)
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
+        _SESSION_STACKS.remove(s)
