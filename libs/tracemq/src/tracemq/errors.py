@@ -8,6 +8,7 @@ Tree::
     ├── ConfigError              a setting has a bad value (names the variable)
     ├── InvalidNameError         a topic, group or broker name breaks the naming rules (also ValueError)
     ├── NoRouteError             a topic has no route in the routing database
+    │   └── RoutingUnavailableError  ... because the routing database (Redis) did not answer
     ├── UnknownBrokerError       an admin request names a broker that is not registered
     ├── AdminError               a broker refused or failed an admin request
     ├── AdminTimeoutError        no reply to an admin request in time (retriable)
@@ -38,6 +39,10 @@ class NoRouteError(TracemqError):
     """The topic has no route: no live broker hosts it."""
 
     retriable = True
+
+
+class RoutingUnavailableError(NoRouteError):
+    """No route is known for the topic because the routing database (Redis) did not answer."""
 
 
 class UnknownBrokerError(TracemqError):

@@ -169,7 +169,7 @@ class LitePullConsumer:
         for topic in self._subs:
             route = await self._runtime.routes.get(topic)
             if not route.queues:
-                raise NoRouteError(f"no route for topic {topic!r}: no live broker hosts it")
+                raise self._runtime.routes.missing(topic)
             for q in route.queues:
                 kt = kafka_topic(q.broker, topic)
                 self._routes[kt] = q

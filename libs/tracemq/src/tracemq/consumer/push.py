@@ -523,7 +523,7 @@ class PushConsumer:
         for topic in self._subscriptions:
             route = await self._runtime.routes.get(topic)
             if not route.queues and initial:
-                raise NoRouteError(f"no route for topic {topic!r}: no live broker hosts it")
+                raise self._runtime.routes.missing(topic)
             for q in route.queues:
                 brokers.add(q.broker)
                 if not q.readable:

@@ -2,6 +2,8 @@
 
 While Redis is unreachable the cache keeps serving the last good routes (each failure is logged
 and counted in ``tracemq_route_refresh_errors_total``); once Redis answers again, changes flow.
+A topic with no cached route while Redis is down is a :class:`RoutingUnavailableError` that
+names Redis, not a plain "no live broker hosts it", which would send the operator to the brokers.
 """
 
 from __future__ import annotations
@@ -9,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from prometheus_client import Counter
 from redis.exceptions import RedisError
 
-from tracemq.errors import NoRouteError
+from tracemq.errors import NoRouteError, RoutingUnavailableError
 from tracemq.log import get_logger
 from tracemq.routing.keys import RedisKeys
 from tracemq.routing.model import TopicRoute
@@ -53,6 +56,9 @@ class RouteCache:
         self._tasks: list[asyncio.Task[None]] = []
         self._inflight: dict[str, asyncio.Future[TopicRoute]] = {}
         self._listeners: list[asyncio.Queue[str]] = []
+        self._redis_where = _redacted(redis_url)
+        #: topics whose last look-up failed on Redis with no cached route to fall back on
+        self._unreachable: dict[str, str] = {}
         self.last_error: str | None = None
 
     @property
@@ -99,8 +105,18 @@ class RouteCache:
         if not route.queues and not refresh:
             route = await self.get(topic, refresh=True)
         if not route.queues:
-            raise NoRouteError(f"no route for topic {topic!r}: no live broker hosts it")
+            raise self.missing(topic)
         return route
+
+    def missing(self, topic: str) -> NoRouteError:
+        """The error for a topic without queues: names Redis when Redis is why nothing is known."""
+        cause = self._unreachable.get(topic)
+        if cause is not None:
+            return RoutingUnavailableError(
+                f"no route for topic {topic!r}: the routing database (Redis at "
+                f"{self._redis_where}) did not answer and no route is cached: {cause}"
+            )
+        return NoRouteError(f"no route for topic {topic!r}: no live broker hosts it")
 
     def subscribe_changes(self, maxsize: int = 256) -> asyncio.Queue[str]:
         """A queue that receives the name of every topic whose route changed."""
@@ -130,9 +146,11 @@ class RouteCache:
             )
             if topic in self._routes:
                 return self._routes[topic]
+            self._unreachable[topic] = self.last_error
             return TopicRoute(topic=topic)
         ROUTE_REFRESHES.inc()
         self.last_error = None
+        self._unreachable.pop(topic, None)
         old = self._routes.get(topic)
         self._routes[topic] = route
         if old is not None and old.queues != route.queues:
@@ -190,3 +208,17 @@ class RouteCache:
         targets = [t for t in topics if t in self._routes] if topics else list(self._routes)
         for topic in targets:
             await self._refresh(topic)
+
+
+def _redacted(url: str) -> str:
+    """``url`` without its password, fit for an error message."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        user = parts.username or ""
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+        return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
+    except ValueError:
+        return "(unparsable URL)"
