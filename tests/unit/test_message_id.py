@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tracemq.message_id import (
     MAX_KAFKA_OFFSET,
+    MSGID_TIMEZONE_ENV,
     MessageIdGenerator,
     MsgIdInfo,
     OffsetMsgIdInfo,
@@ -21,11 +22,18 @@ from tracemq.message_id import (
     decode_offset_msg_id,
     encode_offset_msg_id,
     local_ipv4,
+    msgid_zone,
     new_msg_id,
 )
 
 DAY_MS = 86_400_000
 ID_RE = re.compile(r"[0-9A-F]{32}")
+
+
+@pytest.fixture(autouse=True)
+def _ids_in_utc(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests below without a zone of their own assume UTC months, whatever the host's zone."""
+    monkeypatch.setenv(MSGID_TIMEZONE_ENV, "UTC")
 
 
 def utc_ms(year: int, month: int, day: int, hour: int = 0, minute: int = 0, ms: int = 0) -> int:
@@ -191,9 +199,9 @@ def test_decode_msg_id_rejects_bad_text(bad: str) -> None:
     assert repr(bad) in str(caught.value)
 
 
-@pytest.mark.parametrize("bad", ["localhost", "::1", "1.2.3", "1.2.3.256", "01.2.3.4", ""])
+@pytest.mark.parametrize("bad", ["localhost", "::g", "1.2.3", "1.2.3.256", "01.2.3.4", ""])
 def test_generator_rejects_a_bad_ip(bad: str) -> None:
-    with pytest.raises(ValueError, match="dotted IPv4") as caught:
+    with pytest.raises(ValueError, match="IPv4 .dotted. or IPv6") as caught:
         MessageIdGenerator(bad)
     assert repr(bad) in str(caught.value)
 
@@ -288,8 +296,9 @@ def test_offset_msg_id_rejects_out_of_range(queue_id: int, offset: int, message:
     "store_host",
     [
         "broker-a:10911",
-        "[::1]:10911",
+        "[::g]:10911",
         "::1:10911",
+        "[1.2.3.4]:10911",
         "1.2.3.4",
         "1.2.3.4:",
         "1.2.3.4:65536",
@@ -305,7 +314,7 @@ def test_offset_msg_id_rejects_a_bad_store_host(store_host: str) -> None:
     assert repr(store_host) in str(caught.value)
 
 
-@pytest.mark.parametrize("bad", ["", "0" * 31, "Z" * 32, "0" * 16 + " " * 16])
+@pytest.mark.parametrize("bad", ["", "0" * 31, "0" * 55, "Z" * 32, "0" * 16 + " " * 16])
 def test_decode_offset_msg_id_rejects_bad_text(bad: str) -> None:
     with pytest.raises(ValueError, match="offsetMsgId must be 32 hexadecimal"):
         decode_offset_msg_id(bad)
@@ -326,3 +335,131 @@ def test_a_day_of_skew_wins_over_27_days_back_in_a_28_day_month() -> None:
     now = utc_ms(2073, 3, 1)
     assert decode_msg_id(raw_id(DAY_MS), now_ms=now).timestamp_ms == utc_ms(2073, 3, 2)
     assert decode_msg_id(raw_id(DAY_MS), now_ms=now - 1).timestamp_ms == utc_ms(2073, 2, 2)
+
+
+# ------------------------------------------------------------------ time zones, IPv6
+
+
+def iso_ms(text: str) -> int:
+    """Epoch ms of an ISO-8601 instant with an explicit offset (no zone rules involved)."""
+    from datetime import datetime
+
+    return round(datetime.fromisoformat(text).timestamp() * 1000)
+
+
+@pytest.mark.parametrize(
+    ("zone", "instant", "offset_ms"),
+    [
+        # Shanghai (UTC+8): 07:59:59 local on 1 November is 23:59:59 UTC on 31 October.
+        ("Asia/Shanghai", "2026-10-31T23:59:59+00:00", 7 * 3_600_000 + 59 * 60_000 + 59_000),
+        # Los Angeles: November starts at 00:00 PDT (UTC-7); DST ends at 02:00 PDT, so
+        # 02:00 PST is three hours of elapsed time after the local month start.
+        ("America/Los_Angeles", "2026-11-01T02:00:00-08:00", 3 * 3_600_000),
+        # Berlin: October starts at 00:00 CEST (UTC+2); its last ms is in CET (UTC+1):
+        # 31 days and an hour, less 1 ms.
+        ("Europe/Berlin", "2026-10-31T23:59:59.999+01:00", 31 * DAY_MS + 3_600_000 - 1),
+        ("UTC", "2026-11-01T00:00:00+00:00", 0),
+    ],
+)
+def test_the_time_field_counts_from_the_producers_local_month_start(
+    zone: str, instant: str, offset_ms: int
+) -> None:
+    t = iso_ms(instant)
+    msg_id = MessageIdGenerator("10.1.2.3", clock=lambda: t, tz=zone).next()
+    assert int(msg_id[20:28], 16) == offset_ms
+    assert decode_msg_id(msg_id, now_ms=t + 1000, tz=zone).timestamp_ms == t
+
+
+def _instants_around_month_edges(zone: str) -> list[int]:
+    from datetime import datetime, timedelta
+    from zoneinfo import ZoneInfo
+
+    tz = ZoneInfo(zone)
+    out = []
+    for year, month in [(2026, 1), (2026, 3), (2026, 4), (2026, 10), (2026, 11), (2026, 12)]:
+        start = datetime(year, month, 1, tzinfo=tz)
+        base = round(start.timestamp() * 1000)
+        out += [base + d for d in (-DAY_MS, -1000, -1, 0, 1, 1000, 12 * 3_600_000, 15 * DAY_MS)]
+    # the days of the DST changes (2026): US 8 March / 1 November, EU 29 March / 25 October
+    for day in ["2026-03-08", "2026-11-01", "2026-03-29", "2026-10-25"]:
+        midnight = datetime.fromisoformat(day).replace(tzinfo=tz)
+        for hours in (0, 1, 1.5, 2, 2.5, 3, 4):
+            out.append(round((midnight + timedelta(hours=hours)).timestamp() * 1000))
+    return out
+
+
+ZONES = ["UTC", "Asia/Shanghai", "America/Los_Angeles", "Europe/Berlin"]
+
+
+@pytest.mark.parametrize("ip", ["10.1.2.3", "2001:db8::17"])
+@pytest.mark.parametrize("zone", ZONES)
+def test_ids_decode_to_the_exact_ms_in_the_producers_zone(zone: str, ip: str) -> None:
+    for t in _instants_around_month_edges(zone):
+        gen = MessageIdGenerator(ip, clock=lambda t=t: t, tz=zone)
+        msg_id = gen.next()
+        assert len(msg_id) == (32 if "." in ip else 56)
+        for later in (0, 1, 1000, 3_600_000, 20 * DAY_MS):
+            info = decode_msg_id(msg_id, now_ms=t + later, tz=zone)
+            assert info.timestamp_ms == t, (zone, ip, t, later)
+            assert (info.ip, info.salt, info.counter) == (ip, gen.salt, 0)
+
+
+def test_an_id_made_1_s_before_a_local_month_start_decodes_to_that_instant() -> None:
+    made = iso_ms("2026-11-30T23:59:59+08:00")  # Shanghai, the last second of November
+    msg_id = MessageIdGenerator("10.1.2.3", clock=lambda: made, tz="Asia/Shanghai").next()
+    read_at = iso_ms("2026-12-01T00:00:05+08:00")
+    assert decode_msg_id(msg_id, now_ms=read_at, tz="Asia/Shanghai").timestamp_ms == made
+    # Read as if it were a UTC month's offset, the same id is eight hours off: the zone matters.
+    assert decode_msg_id(msg_id, now_ms=read_at, tz="UTC").timestamp_ms != made
+
+
+def test_the_default_zone_is_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    t = iso_ms("2026-11-01T02:00:00-08:00")
+    monkeypatch.setenv(MSGID_TIMEZONE_ENV, "America/Los_Angeles")
+    msg_id = MessageIdGenerator("10.1.2.3", clock=lambda: t).next()
+    assert int(msg_id[20:28], 16) == 3 * 3_600_000
+    assert decode_msg_id(msg_id, now_ms=t).timestamp_ms == t
+    monkeypatch.setenv(MSGID_TIMEZONE_ENV, "Mars/Olympus")
+    with pytest.raises(ValueError, match=f"{MSGID_TIMEZONE_ENV}: unknown time zone 'Mars/Olympus'"):
+        msgid_zone()
+
+
+def test_without_the_setting_ids_follow_the_hosts_zone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(MSGID_TIMEZONE_ENV)
+    monkeypatch.setenv("TZ", "Asia/Shanghai")
+    from tracemq.message_id import zone_named
+
+    zone_named.cache_clear()
+    try:
+        t = iso_ms("2026-10-31T23:59:59+00:00")
+        msg_id = MessageIdGenerator("10.1.2.3", clock=lambda: t).next()
+        assert int(msg_id[20:28], 16) == 7 * 3_600_000 + 59 * 60_000 + 59_000
+    finally:
+        zone_named.cache_clear()
+
+
+@given(ip=st.ip_addresses(v=6), t=instants, delay=st.integers(0, 27 * DAY_MS - 1))
+def test_round_trip_of_ipv6_ids(ip: ipaddress.IPv6Address, t: int, delay: int) -> None:
+    gen = MessageIdGenerator(str(ip), clock=lambda: t, tz="Europe/Berlin")
+    msg_id = gen.next()
+    assert re.fullmatch(r"[0-9A-F]{56}", msg_id)
+    assert msg_id.startswith(ip.packed.hex().upper())
+    info = decode_msg_id(msg_id, now_ms=t + delay, tz="Europe/Berlin")
+    assert (info.ip, info.timestamp_ms, info.salt) == (str(ip), t, gen.salt)
+
+
+def test_offset_msg_id_with_an_ipv6_store_host() -> None:
+    encoded = encode_offset_msg_id("[2001:db8::5]:10911", 3, 42)
+    assert encoded == "20010DB8000000000000000000000005" + "00002A9F" + "000300000000002A"
+    assert decode_offset_msg_id(encoded) == OffsetMsgIdInfo("[2001:db8::5]:10911", 3, 42)
+
+
+def test_a_client_with_a_bad_zone_setting_fails_at_construction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tracemq import Producer
+    from tracemq.errors import ConfigError
+
+    monkeypatch.setenv(MSGID_TIMEZONE_ENV, "Nowhere/Land")
+    with pytest.raises(ConfigError, match="TRACEMQ_MSGID_TIMEZONE: unknown time zone"):
+        Producer("PG_zone")

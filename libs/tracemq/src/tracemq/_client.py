@@ -20,8 +20,9 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tracemq._kafka import ProducerPool
+from tracemq.errors import ConfigError
 from tracemq.log import get_logger
-from tracemq.message_id import local_ipv4
+from tracemq.message_id import local_ipv4, msgid_zone
 from tracemq.naming import TRACE_TOPIC, validate_topic
 from tracemq.protocol import control
 from tracemq.routing import RouteCache
@@ -79,6 +80,10 @@ class ClientRuntime:
         self.group = group
         self.role = role
         self.settings = settings
+        try:  # fail at construction, not at the first send, on a bad TRACEMQ_MSGID_TIMEZONE
+            msgid_zone()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         self.client_host = local_ipv4()
         self.client_id = (
             f"{self.client_host}@{os.getpid()}#{settings.instance_name}#{uuid.uuid4().hex[:8]}"

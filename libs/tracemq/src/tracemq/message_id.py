@@ -2,15 +2,30 @@
 
 msgId (RocketMQ's ``UNIQ_KEY`` property) is 16 bytes written as 32 upper-case hex digits::
 
-    client IPv4 (4) | pid & 0xFFFF (2) | salt (4) | ms since month start, UTC (4) | counter (2)
+    client IPv4 (4) | pid & 0xFFFF (2) | salt (4) | ms since month start (4) | counter (2)
 
-The first 10 bytes are fixed per generator, so they are rendered to hex once. The time
-field only holds the offset from the start of the current month (a month of milliseconds
-fits in 32 bits), so decoding needs a reference time to know which month is meant.
+or, when the client's address is IPv6, 28 bytes (56 hex digits) with the 16-byte address first.
+The fixed prefix (address, pid, salt) is rendered to hex once per generator. The time field only
+holds the offset from the start of the current month (a month of milliseconds fits in 32 bits),
+so decoding needs a reference time to know which month is meant.
+
+**Time zone.** As RocketMQ's MessageClientIDSetter does, the month starts at local midnight of the
+1st *in the producer's time zone* (default: this host's zone, as the JVM's default; the setting
+``TRACEMQ_MSGID_TIMEZONE`` names another, e.g. ``Asia/Shanghai``). Decoding needs the producer's
+zone: the offset is elapsed milliseconds since that zone's month start, so DST changes inside
+the month do not matter, and month boundaries are exact.
+
+**Ids ahead of the reader's clock.** RocketMQ reads an id whose time is at or after "now" as last
+month's. tracemq allows a day of forward skew (the producer's clock may be ahead of the reader's)
+and only reads an id more than a day ahead as last month's: a skewed clock no longer moves a
+fresh message a month back, at the price that an id 27+ days old read on the 1st of the month
+after a 28-day month comes out a day ahead (see the tests at that edge).
 
 offsetMsgId is 16 bytes written as 32 upper-case hex digits::
 
     store host IPv4 (4) | store port (4, big-endian) | physical offset (8, big-endian)
+
+or 28 bytes (56 hex digits) with a 16-byte IPv6 store host, as RocketMQ's MessageDecoder writes.
 
 RocketMQ puts a commit-log offset in the last 8 bytes. tracemq has no commit log; it
 stores ``(queue_id << 48) | kafka_offset``, which names the Kafka record the message
@@ -20,6 +35,7 @@ became and keeps the id the same shape RocketMQ tools expect.
 from __future__ import annotations
 
 import calendar
+import contextlib
 import functools
 import ipaddress
 import itertools
@@ -32,22 +48,27 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 __all__ = [
     "MAX_KAFKA_OFFSET",
     "MAX_QUEUE_ID",
     "MessageIdGenerator",
+    "MSGID_TIMEZONE_ENV",
     "MsgIdInfo",
     "OffsetMsgIdInfo",
     "decode_msg_id",
     "decode_offset_msg_id",
     "encode_offset_msg_id",
     "local_ipv4",
+    "msg_id_created_ms",
+    "msgid_zone",
     "new_msg_id",
+    "zone_named",
 ]
 
-_HEX32 = re.compile(r"[0-9A-Fa-f]{32}")
+_HEX_ID = re.compile(r"[0-9A-Fa-f]{32}|[0-9A-Fa-f]{56}")
 _PORT = re.compile(r"[0-9]{1,5}")
 _DAY_MS = 86_400_000
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -63,28 +84,87 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _month_bounds(now_ms: int) -> tuple[int, int]:
-    """Start of the UTC month containing ``now_ms`` and start of the next, in epoch ms."""
-    # Timedelta arithmetic rather than fromtimestamp(): it is exact and handles any sign.
-    moment = _EPOCH + timedelta(milliseconds=now_ms)
-    year, month = moment.year, moment.month
-    start = calendar.timegm((year, month, 1, 0, 0, 0)) * 1000
-    next_year, next_month = (year + 1, 1) if month == 12 else (year, month + 1)
-    end = calendar.timegm((next_year, next_month, 1, 0, 0, 0)) * 1000
-    return start, end
+MSGID_TIMEZONE_ENV = "TRACEMQ_MSGID_TIMEZONE"
 
 
-def _ipv4_bytes(value: str, what: str) -> bytes:
+@functools.lru_cache(maxsize=64)
+def zone_named(name: str | None) -> tzinfo:
+    """The zone called ``name`` (IANA, e.g. ``Europe/Berlin``); ``None`` or ``""``: this host's.
+
+    Raises:
+        ValueError: no such zone; the message names it.
+    """
+    if name:
+        try:
+            return ZoneInfo(name)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(
+                f"unknown time zone {name!r} (an IANA name such as 'Asia/Shanghai' or 'UTC')"
+            ) from None
+    return _host_zone()
+
+
+def _host_zone() -> tzinfo:
+    """This host's zone with its DST rules (as the JVM's default zone), not a fixed offset."""
+    tz = os.environ.get("TZ", "").lstrip(":")
+    if tz:
+        with contextlib.suppress(ZoneInfoNotFoundError, ValueError, OSError):
+            return ZoneInfo(tz)
+    with contextlib.suppress(OSError, ValueError), open("/etc/localtime", "rb") as f:
+        return ZoneInfo.from_file(f, key="localtime")
+    return UTC
+
+
+def msgid_zone() -> tzinfo:
+    """The zone msgIds are written and read in: ``TRACEMQ_MSGID_TIMEZONE``, else the host's."""
     try:
-        return ipaddress.IPv4Address(value).packed
+        return zone_named(os.environ.get(MSGID_TIMEZONE_ENV) or None)
+    except ValueError as exc:
+        raise ValueError(f"{MSGID_TIMEZONE_ENV}: {exc}") from None
+
+
+def _month_bounds(now_ms: int, zone: tzinfo = UTC) -> tuple[int, int]:
+    """Start of the month (in ``zone``) containing ``now_ms`` and start of the next, epoch ms."""
+    # Timedelta arithmetic rather than fromtimestamp(): it is exact and handles any sign.
+    if zone is UTC:
+        moment = _EPOCH + timedelta(milliseconds=now_ms)
+        year, month = moment.year, moment.month
+        start = calendar.timegm((year, month, 1, 0, 0, 0)) * 1000
+        next_year, next_month = (year + 1, 1) if month == 12 else (year, month + 1)
+        end = calendar.timegm((next_year, next_month, 1, 0, 0, 0)) * 1000
+        return start, end
+    local = (_EPOCH + timedelta(milliseconds=now_ms)).astimezone(zone)
+    year, month = local.year, local.month
+    next_year, next_month = (year + 1, 1) if month == 12 else (year, month + 1)
+    return _local_midnight_ms(year, month, zone), _local_midnight_ms(next_year, next_month, zone)
+
+
+def _local_midnight_ms(year: int, month: int, zone: tzinfo) -> int:
+    # fold=0: a midnight skipped by a DST gap takes the offset before the change, and a
+    # repeated one its first occurrence — the instants Java's lenient Calendar gives.
+    start = datetime(year, month, 1, tzinfo=zone) - _EPOCH
+    return (start.days * 86_400 + start.seconds) * 1000 + start.microseconds // 1000
+
+
+def _ip_bytes(value: str, what: str) -> bytes:
+    try:
+        return ipaddress.ip_address(value).packed
     except ValueError:
-        raise ValueError(f"{what} must be a dotted IPv4 address, got {value!r}") from None
+        raise ValueError(
+            f"{what} must be an IPv4 (dotted) or IPv6 address, got {value!r}"
+        ) from None
 
 
-def _hex16(value: str, what: str) -> bytes:
-    if not isinstance(value, str) or _HEX32.fullmatch(value) is None:
-        raise ValueError(f"{what} must be 32 hexadecimal characters, got {value!r}")
+def _hex_id(value: str, what: str) -> bytes:
+    if not isinstance(value, str) or _HEX_ID.fullmatch(value) is None:
+        raise ValueError(
+            f"{what} must be 32 hexadecimal characters (56 with an IPv6 address), got {value!r}"
+        )
     return bytes.fromhex(value)
+
+
+def _address(raw: bytes) -> str:
+    return str(ipaddress.IPv4Address(raw) if len(raw) == 4 else ipaddress.IPv6Address(raw))
 
 
 @functools.cache
@@ -117,11 +197,14 @@ class MessageIdGenerator:
     since otherwise parent and child would issue the same ids.
 
     Args:
-        ip: IPv4 address to embed; defaults to :func:`local_ipv4`.
+        ip: address to embed, IPv4 (32-character ids) or IPv6 (56); defaults to
+            :func:`local_ipv4`.
         clock: returns the current epoch time in milliseconds; for tests.
+        tz: the zone whose month the ids count from (a zone name or tzinfo); defaults to
+            :func:`msgid_zone` (``TRACEMQ_MSGID_TIMEZONE``, else the host's zone).
 
     Raises:
-        ValueError: ``ip`` is not a dotted IPv4 address.
+        ValueError: ``ip`` is not an IP address, or ``tz`` names no zone.
     """
 
     __slots__ = (
@@ -136,10 +219,18 @@ class MessageIdGenerator:
         "_pid",
         "_prefix",
         "_salt",
+        "_zone",
     )
 
-    def __init__(self, ip: str | None = None, *, clock: Callable[[], int] | None = None) -> None:
-        self._ip_bytes = _ipv4_bytes(local_ipv4() if ip is None else ip, "ip")
+    def __init__(
+        self,
+        ip: str | None = None,
+        *,
+        clock: Callable[[], int] | None = None,
+        tz: str | tzinfo | None = None,
+    ) -> None:
+        self._ip_bytes = _ip_bytes(local_ipv4() if ip is None else ip, "ip")
+        self._zone = msgid_zone() if tz is None else zone_named(tz) if isinstance(tz, str) else tz
         self._clock = _now_ms if clock is None else clock
         # An empty window forces the month to be computed on the first call.
         self._month_start = 0
@@ -158,8 +249,13 @@ class MessageIdGenerator:
 
     @property
     def ip(self) -> str:
-        """The IPv4 address embedded in every id."""
-        return str(ipaddress.IPv4Address(self._ip_bytes))
+        """The address embedded in every id."""
+        return _address(self._ip_bytes)
+
+    @property
+    def zone(self) -> tzinfo:
+        """The zone whose months the ids count from."""
+        return self._zone
 
     @property
     def pid(self) -> int:
@@ -172,11 +268,11 @@ class MessageIdGenerator:
         return self._salt
 
     def next(self) -> str:
-        """Return a new msgId: 32 upper-case hex characters."""
+        """Return a new msgId: 32 upper-case hex characters (56 with an IPv6 address)."""
         with self._lock:
             now = self._clock()
             if not self._month_start <= now < self._next_month_start:
-                self._month_start, self._next_month_start = _month_bounds(now)
+                self._month_start, self._next_month_start = _month_bounds(now, self._zone)
             elif now < self._last_ms:
                 # The wall clock stepped back; reusing earlier stamps could repeat ids.
                 now = self._last_ms
@@ -232,7 +328,7 @@ class MsgIdInfo:
     """The parts of a decoded msgId.
 
     Attributes:
-        ip: client IPv4 address.
+        ip: client address (IPv4, or IPv6 for a 56-character id).
         pid: low 16 bits of the client's process id.
         salt: the generator's random salt.
         timestamp_ms: creation time in epoch milliseconds, reconstructed from the
@@ -247,35 +343,46 @@ class MsgIdInfo:
     counter: int
 
 
-def decode_msg_id(msg_id: str, now_ms: int | None = None) -> MsgIdInfo:
+def msg_id_created_ms(offset_ms: int, now_ms: int, zone: tzinfo = UTC) -> int:
+    """The creation instant of an id holding ``offset_ms`` since a month start in ``zone``,
+    read at ``now_ms``: the month containing ``now_ms``, unless that puts the creation more
+    than a day after ``now_ms`` (clock skew allowed), in which case the previous month.
+
+    This is the one definition of the rule; the Spark job applies the same arithmetic."""
+    month_start, _ = _month_bounds(now_ms, zone)
+    timestamp = month_start + offset_ms
+    if timestamp > now_ms + _DAY_MS:
+        previous_month_start, _ = _month_bounds(month_start - 1, zone)
+        timestamp = previous_month_start + offset_ms
+    return timestamp
+
+
+def decode_msg_id(
+    msg_id: str, now_ms: int | None = None, *, tz: str | tzinfo | None = None
+) -> MsgIdInfo:
     """Split a msgId into its parts.
 
-    The id holds milliseconds since the start of a UTC month but not which month. It is
-    taken to be the month containing ``now_ms``, unless that puts the creation time more
-    than a day after ``now_ms``, in which case the id must come from the previous month.
-    The day of slack absorbs clock skew between the id's creator and the decoder.
+    The id holds milliseconds since the start of a month in the producer's zone but not
+    which month: see :func:`msg_id_created_ms`.
 
     Args:
-        msg_id: 32 hex characters, either case.
+        msg_id: 32 hex characters (56 with an IPv6 address), either case.
         now_ms: reference time in epoch milliseconds; defaults to now.
+        tz: the producer's zone (name or tzinfo); defaults to :func:`msgid_zone`.
 
     Raises:
-        ValueError: ``msg_id`` is not 32 hex characters.
+        ValueError: ``msg_id`` is not 32 or 56 hex characters, or ``tz`` names no zone.
     """
-    raw = _hex16(msg_id, "msgId")
+    raw = _hex_id(msg_id, "msgId")
+    zone = msgid_zone() if tz is None else zone_named(tz) if isinstance(tz, str) else tz
     now = _now_ms() if now_ms is None else now_ms
-    offset = int.from_bytes(raw[10:14], "big")
-    month_start, _ = _month_bounds(now)
-    timestamp = month_start + offset
-    if timestamp > now + _DAY_MS:
-        previous_month_start, _ = _month_bounds(month_start - 1)
-        timestamp = previous_month_start + offset
+    a = len(raw) - 12  # address length: 4 or 16
     return MsgIdInfo(
-        ip=str(ipaddress.IPv4Address(raw[0:4])),
-        pid=int.from_bytes(raw[4:6], "big"),
-        salt=int.from_bytes(raw[6:10], "big"),
-        timestamp_ms=timestamp,
-        counter=int.from_bytes(raw[14:16], "big"),
+        ip=_address(raw[0:a]),
+        pid=int.from_bytes(raw[a : a + 2], "big"),
+        salt=int.from_bytes(raw[a + 2 : a + 6], "big"),
+        timestamp_ms=msg_id_created_ms(int.from_bytes(raw[a + 6 : a + 10], "big"), now, zone),
+        counter=int.from_bytes(raw[a + 10 : a + 12], "big"),
     )
 
 
@@ -299,13 +406,18 @@ def _parse_store_host(store_host: str) -> tuple[bytes, int]:
     host, colon, port = store_host.rpartition(":")
     if not colon or _PORT.fullmatch(port) is None or int(port) > 0xFFFF:
         raise ValueError(
-            f"store host must be 'a.b.c.d:port' with a port in 0..65535, got {store_host!r}"
+            f"store host must be 'a.b.c.d:port' or '[v6]:port' with a port in 0..65535, "
+            f"got {store_host!r}"
         )
     try:
-        ip = ipaddress.IPv4Address(host).packed
+        if host.startswith("[") and host.endswith("]"):
+            ip = ipaddress.IPv6Address(host[1:-1]).packed
+        else:
+            ip = ipaddress.IPv4Address(host).packed
     except ValueError:
         raise ValueError(
-            f"store host must be a dotted IPv4 address and a port, got {store_host!r}"
+            f"store host must be a dotted IPv4 address or a bracketed IPv6 address and a "
+            f"port, got {store_host!r}"
         ) from None
     return ip, int(port)
 
@@ -314,12 +426,13 @@ def encode_offset_msg_id(store_host: str, queue_id: int, kafka_offset: int) -> s
     """Build the offsetMsgId of a stored message.
 
     Args:
-        store_host: ``a.b.c.d:port`` of the broker; host names are not resolved.
+        store_host: ``a.b.c.d:port`` or ``[v6]:port`` of the broker; host names are not
+            resolved.
         queue_id: queue id, 0..65535.
         kafka_offset: Kafka record offset, 0..2**48-1.
 
     Returns:
-        32 upper-case hex characters.
+        32 upper-case hex characters (56 for an IPv6 store host).
 
     Raises:
         ValueError: an argument is malformed or out of range; the message names it.
@@ -337,14 +450,15 @@ def decode_offset_msg_id(offset_msg_id: str) -> OffsetMsgIdInfo:
     """Split an offsetMsgId into store host, queue id and Kafka offset.
 
     Raises:
-        ValueError: ``offset_msg_id`` is not 32 hex characters.
+        ValueError: ``offset_msg_id`` is not 32 or 56 hex characters.
     """
-    raw = _hex16(offset_msg_id, "offsetMsgId")
-    ip = ipaddress.IPv4Address(raw[0:4])
-    port = int.from_bytes(raw[4:8], "big")
-    physical = int.from_bytes(raw[8:16], "big")
+    raw = _hex_id(offset_msg_id, "offsetMsgId")
+    a = len(raw) - 12  # address length: 4 or 16
+    ip = _address(raw[0:a])
+    port = int.from_bytes(raw[a : a + 4], "big")
+    physical = int.from_bytes(raw[a + 4 : a + 12], "big")
     return OffsetMsgIdInfo(
-        store_host=f"{ip}:{port}",
+        store_host=f"[{ip}]:{port}" if a == 16 else f"{ip}:{port}",
         queue_id=physical >> 48,
         kafka_offset=physical & MAX_KAFKA_OFFSET,
     )
