@@ -289,3 +289,72 @@ async def test_without_a_token_peers_get_no_credentials_and_with_one_no_redirect
     body = await resp.json()
     assert resp.status == 200 and body["peers_failed"][0]["reason"] == "status"
     assert [r.path for r in seen2] == ["/api/v1/traces"]  # the redirect was not followed
+
+
+class FakeRegistry:
+    """The two Redis calls :meth:`Queries.peers` makes, over dicts."""
+
+    def __init__(self, beats: dict[str, float], sigs: dict[str, str]) -> None:
+        self.beats, self.sigs = beats, sigs
+
+    async def zrevrangebyscore(
+        self, _key: str, hi: float, lo: float, start: int, num: int
+    ) -> list[str]:
+        live = [u for u, at in self.beats.items() if lo <= at <= hi]
+        return sorted(live, key=lambda u: -self.beats[u])[start : start + num]
+
+    async def hmget(self, _key: str, urls: list[str]) -> list[str | None]:
+        return [self.sigs.get(u) for u in urls]
+
+
+async def test_peers_are_only_fresh_proven_registrations_and_at_most_max_peers(
+    store: TraceStore,
+) -> None:
+    import time
+
+    from tracemq_collector.queries import MAX_PEERS
+
+    now = int(time.time() * 1000)
+    good = [f"http://10.0.0.{i}:8080" for i in range(MAX_PEERS + 3)]
+    beats: dict[str, float] = {u: now - i for i, u in enumerate(good)}
+    sigs = {u: sign_registration("s3cret", u, now - i) for i, u in enumerate(good)}
+    beats |= {
+        SELF: now,
+        "http://forged:1": float("inf"),  # a score ahead of every clock does not lead
+        "http://unsigned:1": now,
+        "http://wrong:1": now,
+        "http://old:1": now,
+        "not a url": now,
+    }
+    sigs |= {
+        "http://wrong:1": sign_registration("other", "http://wrong:1", now),
+        "http://old:1": sign_registration("s3cret", "http://old:1", now - PEER_TTL_MS - 1),
+        "not a url": sign_registration("s3cret", "not a url", now),
+    }
+    q = Queries(
+        store,
+        redis=FakeRegistry(beats, sigs),  # type: ignore[arg-type]
+        prefix="t:",
+        self_url=SELF,
+        token="s3cret",
+        fanout_timeout_s=1,
+    )
+    try:
+        trusted, skipped = await q.peers()
+        assert trusted == good[:MAX_PEERS]
+        assert {s["peer"]: s["reason"] for s in skipped} == {
+            "http://unsigned:1": "unsigned",
+            "http://wrong:1": "bad_signature",
+            "http://old:1": "stale",
+            "not a url": "bad_url",
+            **{u: "too_many_peers" for u in good[MAX_PEERS:]},
+        }
+        # Without a token nothing can be proven: every live well-formed URL is asked, and
+        # without credentials.
+        q.token = None
+        trusted, skipped = await q.peers()
+        assert len(trusted) == MAX_PEERS and "http://forged:1" not in trusted
+        assert {"http://unsigned:1", "http://wrong:1", "http://old:1"} <= set(trusted)
+        assert {s["reason"] for s in skipped} == {"bad_url", "too_many_peers"}
+    finally:
+        await q.close()

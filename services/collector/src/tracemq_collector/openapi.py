@@ -11,8 +11,9 @@ from tracemq_collector.store import MAX_PAGE_SIZE
 _PEERS_FAILED = {
     "type": "array",
     "description": "peers skipped or failed: their part is missing from this answer"
-    " (always empty with local=1). reason: unsigned, bad_signature, stale, bad_url,"
-    " unregistered (registration not proven; the peer was not asked), timeout, unreachable,"
+    " (always empty with local=1). reason: unsigned, bad_signature, stale (registration"
+    " not proven with the shared token), bad_url,"
+    " unregistered, too_many_peers (the peer was not asked), timeout, unreachable,"
     " status, too_large, malformed (its answer was dropped), invalid_items (some of its items"
     " were dropped)",
     "items": {

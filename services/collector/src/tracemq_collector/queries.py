@@ -52,8 +52,10 @@ log = get_logger("collector.queries")
 PEER_TTL_MS = 30_000
 #: A signature dated this far ahead of our clock is refused too (clock skew allowance).
 PEER_SKEW_MS = 30_000
-#: Registrations read per query: the fan-out stays bounded whatever the registry holds.
+#: Peers asked per query: the fan-out stays bounded whatever the registry holds.
 MAX_PEERS = 32
+#: Registrations read (and checked) per query.
+MAX_REGISTRATIONS = 4 * MAX_PEERS
 #: Largest peer answer read; a longer one is the peer failing (``too_large``).
 MAX_PEER_ANSWER_BYTES = 32 << 20
 #: A collector's own page cursor is 24 base64 characters; a peer's longer one is not a cursor.
@@ -222,13 +224,15 @@ class Queries:
             return [], []
         now = int(time.time() * 1000)
         try:
+            # Newest first, none dated ahead of the skew (forged "+inf" scores do not lead).
             found = await self.redis.zrevrangebyscore(
-                self.keys.collectors, "+inf", now - PEER_TTL_MS, start=0, num=MAX_PEERS + 1
+                self.keys.collectors,
+                now + PEER_SKEW_MS,
+                now - PEER_TTL_MS,
+                start=0,
+                num=MAX_REGISTRATIONS,
             )
             urls = [str(u) for u in found if u != self.self_url]
-            if len(urls) > MAX_PEERS:
-                log.warning("more live collectors than the fan-out takes", limit=MAX_PEERS)
-                urls = urls[:MAX_PEERS]
             sigs = [
                 None if v is None else str(v)
                 for v in (
@@ -250,6 +254,12 @@ class Queries:
                 skipped.append(_failed(url, why, "registration not proven with the shared token"))
                 continue
             trusted.append(url)
+        if len(trusted) > MAX_PEERS:
+            log.warning("more live collectors than the fan-out takes", limit=MAX_PEERS)
+            skipped += [
+                _failed(u, "too_many_peers", f"over {MAX_PEERS}") for u in trusted[MAX_PEERS:]
+            ]
+            trusted = trusted[:MAX_PEERS]
         return trusted, skipped
 
     async def _peer_get(self, url: str, path: str, params: dict[str, str]) -> Any:
