@@ -1,6 +1,9 @@
 """The collector's HTTP API (``/api/v1``), the trace viewer page and the bearer-token guard.
 
 Bad parameters answer 400 with ``{"error": ..., "parameter": ...}``; an unknown message 404.
+Every query parameter goes through one parser (below): numbers are ASCII decimal integers in
+range, text has no control characters or invalid UTF-8, so no input reaches SQLite or int()
+in a shape that raises. Fan-out answers carry ``peers_failed`` (see :mod:`queries`).
 With ``TRACEMQ_COLLECTOR_API_TOKEN`` set, every data endpoint and /metrics need
 ``Authorization: Bearer <token>``; /healthz and the page's static shell stay open (they hold no
 trace data; the page asks for the token when the API answers 401).
