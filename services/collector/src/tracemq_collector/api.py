@@ -1,6 +1,9 @@
 """The collector's HTTP API (``/api/v1``), the trace viewer page and the bearer-token guard.
 
 Bad parameters answer 400 with ``{"error": ..., "parameter": ...}``; an unknown message 404.
+Every query parameter goes through one parser (below): numbers are ASCII decimal integers in
+range, text has no control characters or invalid UTF-8, so no input reaches SQLite or int()
+in a shape that raises. Fan-out answers carry ``peers_failed`` (see :mod:`queries`).
 With ``TRACEMQ_COLLECTOR_API_TOKEN`` set, every data endpoint and /metrics need
 ``Authorization: Bearer <token>``; /healthz and the page's static shell stay open (they hold no
 trace data; the page asks for the token when the API answers 401).
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import hmac
 import re
+import unicodedata
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
@@ -17,14 +21,20 @@ from typing import Any
 
 from aiohttp import web
 
+from tracemq_collector.events import MAX_TIMESTAMP_MS
 from tracemq_collector.openapi import OPENAPI
-from tracemq_collector.queries import Queries
+from tracemq_collector.queries import MSG_ID_PATTERN, BadCursor, Queries
+from tracemq_collector.store import MAX_PAGE_SIZE
 from tracemq_collector.view import build_view
 
 STATIC = Path(__file__).parent / "static"
-_MSG_ID = re.compile(r"^[0-9A-Za-z_.:-]{1,128}$")
+_MSG_ID = re.compile(MSG_ID_PATTERN)
 QUERIES_KEY: web.AppKey[Queries] = web.AppKey("queries", Queries)
 OPEN_PATHS = ("/healthz",)
+#: Digits of the largest number any parameter takes: int() never sees a 5 000-digit string.
+_INTEGER = re.compile(r"-?[0-9]{1,20}")
+_CURSOR = re.compile(r"[0-9A-Za-z_=-]+")
+_MAX_CURSOR_CHARS = 6000
 
 
 class BadParameter(Exception):
@@ -33,49 +43,88 @@ class BadParameter(Exception):
         self.parameter = parameter
 
 
-def _error(status: int, message: str, parameter: str | None = None) -> web.Response:
-    body: dict[str, Any] = {"error": message}
+def _error(status: int, message: str, parameter: str | None = None, **extra: Any) -> web.Response:
+    body: dict[str, Any] = {"error": message, **extra}
     if parameter:
         body["parameter"] = parameter
     return web.json_response(body, status=status)
 
 
-def _time(req: web.Request, name: str) -> int | None:
+def _shown(raw: str) -> str:
+    return repr(raw) if len(raw) <= 40 else f"{raw[:40]!r}... ({len(raw)} characters)"
+
+
+# -- the one parameter parser: every route reads its query through these ---------------------
+def _raw(req: web.Request, name: str) -> str | None:
     raw = req.query.get(name)
-    if raw is None or raw == "":
+    return None if raw is None or raw == "" else raw
+
+
+def _integer(name: str, raw: str, lo: int, hi: int) -> int:
+    """``raw`` as an ASCII decimal integer in ``lo..hi`` (int() alone takes other scripts'
+    digits, spaces and underscores, and any length)."""
+    if not _INTEGER.fullmatch(raw) or not lo <= (value := int(raw)) <= hi:
+        raise BadParameter(name, f"{name} must be an integer from {lo} to {hi}, got {_shown(raw)}")
+    return value
+
+
+def _time(req: web.Request, name: str) -> int | None:
+    raw = _raw(req, name)
+    if raw is None:
         return None
-    if re.fullmatch(r"-?\d+", raw):
-        value = int(raw)
-    else:
+    expected = f"{name} must be epoch milliseconds (0 to {MAX_TIMESTAMP_MS}) or ISO 8601"
+    if _INTEGER.fullmatch(raw) or raw.lstrip("-").isdigit():
         try:
-            dt = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-        except ValueError:
-            raise BadParameter(
-                name, f"{name} must be epoch milliseconds or ISO 8601, got {raw!r}"
-            ) from None
-        if dt.tzinfo is None:
-            raise BadParameter(name, f"{name} needs a time zone (e.g. 'Z'), got {raw!r}")
+            return _integer(name, raw, 0, MAX_TIMESTAMP_MS)
+        except BadParameter:
+            raise BadParameter(name, f"{expected}, got {_shown(raw)}") from None
+    if len(raw) > 64 or not raw.isascii():
+        raise BadParameter(name, f"{expected}, got {_shown(raw)}")
+    try:
+        dt = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise BadParameter(name, f"{expected}, got {_shown(raw)}") from None
+    if dt.tzinfo is None:
+        raise BadParameter(name, f"{name} needs a time zone (e.g. 'Z'), got {_shown(raw)}")
+    try:
         value = int(dt.timestamp() * 1000)
-    if value < 0:
-        raise BadParameter(name, f"{name} must not be negative, got {raw!r}")
+    except (OverflowError, OSError, ValueError):
+        value = -1
+    if not 0 <= value <= MAX_TIMESTAMP_MS:
+        raise BadParameter(name, f"{expected}, got {_shown(raw)}")
     return value
 
 
 def _limit(req: web.Request) -> int:
-    raw = req.query.get("limit", "50")
-    if not re.fullmatch(r"\d+", raw) or not 1 <= int(raw) <= 1000:
-        raise BadParameter("limit", f"limit must be an integer from 1 to 1000, got {raw!r}")
-    return int(raw)
+    raw = _raw(req, "limit")
+    return 50 if raw is None else _integer("limit", raw, 1, MAX_PAGE_SIZE)
 
 
 def _text(req: web.Request, name: str, *, required: bool, max_len: int = 256) -> str | None:
-    raw = req.query.get(name)
-    if raw is None or raw == "":
+    raw = _raw(req, name)
+    if raw is None:
         if required:
             raise BadParameter(name, f"{name} is required")
         return None
-    if len(raw) > max_len or any(c in raw for c in "\x00\x01\x02"):
-        raise BadParameter(name, f"{name} is invalid (too long or control characters)")
+    if len(raw) > max_len:
+        raise BadParameter(name, f"{name} is longer than {max_len} characters")
+    # U+FFFD is what an invalid UTF-8 percent-escape decodes to; surrogates cannot be stored.
+    if any(unicodedata.category(c) in ("Cc", "Cs") or c == "\ufffd" for c in raw):
+        raise BadParameter(name, f"{name} holds control characters or invalid UTF-8")
+    return raw
+
+
+def _flag(req: web.Request, name: str) -> bool:
+    raw = _raw(req, name)
+    if raw not in (None, "0", "1"):
+        raise BadParameter(name, f"{name} must be 0 or 1, got {_shown(raw)}")
+    return raw == "1"
+
+
+def _cursor(req: web.Request) -> str | None:
+    raw = _raw(req, "cursor")
+    if raw is not None and (len(raw) > _MAX_CURSOR_CHARS or not _CURSOR.fullmatch(raw)):
+        raise BadParameter("cursor", "cursor is invalid (not a next_cursor of this API)")
     return raw
 
 
@@ -125,13 +174,13 @@ def auth_middleware(token: str | None) -> Any:
 
 async def get_trace(req: web.Request) -> web.Response:
     msg_id = req.match_info["msg_id"]
-    if not _MSG_ID.match(msg_id):
-        raise BadParameter("msg_id", f"msg_id {msg_id[:40]!r} is not a message id")
-    local = req.query.get("local") == "1"
-    events = await req.app[QUERIES_KEY].trace_events(msg_id, local=local)
+    if not _MSG_ID.fullmatch(msg_id):
+        raise BadParameter("msg_id", f"msg_id {_shown(msg_id)} is not a message id")
+    local = _flag(req, "local")
+    events, failed = await req.app[QUERIES_KEY].trace_events(msg_id, local=local)
     if not events:
-        return _error(404, f"no trace for msgId {msg_id}")
-    return web.json_response(build_view(msg_id, events))
+        return _error(404, f"no trace for msgId {msg_id}", peers_failed=failed)
+    return web.json_response({**build_view(msg_id, events), "peers_failed": failed})
 
 
 async def find_traces(req: web.Request) -> web.Response:
@@ -149,16 +198,15 @@ async def list_messages(req: web.Request) -> web.Response:
 
 async def _listing(req: web.Request, kind: str, params: dict[str, Any]) -> web.Response:
     limit = _limit(req)
-    cursor = _text(req, "cursor", required=False, max_len=4096)
+    cursor = _cursor(req)
+    local = _flag(req, "local")
     try:
-        items, nxt = await req.app[QUERIES_KEY].listing(
-            kind, params, limit=limit, cursor=cursor, local=req.query.get("local") == "1"
+        items, nxt, failed = await req.app[QUERIES_KEY].listing(
+            kind, params, limit=limit, cursor=cursor, local=local
         )
-    except ValueError as exc:
-        if "cursor" in str(exc):
-            raise BadParameter("cursor", "cursor is invalid") from None
-        raise
-    return web.json_response({"items": items, "next_cursor": nxt})
+    except BadCursor:
+        raise BadParameter("cursor", "cursor is invalid (not a next_cursor of this API)") from None
+    return web.json_response({"items": items, "next_cursor": nxt, "peers_failed": failed})
 
 
 async def list_quarantine(req: web.Request) -> web.Response:

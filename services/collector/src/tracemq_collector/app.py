@@ -20,7 +20,7 @@ from tracemq_collector import metrics
 from tracemq_collector.api import add_routes
 from tracemq_collector.ingest import Ingestor
 from tracemq_collector.lake import TraceLake
-from tracemq_collector.queries import Queries
+from tracemq_collector.queries import Queries, sign_registration
 from tracemq_collector.settings import CollectorSettings
 from tracemq_collector.store import TraceStore
 
@@ -90,8 +90,7 @@ class Collector:
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        with contextlib.suppress(Exception):
-            await self.redis.zrem(self.keys.collectors, self.settings.api_url)
+        await self._unregister()
         await self.ingestor.stop()  # flushes the lake and commits
         await self.routes.stop()
         await self.queries.close()
@@ -111,12 +110,29 @@ class Collector:
         }
 
     async def _register(self) -> None:
+        """Heartbeat in ``P collectors``, with the proof peers check before they trust this
+        URL with the token (see :mod:`tracemq_collector.queries`)."""
+        url, now = self.settings.api_url, int(time.time() * 1000)
+        token = self.settings.collector_api_token
         try:
-            await self.redis.zadd(
-                self.keys.collectors, {self.settings.api_url: int(time.time() * 1000)}
-            )
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.zadd(self.keys.collectors, {url: now})
+                if token:
+                    pipe.hset(
+                        self.keys.collector_signatures, url, sign_registration(token, url, now)
+                    )
+                else:
+                    pipe.hdel(self.keys.collector_signatures, url)
+                await pipe.execute()
         except (RedisError, OSError) as exc:
             log.warning("collector registration failed", error=repr(exc))
+
+    async def _unregister(self) -> None:
+        with contextlib.suppress(Exception):
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.zrem(self.keys.collectors, self.settings.api_url)
+                pipe.hdel(self.keys.collector_signatures, self.settings.api_url)
+                await pipe.execute()
 
     async def _registration_loop(self) -> None:
         while True:

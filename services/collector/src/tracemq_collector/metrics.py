@@ -19,3 +19,9 @@ RETENTION_DELETED = Counter(
     "tracemq_collector_retention_deleted_total", "Events deleted by retention"
 )
 LAST_INGEST = Gauge("tracemq_collector_last_ingest_timestamp_seconds", "Last batch stored")
+PEER_FAILURES = Counter(
+    "tracemq_collector_peer_failures_total",
+    "Peers skipped (registration not proven) or whose answer failed or was partly dropped,"
+    " per query",
+    ["reason"],
+)

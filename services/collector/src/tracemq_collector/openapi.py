@@ -4,10 +4,36 @@ from __future__ import annotations
 
 from typing import Any
 
+from tracemq_collector.events import MAX_TIMESTAMP_MS
+from tracemq_collector.queries import MSG_ID_PATTERN
+from tracemq_collector.store import MAX_PAGE_SIZE
+
+_PEERS_FAILED = {
+    "type": "array",
+    "description": "peers skipped or failed: their part is missing from this answer"
+    " (always empty with local=1). reason: unsigned, bad_signature, stale (registration"
+    " not proven with the shared token), bad_url,"
+    " unregistered, too_many_peers (the peer was not asked), timeout, unreachable,"
+    " status, too_large, malformed (its answer was dropped), invalid_items (some of its items"
+    " were dropped)",
+    "items": {
+        "type": "object",
+        "required": ["peer", "reason", "error"],
+        "properties": {
+            "peer": {"type": "string"},
+            "reason": {"type": "string"},
+            "error": {"type": "string"},
+        },
+    },
+}
 _ERROR = {
     "type": "object",
     "required": ["error"],
-    "properties": {"error": {"type": "string"}, "parameter": {"type": "string"}},
+    "properties": {
+        "error": {"type": "string"},
+        "parameter": {"type": "string", "description": "the parameter at fault (400)"},
+        "peers_failed": _PEERS_FAILED,
+    },
 }
 _ATTEMPT = {
     "type": "object",
@@ -33,6 +59,7 @@ _VIEW = {
         "consumers",
         "dead_letters",
         "events",
+        "peers_failed",
     ],
     "properties": {
         "msg_id": {"type": "string"},
@@ -81,11 +108,12 @@ _VIEW = {
             },
         },
         "events": {"type": "array", "items": {"type": "object", "description": "a trace lake row"}},
+        "peers_failed": _PEERS_FAILED,
     },
 }
 _LIST = {
     "type": "object",
-    "required": ["items", "next_cursor"],
+    "required": ["items", "next_cursor", "peers_failed"],
     "properties": {
         "items": {
             "type": "array",
@@ -101,6 +129,7 @@ _LIST = {
             },
         },
         "next_cursor": {"type": ["string", "null"]},
+        "peers_failed": _PEERS_FAILED,
     },
 }
 
@@ -117,18 +146,38 @@ def _p(
     }
 
 
-_TIME = {"oneOf": [{"type": "integer"}, {"type": "string", "format": "date-time"}]}
+# No control characters, and no U+FFFD (what invalid UTF-8 percent-escapes decode to).
+_TEXT_PATTERN = "^[^\\u0000-\\u001f\\u007f-\\u009f\\ufffd]*$"
+_TIME = {
+    "oneOf": [
+        {"type": "integer", "minimum": 0, "maximum": MAX_TIMESTAMP_MS},
+        {"type": "string", "format": "date-time", "description": "1970 to 9999, with a zone"},
+    ]
+}
+_LIMIT = _p(
+    "limit",
+    f"1..{MAX_PAGE_SIZE} (default 50) per collector",
+    schema={"type": "integer", "minimum": 1, "maximum": MAX_PAGE_SIZE},
+)
+_LOCAL = _p(
+    "local", "1: this collector only (no fan-out)", schema={"type": "string", "enum": ["0", "1"]}
+)
 _PAGING = [
     _p("begin", "from (epoch ms or ISO 8601)", schema=_TIME),
-    _p("end", "to (epoch ms or ISO 8601)", schema=_TIME),
+    _p("end", "to (epoch ms or ISO 8601), not before begin", schema=_TIME),
+    _LIMIT,
     _p(
-        "limit",
-        "1..1000 (default 50) per collector",
-        schema={"type": "integer", "minimum": 1, "maximum": 1000},
+        "cursor",
+        "next_cursor of the previous page",
+        schema={"type": "string", "pattern": "^[0-9A-Za-z_=-]{1,6000}$"},
     ),
-    _p("cursor", "next_cursor of the previous page"),
-    _p("local", "1: this collector only (no fan-out)"),
+    _LOCAL,
 ]
+
+
+def _text(name: str, desc: str, max_len: int, *, required: bool = False) -> dict[str, Any]:
+    schema = {"type": "string", "minLength": 1, "maxLength": max_len, "pattern": _TEXT_PATTERN}
+    return _p(name, desc, required=required, schema=schema)
 
 
 def _responses(ok: dict[str, Any]) -> dict[str, Any]:
@@ -160,9 +209,9 @@ OPENAPI: dict[str, Any] = {
                         "name": "msg_id",
                         "in": "path",
                         "required": True,
-                        "schema": {"type": "string", "pattern": "^[0-9A-Za-z_.:-]{1,128}$"},
+                        "schema": {"type": "string", "pattern": MSG_ID_PATTERN},
                     },
-                    _p("local", "1: this collector only"),
+                    _LOCAL,
                 ],
                 "responses": {
                     **_responses(_VIEW),
@@ -177,8 +226,8 @@ OPENAPI: dict[str, Any] = {
             "get": {
                 "summary": "Messages carrying a business key (newest first)",
                 "parameters": [
-                    _p("key", "business key", required=True),
-                    _p("topic", "only this topic"),
+                    _text("key", "business key", 256, required=True),
+                    _text("topic", "only this topic", 127),
                     *_PAGING,
                 ],
                 "responses": _responses(_LIST),
@@ -187,14 +236,14 @@ OPENAPI: dict[str, Any] = {
         "/api/v1/messages": {
             "get": {
                 "summary": "Messages sent to a topic in a time range (newest first)",
-                "parameters": [_p("topic", "topic", required=True), *_PAGING],
+                "parameters": [_text("topic", "topic", 127, required=True), *_PAGING],
                 "responses": _responses(_LIST),
             }
         },
         "/api/v1/quarantine": {
             "get": {
                 "summary": "Trace records that could not be decoded",
-                "parameters": [_p("limit", "1..1000", schema={"type": "integer"})],
+                "parameters": [_LIMIT],
                 "responses": _responses({"type": "object"}),
             }
         },

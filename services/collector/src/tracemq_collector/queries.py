@@ -1,25 +1,191 @@
 """Look-ups over the local trace store and, unless ``local`` is asked for, every other live
-collector registered in Redis (each collector stores the partitions it was assigned)."""
+collector registered in Redis (each collector stores the partitions it was assigned).
+
+The registry is input anyone with Redis access can write, and a peer's answer is input from
+the network, so neither is trusted:
+
+* **Registration proof.** A collector with an API token (``TRACEMQ_COLLECTOR_API_TOKEN``, the
+  secret every collector of a deployment shares) signs its registration: next to its heartbeat
+  in ``P collectors`` it writes ``<ms>:<HMAC-SHA256(token, url, ms)>`` to
+  ``P collector-signatures``. A collector with a token fans out only to registrations whose
+  signature verifies and is fresh (at most :data:`PEER_TTL_MS` old); any other is skipped,
+  never sent the token, and reported as a failed peer. Without a token there is no secret to
+  leak or to prove anything with: such a collector fans out to every live registration
+  without credentials, and still validates what comes back.
+* **Answer validation.** A peer's answer is read with a size cap and a time-out and checked
+  against the shape a collector answers with (:class:`PeerList`, :class:`PeerEvent`); an
+  item that fails is dropped, an answer that fails as a whole counts as that peer failing.
+
+Every skipped registration and failed or partly dropped answer is named in the answer's
+``peers_failed`` (``{"peer", "reason", "error"}``), counted in
+``tracemq_collector_peer_failures_total{reason}`` and logged; the local part is always answered.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
+import hmac
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 import aiohttp
+import pyarrow as pa
 import redis.asyncio as aioredis
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from redis.exceptions import RedisError
+from tracemq.lake_schema import COLUMNS
 from tracemq.log import get_logger
 from tracemq.routing.keys import RedisKeys
 
+from tracemq_collector import metrics
+from tracemq_collector.events import MAX_FIELD_CHARS
 from tracemq_collector.store import TraceStore
 
 log = get_logger("collector.queries")
 
+#: A registration (heartbeat and signature) older than this is not a live collector.
 PEER_TTL_MS = 30_000
+#: A signature dated this far ahead of our clock is refused too (clock skew allowance).
+PEER_SKEW_MS = 30_000
+#: Peers asked per query: the fan-out stays bounded whatever the registry holds.
+MAX_PEERS = 32
+#: Registrations read (and checked) per query.
+MAX_REGISTRATIONS = 4 * MAX_PEERS
+#: Largest peer answer read; a longer one is the peer failing (``too_large``).
+MAX_PEER_ANSWER_BYTES = 32 << 20
+#: A collector's own page cursor is 24 base64 characters; a peer's longer one is not a cursor.
+MAX_PEER_CURSOR_CHARS = 256
+MSG_ID_PATTERN = r"^[0-9A-Za-z_.:-]{1,128}$"
+_CURSOR_PATTERN = r"^[0-9A-Za-z_=-]+$"
+_SIGNED = b"tracemq-collector-registration\n"
+
+
+class BadCursor(ValueError):
+    """The client's page cursor is not one this collector handed out."""
+
+
+# -- registration proof ----------------------------------------------------------------------
+def sign_registration(secret: str, url: str, at_ms: int) -> str:
+    """The ``P collector-signatures`` value proving ``url`` registered at ``at_ms``."""
+    mac = hmac.new(secret.encode(), _SIGNED + f"{url}\n{at_ms}".encode(), hashlib.sha256)
+    return f"{at_ms}:{mac.hexdigest()}"
+
+
+def check_registration(secret: str, url: str, value: str | None, now_ms: int) -> str | None:
+    """Why ``value`` does not prove ``url``'s registration now (a failure reason), or None."""
+    if not value:
+        return "unsigned"
+    at, _, sig = value.partition(":")
+    if not at.isascii() or not at.isdigit() or len(at) > 16:
+        return "bad_signature"
+    expected = sign_registration(secret, url, int(at))
+    if not hmac.compare_digest(expected.encode(), value.encode("utf-8", "replace")):
+        return "bad_signature"
+    if not -PEER_SKEW_MS <= now_ms - int(at) <= PEER_TTL_MS:
+        return "stale"
+    return None
+
+
+def _url_ok(url: str) -> bool:
+    if len(url) > 2048 or not url.isascii() or any(c.isspace() for c in url):
+        return False
+    try:
+        parts = urlsplit(url)
+        _ = parts.port
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and not parts.query
+
+
+# -- answer validation -----------------------------------------------------------------------
+_Text = Annotated[str, Field(max_length=MAX_FIELD_CHARS)]
+_Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+_MsgId = Annotated[str, Field(pattern=MSG_ID_PATTERN)]
+_Cursor = Annotated[str, Field(max_length=MAX_PEER_CURSOR_CHARS, pattern=_CURSOR_PATTERN)]
+_STRICT = ConfigDict(strict=True, extra="ignore")
+
+
+class PeerList(BaseModel):
+    """A peer's listing answer; ``items`` are checked one by one (:class:`PeerItem`)."""
+
+    model_config = _STRICT
+    items: list[Any] = Field(max_length=10_000)
+    next_cursor: _Cursor | None = None
+
+
+class PeerItem(BaseModel):
+    """A listing item as the store makes it (the summary of a message's Pub)."""
+
+    model_config = _STRICT
+    msg_id: _MsgId
+    timestamp: _Int64
+    topic: _Text | None = None
+    tags: _Text | None = None
+    keys: _Text | None = None
+    group_name: _Text | None = None
+    success: bool | None = None
+    store_host: _Text | None = None
+    offset_msg_id: _Text | None = None
+    cost_time: _Int64 | None = None
+    msg_type: _Int64 | None = None
+    region_id: _Text | None = None
+
+
+class PeerTrace(BaseModel):
+    model_config = _STRICT
+    events: list[Any] = Field(max_length=100_000)
+
+
+def _column_type(typ: pa.DataType) -> Any:
+    if pa.types.is_boolean(typ):
+        return bool
+    if pa.types.is_integer(typ):
+        return _Int64
+    return _Text
+
+
+#: A trace event as ``TraceStore.by_msg_id`` gives it: every lake column, typed as the lake.
+PeerEvent: type[BaseModel] = create_model(  # type: ignore[call-overload]
+    "PeerEvent",
+    __config__=_STRICT,
+    **{
+        name: ((_column_type(typ) | None) if nullable else _column_type(typ), ...)
+        for name, typ, nullable, _ in COLUMNS
+    },
+)
+
+
+class PeerFailure(Exception):
+    def __init__(self, reason: str, error: str) -> None:
+        super().__init__(f"{reason}: {error}")
+        self.reason = reason
+        self.error = error
+
+
+def _failed(peer: str, reason: str, error: str) -> dict[str, str]:
+    metrics.PEER_FAILURES.labels(reason=reason).inc()
+    log.warning("peer skipped or failed", peer=peer, reason=reason, error=error)
+    return {"peer": peer, "reason": reason, "error": error}
+
+
+def _valid_items(
+    model: type[BaseModel], raw: list[Any], keep: Any = None
+) -> tuple[list[dict[str, Any]], int]:
+    """The items of ``raw`` that pass ``model`` (and ``keep``), and how many were dropped."""
+    out = []
+    for item in raw:
+        try:
+            row = model.model_validate(item).model_dump()
+        except ValidationError:
+            continue
+        if keep is None or keep(row):
+            out.append(row)
+    return out, len(raw) - len(out)
 
 
 class Queries:
@@ -52,73 +218,171 @@ class Queries:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, lambda: fn(*args, **kw))
 
-    async def peers(self) -> list[str]:
+    async def peers(self) -> tuple[list[str], list[dict[str, str]]]:
+        """The live peers this collector trusts, and the registrations it skipped (failures)."""
         if self.redis is None:
-            return []
+            return [], []
+        now = int(time.time() * 1000)
         try:
-            cutoff = int(time.time() * 1000) - PEER_TTL_MS
-            urls = await self.redis.zrangebyscore(self.keys.collectors, cutoff, "+inf")
-        except Exception as exc:  # Redis down: answer from the local store only
+            # Newest first, none dated ahead of the skew (forged "+inf" scores do not lead).
+            found = await self.redis.zrevrangebyscore(
+                self.keys.collectors,
+                now + PEER_SKEW_MS,
+                now - PEER_TTL_MS,
+                start=0,
+                num=MAX_REGISTRATIONS,
+            )
+            urls = [str(u) for u in found if u != self.self_url]
+            sigs = [
+                None if v is None else str(v)
+                for v in (
+                    await self.redis.hmget(self.keys.collector_signatures, urls)
+                    if self.token and urls
+                    else [None] * len(urls)
+                )
+            ]
+        except (RedisError, OSError) as exc:  # Redis down: answer from the local store only
             log.warning("peer list unavailable", error=repr(exc))
-            return []
-        return [u for u in urls if u != self.self_url]
+            return [], []
+        trusted, skipped = [], []
+        for url, sig in zip(urls, sigs, strict=True):
+            if not _url_ok(url):
+                skipped.append(_failed(url[:200], "bad_url", "not an http(s) URL"))
+                continue
+            why = check_registration(self.token, url, sig, now) if self.token else None
+            if why is not None:
+                skipped.append(_failed(url, why, "registration not proven with the shared token"))
+                continue
+            trusted.append(url)
+        if len(trusted) > MAX_PEERS:
+            log.warning("more live collectors than the fan-out takes", limit=MAX_PEERS)
+            skipped += [
+                _failed(u, "too_many_peers", f"over {MAX_PEERS}") for u in trusted[MAX_PEERS:]
+            ]
+            trusted = trusted[:MAX_PEERS]
+        return trusted, skipped
 
     async def _peer_get(self, url: str, path: str, params: dict[str, str]) -> Any:
+        """The JSON a peer answers (None for a 404); raises :class:`PeerFailure`."""
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.fanout_timeout_s)
             )
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         try:
-            async with self._session.get(
-                url + path, params={**params, "local": "1"}, headers=headers
-            ) as resp:
-                if resp.status == 404:
-                    return None
-                resp.raise_for_status()
-                return await resp.json()
-        except Exception as exc:
-            log.warning("peer query failed", peer=url, error=repr(exc))
-            return None
+            async with asyncio.timeout(self.fanout_timeout_s):
+                async with self._session.get(
+                    url + path,
+                    params={**params, "local": "1"},
+                    headers=headers,
+                    allow_redirects=False,  # the token goes to the proven URL and nowhere else
+                ) as resp:
+                    if resp.status == 404:
+                        return None
+                    if resp.status != 200:
+                        raise PeerFailure("status", f"HTTP {resp.status}")
+                    body = bytearray()
+                    async for chunk in resp.content.iter_chunked(1 << 16):
+                        body += chunk
+                        if len(body) > MAX_PEER_ANSWER_BYTES:
+                            raise PeerFailure("too_large", f"over {MAX_PEER_ANSWER_BYTES} bytes")
+        except TimeoutError:
+            raise PeerFailure("timeout", f"no answer within {self.fanout_timeout_s:g}s") from None
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            raise PeerFailure("unreachable", repr(exc)[:200]) from None
+        try:
+            return json.loads(body)
+        except (ValueError, RecursionError):
+            raise PeerFailure("malformed", "answer is not JSON") from None
 
-    async def trace_events(self, msg_id: str, *, local: bool) -> list[dict[str, Any]]:
+    async def trace_events(
+        self, msg_id: str, *, local: bool
+    ) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+        """The events of ``msg_id`` here and at every trusted peer, and the peers that failed."""
         events: list[dict[str, Any]] = await self._local(self.store.by_msg_id, msg_id)
-        if not local:
-            answers = await asyncio.gather(
-                *(self._peer_get(p, f"/api/v1/traces/{msg_id}", {}) for p in await self.peers())
-            )
-            for a in answers:
-                if a:
-                    events.extend(a.get("events", []))
-        return events
+        if local:
+            return events, []
+        peers, failed = await self.peers()
+
+        async def one(peer: str) -> None:
+            try:
+                ans = await self._peer_get(peer, f"/api/v1/traces/{msg_id}", {})
+                if ans is None:
+                    return
+                raw = PeerTrace.model_validate(ans).events
+            except PeerFailure as exc:
+                failed.append(_failed(peer, exc.reason, exc.error))
+                return
+            except ValidationError as exc:
+                failed.append(_failed(peer, "malformed", _first_error(exc)))
+                return
+            good, dropped = _valid_items(PeerEvent, raw, lambda e: e["msg_id"] == msg_id)
+            events.extend(good)
+            if dropped:
+                failed.append(_failed(peer, "invalid_items", f"{dropped} events dropped"))
+
+        await asyncio.gather(*(one(p) for p in peers))
+        return events, failed
 
     async def listing(
         self, kind: str, params: dict[str, Any], *, limit: int, cursor: str | None, local: bool
-    ) -> tuple[list[dict[str, Any]], str | None]:
-        """``kind`` is ``key`` or ``messages``. With peers, the cursor maps collector → cursor."""
+    ) -> tuple[list[dict[str, Any]], str | None, list[dict[str, str]]]:
+        """``kind`` is ``key`` or ``messages``. With peers, the cursor maps collector → cursor.
+
+        Raises :class:`BadCursor` for a cursor this collector did not hand out."""
         fn = self.store.by_key if kind == "key" else self.store.messages
         path = "/api/v1/traces" if kind == "key" else "/api/v1/messages"
         first = params.pop("first")
+
+        async def mine(sub: str | None) -> tuple[list[dict[str, Any]], str | None]:
+            try:
+                return await self._local(fn, first, limit=limit, cursor=sub, **params)  # type: ignore[no-any-return]
+            except ValueError as exc:
+                if "cursor" in str(exc):
+                    raise BadCursor("cursor is invalid") from None
+                raise
+
         if local:
-            return await self._local(fn, first, limit=limit, cursor=cursor, **params)  # type: ignore[no-any-return]
+            items, nxt = await mine(cursor)
+            return items, nxt, []
         cursors = _decode_multi(cursor) if cursor else None
-        peers = await self.peers()
-        targets = [self.self_url, *peers] if cursors is None else list(cursors)
+        peers, failed = await self.peers()
+        if cursors is None:
+            targets = [self.self_url, *peers]
+        else:
+            # The cursor is the client's: it names collectors, but only proven ones are asked.
+            known = {self.self_url, *peers}
+            targets = [t for t in cursors if t in known]
+            failed += [
+                _failed(t[:200], "unregistered", "not a live proven collector")
+                for t in cursors
+                if t not in known
+            ]
         results: list[dict[str, Any]] = []
         next_cursors: dict[str, str] = {}
 
         async def one(target: str) -> None:
             sub = cursors.get(target) if cursors else None
             if target == self.self_url:
-                items, nxt = await self._local(fn, first, limit=limit, cursor=sub, **params)
+                items, nxt = await mine(sub)
             else:
                 q = {k: str(v) for k, v in params.items() if v is not None}
                 q["limit"] = str(limit)
                 q["key" if kind == "key" else "topic"] = first
                 if sub:
                     q["cursor"] = sub
-                ans = await self._peer_get(target, path, q)
-                items, nxt = (ans or {}).get("items", []), (ans or {}).get("next_cursor")
+                try:
+                    ans = PeerList.model_validate(await self._peer_get(target, path, q) or {})
+                except PeerFailure as exc:
+                    failed.append(_failed(target, exc.reason, exc.error))
+                    return
+                except ValidationError as exc:
+                    failed.append(_failed(target, "malformed", _first_error(exc)))
+                    return
+                items, dropped = _valid_items(PeerItem, ans.items[:limit])
+                nxt = ans.next_cursor
+                if dropped or len(ans.items) > limit:
+                    failed.append(_failed(target, "invalid_items", f"{dropped} items dropped"))
             results.extend(items)
             if nxt:
                 next_cursors[target] = nxt
@@ -130,7 +394,15 @@ class Queries:
             if item["msg_id"] not in seen:
                 seen.add(item["msg_id"])
                 merged.append(item)
-        return merged, (_encode_multi(next_cursors) if next_cursors else None)
+        return merged, (_encode_multi(next_cursors) if next_cursors else None), failed
+
+
+def _first_error(exc: ValidationError) -> str:
+    errors = exc.errors()
+    if not errors:
+        return "invalid answer"
+    where = ".".join(str(p) for p in errors[0]["loc"]) or "answer"
+    return f"{where}: {errors[0]['msg']}"[:200]
 
 
 def _encode_multi(cursors: dict[str, str]) -> str:
@@ -139,11 +411,13 @@ def _encode_multi(cursors: dict[str, str]) -> str:
 
 def _decode_multi(cursor: str) -> dict[str, str]:
     if not cursor.startswith("m"):
-        raise ValueError("invalid cursor")
+        raise BadCursor("invalid cursor")
     try:
-        data = json.loads(base64.urlsafe_b64decode(cursor[1:].encode()))
-    except ValueError:
-        raise ValueError("invalid cursor") from None
-    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
-        raise ValueError("invalid cursor")
+        data = json.loads(base64.urlsafe_b64decode(cursor[1:].encode("ascii")))
+    except (ValueError, TypeError):
+        raise BadCursor("invalid cursor") from None
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in data.items()
+    ):
+        raise BadCursor("invalid cursor")
     return data

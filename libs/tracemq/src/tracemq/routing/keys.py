@@ -22,6 +22,8 @@ key                                type    content
 ``P subhistory``                   hash    JSON [group, topic, expression, model] →
                                            JSON {first_seen, last_seen}  (kept after expiry)
 ``P collectors``                   zset    collector id → last heartbeat (collector issue)
+``P collector-signatures``         hash    collector URL → ``<ms>:<HMAC-SHA256 hex>`` proof of its
+                                           registration (``tracemq_collector.queries``)
 ``P route-changes``                pubsub  JSON {"topics": [...], "brokers": [...]} on any change
 =================================  ======  ==========================================================
 """
@@ -85,6 +87,10 @@ class RedisKeys:
     @property
     def collectors(self) -> str:
         return f"{self.prefix}collectors"
+
+    @property
+    def collector_signatures(self) -> str:
+        return f"{self.prefix}collector-signatures"
 
     @property
     def route_changes(self) -> str:
