@@ -20,13 +20,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tracemq.devstack.binaries import kafka_broker_bin, redis_server_bin
 from tracemq.devstack.process import ManagedProcess
+from tracemq.devstack.supervisor import RestartPolicy, Supervisor
 from tracemq.errors import StackError
 
 BUSINESS_CLUSTER = "business"
@@ -72,7 +73,13 @@ def tracemq_command() -> list[str]:
 @dataclass
 class StackConfig:
     """How to lay out the stack. ``service_env`` adds variables to every service (tests use it
-    for short heartbeat and expiry times)."""
+    for short heartbeat and expiry times).
+
+    ``supervise`` restarts a crashed process with backoff (``restart_policy``; see
+    :mod:`tracemq.devstack.supervisor`). ``tracemq dev up`` turns it on; it is off by default
+    because tests that kill a broker on purpose watch it stay dead (expiry, failover).
+    ``control_dir`` lets other processes send ``kill``/``restart`` to a supervised stack.
+    """
 
     workdir: Path | None = None
     service_env: dict[str, str] = field(default_factory=dict)
@@ -80,6 +87,10 @@ class StackConfig:
     with_collector: bool = False
     startup_timeout_s: float = 60.0
     tie_to_parent: bool = True
+    supervise: bool = False
+    restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
+    control_dir: Path | None = None
+    durable: bool = False
 
 
 class EmbeddedStack:
@@ -99,6 +110,9 @@ class EmbeddedStack:
         self.trace_bootstrap = ""
         self.redis_url = ""
         self._started = False
+        self.supervisor: Supervisor | None = None
+        #: called (from the supervisor thread) whenever a process died or came back
+        self.on_change: Callable[[], None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> EmbeddedStack:
@@ -117,13 +131,30 @@ class EmbeddedStack:
                 self.start_broker("trace-broker", role="trace")
                 if self.config.with_collector:
                     self.start_collector("collector")
+            if self.config.supervise:
+                self.supervise()
             self._started = True
         except BaseException:
             self.stop()
             raise
 
+    def supervise(self) -> Supervisor:
+        """Start restarting crashed processes (processes started later are covered too)."""
+        if self.supervisor is None:
+            self.supervisor = Supervisor(
+                self,
+                self.config.restart_policy,
+                control_dir=self.config.control_dir,
+                on_change=lambda: self.on_change() if self.on_change else None,
+            )
+            self.supervisor.start()
+        return self.supervisor
+
     def stop(self) -> None:
         """Stop services first (gracefully), then Redis and Kafka. Leaves no process behind."""
+        if self.supervisor is not None:
+            self.supervisor.stop()  # first: no restart may race the shutdown
+            self.supervisor = None
         order = [n for n in self.processes if self.processes[n].extra.get("kind") == "service"]
         order.reverse()
         order += [n for n in reversed(self.processes) if n not in order]
@@ -167,6 +198,7 @@ class EmbeddedStack:
             log_path=self.workdir / "logs" / f"{name}.log",
         )
         proc.extra["kind"] = "infra"
+        proc.extra["address"] = f"127.0.0.1:{port}"
         proc.start(tie_to_parent=self.config.tie_to_parent)
         self.processes[name] = proc
         return f"127.0.0.1:{port}"
@@ -199,6 +231,7 @@ class EmbeddedStack:
         )
         proc.extra["kind"] = "infra"
         proc.extra["port"] = port
+        proc.extra["address"] = f"127.0.0.1:{port}"
         proc.start(tie_to_parent=self.config.tie_to_parent)
         self.processes["redis"] = proc
         return f"redis://127.0.0.1:{port}/0"
@@ -235,15 +268,32 @@ class EmbeddedStack:
         """SIGKILL an infrastructure process (``kafka-business``, ``kafka-trace``, ``redis``)."""
         self.processes[name].kill()
 
-    def restart_infra(self, name: str) -> None:
-        """Start a stopped infrastructure process again, same binary, same port."""
+    def respawn(self, name: str) -> ManagedProcess:
+        """Start process ``name`` again as it was (command, environment, port, data), no waiting.
+
+        What the supervisor and the restart methods share."""
         old = self.processes[name]
         if old.alive():
             raise StackError(f"{name} is still running")
-        proc = ManagedProcess(name=name, argv=old.argv, env=old.env, log_path=old.log_path)
-        proc.extra.update(old.extra)
-        proc.start(tie_to_parent=self.config.tie_to_parent)
-        self.processes[name] = proc
+        if old.extra.get("kind") == "infra":
+            proc = ManagedProcess(
+                name=name,
+                argv=old.argv,
+                env=old.env,
+                log_path=old.log_path,
+                health_url=old.health_url,
+            )
+            proc.extra.update(old.extra)
+            proc.start(tie_to_parent=self.config.tie_to_parent)
+            self.processes[name] = proc
+            return proc
+        args = list(old.extra["service_args"])
+        env = {k: v for k, v in old.env.items() if k.startswith("TRACEMQ_")}
+        return self.spawn_service(name, args, env, wait=False, kind=str(old.extra["kind"]))
+
+    def restart_infra(self, name: str) -> None:
+        """Start a stopped infrastructure process again, same binary, same port."""
+        self.respawn(name)
         if name == "redis":
             self._wait_redis(30)
         else:
@@ -344,25 +394,29 @@ class EmbeddedStack:
 
     def restart(self, name: str) -> ManagedProcess:
         """Start a stopped or killed service again with its previous command and environment."""
-        old = self.processes[name]
-        if old.alive():
-            raise StackError(f"{name} is still running")
-        args = list(old.extra["service_args"])
-        env = {k: v for k, v in old.env.items() if k.startswith("TRACEMQ_")}
-        del self.processes[name]
-        return self.spawn_service(name, args, env)
+        proc = self.respawn(name)
+        proc.wait_healthy(self.config.startup_timeout_s)
+        return proc
 
     # -- reporting -------------------------------------------------------------------------
     def endpoints(self) -> dict[str, Any]:
-        services = {
-            n: {
-                "health_url": p.health_url,
+        supervision = self.supervisor.snapshot() if self.supervisor is not None else {}
+
+        def describe(name: str, p: ManagedProcess) -> dict[str, Any]:
+            return {
                 "pid": p.pid,
                 "alive": p.alive(),
                 "log": str(p.log_path),
+                **({"health_url": p.health_url} if p.extra.get("kind") != "infra" else {}),
+                **({"address": p.extra["address"]} if "address" in p.extra else {}),
+                **supervision.get(name, {}),
             }
-            for n, p in self.processes.items()
-            if p.extra.get("kind") == "service"
+
+        services = {
+            n: describe(n, p) for n, p in self.processes.items() if p.extra.get("kind") == "service"
+        }
+        infra = {
+            n: describe(n, p) for n, p in self.processes.items() if p.extra.get("kind") == "infra"
         }
         collector = next(
             (n for n, p in self.processes.items() if p.extra.get("service_args") == ["collector"]),
@@ -376,7 +430,11 @@ class EmbeddedStack:
             "business_bootstrap": self.business_bootstrap,
             "trace_bootstrap": self.trace_bootstrap,
             "redis_url": self.redis_url,
+            "durable": self.config.durable,
+            "supervised": self.supervisor is not None,
             "services": services,
+            "infra": infra,
+            "processes": {n: p.pid for n, p in self.processes.items()},
             "collector_api": api,
             "workdir": str(self.workdir),
         }

@@ -1,0 +1,142 @@
+"""The launcher supervises: a crashed process comes back (with backoff when it keeps crashing),
+`tracemq dev kill|restart` act on one process, and `dev down` leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tracemq.devstack import EmbeddedStack, StackConfig, free_port
+from tracemq.devstack.stack import tracemq_command
+from tracemq.devstack.supervisor import RestartPolicy
+
+from tests.conftest import _SESSION_STACKS
+from tests.support.waiting import eventually_sync
+
+
+def run(*args: str, env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*tracemq_command(), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **env},
+    )
+
+
+def status(env: dict[str, str]) -> dict[str, Any]:
+    res = run("dev", "status", "--json", env=env, timeout=60)
+    return json.loads(res.stdout)  # type: ignore[no-any-return]
+
+
+def _alive(pids: set[int]) -> set[int]:
+    out = set()
+    for pid in pids:
+        try:
+            st = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if st != "Z":
+            out.add(pid)
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_dev_kill_and_restart_one_service_then_down(tmp_path: Path) -> None:
+    env = {"TRACEMQ_DEV_HOME": str(tmp_path / "dev")}
+    up = run("dev", "up", "--detach", env=env)
+    assert up.returncode == 0, up.stdout + up.stderr
+    seen: set[int] = set()
+    try:
+        before = status(env)
+        assert before["healthy"], before
+        seen |= {p["pid"] for g in ("services", "infra") for p in before[g].values()}
+        assert all(p["restarts"] == 0 for p in before["services"].values())
+        old = before["services"]["collector"]["pid"]
+
+        # kill = SIGKILL of the collector's process group: a crash the launcher repairs
+        killed = run("dev", "kill", "collector", env=env, timeout=60)
+        assert killed.returncode == 0, killed.stderr
+        assert f"pid {old}" in killed.stdout
+
+        def collector_back() -> dict[str, Any] | None:
+            st = status(env)
+            c = st["services"]["collector"]
+            ok = c["pid"] != old and c["healthy"] and c["restarts"] == 1 and st["healthy"]
+            return st if ok else None
+
+        after = eventually_sync(collector_back, timeout=60, interval=0.5, what="collector back")
+        seen |= {p["pid"] for g in ("services", "infra") for p in after[g].values()}
+        c = after["services"]["collector"]
+        assert c["last_exit_code"] == -9 and c["state"] == "running"
+        # only the collector was touched
+        assert {n for n, p in after["services"].items() if p["restarts"]} == {"collector"}
+        assert {n: p["pid"] for n, p in after["infra"].items()} == {
+            n: p["pid"] for n, p in before["infra"].items()
+        }
+
+        # restart = graceful stop (exit 0) and start at once
+        broker = after["services"]["broker-a"]["pid"]
+        restarted = run("dev", "restart", "broker-a", env=env, timeout=120)
+        assert restarted.returncode == 0, restarted.stderr
+        st = status(env)
+        b = st["services"]["broker-a"]
+        assert b["pid"] != broker and b["healthy"] and b["restarts"] == 1, b
+        assert b["last_exit_code"] == 0, b
+        seen.add(b["pid"])
+
+        bad = run("dev", "kill", "nosuch", env=env, timeout=60)
+        assert bad.returncode == 2 and "no process named 'nosuch'" in bad.stderr, bad.stderr
+        launcher = int(json.loads((tmp_path / "dev" / "state.json").read_text())["launcher_pid"])
+        seen.add(launcher)
+    finally:
+        down = run("dev", "down", env=env)
+    assert down.returncode == 0 and "stopped" in down.stdout
+    assert _alive(seen) == set()
+    assert run("dev", "status", "--json", env=env).returncode == 1
+
+
+@pytest.mark.timeout(120)
+def test_a_service_that_keeps_crashing_is_restarted_with_growing_capped_backoff(
+    tmp_path: Path,
+) -> None:
+    policy = RestartPolicy(initial_backoff_s=0.3, max_backoff_s=1.2, stable_after_s=60)
+    s = EmbeddedStack(
+        StackConfig(
+            workdir=tmp_path / "stack", start_services=False, supervise=True, restart_policy=policy
+        )
+    )
+    _SESSION_STACKS.append(s)
+    s.start()
+    try:
+        # a broker with an invalid role exits 2 at once, every time
+        port = free_port()
+        env = {**s.broker_env("bad", "business", port), "TRACEMQ_BROKER_ROLE": "queen"}
+        s.spawn_service("bad", ["broker"], env, wait=False)
+        sup = s.supervisor
+        assert sup is not None
+
+        def restarted_four_times() -> bool:
+            with sup.lock:
+                rec = sup.records.get("bad")
+                return rec is not None and rec.restarts >= 4
+
+        eventually_sync(restarted_four_times, timeout=90, interval=0.2, what="4 restarts")
+        with sup.lock:
+            rec = sup.records["bad"]
+            crashes = list(rec.crashes)
+            view = rec.view()
+        assert view["last_exit_code"] == 2 and view["crash_looping"], view
+        # exponential, capped: 0.3, 0.6, 1.2, 1.2 …
+        assert [d for _, d, _ in crashes[:4]] == [0.3, 0.6, 1.2, 1.2], crashes
+        for seen, delay, restarted in crashes[:4]:
+            assert restarted is not None and restarted - seen >= delay, crashes
+        # the infrastructure was left alone
+        assert all(sup.records[n].restarts == 0 for n in ("kafka-business", "kafka-trace", "redis"))
+    finally:
+        s.stop()
+        _SESSION_STACKS.remove(s)
