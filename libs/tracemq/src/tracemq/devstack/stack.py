@@ -13,6 +13,7 @@ Environment overrides (all optional):
 from __future__ import annotations
 
 import asyncio
+import glob
 import json
 import os
 import socket
@@ -20,12 +21,14 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tracemq.devstack.binaries import kafka_broker_bin, redis_server_bin
+from tracemq.devstack.binaries import kafka_broker_bin, redis_server_bin, s3_server_bin
 from tracemq.devstack.process import ManagedProcess
 from tracemq.devstack.supervisor import RestartPolicy, Supervisor
 from tracemq.errors import StackError
@@ -38,6 +41,20 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free loopback ports (all held while choosing, so none repeats)."""
+    held = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in held]
+    finally:
+        for s in held:
+            s.close()
 
 
 def run_coro(coro: Coroutine[Any, Any, Any]) -> Any:
@@ -62,6 +79,18 @@ def run_coro(coro: Coroutine[Any, Any, Any]) -> Any:
     return box.get("v")
 
 
+def _http_ok(url: str) -> Callable[[], bool]:
+    def probe() -> bool:
+        try:
+            req = urllib.request.Request(url, method="HEAD")  # noqa: S310 - loopback
+            with urllib.request.urlopen(req, timeout=1) as resp:  # noqa: S310
+                return bool(resp.status == 200)
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    return probe
+
+
 def tracemq_command() -> list[str]:
     """The ``tracemq`` console command of this environment (what compose runs as the command)."""
     exe = Path(sys.executable).parent / "tracemq"
@@ -79,6 +108,11 @@ class StackConfig:
     :mod:`tracemq.devstack.supervisor`). ``tracemq dev up`` turns it on; it is off by default
     because tests that kill a broker on purpose watch it stay dead (expiry, failover).
     ``control_dir`` lets other processes send ``kill``/``restart`` to a supervised stack.
+
+    ``durable`` keeps both Kafka clusters' data on disk: each Tansu stores into its own bucket of
+    a private SeaweedFS S3 store in the workdir (``s3://`` is the only persistent engine the
+    bundled Tansu has), so a killed and restarted Tansu keeps its topics, records and committed
+    offsets. The data lives as long as the workdir (``tracemq dev up`` starts from an empty one).
     """
 
     workdir: Path | None = None
@@ -160,6 +194,9 @@ class EmbeddedStack:
         order += [n for n in reversed(self.processes) if n not in order]
         for name in order:
             self.processes[name].stop(timeout_s=15)
+            for pattern in self.processes[name].extra.get("leftovers", []):
+                for path in glob.glob(pattern):
+                    Path(path).unlink(missing_ok=True)
         self.processes.clear()
         if self._tmp is not None:
             self._tmp.cleanup()
@@ -171,12 +208,74 @@ class EmbeddedStack:
         ext_t = os.environ.get("TRACEMQ_DEV_TRACE_BOOTSTRAP")
         ext_r = os.environ.get("TRACEMQ_DEV_REDIS_URL")
         kafka_bin = None if (ext_b and ext_t) else kafka_broker_bin()
-        self.business_bootstrap = ext_b or self._start_kafka("kafka-business", kafka_bin)
-        self.trace_bootstrap = ext_t or self._start_kafka("kafka-trace", kafka_bin)
+        memory: tuple[str, dict[str, str]] = ("memory://tansu/", {})
+        storage = {BUSINESS_CLUSTER: memory, TRACE_CLUSTER: memory}
+        if self.config.durable and kafka_bin is not None:
+            storage = self._start_object_store()
+        self.business_bootstrap = ext_b or self._start_kafka(
+            "kafka-business", kafka_bin, *storage[BUSINESS_CLUSTER]
+        )
+        self.trace_bootstrap = ext_t or self._start_kafka(
+            "kafka-trace", kafka_bin, *storage[TRACE_CLUSTER]
+        )
         self.redis_url = ext_r or self._start_redis()
         self._wait_infra()
 
-    def _start_kafka(self, name: str, binary: str | None) -> str:
+    def _start_object_store(self) -> dict[str, tuple[str, dict[str, str]]]:
+        """SeaweedFS (``weed mini``) on loopback with one bucket per Kafka cluster.
+
+        Returns, per cluster, Tansu's storage URL and the variables its S3 client reads."""
+        binary = s3_server_bin()
+        data = self.workdir / "s3"
+        data.mkdir(parents=True, exist_ok=True)
+        names = ("master", "volume", "filer", "s3", "admin")
+        chosen = free_ports(2 * len(names) + 1)
+        ports = dict(zip(names, chosen[: len(names)], strict=True))
+        grpc = dict(zip(names, chosen[len(names) : 2 * len(names)], strict=True))
+        metrics = chosen[-1]
+        buckets = {c: f"tracemq-{c}" for c in (BUSINESS_CLUSTER, TRACE_CLUSTER)}
+        argv = [binary, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
+        for n in names:
+            argv += [f"-{n}.port={ports[n]}", f"-{n}.port.grpc={grpc[n]}"]
+        argv += [
+            f"-metricsPort={metrics}",
+            "-admin.ui=false",
+            "-webdav=false",
+            # the Iceberg and Lance endpoints default to fixed ports (8181, 9101): off
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            f"-bucket={','.join(buckets.values())}",
+        ]
+        proc = ManagedProcess(
+            name="s3",
+            argv=argv,
+            env=dict(os.environ),
+            log_path=self.workdir / "logs" / "s3.log",
+            health_url=f"http://127.0.0.1:{ports['s3']}/{buckets[TRACE_CLUSTER]}",
+        )
+        proc.extra["kind"] = "infra"
+        proc.extra["address"] = f"127.0.0.1:{ports['s3']}"
+        # SeaweedFS leaves unix sockets named by port in /tmp when killed
+        proc.extra["leftovers"] = [f"/tmp/seaweedfs-*-{p}.sock" for p in chosen]  # noqa: S108
+        proc.start(tie_to_parent=self.config.tie_to_parent)
+        self.processes["s3"] = proc
+        # both buckets answer (HEAD 200) once SeaweedFS has created them
+        endpoint = f"http://127.0.0.1:{ports['s3']}"
+        for bucket in buckets.values():
+            proc.wait_healthy(self.config.startup_timeout_s, check=_http_ok(f"{endpoint}/{bucket}"))
+        s3_env = {
+            "AWS_ENDPOINT": endpoint,
+            "AWS_ALLOW_HTTP": "true",
+            # SeaweedFS without an identity file accepts any signed request
+            "AWS_ACCESS_KEY_ID": "tracemq",
+            "AWS_SECRET_ACCESS_KEY": "tracemq",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+        return {c: (f"s3://{b}/", s3_env) for c, b in buckets.items()}
+
+    def _start_kafka(
+        self, name: str, binary: str | None, storage: str, storage_env: dict[str, str]
+    ) -> str:
         assert binary is not None
         port = free_port()
         url = f"tcp://127.0.0.1:{port}"
@@ -190,11 +289,15 @@ class EmbeddedStack:
                 "--advertised-listener-url",
                 url,
                 "--storage-engine",
-                "memory://tansu/",
+                storage,
                 "--cluster-id",
                 name,
             ],
-            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
+            env={
+                **os.environ,
+                "RUST_LOG": os.environ.get("RUST_LOG", "warn"),
+                **storage_env,
+            },
             log_path=self.workdir / "logs" / f"{name}.log",
         )
         proc.extra["kind"] = "infra"
