@@ -10,9 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tracemq.devstack import EmbeddedStack, StackConfig, free_port
+from tracemq.devstack import EmbeddedStack, StackConfig, run_coro
+from tracemq.devstack.process import ManagedProcess
 from tracemq.devstack.stack import tracemq_command
 from tracemq.devstack.supervisor import RestartPolicy
+from tracemq.transport import wait_until_ready
 
 from tests.conftest import _SESSION_STACKS
 from tests.support.waiting import eventually_sync
@@ -101,7 +103,7 @@ def test_dev_kill_and_restart_one_service_then_down(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_a_service_that_keeps_crashing_is_restarted_with_growing_capped_backoff(
+def test_a_process_that_keeps_crashing_is_restarted_with_growing_capped_backoff(
     tmp_path: Path,
 ) -> None:
     policy = RestartPolicy(initial_backoff_s=0.3, max_backoff_s=1.2, stable_after_s=60)
@@ -113,10 +115,17 @@ def test_a_service_that_keeps_crashing_is_restarted_with_growing_capped_backoff(
     _SESSION_STACKS.append(s)
     s.start()
     try:
-        # a broker with an invalid role exits 2 at once, every time
-        port = free_port()
-        env = {**s.broker_env("bad", "business", port), "TRACEMQ_BROKER_ROLE": "queen"}
-        s.spawn_service("bad", ["broker"], env, wait=False)
+        # a process that exits 3 at once, every time (a broker with a bad setting does the same
+        # but takes seconds of interpreter start per round)
+        bad = ManagedProcess(
+            name="bad",
+            argv=["/bin/sh", "-c", "exit 3"],
+            env=dict(os.environ),
+            log_path=tmp_path / "bad.log",
+        )
+        bad.extra["kind"] = "infra"
+        bad.start()
+        s.processes["bad"] = bad
         sup = s.supervisor
         assert sup is not None
 
@@ -130,13 +139,23 @@ def test_a_service_that_keeps_crashing_is_restarted_with_growing_capped_backoff(
             rec = sup.records["bad"]
             crashes = list(rec.crashes)
             view = rec.view()
-        assert view["last_exit_code"] == 2 and view["crash_looping"], view
+        assert view["last_exit_code"] == 3 and view["crash_looping"], view
         # exponential, capped: 0.3, 0.6, 1.2, 1.2 …
         assert [d for _, d, _ in crashes[:4]] == [0.3, 0.6, 1.2, 1.2], crashes
         for seen, delay, restarted in crashes[:4]:
             assert restarted is not None and restarted - seen >= delay, crashes
         # the infrastructure was left alone
         assert all(sup.records[n].restarts == 0 for n in ("kafka-business", "kafka-trace", "redis"))
+
+        # infrastructure is supervised too: a killed Tansu is back on its port
+        old = sup.kill("kafka-trace")
+
+        def tansu_back() -> bool:
+            p = s.processes["kafka-trace"]
+            return p.pid != old and p.alive() and sup.records["kafka-trace"].restarts == 1
+
+        eventually_sync(tansu_back, timeout=30, what="kafka-trace restarted")
+        run_coro(wait_until_ready(s.trace_bootstrap, 30))
     finally:
         s.stop()
         _SESSION_STACKS.remove(s)
