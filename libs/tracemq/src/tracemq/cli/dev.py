@@ -36,6 +36,10 @@ def _print_endpoints(ep: dict[str, Any]) -> None:
     table.add_column("where")
     table.add_row("business Kafka (+ control topic)", ep["business_bootstrap"])
     table.add_row("trace Kafka", ep["trace_bootstrap"])
+    table.add_row(
+        "Kafka storage",
+        "durable (S3 store in the stack's workdir)" if ep.get("durable") else "in memory",
+    )
     table.add_row("Redis", ep["redis_url"])
     for name, svc in ep["services"].items():
         table.add_row(name, svc["health_url"])
