@@ -187,8 +187,7 @@ class EmbeddedStack:
     def stop(self) -> None:
         """Stop services first (gracefully), then Redis and Kafka. Leaves no process behind."""
         if self.supervisor is not None:
-            self.supervisor.stop()  # first: no restart may race the shutdown
-            self.supervisor = None
+            self.supervisor.halt()  # first: no restart may race the shutdown
         order = [n for n in self.processes if self.processes[n].extra.get("kind") == "service"]
         order.reverse()
         order += [n for n in reversed(self.processes) if n not in order]
@@ -198,6 +197,9 @@ class EmbeddedStack:
                 for path in glob.glob(pattern):
                     Path(path).unlink(missing_ok=True)
         self.processes.clear()
+        if self.supervisor is not None:
+            self.supervisor.stop()
+            self.supervisor = None
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
@@ -551,6 +553,7 @@ class EmbeddedStack:
 
     def write_state(self, path: Path, **extra: Any) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        # the launcher's main thread and its supervisor both publish: one temporary file each
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps({**self.endpoints(), **extra}, indent=2))
         os.replace(tmp, path)

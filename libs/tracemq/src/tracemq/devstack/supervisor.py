@@ -104,6 +104,7 @@ class Supervisor:
         self.records: dict[str, Supervised] = {}
         self.lock = threading.RLock()
         self._stop = threading.Event()
+        self._halted = False
         self._thread: threading.Thread | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -116,7 +117,16 @@ class Supervisor:
         self._thread = threading.Thread(target=self._run, name="stack-supervisor", daemon=True)
         self._thread.start()
 
+    def halt(self) -> None:
+        """Restart nothing more (the stack is being stopped); the thread stays until stop().
+
+        The thread must outlive the children it started: PR_SET_PDEATHSIG fires when the
+        *thread* that forked a child exits, which would SIGTERM them out of the stop order."""
+        with self.lock:  # waits for a tick or command in progress
+            self._halted = True
+
     def stop(self) -> None:
+        self.halt()
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=60)
@@ -126,7 +136,7 @@ class Supervisor:
         while not self._stop.is_set():
             try:
                 changed = self.tick()
-                if self.control is not None:
+                if self.control is not None and not self._halted:
                     changed |= self.control.serve(self)
                 if changed and self.on_change is not None:
                     self.on_change()
@@ -140,7 +150,7 @@ class Supervisor:
         changed = False
         now = time.monotonic()
         with self.lock:
-            if self._stop.is_set():
+            if self._halted:
                 return False
             for name, proc in list(self.stack.processes.items()):
                 rec = self.records.setdefault(name, Supervised())
@@ -176,6 +186,7 @@ class Supervisor:
         try:
             self.stack.respawn(name)
         except Exception as exc:  # e.g. the port is taken: try again later, slower
+            rec.state = "backoff"
             rec.failures += 1
             rec.restart_at = time.monotonic() + self.policy.delay(rec.failures)
             log.error("restart failed", process=name, error=repr(exc))
@@ -188,6 +199,8 @@ class Supervisor:
 
     # -- commands ----------------------------------------------------------------------------
     def _known(self, name: str) -> None:
+        if self._halted:
+            raise StackError("the stack is stopping")
         if name not in self.stack.processes:
             known = ", ".join(sorted(self.stack.processes))
             raise StackError(f"no process named {name!r} in this stack (known: {known})")
