@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,8 @@ import pytest
 from tracemq.devstack import EmbeddedStack, StackConfig, run_coro
 from tracemq.devstack.process import ManagedProcess
 from tracemq.devstack.stack import tracemq_command
-from tracemq.devstack.supervisor import RestartPolicy
+from tracemq.devstack.supervisor import ControlChannel, RestartPolicy
+from tracemq.errors import StackError
 from tracemq.transport import wait_until_ready
 
 from tests.conftest import _SESSION_STACKS
@@ -33,6 +36,14 @@ def run(*args: str, env: dict[str, str], timeout: float = 180) -> subprocess.Com
 def status(env: dict[str, str]) -> dict[str, Any]:
     res = run("dev", "status", "--json", env=env, timeout=60)
     return json.loads(res.stdout)  # type: ignore[no-any-return]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 - loopback
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def _alive(pids: set[int]) -> set[int]:
@@ -65,31 +76,36 @@ def test_dev_kill_and_restart_one_service_then_down(tmp_path: Path) -> None:
         assert killed.returncode == 0, killed.stderr
         assert f"pid {old}" in killed.stdout
 
-        def collector_back() -> dict[str, Any] | None:
-            st = status(env)
-            c = st["services"]["collector"]
-            ok = c["pid"] != old and c["healthy"] and c["restarts"] == 1 and st["healthy"]
-            return st if ok else None
+        state_file = tmp_path / "dev" / "state.json"
 
-        after = eventually_sync(collector_back, timeout=60, interval=0.5, what="collector back")
+        def collector_back() -> bool:
+            # the launcher's state file, not `dev status` in a loop (each CLI start costs seconds)
+            c = json.loads(state_file.read_text())["services"]["collector"]
+            return bool(c["pid"] != old and c["restarts"] == 1 and _healthy(c["health_url"]))
+
+        eventually_sync(collector_back, timeout=60, interval=0.3, what="collector back")
+
+        # restart = graceful stop (exit 0) and start at once
+        broker = before["services"]["broker-a"]["pid"]
+        restarted = run("dev", "restart", "broker-a", env=env, timeout=120)
+        assert restarted.returncode == 0, restarted.stderr
+        after = status(env)
+        assert after["healthy"], after
         seen |= {p["pid"] for g in ("services", "infra") for p in after[g].values()}
         c = after["services"]["collector"]
-        assert c["last_exit_code"] == -9 and c["state"] == "running"
-        # only the collector was touched
-        assert {n for n, p in after["services"].items() if p["restarts"]} == {"collector"}
+        assert c["pid"] != old and c["restarts"] == 1 and c["healthy"], c
+        assert c["last_exit_code"] == -9 and c["state"] == "running", c
+        b = after["services"]["broker-a"]
+        assert b["pid"] != broker and b["healthy"] and b["restarts"] == 1, b
+        assert b["last_exit_code"] == 0, b
+        # only those two were touched
+        assert {n for n, p in after["services"].items() if p["restarts"]} == {
+            "collector",
+            "broker-a",
+        }
         assert {n: p["pid"] for n, p in after["infra"].items()} == {
             n: p["pid"] for n, p in before["infra"].items()
         }
-
-        # restart = graceful stop (exit 0) and start at once
-        broker = after["services"]["broker-a"]["pid"]
-        restarted = run("dev", "restart", "broker-a", env=env, timeout=120)
-        assert restarted.returncode == 0, restarted.stderr
-        st = status(env)
-        b = st["services"]["broker-a"]
-        assert b["pid"] != broker and b["healthy"] and b["restarts"] == 1, b
-        assert b["last_exit_code"] == 0, b
-        seen.add(b["pid"])
 
         bad = run("dev", "kill", "nosuch", env=env, timeout=60)
         assert bad.returncode == 2 and "no process named 'nosuch'" in bad.stderr, bad.stderr
@@ -109,7 +125,11 @@ def test_a_process_that_keeps_crashing_is_restarted_with_growing_capped_backoff(
     policy = RestartPolicy(initial_backoff_s=0.3, max_backoff_s=1.2, stable_after_s=60)
     s = EmbeddedStack(
         StackConfig(
-            workdir=tmp_path / "stack", start_services=False, supervise=True, restart_policy=policy
+            workdir=tmp_path / "stack",
+            start_services=False,
+            supervise=True,
+            restart_policy=policy,
+            control_dir=tmp_path / "control",
         )
     )
     _SESSION_STACKS.append(s)
@@ -147,8 +167,22 @@ def test_a_process_that_keeps_crashing_is_restarted_with_growing_capped_backoff(
         # the infrastructure was left alone
         assert all(sup.records[n].restarts == 0 for n in ("kafka-business", "kafka-trace", "redis"))
 
+        # the control channel answers bad requests with an error and keeps serving
+        control = tmp_path / "control"
+        (control / "junk.req.json").write_bytes(b"\xff{not json")
+        eventually_sync(
+            lambda: (control / "junk.rep.json").exists(), timeout=10, what="reply to junk"
+        )
+        assert "bad request" in json.loads((control / "junk.rep.json").read_text())["error"]
+        me = os.getpid()
+        with pytest.raises(StackError, match="unknown operation 'explode'"):
+            ControlChannel.request(control, "explode", "redis", launcher_pid=me, timeout_s=10)
+        with pytest.raises(StackError, match="no process named 'nosuch'"):
+            ControlChannel.request(control, "kill", "nosuch", launcher_pid=me, timeout_s=10)
+
         # infrastructure is supervised too: a killed Tansu is back on its port
-        old = sup.kill("kafka-trace")
+        old = ControlChannel.request(control, "kill", "kafka-trace", launcher_pid=me)["pid"]
+        assert old is not None
 
         def tansu_back() -> bool:
             p = s.processes["kafka-trace"]
