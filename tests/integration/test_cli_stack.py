@@ -54,6 +54,11 @@ def test_dev_up_detach_status_down(tmp_path: Path) -> None:
         assert set(info["services"]) == {"nameserver", "broker-a", "trace-broker", "collector"}
         assert info["collector_api"].startswith("http://127.0.0.1:")
         assert all(s["healthy"] for s in info["services"].values())
+        # supervised: every process reported with its restarts and state
+        assert set(info["infra"]) == {"kafka-business", "kafka-trace", "redis"}
+        for p in [*info["services"].values(), *info["infra"].values()]:
+            assert p["alive"] and p["restarts"] == 0 and p["state"] == "running", p
+        assert info["durable"] is False
         state = json.loads((tmp_path / "dev" / "state.json").read_text())
         pids = [int(p) for p in state["processes"].values()] + [int(state["launcher_pid"])]
         assert len(_pids_alive(pids)) == len(pids) == 8

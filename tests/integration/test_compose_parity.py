@@ -101,6 +101,16 @@ def test_compose_lists_every_service(compose: dict[str, Any]) -> None:
         assert svc["build"]["target"] == svc["command"][1], name
 
 
+def test_every_long_running_service_restarts_when_it_dies(compose: dict[str, Any]) -> None:
+    """A dead service comes back (what `tracemq dev up` does on the embedded stack); the
+    one-shot job is never restarted."""
+    one_shot = {n for n, s in compose["services"].items() if s.get("profiles")}
+    assert one_shot == {"reconcile"}
+    for name, svc in compose["services"].items():
+        want = "no" if name in one_shot else "unless-stopped"
+        assert svc.get("restart") == want, f"{name}: restart is {svc.get('restart')!r}"
+
+
 def test_compose_variables_are_real_settings(compose: dict[str, Any]) -> None:
     """A misspelt variable would be ignored silently at run time; catch it here."""
     for name, svc in _ours(compose).items():

