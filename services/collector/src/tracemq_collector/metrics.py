@@ -19,3 +19,8 @@ RETENTION_DELETED = Counter(
     "tracemq_collector_retention_deleted_total", "Events deleted by retention"
 )
 LAST_INGEST = Gauge("tracemq_collector_last_ingest_timestamp_seconds", "Last batch stored")
+REPEATED_MESSAGES = Counter(
+    "tracemq_collector_repeated_trace_messages_total",
+    "Trace messages dropped as repeats of one already stored (a retried trace send)",
+    ["reason"],
+)
