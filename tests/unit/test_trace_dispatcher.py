@@ -728,3 +728,29 @@ async def test_hook_records_and_contexts_share_a_message_and_its_keys(make: Fact
     assert call.header["KEYS"] == " ".join(sorted({msg_id(a), "k1", "MSGB", "k2", "k3"})).encode()
     s = d.stats()
     assert (s["appended"], s["sent"], s["discarded"]) == (3, 3, 1)
+
+
+class FlakyRoutes(FakeRoutes):
+    """A route cache whose next ``failures`` reads raise (Redis away for a moment)."""
+
+    def __init__(self, *queues: QueueRoute, failures: int = 0) -> None:
+        super().__init__(*queues)
+        self.failures = failures
+        self.started = False
+
+    async def get(self, topic: str, refresh: bool = False) -> TopicRoute:
+        if self.started and self.failures > 0:
+            self.failures -= 1
+            raise ConnectionError("redis unreachable")
+        return await super().get(topic, refresh)
+
+
+async def test_a_route_read_failure_is_a_retried_attempt(make: Factory) -> None:
+    routes = FlakyRoutes(queue_route("trace-a"), failures=1)
+    d = make(route_cache=routes, max_send_attempts=3)
+    await d.start()
+    routes.started = True
+    d.append(pub())
+    assert await d.flush()
+    s = d.stats()
+    assert (s["sent"], s["failed"], s["retries"]) == (1, 0, 1)

@@ -689,26 +689,34 @@ class AsyncTraceDispatcher:
         try:
             give_up_at = loop.time() + self._delivery_timeout_s
             target: _Target | None = None
+            no_route = False  # the route has no writable queue: no attempt can be made
             error = ""
             launch = True
             while True:
                 if launch:
                     launch = False
-                    target = await self._pick(target)
-                    if target is None:
-                        error = f"trace topic {self.trace_topic!r} has no route"
-                    else:
-                        if job.attempts:
-                            self._count_retry(error)
+                    if job.attempts:
+                        self._count_retry(error)
+                    try:
+                        picked = await self._pick(target)
+                    except Exception as exc:  # the route could not be read: a failed attempt
                         job.attempts += 1
-                        attempt = asyncio.ensure_future(
-                            self._sender.send(
-                                target.route, target.queue_id, self.trace_topic, job.value,
-                                job.headers,
-                            )
-                        )  # fmt: skip
-                        attempts[attempt] = time.perf_counter()
-                more = target is not None and job.attempts < self._max_send_attempts
+                        error = f"trace route unavailable: {exc.__class__.__name__}: {exc}"
+                    else:
+                        no_route = picked is None
+                        if picked is None:
+                            error = f"trace topic {self.trace_topic!r} has no route"
+                        else:
+                            target = picked
+                            job.attempts += 1
+                            attempt = asyncio.ensure_future(
+                                self._sender.send(
+                                    target.route, target.queue_id, self.trace_topic, job.value,
+                                    job.headers,
+                                )
+                            )  # fmt: skip
+                            attempts[attempt] = time.perf_counter()
+                more = not no_route and job.attempts < self._max_send_attempts
                 if not attempts:  # every attempt so far failed
                     delay = self._backoff(job.attempts)
                     if not more or not self._may_retry(delay):
