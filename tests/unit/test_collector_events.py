@@ -546,3 +546,17 @@ def test_decode_chunk_gives_the_store_rows_keys_and_lake_batches() -> None:
     expected = [{k: {**r, "client_host": r["client_host"] or "10.9.9.9"}[k]
                  for k in lake_schema.COLUMN_NAMES} for r in rows]  # fmt: skip
     assert batch.to_pylist() == expected
+
+
+def test_decode_chunk_collects_the_idempotency_keys_of_its_trace_messages() -> None:
+    value = pub().encode()
+    chunk = ev.decode_chunk(
+        [
+            (TOPIC, 0, [(3, value, None, "K3"), (4, value, None, None), (5, value, None)]),
+            (TOPIC, 1, [(9, value, "10.0.0.1", "K9")]),
+        ],
+        INGEST,
+    )
+    # Without a key (RocketMQ clients, or a 3-tuple) a message is not a dedupe candidate.
+    assert chunk.store.message_keys == [(TOPIC, 0, 3, "K3"), (TOPIC, 1, 9, "K9")]
+    assert chunk.events == 4

@@ -518,8 +518,8 @@ def test_ingest_rows_store_exactly_what_write_batch_stores(tmp_path: Path) -> No
             quarantine += q
         assert a.write_batch(rows, quarantine, progress) == 6
         chunk = decode_chunk([(TOPIC, 0, [(i, v, None) for i, v in enumerate(values)])], INGEST)
-        assert b.write_rows(chunk.store) == (6, {(TOPIC, 0): None})
-        assert b.write_rows(chunk.store) == (0, {(TOPIC, 0): 4})  # a replay adds nothing
+        assert b.write_rows(chunk.store) == (6, {(TOPIC, 0): None}, 0)
+        assert b.write_rows(chunk.store) == (0, {(TOPIC, 0): 4}, 0)  # a replay adds nothing
         for sql in (
             "SELECT * FROM events ORDER BY id",
             "SELECT rowid, * FROM event_keys ORDER BY rowid",
@@ -618,3 +618,74 @@ def test_the_ingest_worker_refuses_every_batch_after_a_failed_one(
         store_module.write_rows_in_worker(path, good)
     for s in store_module._worker_stores.values():
         s.close()
+
+
+# ------------------------------------------------- repeated trace messages (idempotency key)
+
+
+def _keyed(
+    messages: list[tuple[int, int, bytes, str | None]],
+) -> Any:
+    """``[(partition, offset, value, key)]`` → the StoreRows ingest would hand the store."""
+    by_partition: dict[int, list[tuple[int, bytes | None, str | None, str | None]]] = {}
+    for partition, offset, value, key in messages:
+        by_partition.setdefault(partition, []).append((offset, value, None, key))
+    return decode_chunk([(TOPIC, p, recs) for p, recs in by_partition.items()], INGEST).store
+
+
+def test_a_repeated_trace_message_is_dropped_and_counted(tmp_path: Path) -> None:
+    first = encode_many([pub_ctx(1, T0), *consume_ctxs(1, T0 + 5)]).data.encode()
+    other = encode_many([pub_ctx(2, T0 + 1)]).data.encode()
+    path = tmp_path / "r.db"
+    with TraceStore(path) as s:
+        # The copies of a timed-out but delivered send, and its retry, in one batch and the next.
+        assert s.write_rows(_keyed([(0, 0, first, "K1"), (0, 1, first, "K1")]))[::2] == (3, 1)
+        assert s.write_rows(_keyed([(0, 2, other, "K2"), (0, 3, first, "K1")]))[::2] == (1, 1)
+        # A replay of the first copy (same coordinates) is not a repeat: it adds nothing.
+        assert s.write_rows(_keyed([(0, 0, first, "K1")]))[::2] == (0, 0)
+        assert [e["trace_offset"] for e in s.by_msg_id(msg_id(1))] == [0, 0, 0]
+        assert [i["msg_id"] for i in s.by_key("shared")[0]] == [msg_id(2), msg_id(1)]
+        assert s.progress() == {(TOPIC, 0): 4}
+    # Across a restart (the keys are in the file) and from another partition.
+    with TraceStore(path) as s:
+        assert s.write_rows(_keyed([(0, 4, first, "K1"), (1, 0, first, "K1")]))[::2] == (0, 2)
+        assert s.event_count() == 4
+        assert s.progress() == {(TOPIC, 0): 5, (TOPIC, 1): 1}
+
+
+def test_trace_messages_without_a_key_are_never_deduplicated(store: TraceStore) -> None:
+    # RocketMQ clients set no IDEMPOTENCY_KEY: their repeats are kept, as before.
+    value = encode_many([pub_ctx(1, T0)]).data.encode()
+    assert store.write_rows(_keyed([(0, 0, value, None), (0, 1, value, None)]))[::2] == (2, 0)
+    assert len(store.by_msg_id(msg_id(1))) == 2
+
+
+def test_a_repeat_drops_its_quarantined_records_too(store: TraceStore) -> None:
+    value = encode_many([pub_ctx(1, T0)]).data.encode() + b"\xff\x02"
+    assert store.write_rows(_keyed([(0, 0, value, "K"), (0, 1, value, "K")]))[::2] == (1, 1)
+    assert store.quarantine_count() == 1
+
+
+def test_the_dedupe_window_is_bounded_per_partition(
+    store: TraceStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "DEDUPE_WINDOW_MESSAGES", 10)
+    value = encode_many([pub_ctx(1, T0)]).data.encode()
+    store.write_rows(_keyed([(0, n, value, f"K{n}") for n in range(30)]))
+    kept = table(store.path, "SELECT trace_offset FROM message_keys ORDER BY trace_offset")
+    assert kept == [(n,) for n in range(20, 30)]
+    # Older than the window: stored again (the documented bound).
+    assert store.write_rows(_keyed([(0, 30, value, "K0"), (0, 31, value, "K29")]))[::2] == (1, 1)
+
+
+def test_a_version_2_file_is_migrated_to_keep_idempotency_keys(tmp_path: Path) -> None:
+    path = tmp_path / "v2.db"
+    value = encode_many([pub_ctx(1, T0)]).data.encode()
+    with TraceStore(path) as s:
+        s.write_rows(_keyed([(0, 0, value, None)]))
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP TABLE message_keys")
+        conn.execute("UPDATE meta SET value = 2 WHERE key = 'schema_version'")
+    with TraceStore(path) as s:
+        assert s.write_rows(_keyed([(0, 1, value, "K"), (0, 2, value, "K")]))[::2] == (1, 1)
+    assert table(path, "SELECT value FROM meta WHERE key = 'schema_version'") == [(SCHEMA_VERSION,)]

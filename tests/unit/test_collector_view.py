@@ -108,3 +108,23 @@ def test_subafter_without_group_pairs_by_request_id_and_lone_before_is_unknown()
         (10, 20, "success"),
         (30, None, "unknown"),
     ]
+
+
+def test_repeated_consume_and_pub_events_are_not_extra_attempts() -> None:
+    # The same events carried by two trace messages (a trace send repeated without an
+    # idempotency key, e.g. by a RocketMQ client), so at other trace offsets.
+    pub = dict(group_name="PG", topic="Orders", cost_time=2, msg_type=0, store_host="h:1")
+    once = [ev("Pub", 1000, **pub), *attempt("CG", "r0", 1010, 0, False, 4),
+            *attempt("CG", "r1", 11010, 1, True, 0)]  # fmt: skip
+    again = [ev("Pub", 1000, **pub), *attempt("CG", "r0", 1010, 0, False, 4),
+             *attempt("CG", "r1", 11010, 1, True, 0), *attempt("CG", "r1", 11010, 1, True, 0)]  # fmt: skip
+    view = build_view(MSG, once + again)
+    (group,) = view["consumers"]
+    assert [(a["request_id"], a["status"]) for a in group["attempts"]] == [
+        ("r0", "failed"),
+        ("r1", "success"),
+    ]
+    assert view["producer"]["send_attempts"] == 1
+    # A real second send of the msgId (its own timestamp) is still a second attempt.
+    resend = build_view(MSG, [*once, ev("Pub", 1500, **pub)])
+    assert resend["producer"]["send_attempts"] == 2

@@ -234,7 +234,13 @@ async def test_headers_keys_are_msg_ids_and_business_keys(make: Factory) -> None
     expected = sorted({msg_id(a), msg_id(b), "k1", "k2", "k3"})
     assert call.header["KEYS"] == " ".join(expected).encode()
     assert re.fullmatch(rb"[0-9A-F]{32}", call.header["UNIQ_KEY"])
-    assert [name for name, _ in call.headers] == ["KEYS", "UNIQ_KEY", "BORN_HOST"]
+    assert [name for name, _ in call.headers] == [
+        "KEYS",
+        "UNIQ_KEY",
+        "IDEMPOTENCY_KEY",
+        "BORN_HOST",
+    ]
+    assert call.header["IDEMPOTENCY_KEY"] == call.header["UNIQ_KEY"]
 
 
 async def test_no_keys_header_when_there_are_no_keys(make: Factory) -> None:
@@ -244,7 +250,7 @@ async def test_no_keys_header_when_there_are_no_keys(make: Factory) -> None:
     assert await d.flush()
 
     (call,) = sender_of(d).delivered
-    assert [name for name, _ in call.headers] == ["UNIQ_KEY", "BORN_HOST"]
+    assert [name for name, _ in call.headers] == ["UNIQ_KEY", "IDEMPOTENCY_KEY", "BORN_HOST"]
 
 
 async def test_every_message_is_at_most_max_message_size(make: Factory) -> None:
@@ -330,7 +336,7 @@ async def test_append_never_raises_even_for_garbage(make: Factory) -> None:
 # ------------------------------------------------------------------------------ retries
 
 
-async def test_retry_then_success_prefers_another_broker(make: Factory) -> None:
+async def test_a_retry_goes_to_the_same_queue_with_the_same_idempotency_key(make: Factory) -> None:
     sender = FakeSender(failures=2)
     d = make(sender=sender, max_send_attempts=3)
     await d.start()
@@ -338,30 +344,33 @@ async def test_retry_then_success_prefers_another_broker(make: Factory) -> None:
     d.append(ctx)
     assert await d.flush()
 
-    assert len(sender.calls) == 3
     assert [c.ok for c in sender.calls] == [False, False, True]
-    brokers = [c.broker for c in sender.calls]
-    assert brokers[0] != brokers[1] != brokers[2]
-    assert len({c.header["UNIQ_KEY"] for c in sender.calls}) == 1  # same message retried
+    # Every copy reaches the one collector that owns the queue, which drops the repeats.
+    assert len({(c.broker, c.queue_id) for c in sender.calls}) == 1
+    assert len({c.header["IDEMPOTENCY_KEY"] for c in sender.calls}) == 1
+    assert len({c.header["UNIQ_KEY"] for c in sender.calls}) == 1
     assert [msg_id(c) for c in sender.contexts()] == [msg_id(ctx)]
     s = d.stats()
     assert (s["sent"], s["sent_messages"], s["failed"]) == (1, 1, 0)
+    assert (s["retries"], s["sent_after_retry"]) == (2, 1)
 
 
-async def test_retry_on_one_broker_moves_to_another_queue() -> None:
-    sender = FakeSender(failures=1)
-    d = AsyncTraceDispatcher(
-        group="PG",
-        route_cache=FakeRoutes(queue_route("only", write_queues=2)),
-        sender=sender,
-        flush_interval_ms=10,
-    )
+async def test_a_retry_whose_queue_left_the_route_goes_to_another() -> None:
+    gate = asyncio.Event()
+    routes = FakeRoutes(queue_route("a", write_queues=1), queue_route("b", write_queues=1))
+    sender = FakeSender(failures=1, gate=gate)
+    d = AsyncTraceDispatcher(group="PG", route_cache=routes, sender=sender, flush_interval_ms=10)
     d.retry_backoff_s = 0.01
     await d.start()
     d.append(pub())
+    await until(lambda: len(sender.calls) == 1, "first attempt started")
+    first = sender.calls[0].broker
+    routes.queues = tuple(q for q in routes.queues if q.broker != first)
+    sender.gate = None
+    gate.set()
     assert await d.flush()
     await d.shutdown()
-    assert [c.queue_id for c in sender.calls] in ([0, 1], [1, 0])
+    assert [c.broker for c in sender.calls][1] != first
     assert d.stats()["sent"] == 1
 
 
@@ -378,16 +387,70 @@ async def test_retry_exhaustion_counts_every_context_as_failed(make: Factory) ->
     assert s["failed"] == 4
     assert s["sent"] == 0
     assert s["sent_messages"] == 0
+    assert s["retries"] == 2
 
 
-async def test_send_timeout_counts_as_a_failed_attempt(make: Factory) -> None:
+@dataclass
+class SlowSender(FakeSender):
+    """A hung cluster: every attempt is answered only once ``gate`` opens (then all are)."""
+
+    async def send(
+        self,
+        route: QueueRoute,
+        queue_id: int,
+        trace_topic: str,
+        value: bytes,
+        headers: list[tuple[str, bytes]],
+    ) -> None:
+        call = Call(route.broker, queue_id, trace_topic, value, headers)
+        self.calls.append(call)
+        assert self.gate is not None
+        await self.gate.wait()
+        call.ok = True
+
+
+async def test_a_timed_out_send_answered_later_counts_as_sent_after_retry(make: Factory) -> None:
+    # The finding: timed-out attempts were counted as failed although the cluster, once it
+    # resumed, stored every one of them.
+    gate = asyncio.Event()
+    sender = SlowSender(gate=gate)
+    d = make(sender=sender, send_timeout_ms=20, max_send_attempts=3, delivery_timeout_ms=30_000)
+    await d.start()
+    d.append(pub())
+    await until(lambda: len(sender.calls) == 3, "three attempts started")
+    assert d.stats()["failed"] == 0  # timed out is not failed
+    gate.set()
+    assert await d.flush()
+    s = d.stats()
+    assert (s["sent"], s["failed"], s["retries"], s["sent_after_retry"]) == (1, 0, 2, 1)
+    assert s["appended"] == s["sent"] + s["failed"] + s["discarded"]
+    assert len({c.header["IDEMPOTENCY_KEY"] for c in sender.calls}) == 1
+
+
+async def test_no_acknowledgement_within_the_delivery_timeout_is_failed(make: Factory) -> None:
     sender = FakeSender(gate=asyncio.Event())  # never opened: every send hangs
-    d = make(sender=sender, send_timeout_ms=30, max_send_attempts=2)
+    d = make(sender=sender, send_timeout_ms=30, max_send_attempts=2, delivery_timeout_ms=200)
     await d.start()
     d.append(pub())
     assert await d.flush(5.0)
     assert len(sender.calls) == 2
-    assert d.stats()["failed"] == 1
+    s = d.stats()
+    assert (s["failed"], s["sent"], s["retries"]) == (1, 0, 1)
+
+
+async def test_retry_and_sent_after_retry_metrics(make: Factory) -> None:
+    group = f"PG-retry-{time.monotonic_ns()}"
+    d = make(group=group, sender=FakeSender(failures=1), max_send_attempts=3)
+    await d.start()
+    d.append(pub())
+    d.append(pub())
+    assert await d.flush()
+    retries = REGISTRY.get_sample_value(
+        "tracemq_trace_send_retries_total", {"group": group, "reason": "error"}
+    )
+    after = REGISTRY.get_sample_value("tracemq_trace_sent_after_retry_total", {"group": group})
+    failed = REGISTRY.get_sample_value("tracemq_trace_failed_total", {"group": group})
+    assert (retries, after, failed) == (1.0, 2.0, 0.0)
 
 
 async def test_no_retry_when_the_queue_is_nearly_full(make: Factory) -> None:
@@ -665,3 +728,29 @@ async def test_hook_records_and_contexts_share_a_message_and_its_keys(make: Fact
     assert call.header["KEYS"] == " ".join(sorted({msg_id(a), "k1", "MSGB", "k2", "k3"})).encode()
     s = d.stats()
     assert (s["appended"], s["sent"], s["discarded"]) == (3, 3, 1)
+
+
+class FlakyRoutes(FakeRoutes):
+    """A route cache whose next ``failures`` reads raise (Redis away for a moment)."""
+
+    def __init__(self, *queues: QueueRoute, failures: int = 0) -> None:
+        super().__init__(*queues)
+        self.failures = failures
+        self.started = False
+
+    async def get(self, topic: str, refresh: bool = False) -> TopicRoute:
+        if self.started and self.failures > 0:
+            self.failures -= 1
+            raise ConnectionError("redis unreachable")
+        return await super().get(topic, refresh)
+
+
+async def test_a_route_read_failure_is_a_retried_attempt(make: Factory) -> None:
+    routes = FlakyRoutes(queue_route("trace-a"), failures=1)
+    d = make(route_cache=routes, max_send_attempts=3)
+    await d.start()
+    routes.started = True
+    d.append(pub())
+    assert await d.flush()
+    s = d.stats()
+    assert (s["sent"], s["failed"], s["retries"]) == (1, 0, 1)

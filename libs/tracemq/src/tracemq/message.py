@@ -33,6 +33,10 @@ class MessageConst:
     PRODUCER_GROUP = "PGROUP"
     BORN_TIMESTAMP = "BORN_TIMESTAMP"
     BORN_HOST = "BORN_HOST"
+    #: On trace messages: the same value on every send attempt of one trace message, so the
+    #: collector can drop the copies a retried (e.g. timed-out but delivered) send leaves.
+    #: RocketMQ clients do not set it; their trace messages are never deduplicated.
+    IDEMPOTENCY_KEY = "IDEMPOTENCY_KEY"
     TRACEPARENT = "traceparent"
     KEY_SEPARATOR = " "
 

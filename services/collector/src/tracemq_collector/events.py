@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from operator import itemgetter
@@ -622,7 +623,10 @@ class StoreRows:
     * ``key_rows``: ``(position << KEY_SHIFT | n, key, msg_id, topic, timestamp)`` for the n-th
       key of each Pub that indexes its keys (the first Pub of a msgId in the batch with keys);
     * ``key_msg_ids``: the msgIds of those Pubs (an earlier batch may have indexed them);
-    * ``ordered``: no two events share coordinates.
+    * ``ordered``: no two events share coordinates;
+    * ``message_keys``: ``(trace_topic, partition, offset, idempotency key)`` of the trace
+      messages that carry one (header ``IDEMPOTENCY_KEY``): the store drops a message whose
+      key it already holds at other coordinates, a repeat of a retried send.
     """
 
     events: list[tuple[Any, ...]]
@@ -631,6 +635,7 @@ class StoreRows:
     quarantine: list[dict[str, Any]]
     progress: dict[tuple[str, int], int]
     ordered: bool
+    message_keys: list[tuple[str, int, int, str]] = dataclasses.field(default_factory=list)
 
 
 @dataclass
@@ -698,8 +703,13 @@ def lake_batch(rows: list[tuple[Any, ...]]) -> Any:
     )
 
 
+#: A trace message as ingest hands it over: ``(offset, value, born_host)``, optionally followed
+#: by its idempotency key.
+Received = tuple[int, bytes | None, str | None] | tuple[int, bytes | None, str | None, str | None]
+
+
 def decode_chunk(
-    messages: list[tuple[str, int, list[tuple[int, bytes | None, str | None]]]],
+    messages: Sequence[tuple[str, int, Sequence[Received]]],
     ingest_ts: int,
     *,
     with_lake: bool = True,
@@ -707,9 +717,10 @@ def decode_chunk(
     """Decode trace messages for ``TraceStore.write_rows`` and the lake.
 
     Args:
-        messages: ``(trace_topic, partition, [(offset, value, born_host), ...])``, offsets
-            increasing within a partition. ``born_host`` fills ``client_host`` where the
-            record has none.
+        messages: ``(trace_topic, partition, [(offset, value, born_host[, key]), ...])``,
+            offsets increasing within a partition. ``born_host`` fills ``client_host`` where
+            the record has none; ``key``, the message's idempotency key, goes to
+            :attr:`StoreRows.message_keys`.
         ingest_ts: when the collector read them, epoch ms.
         with_lake: also build the lake's Arrow batches (:attr:`PartitionChunk.lake`).
 
@@ -719,6 +730,7 @@ def decode_chunk(
     quarantine: list[dict[str, Any]] = []
     progress: dict[tuple[str, int], int] = {}
     partitions: dict[tuple[str, int], PartitionChunk] = {}
+    message_keys: list[tuple[str, int, int, str]] = []
     ordered = True
     records = 0
     for trace_topic, partition, recs in messages:
@@ -726,7 +738,10 @@ def decode_chunk(
             continue
         first = len(rows)
         last = -1
-        for offset, value, born in recs:
+        for rec in recs:
+            offset, value, born = rec[0], rec[1], rec[2]
+            if len(rec) > 3 and rec[3]:
+                message_keys.append((trace_topic, partition, offset, rec[3]))  # type: ignore[misc]
             if offset <= last:
                 ordered = False
             last = offset
@@ -751,4 +766,6 @@ def decode_chunk(
                     group.append(row)
             part.lake = {hour_key: lake_batch(group) for hour_key, group in groups.items()}
         partitions[key] = part
-    return DecodedChunk(store_rows(rows, quarantine, progress, ordered), partitions, records)
+    store = store_rows(rows, quarantine, progress, ordered)
+    store.message_keys = message_keys
+    return DecodedChunk(store, partitions, records)

@@ -323,7 +323,7 @@ class Ingestor:
                 attempt = 0
                 while True:
                     try:
-                        new, before = await fut
+                        new, before, repeats = await fut
                         break
                     except Exception as exc:
                         attempt += 1
@@ -337,6 +337,7 @@ class Ingestor:
                             self._start_worker()
                         fut = self._submit(decoded)
                 self._stored(decoded, new, before)
+                metrics.REPEATED_MESSAGES.labels("idempotency_key").inc(repeats)
                 metrics.BATCH_SECONDS.observe(time.perf_counter() - t0)
             finally:
                 self._inflight -= 1
@@ -509,13 +510,13 @@ def _segments(
 
 def _chunks(
     data: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]],
-) -> list[list[tuple[str, int, list[tuple[int, bytes | None, str | None]]]]]:
+) -> list[list[tuple[str, int, list[tuple[int, bytes | None, str | None, str | None]]]]]:
     """A fetch → chunks of about CHUNK_BYTES of trace messages (a partition's in order)."""
-    chunks: list[list[tuple[str, int, list[tuple[int, bytes | None, str | None]]]]] = []
-    current: list[tuple[str, int, list[tuple[int, bytes | None, str | None]]]] = []
+    chunks: list[list[tuple[str, int, list[tuple[int, bytes | None, str | None, str | None]]]]] = []
+    current: list[tuple[str, int, list[tuple[int, bytes | None, str | None, str | None]]]] = []
     size = 0
     for tp, records in data.items():
-        recs: list[tuple[int, bytes | None, str | None]] = []
+        recs: list[tuple[int, bytes | None, str | None, str | None]] = []
         current.append((tp.topic, tp.partition, recs))
         for rec in records:
             if size >= CHUNK_BYTES and recs:
@@ -524,7 +525,7 @@ def _chunks(
                 current = [(tp.topic, tp.partition, recs)]
                 size = 0
             value = rec.value
-            recs.append((rec.offset, value, _born_host(rec.headers)))
+            recs.append((rec.offset, value, *_trace_headers(rec.headers)))
             size += len(value) if value else 0
     current = [c for c in current if c[2]]
     if current:
@@ -558,14 +559,30 @@ def release_free_memory() -> None:
         _LIBC.malloc_trim(0)
 
 
-def _born_host(headers: Any) -> str | None:
+#: Longest idempotency key taken from a trace message (tracemq's are 32 characters).
+MAX_IDEMPOTENCY_KEY_CHARS = 128
+
+
+def _header_text(value: Any) -> str | None:
+    try:
+        return bytes(value).decode()
+    except (UnicodeDecodeError, TypeError, ValueError):
+        return None
+
+
+def _trace_headers(headers: Any) -> tuple[str | None, str | None]:
+    """``(born host, idempotency key)`` of a trace message; None for a missing or unusable
+    one (an unusable key only means the message is not deduplicated)."""
+    born: str | None = None
+    key: str | None = None
     for k, v in headers or ():
         if k == "BORN_HOST":
-            try:
-                return bytes(v).decode()
-            except UnicodeDecodeError:
-                return None
-    return None
+            born = _header_text(v)
+        elif k == "IDEMPOTENCY_KEY":
+            key = _header_text(v)
+            if key is not None and not 0 < len(key) <= MAX_IDEMPOTENCY_KEY_CHARS:
+                key = None
+    return born, key
 
 
 def _reason_label(reason: str) -> str:

@@ -25,3 +25,8 @@ PEER_FAILURES = Counter(
     " per query",
     ["reason"],
 )
+REPEATED_MESSAGES = Counter(
+    "tracemq_collector_repeated_trace_messages_total",
+    "Trace messages dropped as repeats of one already stored (a retried trace send)",
+    ["reason"],
+)

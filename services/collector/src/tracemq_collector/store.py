@@ -35,6 +35,18 @@ Tables
     deletes an event's key rows by row-id range, without another index.
 ``quarantine``
     Records that could not become events, deduped by their coordinates.
+``message_keys``
+    ``key → (trace_topic, partition, offset)`` of the trace messages that carried an
+    idempotency key (header ``IDEMPOTENCY_KEY``, set by tracemq's trace dispatcher, the same on
+    every attempt of one trace message). A message whose key is already here at *other*
+    coordinates is a repeat (a timed-out send that was delivered after all, plus its retries):
+    its events and quarantine rows are dropped, counted, logged. Written in the batch's
+    transaction, so the decisions survive a restart and a replay makes the same ones. Bounded:
+    per partition, only the keys of the last :data:`DEDUPE_WINDOW_MESSAGES` offsets are kept
+    (the dispatcher sends every copy to the same queue within its delivery timeout, so copies
+    are close in one partition). Keys are looked up across partitions too, which catches a copy
+    that moved to another queue of the same collector. Messages without the header (RocketMQ
+    clients) are never deduplicated.
 ``progress`` / ``lake_progress``
     ``(trace_topic, partition) → next_offset`` of the store and of the Parquet lake.
 ``lake_pending``
@@ -90,6 +102,7 @@ from tracemq_collector.events import (
 )
 
 __all__ = [
+    "DEDUPE_WINDOW_MESSAGES",
     "KEY_BUCKET_BITS",
     "MAX_KEYS_PER_MESSAGE",
     "STORE_ROW",
@@ -101,7 +114,11 @@ __all__ = [
 ]
 
 #: Version of this file's table layout; a file of another version is refused, not misread.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+#: Trace offsets per partition whose idempotency keys are kept (see ``message_keys``): about
+#: 100 bytes each. A repeat arriving later than this many trace messages after the first copy
+#: in its partition is stored again.
+DEDUPE_WINDOW_MESSAGES = 200_000
 #: Events per key-index bucket: 2**KEY_BUCKET_BITS (see the module docstring).
 KEY_BUCKET_BITS = 16
 #: Largest ``limit`` a paged query accepts.
@@ -176,6 +193,13 @@ CREATE TABLE lake_progress (
     next_offset INTEGER NOT NULL,
     PRIMARY KEY (trace_topic, partition)
 ) WITHOUT ROWID;
+CREATE TABLE message_keys (
+    key TEXT PRIMARY KEY,
+    trace_topic TEXT NOT NULL,
+    trace_partition INTEGER NOT NULL,
+    trace_offset INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX message_keys_offset ON message_keys (trace_topic, trace_partition, trace_offset);
 CREATE TABLE lake_pending (
     trace_topic TEXT NOT NULL,
     partition INTEGER NOT NULL,
@@ -223,6 +247,18 @@ _MIGRATE_1_TO_2 = (
     "CREATE INDEX event_keys_bucket ON event_keys (bucket, key, timestamp)",
     "UPDATE meta SET value = 2 WHERE key = 'schema_version'",
 )
+# Version 2 → 3: the idempotency keys of trace messages (see the module docstring).
+_MIGRATE_2_TO_3 = (
+    "CREATE TABLE IF NOT EXISTS message_keys (key TEXT PRIMARY KEY, trace_topic TEXT NOT NULL, "
+    "trace_partition INTEGER NOT NULL, trace_offset INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS message_keys_offset "
+    "ON message_keys (trace_topic, trace_partition, trace_offset)",
+    "UPDATE meta SET value = 3 WHERE key = 'schema_version'",
+)
+_KNOWN_KEYS = """
+SELECT key, trace_topic, trace_partition, trace_offset FROM message_keys
+WHERE key IN (SELECT value FROM json_each(?))
+"""
 # Every bucket that may hold key rows: those of the events still stored.
 _BUCKETS = (  # built from constants only
     "WITH RECURSIVE buckets(b) AS ("  # noqa: S608
@@ -399,6 +435,11 @@ class TraceStore:
                 for statement in _MIGRATE_1_TO_2:
                     c.execute(statement)
                 version = self._meta(c, "schema_version")
+            if version == 2:
+                log.warning("migrating the trace store to schema version 3", path=str(self.path))
+                for statement in _MIGRATE_2_TO_3:
+                    c.execute(statement)
+                version = self._meta(c, "schema_version")
             if version != SCHEMA_VERSION:
                 newer = isinstance(version, int) and version > SCHEMA_VERSION
                 raise StoreSchemaError(
@@ -539,12 +580,14 @@ class TraceStore:
             ) from None
         return self.write_rows(store_rows(tuples, quarantine, progress, ordered=False))[0]
 
-    def write_rows(self, batch: StoreRows) -> tuple[int, dict[tuple[str, int], int | None]]:
+    def write_rows(self, batch: StoreRows) -> tuple[int, dict[tuple[str, int], int | None], int]:
         """:meth:`write_batch` for a batch already in the table's shape (ingest's path).
 
         Returns:
             ``(new events, the progress of each partition of the batch's progress before
-            it)``; None: nothing stored yet for that partition.
+            it, trace messages dropped as repeats)``; None: nothing stored yet for that
+            partition. A repeat is a message whose idempotency key the store already holds
+            at other coordinates (see ``message_keys`` in the module docstring).
         """
         return self._write(lambda c: self._write_rows(c, batch))
 
@@ -601,9 +644,59 @@ class TraceStore:
             True,
         )
 
+    @staticmethod
+    def _repeats(
+        conn: sqlite3.Connection, message_keys: list[tuple[str, int, int, str]]
+    ) -> set[tuple[str, int, int]]:
+        """Coordinates of the batch's repeated trace messages; records the new keys."""
+        known: dict[str, tuple[str, int, int]] = {
+            key: (topic, partition, offset)
+            for key, topic, partition, offset in conn.execute(
+                _KNOWN_KEYS, (json.dumps([k[3] for k in message_keys]),)
+            )
+        }
+        repeats: set[tuple[str, int, int]] = set()
+        fresh: list[tuple[str, str, int, int]] = []
+        for topic, partition, offset, key in message_keys:
+            first = known.get(key)
+            if first is None:
+                known[key] = (topic, partition, offset)
+                fresh.append((key, topic, partition, offset))
+            elif first != (topic, partition, offset):  # the same coordinates: a replay
+                repeats.add((topic, partition, offset))
+                log.info(
+                    "repeated trace message dropped",
+                    trace_topic=topic,
+                    partition=partition,
+                    offset=offset,
+                    first_offset=first[2],
+                    first_partition=first[1],
+                    idempotency_key=key,
+                )
+        if fresh:
+            conn.executemany(
+                "INSERT OR IGNORE INTO message_keys (key, trace_topic, trace_partition, "
+                "trace_offset) VALUES (?, ?, ?, ?)",
+                fresh,
+            )
+        return repeats
+
+    @staticmethod
+    def _without(batch: StoreRows, repeats: set[tuple[str, int, int]]) -> StoreRows:
+        """The batch without the events and quarantine rows of repeated trace messages."""
+        keep = [row[0] for row in batch.events if (row[1], row[2], row[3]) not in repeats]
+        kept = TraceStore._renumber(batch, keep)
+        kept.ordered = batch.ordered
+        kept.quarantine = [
+            q
+            for q in batch.quarantine
+            if (q["trace_topic"], q["trace_partition"], q["trace_offset"]) not in repeats
+        ]
+        return kept
+
     def _write_rows(
         self, conn: sqlite3.Connection, batch: StoreRows
-    ) -> tuple[int, dict[tuple[str, int], int | None]]:
+    ) -> tuple[int, dict[tuple[str, int], int | None], int]:
         before: dict[tuple[str, int], int | None] = {}
         for topic, partition in batch.progress:
             row = conn.execute(
@@ -611,6 +704,11 @@ class TraceStore:
                 (topic, partition),
             ).fetchone()
             before[(topic, partition)] = None if row is None else int(row[0])
+        repeats: set[tuple[str, int, int]] = set()
+        if batch.message_keys:
+            repeats = self._repeats(conn, batch.message_keys)
+            if repeats:
+                batch = self._without(batch, repeats)
         new = 0
         if batch.events:
             fresh = self._fresh(conn, batch.events, batch.ordered)
@@ -660,7 +758,18 @@ class TraceStore:
                     for (topic, partition), offset in batch.progress.items()
                 ],
             )
-        return new, before
+            if batch.message_keys:
+                # The window slides with the partition: older keys can no longer match a copy.
+                conn.executemany(
+                    "DELETE FROM message_keys WHERE trace_topic = ? AND trace_partition = ? "
+                    "AND trace_offset < ?",
+                    [
+                        (topic, partition, offset - DEDUPE_WINDOW_MESSAGES)
+                        for (topic, partition), offset in batch.progress.items()
+                        if offset > DEDUPE_WINDOW_MESSAGES
+                    ],
+                )
+        return new, before, len(repeats)
 
     def progress(self) -> dict[tuple[str, int], int]:
         """``(trace_topic, partition) → next offset`` to read; resume ingest from here."""
@@ -991,7 +1100,7 @@ _worker_failed: list[BaseException] = []
 
 def write_rows_in_worker(
     path: str, batch: StoreRows
-) -> tuple[int, dict[tuple[str, int], int | None]]:
+) -> tuple[int, dict[tuple[str, int], int | None], int]:
     """:meth:`TraceStore.write_rows` in an ingest worker process, on its own writer of ``path``.
 
     Batches must be stored in order: after one fails, the worker refuses every later one

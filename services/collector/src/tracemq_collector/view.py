@@ -33,8 +33,39 @@ def dedupe(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     )
 
 
+#: What makes two events the same happening, whatever trace message carried them: a consume
+#: event is one per (kind, group, requestId) — a requestId names one delivery attempt — and a
+#: Pub repeated field for field is one send (a second send of the msgId has its own timestamp
+#: and cost). Repeats come from trace messages written twice without an idempotency key (a
+#: RocketMQ client's retried trace send) or stored by two collectors.
+_CONSUME_IDENTITY = ("trace_type", "group_name", "request_id", "msg_id")
+_PUB_IDENTITY = (
+    "trace_type", "timestamp", "group_name", "topic", "msg_id", "cost_time", "success",
+    "offset_msg_id", "store_host",
+)  # fmt: skip
+
+
+def collapse_repeats(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``events`` without repeats of one happening (see above); the first of each is kept."""
+    seen: set[tuple[Any, ...]] = set()
+    out = []
+    for e in events:
+        kind = e.get("trace_type")
+        if kind in ("SubBefore", "SubAfter") and e.get("request_id"):
+            identity = tuple(e.get(k) for k in _CONSUME_IDENTITY)
+        elif kind == "Pub":
+            identity = tuple(e.get(k) for k in _PUB_IDENTITY)
+        else:
+            out.append(e)
+            continue
+        if identity not in seen:
+            seen.add(identity)
+            out.append(e)
+    return out
+
+
 def build_view(msg_id: str, events: list[dict[str, Any]]) -> dict[str, Any]:
-    events = dedupe(events)
+    events = collapse_repeats(dedupe(events))
     # A consumer that gives up on a message after max_reconsume_times traces its move to
     # %DLQ%<group> as a Pub of the consumer group: that is not the producer's send.
     all_pubs = [e for e in events if e["trace_type"] == "Pub"]

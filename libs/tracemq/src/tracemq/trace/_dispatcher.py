@@ -8,11 +8,22 @@ returns at once; it never blocks and never raises. A worker task drains the queu
 of at most ``max_message_size`` bytes and hands each message to a :class:`TraceSender`, at most
 ``max_in_flight`` at a time, round robin over the writable queues of the trace topic.
 
+Retries and duplicates. A send that times out may still be delivered (a hung trace cluster
+answers once it resumes), so a timed-out attempt is not abandoned: it keeps running while the
+next attempt starts, and the trace message counts as ``sent`` as soon as *any* of its attempts
+is acknowledged, within ``delivery_timeout_ms`` of its first one. Every attempt carries the same
+``IDEMPOTENCY_KEY`` header and goes to the same queue (another one only when that queue left the
+route), so the collector that owns that queue drops the extra copies (DESIGN §7).
+
 Nothing is lost silently. Every context accepted by ``append`` ends up in exactly one of:
 
-* ``sent``: delivered to the trace topic;
-* ``failed``: dropped after its send attempts were exhausted, because the trace topic had no
-  route, because it could not be encoded, or because shutdown's deadline passed first.
+* ``sent``: delivered to the trace topic (``sent_after_retry`` counts the part of them whose
+  message needed more than one attempt);
+* ``failed``: given up for good: every attempt failed, or none was acknowledged within
+  ``delivery_timeout_ms``, or the trace topic had no route, or it could not be encoded, or
+  shutdown's deadline passed first.
+
+``retries`` counts attempts started after a failed or timed-out one; a retry is not a failure.
 
 Contexts refused by ``append`` (queue full, or offered after shutdown began) are counted as
 ``discarded``. Drops are logged as warnings with the count since the previous warning, at
@@ -40,6 +51,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from tracemq.errors import ClientStateError, TracemqError
 from tracemq.log import get_logger
+from tracemq.message import MessageConst
 from tracemq.message_id import local_ipv4, new_msg_id
 from tracemq.naming import TRACE_TOPIC, kafka_topic
 from tracemq.trace._codec import KEY_SEPARATOR, encode
@@ -80,7 +92,17 @@ TRACE_DISCARDED = Counter(
 )
 TRACE_FAILED = Counter(
     "tracemq_trace_failed_total",
-    "Trace contexts dropped after send failures, without a route, or unencodable",
+    "Trace contexts given up for good: no attempt acknowledged, no route, or unencodable",
+    ["group"],
+)
+TRACE_RETRIES = Counter(
+    "tracemq_trace_send_retries_total",
+    "Trace message send attempts started after a failed or timed-out one (not failures)",
+    ["group", "reason"],
+)
+TRACE_SENT_AFTER_RETRY = Counter(
+    "tracemq_trace_sent_after_retry_total",
+    "Trace contexts delivered whose trace message needed more than one attempt",
     ["group"],
 )
 TRACE_QUEUE_DEPTH = Gauge(
@@ -180,6 +202,7 @@ class _Job:
     value: bytes
     headers: list[tuple[str, bytes]]
     settled: bool = False
+    attempts: int = 0  # send attempts started
 
 
 @dataclass(slots=True)
@@ -233,8 +256,11 @@ class AsyncTraceDispatcher:
         flush_interval_ms: longest wait for a batch to fill after its first context.
         max_message_size: largest trace message body in bytes (UTF-8); a single context
             bigger than this is sent alone (and counted as ``oversize``).
-        send_timeout_ms: bound on each send attempt.
+        send_timeout_ms: how long an attempt may go unanswered before the next one starts
+            (the unanswered one keeps running: it may still be acknowledged).
         max_send_attempts: attempts per trace message, the first included.
+        delivery_timeout_ms: how long after its first attempt a trace message may wait for
+            an acknowledgement of any attempt; then it counts as failed.
         max_in_flight: most trace messages being sent at once.
         sender: writes trace messages; a :class:`KafkaTraceSender` with its own producer
             pool by default.
@@ -260,6 +286,7 @@ class AsyncTraceDispatcher:
         send_timeout_ms: int = 3000,
         max_send_attempts: int = 3,
         max_in_flight: int = 4,
+        delivery_timeout_ms: int = 60_000,
         sender: TraceSender | None = None,
     ) -> None:
         for name, value in (
@@ -269,6 +296,7 @@ class AsyncTraceDispatcher:
             ("send_timeout_ms", send_timeout_ms),
             ("max_send_attempts", max_send_attempts),
             ("max_in_flight", max_in_flight),
+            ("delivery_timeout_ms", delivery_timeout_ms),
         ):
             if value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
@@ -284,6 +312,7 @@ class AsyncTraceDispatcher:
         self._max_message_size = max_message_size
         self._send_timeout_s = send_timeout_ms / 1000
         self._max_send_attempts = max_send_attempts
+        self._delivery_timeout_s = delivery_timeout_ms / 1000
         self._sender: TraceSender = sender if sender is not None else KafkaTraceSender()
 
         # A deque, not an asyncio.Queue: one consumer (the worker), woken by _wakeup; the bound
@@ -320,6 +349,8 @@ class AsyncTraceDispatcher:
         self._sent_messages = 0
         self._discarded = 0
         self._failed = 0
+        self._retries = 0
+        self._sent_after_retry = 0
         self._oversize = 0
         self._in_flight = 0
         self._latency_last_ms = 0.0
@@ -332,6 +363,7 @@ class AsyncTraceDispatcher:
         self._m_sent = TRACE_SENT.labels(group=group)
         self._m_discarded = TRACE_DISCARDED.labels(group=group)
         self._m_failed = TRACE_FAILED.labels(group=group)
+        self._m_sent_after_retry = TRACE_SENT_AFTER_RETRY.labels(group=group)
         if group not in _LIVE:
             _LIVE[group] = weakref.WeakSet()
             TRACE_QUEUE_DEPTH.labels(group=group).set_function(functools.partial(_depth_of, group))
@@ -491,6 +523,8 @@ class AsyncTraceDispatcher:
             "sent_messages": self._sent_messages,
             "discarded": self._discarded,
             "failed": self._failed,
+            "retries": self._retries,
+            "sent_after_retry": self._sent_after_retry,
             "oversize": self._oversize,
             "queue_depth": len(self._queue),
             "in_flight": self._in_flight,
@@ -624,7 +658,10 @@ class AsyncTraceDispatcher:
         headers: list[tuple[str, bytes]] = []
         if keys:
             headers.append(("KEYS", " ".join(sorted(keys)).encode()))
-        headers.append(("UNIQ_KEY", new_msg_id().encode()))
+        msg_id = new_msg_id().encode()
+        headers.append(("UNIQ_KEY", msg_id))
+        # The job keeps these headers for every attempt: one key per trace message.
+        headers.append((MessageConst.IDEMPOTENCY_KEY, msg_id))
         # The sending host: the collector shows it as the client host of records whose wire
         # format has no clientHost field (RocketMQ's dashboard uses the trace message's born host).
         headers.append(("BORN_HOST", _BORN_HOST))
@@ -638,59 +675,134 @@ class AsyncTraceDispatcher:
     # ------------------------------------------------------------------ sending
 
     async def _send(self, job: _Job) -> None:
+        """Deliver one trace message: attempts to one queue until one is acknowledged.
+
+        An attempt unanswered after ``send_timeout_ms`` is left running (the cluster may only
+        be slow, and then it is delivered) while the next one starts; the first
+        acknowledgement of any attempt settles the message as sent. It fails for good only
+        when every attempt ended in an error, or none was acknowledged within
+        ``delivery_timeout_ms`` of the first, or the trace topic has no route.
+        """
         self._in_flight += 1
+        loop = asyncio.get_running_loop()
+        attempts: dict[asyncio.Future[None], float] = {}  # running attempt → its start
         try:
-            avoid: tuple[str, int] | None = None
-            attempt = 0
+            give_up_at = loop.time() + self._delivery_timeout_s
+            target: _Target | None = None
+            no_route = False  # the route has no writable queue: no attempt can be made
+            error = ""
+            launch = True
             while True:
-                attempt += 1
-                try:
-                    target = await self._pick(avoid)
-                    if target is None:
-                        reason = f"trace topic {self.trace_topic!r} has no route"
-                        self._settle(job, ok=False, reason=reason)
-                        return
-                    avoid = target.key
-                    started = time.perf_counter()
-                    await asyncio.wait_for(
-                        self._sender.send(
-                            target.route, target.queue_id, self.trace_topic, job.value, job.headers
-                        ),
-                        self._send_timeout_s,
-                    )
-                except Exception as exc:
-                    error = (
-                        "send timed out"
-                        if isinstance(exc, TimeoutError)
-                        else f"{exc.__class__.__name__}: {exc}"
-                    )
-                    delay = min(self.retry_backoff_s * 2 ** (attempt - 1), self.retry_backoff_max_s)
-                    if attempt >= self._max_send_attempts or not self._may_retry(delay):
+                if launch:
+                    launch = False
+                    if job.attempts:
+                        self._count_retry(error)
+                    try:
+                        picked = await self._pick(target)
+                    except Exception as exc:  # the route could not be read: a failed attempt
+                        job.attempts += 1
+                        error = f"trace route unavailable: {exc.__class__.__name__}: {exc}"
+                    else:
+                        no_route = picked is None
+                        if picked is None:
+                            error = f"trace topic {self.trace_topic!r} has no route"
+                        else:
+                            target = picked
+                            job.attempts += 1
+                            attempt = asyncio.ensure_future(
+                                self._sender.send(
+                                    target.route, target.queue_id, self.trace_topic, job.value,
+                                    job.headers,
+                                )
+                            )  # fmt: skip
+                            attempts[attempt] = time.perf_counter()
+                more = not no_route and job.attempts < self._max_send_attempts
+                if not attempts:  # every attempt so far failed
+                    delay = self._backoff(job.attempts)
+                    if not more or not self._may_retry(delay):
                         self._settle(job, ok=False, reason=error)
                         return
-                    log.debug(
-                        "trace send failed; retrying",
-                        group=self.group,
-                        attempt=attempt,
-                        error=error,
-                    )
                     await asyncio.sleep(delay)
+                    launch = True
                     continue
-                elapsed = time.perf_counter() - started
-                self._latency_last_ms = elapsed * 1000
-                self._latency_sum_ms += elapsed * 1000
-                self._latency_count += 1
-                TRACE_SEND_SECONDS.observe(elapsed)
-                self._settle(job, ok=True)
-                return
+                remaining = give_up_at - loop.time()
+                if remaining <= 0:
+                    self._settle(job, ok=False, reason=f"no acknowledgement in time ({error})")
+                    return
+                wait_s = min(self._send_timeout_s, remaining) if more else remaining
+                acked, failure = await self._first_ack(attempts, wait_s)
+                if acked:
+                    self._settle(job, ok=True)
+                    return
+                error = failure or "send timed out"
+                delay = self._backoff(job.attempts)
+                if more and self._may_retry(delay):
+                    # Back off, still listening to the attempts that are running.
+                    if attempts:
+                        acked, failure = await self._first_ack(attempts, delay)
+                        if acked:
+                            self._settle(job, ok=True)
+                            return
+                        error = failure or error
+                    else:
+                        await asyncio.sleep(delay)
+                    launch = True
         finally:
+            for running in attempts:
+                running.cancel()
+            if attempts:
+                await asyncio.gather(*attempts, return_exceptions=True)
             self._in_flight -= 1
             self._semaphore.release()
             if not job.settled:  # cancelled by shutdown
                 self._settle(job, ok=False, reason="not sent before shutdown")
 
-    async def _pick(self, avoid: tuple[str, int] | None) -> _Target | None:
-        """Next queue round robin; after a failure prefer another broker, then another queue."""
+    async def _first_ack(
+        self, attempts: dict[asyncio.Future[None], float], timeout_s: float
+    ) -> tuple[bool, str | None]:
+        """Wait up to ``timeout_s`` for attempts to end; drop the ended ones from ``attempts``.
+
+        Returns (an attempt was acknowledged, the error of one that failed, or None).
+        """
+        done, _ = await asyncio.wait(
+            attempts, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
+        failure: str | None = None
+        acked = False
+        for attempt in done:
+            began = attempts.pop(attempt)
+            exc = attempt.exception()
+            if exc is None:
+                if not acked:
+                    acked = True
+                    elapsed = time.perf_counter() - began
+                    self._latency_last_ms = elapsed * 1000
+                    self._latency_sum_ms += elapsed * 1000
+                    self._latency_count += 1
+                    TRACE_SEND_SECONDS.observe(elapsed)
+            else:
+                failure = (
+                    "send timed out"
+                    if isinstance(exc, TimeoutError)
+                    else f"{exc.__class__.__name__}: {exc}"
+                )
+        return acked, failure
+
+    def _backoff(self, attempts: int) -> float:
+        return float(
+            min(self.retry_backoff_s * 2 ** max(attempts - 1, 0), self.retry_backoff_max_s)
+        )
+
+    def _count_retry(self, error: str) -> None:
+        reason = "timeout" if error == "send timed out" else "error"
+        self._retries += 1
+        TRACE_RETRIES.labels(group=self.group, reason=reason).inc()
+        log.debug("trace send retried", group=self.group, reason=reason, error=error)
+
+    async def _pick(self, previous: _Target | None) -> _Target | None:
+        """The queue of the next attempt: round robin for a first attempt; a retry goes to
+        the queue of the previous attempt while it is writable, so that every copy of one
+        trace message reaches the collector that owns that queue (and dedupes them)."""
         route = await self._route_cache.get(self.trace_topic)
         if route.queues is not self._targets_for:
             self._targets_for = route.queues
@@ -698,12 +810,10 @@ class AsyncTraceDispatcher:
         targets = self._targets
         if not targets:
             return None
-        if avoid is not None:
-            targets = (
-                [t for t in targets if t.route.broker != avoid[0]]
-                or [t for t in targets if t.key != avoid]
-                or targets
-            )
+        if previous is not None:
+            same = next((t for t in targets if t.key == previous.key), None)
+            if same is not None:
+                return same
         target = targets[self._rr % len(targets)]
         self._rr += 1
         return target
@@ -737,6 +847,9 @@ class AsyncTraceDispatcher:
             self._sent += job.contexts
             self._sent_messages += 1
             self._m_sent.inc(job.contexts)
+            if job.attempts > 1:
+                self._sent_after_retry += job.contexts
+                self._m_sent_after_retry.inc(job.contexts)
         else:
             self._fail(job.contexts, reason)
         self._check_waiters()
