@@ -422,7 +422,11 @@ class Producer:
         avoid: str | None = None
         fixed = self._select(queues, msg, selector, arg) if selector else None
         last: BaseException | None = None
+        made = 0
         for attempt in range(attempts):
+            if attempt and deadline <= asyncio.get_running_loop().time():
+                break  # out of time: no attempt (and no Pub) that never reaches the transport
+            made += 1
             q, qid = fixed or self._pick(queues, avoid)
             place = self._place(q, qid, msg, half=half)
             # One context, and so one Pub, per attempt (RocketMQ calls its hooks per attempt).
@@ -459,7 +463,7 @@ class Producer:
             call_hooks(self._hooks, "send_message_after", ctx)
             return result, q
         raise SendError(
-            f"sending {msg_id} to {msg.topic!r} failed after {attempts} attempt(s): {last!r}"
+            f"sending {msg_id} to {msg.topic!r} failed after {made} attempt(s): {last!r}"
         ) from last
 
     def _select(
