@@ -350,7 +350,49 @@ DLQ_TRACE: dict[str, Any] = {
     ],
 }
 
-TRACES = {MAIN_ID: MAIN_TRACE, TX_ID: TX_TRACE, NOPUB_ID: NOPUB_TRACE, DLQ_ID: DLQ_TRACE}
+FAILED_ID = "7F0000010A1B2C3D4E5F012345678D04"
+# A send that failed all three attempts: one Pub per attempt, none naming a store host.
+FAILED_TRACE: dict[str, Any] = {
+    "msg_id": FAILED_ID,
+    "topic": TOPIC,
+    "producer": {
+        "group": "order-producer",
+        "timestamp": T0,
+        "cost_time": 3,
+        "success": False,
+        "store_host": None,
+        "msg_type": 0,
+        "msg_type_name": "Normal_Msg",
+        "offset_msg_id": None,
+        "region_id": "DefaultRegion",
+        "client_host": "10.0.0.9",
+        "send_attempts": 3,
+    },
+    "transactions": [],
+    "consumers": [],
+    "dead_letters": [],
+    "events": [
+        _event(
+            "Pub",
+            i,
+            msg_id=FAILED_ID,
+            timestamp=T0 + 5 * i,
+            group_name="order-producer",
+            cost_time=3,
+            success=False,
+            store_host="null" if i else None,
+        )
+        for i in range(3)
+    ],  # fmt: skip
+}
+
+TRACES = {
+    MAIN_ID: MAIN_TRACE,
+    TX_ID: TX_TRACE,
+    NOPUB_ID: NOPUB_TRACE,
+    DLQ_ID: DLQ_TRACE,
+    FAILED_ID: FAILED_TRACE,
+}
 
 KEY_ITEMS = [
     {"msg_id": MAIN_ID, "topic": TOPIC, "timestamp": T0, "keys": "order-42", "tags": "created"},
@@ -830,6 +872,22 @@ async def test_network_error_is_explained(browser: BrowserSession, site: str) ->
     error = page.locator('[data-testid="error"]')
     assert await error.locator(".notice-title").inner_text() == "Could not reach the collector API"
     assert f"/api/v1/traces/{MAIN_ID}" in await error.locator(".notice-detail").inner_text()
+
+
+async def test_failed_send_shows_no_store_host_and_its_attempts(
+    browser: BrowserSession, site: str
+) -> None:
+    page = browser.page
+    await open_trace(page, site, FAILED_ID)
+    header = '[data-testid="trace-header"]'
+    assert (
+        await page.locator(f'{header} [data-field="status"]').get_attribute("data-status")
+        == "failed"
+    )
+    assert await field(page, header, "storeHost") == "—"
+    assert await field(page, header, "sendAttempts") == "3"
+    assert await field(page, header, "offsetMsgId") == "—"
+    assert "null" not in await page.locator(header).inner_text()
 
 
 async def test_trace_without_pub(browser: BrowserSession, site: str) -> None:

@@ -22,6 +22,7 @@ from tracemq.consumer import (
 )
 from tracemq.message import Message, MessageExt, MessageQueue, SendResult, SendStatus
 from tracemq.producer import (
+    BatchSendError,
     LocalTransactionState,
     Producer,
     SendError,
@@ -33,6 +34,7 @@ from tracemq.producer import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchSendError",
     "ClientSettings",
     "ConsumeConcurrentlyStatus",
     "ConsumeContext",

@@ -1,11 +1,32 @@
-"""Kafka producers shared by one client, one per data cluster (brokers on one cluster share it)."""
+"""Kafka producers shared by one client, one per data cluster (brokers on one cluster share it),
+and the one message size limit every part of tracemq agrees on."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+#: The largest message a producer sends (RocketMQ's default maxMessageSize, 4 MiB), counted as
+#: the transport counts it: the serialized Kafka record with its body, its properties and the
+#: headers tracemq adds (msgId, born time, placement headers of delayed and half messages).
+MAX_MESSAGE_SIZE = 4 * 1024 * 1024
+#: Room above MAX_MESSAGE_SIZE for the headers tracemq adds when it re-writes a message it has
+#: accepted (send-back to %RETRY%, move to %DLQ%, scheduled and transactional delivery): a
+#: message the producer let through must never be refused on its way later.
+REWRITE_HEADROOM = 64 * 1024
+#: What every tracemq Kafka producer (``max_request_size``) and every topic tracemq creates
+#: (``max.message.bytes``) accept: aiokafka's own default is 1 MiB, below MAX_MESSAGE_SIZE.
+TRANSPORT_MAX_BYTES = MAX_MESSAGE_SIZE + REWRITE_HEADROOM
+
+
+def record_size(value: bytes | None, headers: Sequence[tuple[str, bytes]]) -> int:
+    """Upper bound of the record's size as a one-record batch: the figure aiokafka compares
+    with ``max_request_size``, so a record within TRANSPORT_MAX_BYTES is never refused by it."""
+    return int(DefaultRecordBatchBuilder.estimate_size_in_bytes(None, value, list(headers)))
 
 
 class ProducerPool:
@@ -16,6 +37,7 @@ class ProducerPool:
             "linger_ms": 5,
             "request_timeout_ms": 10_000,
             "max_batch_size": 256 * 1024,
+            "max_request_size": TRANSPORT_MAX_BYTES,
             **producer_kwargs,
         }
         self._producers: dict[str, AIOKafkaProducer] = {}

@@ -26,7 +26,8 @@ log = get_logger("hooks")
 
 @dataclass(slots=True)
 class SendMessageContext:
-    """One send attempt sequence of one message (retries included)."""
+    """One send attempt of one message. A send retried on another queue calls the hooks once
+    per attempt (as RocketMQ does), each time with a new context of the same msgId."""
 
     producer_group: str
     message: Message
@@ -37,11 +38,12 @@ class SendMessageContext:
     broker_address: str | None = None
     region_id: str = "DefaultRegion"
     trace_on: bool = True
-    begin_timestamp: int = 0  # epoch ms, just before the (first) send
-    end_timestamp: int = 0  # epoch ms, when the ack (or the final failure) arrived
+    begin_timestamp: int = 0  # epoch ms, just before this attempt
+    end_timestamp: int = 0  # epoch ms, when its ack (or its failure) arrived
     send_result: SendResult | None = None
     exception: BaseException | None = None
     props: dict[str, Any] = field(default_factory=dict)
+    attempt: int = 1  # 1 for the first attempt of the send, 2 for its first retry, ...
 
 
 @dataclass(slots=True)

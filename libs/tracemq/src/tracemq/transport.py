@@ -14,9 +14,15 @@ from collections.abc import AsyncIterator
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
 
+from tracemq._kafka import TRANSPORT_MAX_BYTES
 from tracemq.errors import NotSupportedByTransportError, TracemqError
 
 ADMIN_TIMEOUT_MS = 10_000
+#: Topic configuration tracemq creates every Kafka topic with. ``max.message.bytes`` matches the
+#: producers' limit (TRANSPORT_MAX_BYTES) so that a Kafka broker, whose default is 1 MiB, takes
+#: what the producer accepted; Tansu (0.6) records it (DescribeConfigs shows it) but enforces no
+#: record size limit of its own. Topics created before this setting keep their own value.
+TOPIC_CONFIGS = {"max.message.bytes": str(TRANSPORT_MAX_BYTES)}
 
 
 @contextlib.asynccontextmanager
@@ -59,7 +65,9 @@ async def ensure_topic(admin: AIOKafkaAdminClient, topic: str, partitions: int) 
     current = await partition_count(admin, topic)
     if current is None:
         try:
-            resp = await admin.create_topics([NewTopic(topic, partitions, 1)])
+            resp = await admin.create_topics(
+                [NewTopic(topic, partitions, 1, topic_configs=TOPIC_CONFIGS)]
+            )
             for _name, code, *rest in getattr(resp, "topic_errors", []):
                 if code not in (0, TopicAlreadyExistsError.errno):
                     raise TracemqError(

@@ -32,6 +32,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import ConsumerRecord, RecordMetadata
+from tracemq._kafka import TRANSPORT_MAX_BYTES
 from tracemq.log import get_logger
 from tracemq.message import MessageConst
 from tracemq.naming import validate_topic
@@ -110,7 +111,11 @@ class Forwarder:
 
     async def start(self) -> None:
         self.producer = AIOKafkaProducer(
-            bootstrap_servers=self.bootstrap, linger_ms=0, acks="all", request_timeout_ms=10_000
+            bootstrap_servers=self.bootstrap,
+            linger_ms=0,
+            acks="all",
+            request_timeout_ms=10_000,
+            max_request_size=TRANSPORT_MAX_BYTES,  # what the client producers accepted
         )
         await self.producer.start()
         self._probe = AIOKafkaConsumer(

@@ -92,13 +92,14 @@ def build_view(msg_id: str, events: list[dict[str, Any]]) -> dict[str, Any]:
             "timestamp": pub["timestamp"],
             "cost_time": pub["cost_time"],
             "success": pub["success"],
-            "store_host": pub["store_host"],
+            # a failed send stored nothing (older tracemq clients named the broker tried)
+            "store_host": pub["store_host"] if pub["success"] else None,
             "msg_type": pub["msg_type"],
             "msg_type_name": _name(MessageType, pub["msg_type"]),
             "offset_msg_id": pub["offset_msg_id"],
             "region_id": pub["region_id"],
             "client_host": pub.get("client_host"),
-            "send_attempts": len(pubs),
+            "send_attempts": len(pubs),  # the producer writes one Pub per attempt
         }
     transactions = [
         {

@@ -1,6 +1,6 @@
 """Producers: :class:`Producer` and :class:`TransactionProducer`."""
 
-from tracemq.producer.producer import MessageQueueSelector, Producer, SendError
+from tracemq.producer.producer import BatchSendError, MessageQueueSelector, Producer, SendError
 from tracemq.producer.transaction import (
     LocalTransactionState,
     TransactionListener,
@@ -9,6 +9,7 @@ from tracemq.producer.transaction import (
 )
 
 __all__ = [
+    "BatchSendError",
     "LocalTransactionState",
     "MessageQueueSelector",
     "Producer",

@@ -3,8 +3,19 @@
 A send picks a writable queue round robin (skipping brokers that just failed), writes one Kafka
 record to partition ``queue_id`` of ``<broker>.<topic>`` on that broker's cluster, and retries
 on another queue — preferably another broker — with the same msgId (``retry_times_when_send_failed``,
-2 by default). Every message of :meth:`Producer.send_batch` keeps its own msgId and its own Pub
-trace (RocketMQ cannot trace batch members).
+2 by default). The send hooks run once per attempt, as in RocketMQ: a send that took three
+attempts leaves three Pub traces with one msgId, the failed ones with ``success=false`` and no
+storeHost (nothing was stored). Every message of :meth:`Producer.send_batch` keeps its own msgId
+and its own Pub trace (RocketMQ cannot trace batch members).
+
+Message size: one limit, ``max_message_size`` (at most and by default
+:data:`~tracemq._kafka.MAX_MESSAGE_SIZE`, 4 MiB, RocketMQ's default), checked once before
+anything is sent against the size of the Kafka record as the transport counts it — body,
+properties, keys, tags and the headers tracemq adds. A message over it is refused with
+:class:`~tracemq.message.InvalidMessageError` naming the size and the limit, and is not traced.
+Every Kafka producer of tracemq and every topic it creates accept that limit plus room for the
+headers of later re-writes (retry, dead letter, scheduled delivery), so a message that passes the
+check is never refused by the transport for its size.
 
 Delayed messages (``Message.delay_level = n > 0``): the real queue is chosen as usual among the
 brokers that run a schedule service with at least ``n`` levels (the route of
@@ -26,12 +37,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aiokafka.structs import RecordMetadata
 
 from tracemq._client import ClientRuntime, ClientSettings, now_ms
+from tracemq._kafka import MAX_MESSAGE_SIZE, record_size
 from tracemq.errors import ClientStateError, TracemqError
 from tracemq.hooks import SendMessageContext, SendMessageHook, call_hooks
 from tracemq.log import get_logger
@@ -52,13 +64,37 @@ from tracemq.trace import MessageType
 log = get_logger("producer")
 
 MessageQueueSelector = Callable[[list[MessageQueue], Message, Any], MessageQueue]
-DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
+DEFAULT_MAX_MESSAGE_SIZE = MAX_MESSAGE_SIZE
 
 
 class SendError(TracemqError):
     """Every attempt of a send failed; ``__cause__`` is the last failure."""
 
     retriable = True
+
+
+class BatchSendError(SendError):
+    """Some members of a :meth:`Producer.send_batch` failed every attempt; the others are stored.
+
+    ``results[i]`` is the :class:`SendResult` of member ``i`` (stored and traced) or None, and
+    ``errors[i]`` the last failure of a member that was not stored (else None), in the order of
+    the batch. A caller that resends only the failed members duplicates nothing.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        results: list[SendResult | None],
+        errors: list[BaseException | None],
+    ) -> None:
+        super().__init__(message)
+        self.results = results
+        self.errors = errors
+
+    @property
+    def failed(self) -> list[int]:
+        """Indices of the members that were not stored."""
+        return [i for i, r in enumerate(self.results) if r is None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +133,11 @@ class Producer:
         self.settings = settings or ClientSettings.from_overrides(redis_url, control_bootstrap)
         self.send_msg_timeout_ms = send_msg_timeout_ms
         self.retry_times_when_send_failed = retry_times_when_send_failed
+        if type(max_message_size) is not int or not 0 < max_message_size <= MAX_MESSAGE_SIZE:
+            raise ValueError(
+                f"max_message_size must be an int in 1..{MAX_MESSAGE_SIZE} (the largest record "
+                f"tracemq's Kafka producers and topics accept), got {max_message_size!r}"
+            )
         self.max_message_size = max_message_size
         self._runtime = ClientRuntime(
             self.group,
@@ -166,13 +207,39 @@ class Producer:
             raise ClientStateError(f"producer {self.group!r} is not started; call start() first")
         if not isinstance(msg, Message):
             raise InvalidMessageError(f"expected a tracemq.Message, got {type(msg).__name__}")
-        if len(msg.body) > self.max_message_size:
+        if len(msg.body) > self.max_message_size:  # early and cheap: the record is larger still
             raise InvalidMessageError(
                 f"body of {len(msg.body)} bytes exceeds max_message_size {self.max_message_size}"
             )
         if not msg.body:
             raise InvalidMessageError("body is empty")
         return msg
+
+    def _check_size(self, msg: Message, headers: Sequence[tuple[str, bytes]]) -> int:
+        """Refuse a record the limit does not admit; ``headers`` are all the record will carry."""
+        size = record_size(msg.body, headers)
+        if size > self.max_message_size:
+            raise InvalidMessageError(
+                f"message to {msg.topic!r} is {size} bytes as a Kafka record (body "
+                f"{len(msg.body)}, properties and headers {size - len(msg.body)}), which exceeds "
+                f"max_message_size {self.max_message_size}"
+            )
+        return size
+
+    def _check_placed_size(
+        self,
+        msg: Message,
+        headers: list[tuple[str, bytes]],
+        queues: list[tuple[QueueRoute, int]],
+        half: bool = False,
+    ) -> None:
+        """Check with the largest placement headers any candidate queue would add (a retry may
+        land on another queue), so that the check holds for every attempt."""
+        extra = max(
+            (self._place(q, i, msg, half=half).headers for q, i in queues),
+            key=lambda hs: sum(len(k) + len(v) for k, v in hs),
+        )
+        self._check_size(msg, [*headers, *extra])
 
     async def _queues(
         self, topic: str, *, delay_level: int = 0, half: bool = False
@@ -349,18 +416,26 @@ class Producer:
             born_host=self._runtime.client_host,
         )
         headers = self._headers(msg, msg_id)
+        self._check_placed_size(msg, headers, queues, half)
         deadline = asyncio.get_running_loop().time() + (timeout or self.send_msg_timeout_ms / 1000)
         attempts = 1 + (0 if selector else self.retry_times_when_send_failed)
         avoid: str | None = None
         fixed = self._select(queues, msg, selector, arg) if selector else None
-        ctx.begin_timestamp = now_ms()
+        last: BaseException | None = None
+        made = 0
         for attempt in range(attempts):
+            if attempt and deadline <= asyncio.get_running_loop().time():
+                break  # out of time: no attempt (and no Pub) that never reaches the transport
+            made += 1
             q, qid = fixed or self._pick(queues, avoid)
             place = self._place(q, qid, msg, half=half)
-            ctx.queue = place.queue
+            # One context, and so one Pub, per attempt (RocketMQ calls its hooks per attempt).
+            ctx = replace(
+                ctx, attempt=attempt + 1, queue=place.queue, begin_timestamp=now_ms(),
+                exception=None,
+            )  # fmt: skip
             ctx.broker_address, ctx.region_id, ctx.trace_on = q.address, q.region_id, q.trace_on
-            if attempt == 0:
-                call_hooks(self._hooks, "send_message_before", ctx)
+            call_hooks(self._hooks, "send_message_before", ctx)
             try:
                 if deadline <= asyncio.get_running_loop().time():
                     raise TimeoutError(f"send timed out after {attempt} attempt(s)")
@@ -369,7 +444,7 @@ class Producer:
                     md = await (await self._produce(q, place, msg, headers))
             except Exception as exc:
                 self._faults.failed(q.broker)
-                ctx.exception = exc
+                ctx.exception, ctx.end_timestamp, last = exc, now_ms(), exc
                 avoid = q.broker
                 log.warning(
                     "send attempt failed",
@@ -380,18 +455,16 @@ class Producer:
                     msg_id=msg_id,
                     error=repr(exc),
                 )
+                call_hooks(self._hooks, "send_message_after", ctx)
                 continue
             self._faults.succeeded(q.broker)
             result = await self._result(q, place, msg_id, md)
             ctx.end_timestamp, ctx.send_result, ctx.exception = now_ms(), result, None
             call_hooks(self._hooks, "send_message_after", ctx)
             return result, q
-        ctx.end_timestamp = now_ms()
-        call_hooks(self._hooks, "send_message_after", ctx)
         raise SendError(
-            f"sending {msg_id} to {msg.topic!r} failed after {attempts} attempt(s): "
-            f"{ctx.exception!r}"
-        ) from ctx.exception
+            f"sending {msg_id} to {msg.topic!r} failed after {made} attempt(s): {last!r}"
+        ) from last
 
     def _select(
         self,
@@ -413,6 +486,8 @@ class Producer:
         msg = self._check(msg)
         msg_id = new_msg_id()
         _, queues = await self._queues(msg.topic, delay_level=msg.delay_level)
+        headers = self._headers(msg, msg_id)
+        self._check_placed_size(msg, headers, queues)
         q, qid = self._pick(queues, None)
         place = self._place(q, qid, msg)
         ctx = SendMessageContext(
@@ -428,7 +503,7 @@ class Producer:
             begin_timestamp=now_ms(),
         )
         call_hooks(self._hooks, "send_message_before", ctx)
-        fut = await self._produce(q, place, msg, self._headers(msg, msg_id))
+        fut = await self._produce(q, place, msg, headers)
         fut.add_done_callback(lambda f: asyncio.ensure_future(self._oneway_done(f, ctx, q, place)))
 
     async def _oneway_done(
@@ -450,7 +525,16 @@ class Producer:
         self, msgs: Sequence[Message], *, timeout: float | None = None
     ) -> list[SendResult]:
         """Send several messages of one topic to one queue; each keeps its own msgId and Pub
-        trace. Failed members are retried on another queue. Returns one result per message."""
+        trace. Returns one result per message, in order.
+
+        The whole batch is validated before anything is sent (as RocketMQ validates a batch):
+        any invalid member — too large as a record (see ``max_message_size``), empty, delayed,
+        another topic — or members together over ``max_message_size`` raise
+        :class:`~tracemq.message.InvalidMessageError` and nothing is sent or traced. Members the
+        transport refuses are retried on another queue; members that fail every attempt raise
+        :class:`BatchSendError`, which carries every member's result (the stored members' are
+        there, stored and traced) and the failed members' errors.
+        """
         if not msgs:
             raise InvalidMessageError("send_batch needs at least one message")
         checked = [self._check(m) for m in msgs]
@@ -459,13 +543,8 @@ class Producer:
         topics = {m.topic for m in checked}
         if len(topics) != 1:
             raise InvalidMessageError(f"a batch must have one topic, got {sorted(topics)}")
-        if sum(len(m.body) for m in checked) > self.max_message_size:
-            raise InvalidMessageError(
-                f"batch body exceeds max_message_size {self.max_message_size}"
-            )
         topic = checked[0].topic
         _, queues = await self._queues(topic)
-        deadline = asyncio.get_running_loop().time() + (timeout or self.send_msg_timeout_ms / 1000)
         ctxs = [
             SendMessageContext(
                 producer_group=self.group,
@@ -476,55 +555,77 @@ class Producer:
             )
             for m in checked
         ]
+        headers = [self._headers(c.message, c.msg_id) for c in ctxs]
+        total = 0
+        for n, (c, h) in enumerate(zip(ctxs, headers, strict=True)):
+            try:
+                total += self._check_size(c.message, h)
+            except InvalidMessageError as exc:
+                raise InvalidMessageError(f"batch member {n}: {exc}; nothing was sent") from None
+        if total > self.max_message_size:
+            raise InvalidMessageError(
+                f"batch of {len(ctxs)} messages is {total} bytes as Kafka records, which exceeds "
+                f"max_message_size {self.max_message_size} (as in RocketMQ, a batch counts as "
+                "one message); nothing was sent"
+            )
+        deadline = asyncio.get_running_loop().time() + (timeout or self.send_msg_timeout_ms / 1000)
         results: list[SendResult | None] = [None] * len(ctxs)
+        errors: list[BaseException | None] = [None] * len(ctxs)
         pending = list(range(len(ctxs)))
         avoid: str | None = None
-        begin = now_ms()
-        for ctx in ctxs:
-            ctx.begin_timestamp = begin
-            call_hooks(self._hooks, "send_message_before", ctx)
-        for _attempt in range(1 + self.retry_times_when_send_failed):
-            if not pending:
+        for attempt in range(1 + self.retry_times_when_send_failed):
+            if not pending or (attempt and asyncio.get_running_loop().time() >= deadline):
                 break
             q, qid = self._pick(queues, avoid)
             place = _Placement(
                 kafka_topic(q.broker, topic), qid, MessageQueue(topic, q.broker, qid)
             )
+            begin = now_ms()
             futs = []
             for i in pending:
-                c = ctxs[i]
-                c.queue = place.queue
-                c.broker_address, c.region_id, c.trace_on = q.address, q.region_id, q.trace_on
+                # One context, and so one Pub, per member and attempt.
+                c = ctxs[i] = replace(
+                    ctxs[i], attempt=attempt + 1, queue=place.queue, begin_timestamp=begin,
+                    broker_address=q.address, region_id=q.region_id, trace_on=q.trace_on,
+                    exception=None,
+                )  # fmt: skip
+                call_hooks(self._hooks, "send_message_before", c)
                 try:
-                    futs.append(
-                        await self._produce(q, place, c.message, self._headers(c.message, c.msg_id))
-                    )
+                    futs.append(await self._produce(q, place, c.message, headers[i]))
                 except Exception as exc:
                     futs.append(_failed(exc))
             left = max(0.001, deadline - asyncio.get_running_loop().time())
-            done = await asyncio.wait_for(asyncio.gather(*futs, return_exceptions=True), left)
+            try:
+                done = await asyncio.wait_for(asyncio.gather(*futs, return_exceptions=True), left)
+            except TimeoutError as exc:
+                done = [exc] * len(futs)
+            end = now_ms()
             still = []
             for i, md in zip(pending, done, strict=True):
+                c = ctxs[i]
+                c.end_timestamp = end
                 if isinstance(md, BaseException):
-                    ctxs[i].exception = md
+                    c.exception = errors[i] = md
                     still.append(i)
                 else:
-                    results[i] = await self._result(q, place, ctxs[i].msg_id, md)
+                    results[i] = c.send_result = await self._result(q, place, c.msg_id, md)
+                    errors[i] = None
+                call_hooks(self._hooks, "send_message_after", c)
             if still:
                 self._faults.failed(q.broker)
                 avoid = q.broker
+            else:
+                self._faults.succeeded(q.broker)
             pending = still
-        end = now_ms()
-        for ctx, res in zip(ctxs, results, strict=True):
-            ctx.end_timestamp, ctx.send_result = end, res
-            if res is not None:
-                ctx.exception = None
-            call_hooks(self._hooks, "send_message_after", ctx)
         if pending:
-            raise SendError(
-                f"{len(pending)} of {len(ctxs)} batch messages failed: "
-                f"{ctxs[pending[0]].exception!r}"
-            )
+            first = errors[pending[0]]
+            raise BatchSendError(
+                f"{len(pending)} of {len(ctxs)} batch messages failed every attempt (members "
+                f"{pending[:10]}{' …' if len(pending) > 10 else ''}); the other "
+                f"{len(ctxs) - len(pending)} are stored (see .results): {first!r}",
+                results,
+                errors,
+            ) from first
         return [r for r in results if r is not None]
 
 

@@ -3,7 +3,7 @@ EndTransaction from the end-transaction hook. They build :class:`TraceContext` o
 them to an asynchronous dispatcher; they never block and never raise into the business path.
 
 Differences from RocketMQ (improvements, DESIGN §3): a failed send is traced with
-``success=false``; SubAfter's cost is per message (a listener may mark each message done), not
+``success=false`` and storeHost ``null``, one Pub per attempt; SubAfter's cost is per message (a listener may mark each message done), not
 the batch average; the store time comes from the transport's acknowledgement.
 """
 
@@ -44,9 +44,11 @@ class SendMessageTraceHook:
         result = context.send_result
         cost = max(0, context.end_timestamp - context.begin_timestamp)
         keys = msg.keys_str
+        # One Pub per attempt; a failed one names no store host: nothing was stored there.
+        store_host = context.broker_address if result is not None else None
         record = pub_record(
             context.begin_timestamp, context.region_id, context.producer_group, msg.topic,
-            context.msg_id, msg.tags, keys, context.broker_address, len(msg.body), cost,
+            context.msg_id, msg.tags, keys, store_host, len(msg.body), cost,
             context.msg_type, result.offset_msg_id if result else None, result is not None,
         )  # fmt: skip
         if record is not None:  # the usual case: no TraceContext built
@@ -60,7 +62,7 @@ class SendMessageTraceHook:
             offset_msg_id=result.offset_msg_id if result else None,
             tags=msg.tags,
             keys=msg.keys_str,
-            store_host=context.broker_address,
+            store_host=store_host,
             client_host=context.born_host,
             store_time=result.store_timestamp if result else 0,
             body_length=len(msg.body),

@@ -672,7 +672,9 @@
     fact("group", "Producer group", p ? p.group : "no Pub trace");
     fact("sendTime", "Send time", p ? fmtIsoLocal(p.timestamp) : null);
     fact("cost", "Send cost", p ? fmtDuration(p.cost_time) : null);
+    // A failed send stored nothing: no store host (the dash), and every attempt is a Pub.
     fact("storeHost", "Store host", p && p.store_host, true);
+    if (p && toNum(p.send_attempts) !== null) fact("sendAttempts", "Send attempts", p.send_attempts);
     fact("msgType", "Message type", p && msgTypeName(p.msg_type, p.msg_type_name));
     fact("offsetMsgId", "offsetMsgId", p && p.offset_msg_id, true);
     fact("region", "Region", p && p.region_id);
