@@ -215,7 +215,11 @@ async def export_copies(
                 found = await asyncio.wait_for(
                     consumer.offsets_for_times(dict.fromkeys(tps, since_ms)), timeout_s
                 )
-                starts = {tp: (ends[tp] if ot is None else ot.offset) for tp, ot in found.items()}
+                # nothing written since: None from Kafka, offset 0 with timestamp -1 from Tansu
+                starts = {
+                    tp: ends[tp] if ot is None or ot.timestamp < 0 else ot.offset
+                    for tp, ot in found.items()
+                }
             todo = [tp for tp in tps if starts[tp] < ends[tp]]
             for tp in todo:
                 consumer.seek(tp, starts[tp])

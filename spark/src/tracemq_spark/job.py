@@ -17,11 +17,15 @@ Semantics (DESIGN §6; the documented choices are in the package README and in `
   the group and topic in the read range; none seen: one outcome with no client).
 * Consume events are paired by requestId into attempts, then aggregated per (msgId, group[,
   client]) before meeting the Pubs (one shuffle each side, co-partitioned by msgId).
-* PENDING while ``pub + horizon`` (delayed messages: ``pub + max(max_delay, horizon)``) is after
-  the cutoff ``min(to + horizon, now)``; then TRACE_LOST when the group's committed offset of the
-  message's queue is past the message's queue offset, else NOT_CONSUMED. Delayed and
-  transactional messages store their Pub in the schedule/half queue, whose offset says nothing
-  about the real queue: NOT_CONSUMED.
+* The offsets overrule a partial trace: the message's last delivery (its last copy in
+  ``%RETRY%<group>``, from the snapshot's ``copies``, else the original queue) behind the group's
+  committed offset, no ``%DLQ%<group>`` copy, no traced failure of that delivery: consumed.
+  Attempts without success then give TRACE_INCOMPLETE, not FAILED or IN_FLIGHT; no consume
+  event at all gives TRACE_LOST (even inside the horizon). A dead-letter copy: DEAD_LETTERED.
+* Otherwise, without consume events: PENDING while ``pub + horizon`` (delayed messages:
+  ``pub + max(max_delay, horizon)``) is after the cutoff ``min(to + horizon, now)``, else
+  NOT_CONSUMED. Delayed and transactional messages store their Pub in the schedule/half queue,
+  whose offset says nothing about the real queue.
 * ORPHAN_CONSUME: consumes of a msgId with no Pub in the read range, first consumed in
   ``[from, to)``, whose msgId was created (the time it embeds) inside the read range, or whose
   msgId is empty; consumes of messages created before the read range are left alone.
@@ -55,6 +59,7 @@ __all__ = [
     "ReconcileError",
     "RunResult",
     "build_session",
+    "last_deliveries",
     "parse_copies",
     "parse_offsets",
     "parse_subscriptions",
