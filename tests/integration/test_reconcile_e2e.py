@@ -178,6 +178,21 @@ async def test_reconcile_a_lake_written_by_the_real_services(
         k: (got_rows.get(k), v) for k, v in expected.items() if got_rows.get(k) != v
     } or set(got_rows) - set(expected)
 
+    # the snapshot places the retries in their queue: a copy in %RETRY%<group> per retried
+    # message (unless its send-back failed and the consumer retried it in place, which a loaded
+    # machine can cause), behind the group's committed offset there
+    snapshot = json.loads((out / "inputs" / "offsets.json").read_text())
+    retry_topic = f"%RETRY%{groups['retry'][0]}"
+    copies = [c for c in snapshot["copies"] if c["topic"] == retry_topic]
+    assert copies and {c["msg_id"] for c in copies} <= retried, copies
+    assert all(c["reconsume_times"] == 1 for c in copies), copies
+    committed = {
+        (o["store_addr"], o["queue_id"]): o["committed"]
+        for o in snapshot["offsets"]
+        if o["topic"] == retry_topic and o["group"] == groups["retry"][0]
+    }
+    assert all(committed[(c["store_addr"], c["queue_id"])] > c["queue_offset"] for c in copies)
+
     summary = json.loads((out / "summary.json").read_text())
     per_group = {r["group"]: r for r in summary["by_topic_group"] if r["topic"] == topic}
     want = Counter(v for (_, g), v in expected.items() if g == groups["retry"][0])

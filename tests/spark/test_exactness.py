@@ -129,6 +129,51 @@ def test_dead_letters_told_by_the_traced_move_and_by_the_retry_count(
     assert moves > 0
 
 
+def test_duplicated_records_are_never_extra_attempts(spark: Any, lake: Lake, result: Any) -> None:
+    """A trace send retried on a hung trace cluster writes its records two or three times: the
+    copies share a requestId (consume) or a msgId (Pub) and are one attempt, one send."""
+    _, out = result
+    from pyspark.sql import functions as F
+
+    consumed = (
+        spark.read.parquet(str(Path(out) / "classified"))
+        .where(F.col("outcome") == "CONSUMED")
+        .select("attempts", "successes", "consume_events")
+        .collect()
+    )
+    assert all(r["attempts"] == 1 and r["successes"] == 1 for r in consumed)
+    # one attempt is a SubBefore and a SubAfter: more events than that are copies
+    copied = [r["consume_events"] for r in consumed if r["consume_events"] > 2]
+    assert copied and max(copied) >= 6, "the generator wrote no triple copies"
+    pubs = (
+        spark.read.parquet(str(lake.path))
+        .where((F.col("trace_type") == "Pub") & F.col("success") & ~F.col("topic").startswith("%"))
+        .groupBy("msg_id")
+        .count()
+        .where(F.col("count") > 1)
+        .count()
+    )
+    assert pubs > 0, "the generator wrote no Pub copies"
+
+
+def test_partial_trace_loss_is_trace_incomplete_with_its_evidence(spark: Any, result: Any) -> None:
+    """A lost SubAfter (original queue's offset passed) and a lost retry (its retry copy's
+    queue's offset passed) are both there, told apart by their evidence."""
+    _, out = result
+    from pyspark.sql import functions as F
+
+    ev = [
+        r["evidence"]
+        for r in spark.read.parquet(str(Path(out) / "anomalies"))
+        .where(F.col("outcome") == "TRACE_INCOMPLETE")
+        .select("evidence")
+        .collect()
+    ]
+    assert all(e.startswith("consumed by the offsets, trace incomplete: ") for e in ev), ev
+    assert any("retry copy #" in e and "%RETRY%" in e for e in ev), ev
+    assert any("the committed offset" in e and "queue offset" in e for e in ev), ev
+
+
 def _exact_figures(values: list[int]) -> dict[str, Any]:
     ok = sorted(v for v in values if 0 <= v <= DAY)
     out: dict[str, Any] = {"count": len(ok), "skew_suspect": len(values) - len(ok)}

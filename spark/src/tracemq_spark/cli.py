@@ -208,7 +208,12 @@ def _run(console: Any, **kw: Any) -> int:
         tmp = tempfile.TemporaryDirectory(prefix="tracemq-reconcile-")
         say(f"exporting the subscription history and committed offsets ({conn.redis_url})")
         try:
-            subs, offs = inputs.export(conn.redis_url, Path(tmp.name), conn.redis_prefix)
+            subs, offs = inputs.export(
+                conn.redis_url,
+                Path(tmp.name),
+                conn.redis_prefix,
+                since_ms=params.from_ms // params.window_ms * params.window_ms - params.horizon_ms,
+            )
         except Exception as exc:
             raise ReconcileError(
                 f"cannot export the inputs from Redis/Kafka ({conn.redis_url}): {exc!r}; "

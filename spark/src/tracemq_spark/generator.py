@@ -19,8 +19,15 @@ The world it simulates (see :func:`topology`):
   recalled), transactional (committed, rolled back, unresolved), failed sends, send retries;
 * per (message, expected group[, broadcasting client]) a behaviour: consumed, consumed after
   retries, failed, dead-lettered (17 failed attempts), in flight, consumed twice, consumed with
-  its trace records duplicated, consumed with an old-format SubAfter (no group), no trace but
-  committed offset passed, not consumed, consumed late inside / past the horizon;
+  its trace records written two or three times (a trace send retried), consumed with an
+  old-format SubAfter (no group), no trace but committed offset passed, not consumed, consumed
+  late inside / past the horizon; and partial trace loss: consumed but the SubAfter lost (the
+  committed offset passed), consumed after retries but the successful retry's records lost in
+  whole or in part (its retry copy's committed offset passed);
+* each retry of a clustering group is a copy in ``%RETRY%<group>`` (queue 0 of the message's
+  broker) and each dead letter one in ``%DLQ%<group>``: the snapshot's ``copies``, with the
+  retry queues' committed offsets (held back by a retry in flight);
+* some Pubs written two or three times (a trace send retried);
 * orphan consumes (msgIds without Pub, also empty and null msgIds), consumes of messages
   published before the window (in the look-back, and long before), messages published after
   the window.
@@ -77,6 +84,7 @@ PRODUCERS = [("PG_orders", "10.0.3.1", 0), ("PG_billing", "10.0.3.2", 400)]
 # behaviours of an expected (message, group[, client]) pair
 OK, RETRY_OK, FAILED, DLQ, IN_FLIGHT, DUPLICATE, DUP_TRACE, OLDFMT = range(8)
 TRACE_LOST, NOT_CONSUMED, LATE_IN, LATE_PAST = range(8, 12)
+AFTER_LOST, RETRY_LOST = range(12, 14)
 BEHAVIOURS = [
     "ok",
     "retry_ok",
@@ -90,6 +98,8 @@ BEHAVIOURS = [
     "not_consumed",
     "late_in_horizon",
     "late_past_horizon",
+    "after_lost",
+    "retry_trace_lost",
 ]
 NO_TRACE = (TRACE_LOST, NOT_CONSUMED, LATE_PAST)
 #: (probability for clustering groups, for broadcasting clients)
@@ -107,8 +117,12 @@ _BEHAVIOUR_P = np.array(
         [0.015, 0.02],  # not_consumed (only late in the window)
         [0.01, 0.0],  # late_in_horizon
         [0.01, 0.0],  # late_past_horizon
+        [0.015, 0.0],  # after_lost: SubAfter lost, committed offset passed
+        [0.015, 0.0],  # retry_trace_lost: the successful retry's records lost
     ]
 )
+#: behaviours whose later attempts are retries (copies in %RETRY%<group>)
+_RETRYING = (RETRY_OK, FAILED, DLQ, IN_FLIGHT, RETRY_LOST)
 #: behaviours that keep a group's committed offset from passing the message
 _BLOCKERS = (IN_FLIGHT, NOT_CONSUMED)
 
@@ -347,6 +361,8 @@ class GeneratedLake:
     lake: Path
     subscriptions: list[dict[str, Any]]
     offsets: list[dict[str, Any]]
+    #: the retry / dead-letter copies of the offsets snapshot (``copies``)
+    copies: list[dict[str, Any]]
     #: window_start, msg_id, group, client_host, outcome, skew_suspect (None without truth)
     truth: pa.Table | None
     #: ROLLED_BACK, TX_UNRESOLVED, RECALLED, NO_EXPECTED_GROUP counts of window messages
@@ -363,7 +379,7 @@ class GeneratedLake:
         subs = directory / "subscriptions.json"
         offs = directory / "offsets.json"
         subs.write_text(json.dumps({"subscriptions": self.subscriptions}, indent=1))
-        offs.write_text(json.dumps({"offsets": self.offsets}, indent=1))
+        offs.write_text(json.dumps({"offsets": self.offsets, "copies": self.copies}, indent=1))
         return subs, offs
 
 
@@ -506,6 +522,13 @@ class _Gen:
         big = np.iinfo(np.int64).max
         self.blocker = np.full(shape, big, dtype=np.int64)
         self.queue_next = np.zeros((len(TOPICS), len(BROKERS), QUEUES), dtype=np.int64)
+        # %RETRY%<group> / %DLQ%<group>: queue 0 on each broker
+        self.retry_next = np.zeros((len(groups), len(BROKERS)), dtype=np.int64)
+        self.retry_blocker = np.full((len(groups), len(BROKERS)), big, dtype=np.int64)
+        self.dlq_next = np.zeros((len(groups), len(BROKERS)), dtype=np.int64)
+        self.copies: list[dict[str, Any]] = []
+        #: seen pairs without a successful attempt: resolved against the offsets at the end
+        self.unfinished: list[dict[str, Any]] = []
         self.truth: list[pa.Table] = []
         #: pending no-trace truth rows: resolved against the committed offsets at the end
         self.no_trace: list[dict[str, np.ndarray | pa.Array]] = []
@@ -631,6 +654,11 @@ class _Gen:
         pubs(send == 2, pub_ts, False)  # failed sends: the attempt and its retry
         pubs(send == 2, pub_ts + 3200, False)
         pubs(ok, pub_ts, True)
+        # a trace send retried on a hung trace cluster: the same Pub records once or twice more
+        if in_window:
+            dup_pub = ok & (rng.random(n) < 0.03)
+            pubs(dup_pub, pub_ts, True)
+            pubs(dup_pub & (rng.random(n) < 0.5), pub_ts, True)
 
         # transactions: EndTransaction COMMIT / ROLLBACK / UNKNOW (half of the unresolved)
         end_tx = commit | rollback | (unresolved & (r2 >= 0.95))
@@ -801,7 +829,7 @@ class _Gen:
         dlq_pub = is_dlq & (dlq_short | (rng.random(n_pairs) < 0.5))
         count = np.select(
             [
-                all_beh == RETRY_OK,
+                np.isin(all_beh, (RETRY_OK, RETRY_LOST)),
                 all_beh == FAILED,
                 is_dlq,
                 all_beh == IN_FLIGHT,
@@ -834,6 +862,7 @@ class _Gen:
             store_true=store_true,
         )
         events.extend(att["events"])
+        copy = self._copies(P, p_msg, p_group, is_b, beh, count, broker, ids)
 
         # --- committed-offset blockers ---------------------------------------------------
         gi_arr = all_group[:P]
@@ -876,9 +905,63 @@ class _Gen:
                 ug,
                 att,
                 w,
+                copy,
+                mtype,
             )
         table = pa.concat_tables(events)
         self.writer.write(table, chunk, rng)
+
+    # -- retries and dead letters: copies in %RETRY%<group> / %DLQ%<group> ------------------
+    def _copies(self, P, p_msg, p_group, is_b, beh, count, broker, ids) -> dict[str, Any]:
+        """The copies of the expected clustering pairs: attempt ``j >= 1`` of a retrying chain
+        read copy ``j`` from queue 0 of ``%RETRY%<group>`` on the message's broker; a dead
+        letter is one copy in ``%DLQ%<group>``. Returns per pair the last retry copy (reconsume
+        count, offset; -1 without) and whether a dead-letter copy exists."""
+        b = beh[:P]
+        cnt = count[:P]
+        k_last = np.where(~is_b & np.isin(b, _RETRYING) & (cnt > 1), cnt - 1, 0)
+        last_off = np.full(P, -1, dtype=np.int64)
+        bro = broker[p_msg]
+        gnames = [g.name for g in self.groups]
+        has = np.flatnonzero(k_last > 0)
+        for i in has.tolist():  # retried pairs are a few percent: a plain loop
+            g, br = int(p_group[i]), int(bro[i])
+            mid = ids[int(p_msg[i])].as_py()
+            for k in range(1, int(k_last[i]) + 1):
+                off = int(self.retry_next[g, br])
+                self.retry_next[g, br] += 1
+                self.copies.append(
+                    {
+                        "group": gnames[g],
+                        "topic": f"%RETRY%{gnames[g]}",
+                        "broker": BROKERS[br][0],
+                        "store_addr": BROKERS[br][1],
+                        "queue_id": 0,
+                        "queue_offset": off,
+                        "msg_id": mid,
+                        "reconsume_times": k,
+                    }
+                )
+            last_off[i] = off
+            if b[i] == IN_FLIGHT:  # the retry being consumed holds its queue's offset back
+                self.retry_blocker[g, br] = min(self.retry_blocker[g, br], off)
+        dead = ~is_b & (b == DLQ)
+        for i in np.flatnonzero(dead).tolist():
+            g, br = int(p_group[i]), int(bro[i])
+            self.copies.append(
+                {
+                    "group": gnames[g],
+                    "topic": f"%DLQ%{gnames[g]}",
+                    "broker": BROKERS[br][0],
+                    "store_addr": BROKERS[br][1],
+                    "queue_id": 0,
+                    "queue_offset": int(self.dlq_next[g, br]),
+                    "msg_id": ids[int(p_msg[i])].as_py(),
+                    "reconsume_times": int(cnt[i]),
+                }
+            )
+            self.dlq_next[g, br] += 1
+        return {"k_last": k_last, "last_off": last_off, "broker": bro, "dlq": dead}
 
     # -- attempts → SubBefore / SubAfter events ---------------------------------------
     def _attempts(
@@ -910,8 +993,13 @@ class _Gen:
         success = np.select(
             [np.isin(b, (FAILED, DLQ)), b == IN_FLIGHT, b == DUPLICATE], [False, False, True], last
         )
-        has_after = ~((b == IN_FLIGHT) & last)
-        retry = np.where(np.isin(b, (RETRY_OK, FAILED, DLQ, IN_FLIGHT)), j, 0)
+        # partial trace loss: the last (successful) attempt's SubAfter is lost, and for half of
+        # the lost retries its SubBefore too
+        lost_after = last & np.isin(b, (AFTER_LOST, RETRY_LOST))
+        lost_before = last & (b == RETRY_LOST) & (rng.random(n_att) < 0.5)
+        has_after = ~((b == IN_FLIGHT) & last) & ~lost_after
+        has_before = ~lost_before
+        retry = np.where(np.isin(b, _RETRYING), j, 0)
         spacing = np.where(b == DLQ, 2 * SEC, np.where(b == DUPLICATE, 10 * SEC, 5 * SEC))
         before_true = base[pair] + j * spacing
         acost = rng.integers(1, 60, n_att)
@@ -967,7 +1055,7 @@ class _Gen:
                 store_time=store_true[msg[pair]],
                 retry_times=retry.astype(np.int32),
                 body_length=rng.integers(64, 2048, n_att),
-            )
+            ).filter(pa.array(has_before))
         )
         a = pa.array(has_after)
         oldfmt = (b == OLDFMT)[has_after]
@@ -991,11 +1079,11 @@ class _Gen:
             )
         )
         dup = b == DUP_TRACE
-        if dup.any():  # the same records again (a trace message sent twice)
-            d = pa.array(dup)
-            da = pa.array(dup[has_after])
-            events.append(events[0].filter(d))
-            events.append(events[1].filter(da))
+        if dup.any():  # the same records again, once or twice (a trace send retried)
+            twice = (rng.random(len(msg)) < 0.5)[pair]
+            for extra in (dup, dup & twice):
+                events.append(events[0].filter(pa.array(extra[has_before])))
+                events.append(events[1].filter(pa.array(extra[has_after])))
         # the move to %DLQ%<group> after the last failed attempt: a Pub of the consumer group
         moved = np.flatnonzero(dlq_pub & (count > 0))
         dlq_ts = np.full(len(msg), -1, dtype=np.int64)
@@ -1028,7 +1116,7 @@ class _Gen:
             "success": success,
             "has_after": has_after,
             "n": n_att,
-            "read": (before_ts >= sc.read_lo) & (before_ts < sc.read_hi),
+            "read": has_before & (before_ts >= sc.read_lo) & (before_ts < sc.read_hi),
             "read_after": has_after & (after_ts >= sc.read_lo) & (after_ts < sc.read_hi),
             "dlq_read": (dlq_ts >= sc.read_lo) & (dlq_ts < sc.read_hi),
             "retry": retry,
@@ -1155,6 +1243,8 @@ class _Gen:
         ug,
         att,
         w,
+        copy,
+        msg_type,
     ) -> None:
         sc = self.sc
         pair = att["pair"]
@@ -1186,6 +1276,10 @@ class _Gen:
         dead = att["dlq_read"] | (max_retry_seen >= sc.max_reconsume_times)
         outcome[none & (n_inflight == 0) & dead] = "DEAD_LETTERED"
         outcome[none & (n_inflight == 0) & ~dead] = "FAILED"
+        # the highest retry count of a traced failure (its SubBefore lost: 0), -1 for none
+        failed = ra & ~att["success"]
+        max_failed = np.full(n_pairs, -1, dtype=np.int64)
+        np.maximum.at(max_failed, pair[failed], np.where(rb, retry, 0)[failed])
         # behaviour-level sanity: fully seen chains give the behaviour's own outcome
         expect = {
             OK: "CONSUMED",
@@ -1217,7 +1311,32 @@ class _Gen:
         window = (pub_ts[m] // w) * w
         # expected pairs with no event seen: pending / offsets (resolved at the end)
         gnames = [g.name for g in self.groups]
-        exp_seen = seen[:P]
+        # seen without success: the offsets may overrule the trace (resolved at the end)
+        unfinished = seen[:P] & (n_succ[:P] == 0)
+        if unfinished.any():
+            u = np.flatnonzero(unfinished)
+            mm = p_msg[u]
+            self.unfinished.append(
+                {
+                    "window_start": window[:P][u],
+                    "msg_id": ids.take(pa.array(mm)),
+                    "group": p_group[u],
+                    "client": p_client[u],
+                    "trace_outcome": outcome[:P][u],
+                    "dead_traced": dead[:P][u],
+                    "max_failed": max_failed[:P][u],
+                    "k_last": copy["k_last"][u],
+                    "last_off": copy["last_off"][u],
+                    "dlq": copy["dlq"][u],
+                    "topic": topic[mm],
+                    "broker": broker[mm],
+                    "queue": queue[mm],
+                    "offset": qoff[mm],
+                    "offset_applicable": ~np.isin(msg_type[mm], (1, 3)),
+                    "skew_suspect": skew[:P][u],
+                }
+            )
+        exp_seen = seen[:P] & ~unfinished
         rows = {
             "window_start": window[:P][exp_seen],
             "msg_id": ids.take(pa.array(p_msg[exp_seen])),
@@ -1316,18 +1435,66 @@ class _Gen:
                                 "client_host": host,
                             }
                         )
+        retry_committed = np.where(self.retry_blocker != big, self.retry_blocker, self.retry_next)
+        for gi, g in enumerate(self.groups):
+            if g.broadcasting or not g.rows:
+                continue
+            for bi, (bname, addr) in enumerate(BROKERS):
+                for topic, c in (
+                    (f"%RETRY%{g.name}", int(retry_committed[gi, bi])),
+                    (f"%DLQ%{g.name}", None),  # nobody consumes a dead-letter queue
+                ):
+                    offsets.append(
+                        {
+                            "group": g.name,
+                            "topic": topic,
+                            "broker": bname,
+                            "store_addr": addr,
+                            "queue_id": 0,
+                            "committed": c,
+                            "client_host": None,
+                        }
+                    )
         truth = None
         if self.with_truth:
             gnames = [g.name for g in self.groups]
+            consumes_g = np.array([g.consumes for g in self.groups])
+            for u in self.unfinished:
+                grp, cl = u["group"], u["client"]
+                c = committed[grp, u["topic"], u["broker"], u["queue"], cl + 1]
+                orig_passed = u["offset_applicable"] & consumes_g[grp] & (c > u["offset"])
+                br = u["broker"]
+                copy_passed = retry_committed[grp, br] > u["last_off"]
+                last_passed = np.where(u["k_last"] > 0, copy_passed, orig_passed)
+                failed_last = u["max_failed"] >= u["k_last"]
+                consumed = last_passed & ~u["dlq"] & ~u["dead_traced"] & ~failed_last
+                outcome = np.where(
+                    u["dlq"],
+                    "DEAD_LETTERED",
+                    np.where(consumed, "TRACE_INCOMPLETE", u["trace_outcome"]),
+                )
+                self.truth.append(
+                    pa.table(
+                        {
+                            "window_start": u["window_start"],
+                            "msg_id": u["msg_id"],
+                            "group": _take(gnames, grp),
+                            "client_host": self._client_col(grp, cl),
+                            "outcome": pa.array(outcome.tolist(), type=pa.string()),
+                            "skew_suspect": u["skew_suspect"],
+                        }
+                    )
+                )
             for nt in self.no_trace:
                 grp, cl = nt["group"], nt["client"]
                 consumes = np.array([g.consumes for g in self.groups])[grp]
                 c = committed[grp, nt["topic"], nt["broker"], nt["queue"], cl + 1]
                 passed = consumes & (c > nt["offset"])
+                # consumed by the offsets: TRACE_LOST, even while still inside the horizon
                 outcome = np.where(
-                    nt["pending"],
-                    "PENDING",
-                    np.where(nt["offset_applicable"] & passed, "TRACE_LOST", "NOT_CONSUMED"),
+                    nt["offset_applicable"] & passed,
+                    "TRACE_LOST",
+                    np.where(nt["pending"], "PENDING", "NOT_CONSUMED"),
                 )
                 self.truth.append(
                     pa.table(
@@ -1384,6 +1551,7 @@ class _Gen:
             lake=self.lake,
             subscriptions=subscription_rows(self.groups),
             offsets=offsets,
+            copies=self.copies,
             truth=truth,
             informational=dict(self.info),
             messages=self.messages,

@@ -2,15 +2,23 @@
 
 * the subscription history, from Redis (``RegistryReader.subscription_history()``);
 * a snapshot of each consumer group's committed offset per queue, from Kafka: for every
-  (group, topic) of the history (retry and dead-letter topics left out) and every queue of the
-  topic's route, ``AIOKafkaConsumer(group_id=group).committed(tp)`` on the queue's cluster,
-  where the Kafka topic is ``kafka_topic(broker, topic)`` and the partition the queue id.
-  ``store_addr`` is the route's broker address resolved to IPv4 ``ip:port``, as in offsetMsgId.
-  Broadcasting consumers commit under ``<group>.broadcast.<client host>.<instance>``; those
-  groups are found by listing the cluster's groups, and their offsets carry the client host.
+  (group, topic) of the history and every queue of the topic's route,
+  ``AIOKafkaConsumer(group_id=group).committed(tp)`` on the queue's cluster, where the Kafka
+  topic is ``kafka_topic(broker, topic)`` and the partition the queue id. ``store_addr`` is the
+  route's broker address resolved to IPv4 ``ip:port``, as in offsetMsgId. Broadcasting
+  consumers commit under ``<group>.broadcast.<client host>.<instance>``; those groups are found
+  by listing the cluster's groups, and their offsets carry the client host. Every clustering
+  group's ``%RETRY%<group>`` and ``%DLQ%<group>`` queues are in it too;
+* with it, the **copies**: every record of those retry and dead-letter queues (from ``since_ms``
+  on), as msgId, reconsume count and queue coordinates. A consumer's retry of a message is a
+  new copy in ``%RETRY%<group>`` (forwarded by the broker's schedule service, msgId kept), so
+  these rows place each delivery of a retried message in its queue, the way the Pub's
+  offsetMsgId places the first one. They come from the queues themselves, not from traces: a
+  lost trace cannot hide a retry or a dead letter.
 
-Both are written as JSON (``{"subscriptions": [...]}``, ``{"offsets": [...]}``), the format
-:func:`tracemq_spark.job.parse_subscriptions` / ``parse_offsets`` read.
+Both are written as JSON (``{"subscriptions": [...]}``, ``{"offsets": [...], "copies":
+[...]}``), the format :func:`tracemq_spark.job.parse_subscriptions` / ``parse_offsets`` /
+``parse_copies`` read.
 """
 
 from __future__ import annotations
@@ -47,6 +55,25 @@ async def export_subscriptions(redis_url: str, prefix: str = "tmq:") -> list[dic
         await redis.aclose()
 
 
+def _pairs(history: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """(group, topic, message model) of the snapshot: the history's business topics, and the
+    retry and dead-letter topic of every clustering group (broadcasting consumers do not
+    retry)."""
+    from tracemq.naming import dlq_topic, retry_topic
+
+    out: set[tuple[str, str, str]] = set()
+    for r in history:
+        group, topic = str(r["group"]), str(r["topic"])
+        model = str(r.get("message_model", "")).upper()
+        if topic.startswith(("%RETRY%", "%DLQ%")):
+            continue
+        out.add((group, topic, model))
+        if model != "BROADCASTING":
+            out.add((group, retry_topic(group), "CLUSTERING"))
+            out.add((group, dlq_topic(group), "CLUSTERING"))
+    return sorted(out)
+
+
 async def export_offsets(
     redis_url: str, history: list[dict[str, Any]], prefix: str = "tmq:", timeout_s: float = 20.0
 ) -> list[dict[str, Any]]:
@@ -54,13 +81,7 @@ async def export_offsets(
     from tracemq.naming import kafka_topic
     from tracemq.routing.registry import RegistryReader, connect
 
-    pairs = sorted(
-        {
-            (r["group"], r["topic"], str(r.get("message_model", "")).upper())
-            for r in history
-            if not str(r["topic"]).startswith(("%RETRY%", "%DLQ%"))
-        }
-    )
+    pairs = _pairs(history)
     redis = connect(redis_url)
     try:
         reader = RegistryReader(redis, prefix)
@@ -143,22 +164,124 @@ async def _broadcast_group_ids(
     return out
 
 
-def export(redis_url: str, directory: Path, prefix: str = "tmq:") -> tuple[Path, Path]:
-    """Export both inputs into ``directory`` (created); returns their paths."""
+async def export_copies(
+    redis_url: str,
+    history: list[dict[str, Any]],
+    prefix: str = "tmq:",
+    since_ms: int | None = None,
+    timeout_s: float = 60.0,
+) -> list[dict[str, Any]]:
+    """Every record of the clustering groups' ``%RETRY%`` and ``%DLQ%`` queues written at or
+    after ``since_ms`` (all of them without it), up to the end offsets read at the start:
+    ``{group, topic, broker, store_addr, queue_id, queue_offset, msg_id, reconsume_times,
+    timestamp}``. Only the record headers are kept."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from tracemq.message import MessageConst
+    from tracemq.naming import kafka_topic
+    from tracemq.routing.registry import RegistryReader, connect
 
-    async def both() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    wanted = [(g, t) for g, t, _ in _pairs(history) if t.startswith(("%RETRY%", "%DLQ%"))]
+    redis = connect(redis_url)
+    try:
+        reader = RegistryReader(redis, prefix)
+        routes = {t: await reader.topic_route(t) for _, t in wanted}
+    finally:
+        await redis.aclose()
+    by_cluster: dict[str, dict[TopicPartition, tuple[str, str, str, str]]] = {}
+    for group, topic in wanted:
+        for q in routes[topic].queues:
+            addr = _store_addr(q.address)
+            for qid in range(max(q.read_queues, q.write_queues)):
+                tp = TopicPartition(kafka_topic(q.broker, topic), qid)
+                by_cluster.setdefault(q.data_bootstrap, {})[tp] = (group, topic, q.broker, addr)
+    rows: list[dict[str, Any]] = []
+    for bootstrap, where in sorted(by_cluster.items()):
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            fetch_max_wait_ms=100,
+        )
+        await asyncio.wait_for(consumer.start(), timeout_s)
+        try:
+            present = await asyncio.wait_for(consumer.topics(), timeout_s)
+            tps = [tp for tp in where if tp.topic in present]
+            if not tps:
+                continue
+            consumer.assign(tps)
+            ends = await asyncio.wait_for(consumer.end_offsets(tps), timeout_s)
+            starts = await asyncio.wait_for(consumer.beginning_offsets(tps), timeout_s)
+            if since_ms is not None:
+                found = await asyncio.wait_for(
+                    consumer.offsets_for_times(dict.fromkeys(tps, since_ms)), timeout_s
+                )
+                # nothing written since: None from Kafka, offset 0 with timestamp -1 from Tansu
+                starts = {
+                    tp: ends[tp] if ot is None or ot.timestamp < 0 else ot.offset
+                    for tp, ot in found.items()
+                }
+            todo = [tp for tp in tps if starts[tp] < ends[tp]]
+            for tp in todo:
+                consumer.seek(tp, starts[tp])
+            deadline = asyncio.get_running_loop().time() + timeout_s
+            while todo:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise TimeoutError(f"reading the retry/dead-letter queues {todo} timed out")
+                batch = await consumer.getmany(*todo, timeout_ms=500)
+                for tp, recs in batch.items():
+                    group, topic, broker, addr = where[tp]
+                    for rec in recs:
+                        if rec.offset >= ends[tp]:
+                            continue
+                        h = {k: v.decode(errors="replace") for k, v in rec.headers or () if v}
+                        try:
+                            reconsume = int(h.get(MessageConst.RECONSUME_TIME, "0"))
+                        except ValueError:
+                            reconsume = 0
+                        rows.append(
+                            {
+                                "group": group,
+                                "topic": topic,
+                                "broker": broker,
+                                "store_addr": addr,
+                                "queue_id": tp.partition,
+                                "queue_offset": rec.offset,
+                                "msg_id": h.get(MessageConst.UNIQ_KEY),
+                                "reconsume_times": reconsume,
+                                "timestamp": rec.timestamp,
+                            }
+                        )
+                todo = [tp for tp in todo if await consumer.position(tp) < ends[tp]]
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(consumer.stop(), timeout_s)
+    return rows
+
+
+def export(
+    redis_url: str, directory: Path, prefix: str = "tmq:", since_ms: int | None = None
+) -> tuple[Path, Path]:
+    """Export both inputs into ``directory`` (created); returns their paths. ``since_ms``: the
+    retry and dead-letter copies written before it are not needed (the start of the read
+    range)."""
+
+    async def both() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
         history = await export_subscriptions(redis_url, prefix)
-        return history, await export_offsets(redis_url, history, prefix)
+        # the two reads are not atomic; a retry forwarded between them is either a copy
+        # without its commit or a commit without its copy: both leave the message unconsumed
+        # in the job's eyes (the trace outcome stands), never falsely consumed
+        copies = await export_copies(redis_url, history, prefix, since_ms)
+        return history, await export_offsets(redis_url, history, prefix), copies
 
     taken = int(time.time() * 1000)
-    history, offsets = asyncio.run(both())
+    history, offsets, copies = asyncio.run(both())
     directory.mkdir(parents=True, exist_ok=True)
     subs = directory / "subscriptions.json"
     offs = directory / "offsets.json"
     subs.write_text(
         json.dumps({"exported_at": taken, "source": redis_url, "subscriptions": history}, indent=1)
     )
-    offs.write_text(json.dumps({"taken_at": taken, "offsets": offsets}, indent=1))
+    offs.write_text(json.dumps({"taken_at": taken, "offsets": offsets, "copies": copies}, indent=1))
     return subs, offs
 
 

@@ -17,11 +17,15 @@ Semantics (DESIGN §6; the documented choices are in the package README and in `
   the group and topic in the read range; none seen: one outcome with no client).
 * Consume events are paired by requestId into attempts, then aggregated per (msgId, group[,
   client]) before meeting the Pubs (one shuffle each side, co-partitioned by msgId).
-* PENDING while ``pub + horizon`` (delayed messages: ``pub + max(max_delay, horizon)``) is after
-  the cutoff ``min(to + horizon, now)``; then TRACE_LOST when the group's committed offset of the
-  message's queue is past the message's queue offset, else NOT_CONSUMED. Delayed and
-  transactional messages store their Pub in the schedule/half queue, whose offset says nothing
-  about the real queue: NOT_CONSUMED.
+* The offsets overrule a partial trace: the message's last delivery (its last copy in
+  ``%RETRY%<group>``, from the snapshot's ``copies``, else the original queue) behind the group's
+  committed offset, no ``%DLQ%<group>`` copy, no traced failure of that delivery: consumed.
+  Attempts without success then give TRACE_INCOMPLETE, not FAILED or IN_FLIGHT; no consume
+  event at all gives TRACE_LOST (even inside the horizon). A dead-letter copy: DEAD_LETTERED.
+* Otherwise, without consume events: PENDING while ``pub + horizon`` (delayed messages:
+  ``pub + max(max_delay, horizon)``) is after the cutoff ``min(to + horizon, now)``, else
+  NOT_CONSUMED. Delayed and transactional messages store their Pub in the schedule/half queue,
+  whose offset says nothing about the real queue.
 * ORPHAN_CONSUME: consumes of a msgId with no Pub in the read range, first consumed in
   ``[from, to)``, whose msgId was created (the time it embeds) inside the read range, or whose
   msgId is empty; consumes of messages created before the read range are left alone.
@@ -37,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -55,6 +59,8 @@ __all__ = [
     "ReconcileError",
     "RunResult",
     "build_session",
+    "last_deliveries",
+    "parse_copies",
     "parse_offsets",
     "parse_subscriptions",
     "run",
@@ -73,6 +79,7 @@ OUTCOMES = [
     "PENDING",
     "NOT_CONSUMED",
     "TRACE_LOST",
+    "TRACE_INCOMPLETE",
     "DUPLICATE",
     "ORPHAN_CONSUME",
     "UNEXPECTED_GROUP",
@@ -97,6 +104,7 @@ PERCENTILES = (0.5, 0.9, 0.99)
 
 _TX_COMMIT = "COMMIT_MESSAGE"
 _DLQ_PREFIX = "%DLQ%"
+_RETRY_PREFIX = "%RETRY%"
 _TX_ROLLBACK = "ROLLBACK_MESSAGE"
 _MSG_HALF = 1
 _MSG_DELAY = 3
@@ -251,6 +259,103 @@ def parse_offsets(text: str, source: str = "offsets") -> list[OffsetRow]:
             raise ReconcileError(f"{source}: row {i} is malformed ({exc!r}): {r}") from None
         best[key] = max(committed, best.get(key, committed))
     return [OffsetRow(*k, v) for k, v in sorted(best.items())]
+
+
+class CopyRow(NamedTuple):
+    """A consumer's copy of a message in ``%RETRY%<group>`` or ``%DLQ%<group>``, read from the
+    queue itself when the snapshot was taken (so no trace loss can hide it). (A tuple: millions
+    of them are read on a bad day.)"""
+
+    group: str
+    topic: str
+    store_addr: str
+    queue_id: int
+    queue_offset: int
+    msg_id: str
+    reconsume_times: int
+
+
+def parse_copies(text: str, source: str = "offsets") -> list[CopyRow]:
+    """The ``copies`` list of the committed-offsets snapshot (absent: none known, e.g. a
+    snapshot of a RocketMQ cluster); rows without a msgId are dropped."""
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise ReconcileError(f"{source}: not valid JSON: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("copies") is None:
+        return []
+    out: set[CopyRow] = set()
+    for i, r in enumerate(_doc_rows(doc, "copies", f"{source} (copies)")):
+        try:
+            topic = str(r["topic"])
+            if not topic.startswith((_RETRY_PREFIX, _DLQ_PREFIX)):
+                raise ValueError(f"topic {topic!r} is not a %RETRY% or %DLQ% topic")
+            prefix = _RETRY_PREFIX if topic.startswith(_RETRY_PREFIX) else _DLQ_PREFIX
+            msg_id = r.get("msg_id")
+            if not msg_id:
+                continue
+            out.add(
+                CopyRow(
+                    str(r.get("group") or topic[len(prefix) :]),
+                    topic,
+                    str(r["store_addr"]),
+                    int(r["queue_id"]),
+                    int(r["queue_offset"]),
+                    str(msg_id),
+                    int(r.get("reconsume_times") or 0),
+                )
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ReconcileError(f"{source}: copies row {i} is malformed ({exc!r}): {r}") from None
+    return list(out)
+
+
+class DeliveryRow(NamedTuple):
+    """Per (msgId, group): the last retry copy (highest reconsume count) with its queue's
+    committed offset, and the dead-letter copy, if any."""
+
+    msg_id: str
+    group: str
+    retry_reconsume: int | None
+    retry_queue_offset: int | None
+    retry_committed: int | None
+    dlq_queue_offset: int | None
+
+
+def last_deliveries(copies: list[CopyRow], offsets: list[OffsetRow]) -> list[DeliveryRow]:
+    """The retry chain of every (msgId, group) reduced to what decides it: a message sent back
+    k times was delivered k + 1 times, and only the last delivery's queue says whether the
+    group is done with it; a dead-letter copy ends the chain."""
+    committed = {
+        (o.group, o.topic, o.store_addr, o.queue_id): o.committed for o in offsets if not o.client
+    }
+    last: dict[tuple[str, str], CopyRow] = {}
+    dlq: dict[tuple[str, str], int] = {}
+    for c in copies:
+        key = (c.msg_id, c.group)
+        if c.topic.startswith(_DLQ_PREFIX):
+            dlq[key] = min(c.queue_offset, dlq.get(key, c.queue_offset))
+            continue
+        prev = last.get(key)
+        if prev is None or (c.reconsume_times, c.queue_offset) > (
+            prev.reconsume_times,
+            prev.queue_offset,
+        ):
+            last[key] = c
+    out = []
+    for key in set(last) | set(dlq):
+        c = last.get(key)
+        out.append(
+            DeliveryRow(
+                key[0],
+                key[1],
+                None if c is None else c.reconsume_times,
+                None if c is None else c.queue_offset,
+                None if c is None else committed.get((c.group, c.topic, c.store_addr, c.queue_id)),
+                dlq.get(key),
+            )
+        )
+    return out
 
 
 # ----------------------------------------------------------------------------- session
@@ -489,6 +594,8 @@ class _Context:
             texts[name] = fs.read_text(uri)
         self.subs = parse_subscriptions(texts["subscriptions"], self.p.subscriptions)
         self.offsets = parse_offsets(texts["offsets"], self.p.offsets)
+        self.copies = parse_copies(texts["offsets"], self.p.offsets)
+        self.deliveries = last_deliveries(self.copies, self.offsets)
         for name, text in texts.items():
             target = st.path("inputs", f"{name}.json")
             if fs.qualify(target) != fs.qualify(getattr(self.p, name)):
@@ -496,7 +603,7 @@ class _Context:
         self.bgroups = sorted({s.group for s in self.subs if s.broadcasting})
         self.say(
             f"{len(self.subs)} subscription rows ({len(self.bgroups)} broadcasting groups), "
-            f"{len(self.offsets)} committed offsets"
+            f"{len(self.offsets)} committed offsets, {len(self.copies)} retry/dead-letter copies"
         )
 
     # -- the lake ---------------------------------------------------------------------
@@ -897,6 +1004,11 @@ class _Context:
                 "in_flight_attempts"
             ),
             F.max("retry").alias("max_retry_times"),
+            # the highest delivery a traced failure belongs to (a SubAfter whose SubBefore was
+            # lost: the first one)
+            F.max(
+                F.when((col("has_after") == 1) & ~done_ok, F.coalesce(col("retry"), F.lit(0)))
+            ).alias("max_failed_retry"),
             F.min("before_ts").alias("first_before_ts"),
             F.min(F.least(col("before_ts"), col("after_ts"))).alias("first_consume_ts"),
             F.min(first_ok).alias("success_ts"),
@@ -935,9 +1047,28 @@ class _Context:
             & (col("ck") == col("o_client_h")),
             "left",
         )
+        j = self._with_deliveries(j)
         committed = col("o_committed")
         offset_applicable = ~msg_type.isin(_MSG_HALF, _MSG_DELAY)
         passed = offset_applicable & committed.isNotNull() & (committed > pub("queue_offset"))
+        # The offsets' word on the message: its last delivery (the last retry copy, else the
+        # original queue) is behind the group's committed offset — the listener returned and
+        # nothing was sent back after it — and no dead-letter copy exists. Traces can be lost
+        # in part (a SubAfter, a retry's records); offsets cannot, so they overrule a trace
+        # that says FAILED or IN_FLIGHT. A traced failure of that last delivery (or a later
+        # one) keeps the message unconsumed: it went back once more.
+        has_copy = col("retry_reconsume").isNotNull()
+        in_dlq = col("dlq_queue_offset").isNotNull()
+        last_passed = F.when(
+            has_copy, F.coalesce(col("retry_committed") > col("retry_queue_offset"), F.lit(False))
+        ).otherwise(passed)
+        offsets_consumed = last_passed & ~in_dlq
+        failed_last = F.coalesce(
+            col("max_failed_retry") >= F.coalesce(col("retry_reconsume"), F.lit(0)), F.lit(False)
+        )
+        dead_traced = (col("dead_lettered") == 1) | (
+            col("max_retry_times") >= p.max_reconsume_times
+        )
         after_retry = (col("attempts") > 1) | (col("success_retry") > 0)
         first_ts = col("first_consume_ts")
         real_id = ~col("pkey").startswith("\u0000")
@@ -963,16 +1094,22 @@ class _Context:
                 F.lit("CONSUMED_AFTER_RETRY"),
             )
             .when(expected & has_consume & (col("successes") == 1), F.lit("CONSUMED"))
-            .when(expected & has_consume & (col("in_flight_attempts") > 0), F.lit("IN_FLIGHT"))
+            .when(expected & in_dlq, F.lit("DEAD_LETTERED"))
             .when(
                 expected
                 & has_consume
-                & ((col("dead_lettered") == 1) | (col("max_retry_times") >= p.max_reconsume_times)),
-                F.lit("DEAD_LETTERED"),
+                & offsets_consumed
+                & ~F.coalesce(dead_traced, F.lit(False))
+                & ~failed_last,
+                F.lit("TRACE_INCOMPLETE"),
             )
+            .when(expected & has_consume & (col("in_flight_attempts") > 0), F.lit("IN_FLIGHT"))
+            .when(expected & has_consume & dead_traced, F.lit("DEAD_LETTERED"))
             .when(expected & has_consume, F.lit("FAILED"))
+            # consumed by the offsets, no trace (so far): even inside the horizon it is not
+            # "pending" — the trace is what is missing
+            .when(expected & offsets_consumed, F.lit("TRACE_LOST"))
             .when(expected & (due > self.cutoff), F.lit("PENDING"))
-            .when(expected & passed, F.lit("TRACE_LOST"))
             .when(expected, F.lit("NOT_CONSUMED"))
             # consumes nobody expected
             .when(
@@ -1012,12 +1149,17 @@ class _Context:
                 pub("queue_id").alias("queue_id"),
                 pub("queue_offset").alias("queue_offset"),
                 committed.alias("committed_offset"),
+                "retry_reconsume",
+                "retry_queue_offset",
+                "retry_committed",
+                "dlq_queue_offset",
                 due.alias("due_ts"),
                 F.coalesce(col("attempts"), F.lit(0)).alias("attempts"),
                 F.coalesce(col("successes"), F.lit(0)).alias("successes"),
                 F.coalesce(col("failed_attempts"), F.lit(0)).alias("failed_attempts"),
                 F.coalesce(col("in_flight_attempts"), F.lit(0)).alias("in_flight_attempts"),
                 "max_retry_times",
+                "max_failed_retry",
                 F.coalesce(col("consume_events"), F.lit(0)).alias("consume_events"),
                 first_ts.alias("first_consume_ts"),
                 "success_ts",
@@ -1037,6 +1179,44 @@ class _Context:
         return df.select(
             *[col(c) if c in tallied else F.when(keep_id, col(c)).alias(c) for c in df.columns]
         )
+
+    def _with_deliveries(self, j: DataFrame) -> DataFrame:
+        """``j`` with the last retry copy and dead-letter copy of each (message, group) from
+        the snapshot (broadcast: retried messages are few); null columns when none is known."""
+        names = ["retry_reconsume", "retry_queue_offset", "retry_committed", "dlq_queue_offset"]
+        if not self.deliveries:
+            return j.select(
+                "*",
+                F.lit(None).cast("int").alias("retry_reconsume"),
+                *[F.lit(None).cast("long").alias(n) for n in names[1:]],
+            )
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        # through a Parquet file, not createDataFrame: a million rows cross py4j in a second
+        # that way, instead of minutes
+        cols = list(zip(*self.deliveries, strict=True))
+        table = pa.table(
+            {
+                "d_pkey": pa.array(cols[0], pa.string()),
+                "group": pa.array(cols[1], pa.string()),
+                "retry_reconsume": pa.array(cols[2], pa.int32()),
+                **{n: pa.array(cols[i + 3], pa.int64()) for i, n in enumerate(names[1:])},
+            }
+        )
+        buf = pa.BufferOutputStream()
+        pq.write_table(table, buf)
+        target = self.stage.path("_deliveries")  # (a file named "_…" Spark would skip)
+        self.fs.write_bytes(f"{target}/deliveries.parquet", buf.getvalue().to_pybytes())
+        d = self.spark.read.parquet(target).select(
+            "d_pkey", _h(F.col("group")).alias("d_group_h"), *names
+        )
+        c = F.col
+        return j.join(
+            F.broadcast(d),
+            (c("pkey") == c("d_pkey")) & (c("group_h") == c("d_group_h")),
+            "left",
+        ).drop("d_pkey", "d_group_h")
 
     def _subs_frame(self) -> DataFrame:
         schema = T.StructType(
@@ -1534,14 +1714,57 @@ def _evidence() -> Column:
     def s(x: Column) -> Column:
         return F.coalesce(x.cast("string"), F.lit("?"))
 
+    # where the offsets say the group is done with the message: its last retry copy, or the
+    # original queue
+    done_at = F.when(
+        c("retry_reconsume").isNotNull(),
+        F.concat(
+            F.lit("retry copy #"),
+            s(c("retry_reconsume")),
+            F.lit(" in %RETRY%"),
+            s(c("group")),
+            F.lit(" at offset "),
+            s(c("retry_queue_offset")),
+            F.lit(" is behind the committed offset "),
+            s(c("retry_committed")),
+        ),
+    ).otherwise(
+        F.concat(
+            F.lit("the committed offset "),
+            s(c("committed_offset")),
+            F.lit(" is past queue offset "),
+            s(c("queue_offset")),
+        )
+    )
     return (
         F.when(
             o == "TRACE_LOST",
+            F.concat(F.lit("no consume trace, but "), done_at),
+        )
+        .when(
+            o == "TRACE_INCOMPLETE",
             F.concat(
-                F.lit("no consume trace, but the committed offset "),
-                s(c("committed_offset")),
-                F.lit(" is past queue offset "),
-                s(c("queue_offset")),
+                F.lit("consumed by the offsets, trace incomplete: "),
+                done_at,
+                F.lit("; traced "),
+                s(c("attempts")),
+                F.lit(" attempt(s), "),
+                s(c("failed_attempts")),
+                F.lit(" failed, "),
+                s(c("in_flight_attempts")),
+                F.lit(" without end, none successful"),
+            ),
+        )
+        .when(
+            (o == "DEAD_LETTERED") & c("dlq_queue_offset").isNotNull(),
+            F.concat(
+                F.lit("copy in %DLQ%"),
+                s(c("group")),
+                F.lit(" at offset "),
+                s(c("dlq_queue_offset")),
+                F.lit("; "),
+                s(c("failed_attempts")),
+                F.lit(" failed attempt(s) traced"),
             ),
         )
         .when(

@@ -21,6 +21,7 @@ OUTCOME_COLORS = {
     "PENDING": "#90a4ae",
     "NOT_CONSUMED": "#d81b60",
     "TRACE_LOST": "#8e24aa",
+    "TRACE_INCOMPLETE": "#ba68c8",
     "DUPLICATE": "#1e88e5",
     "ORPHAN_CONSUME": "#00897b",
     "UNEXPECTED_GROUP": "#f4511e",
