@@ -385,6 +385,8 @@ class TransactionService:
             born = int(h.headers.get(MessageConst.BORN_TIMESTAMP, "0"))
         except ValueError:
             born = 0
+        if not 0 <= born < 2**63:  # a producer's header: msgpack cannot even carry some ints
+            born = 0
         req = txp.CheckRequest(
             broker=self.broker_name,
             group=h.group,
