@@ -37,6 +37,7 @@ from tracemq.protocol import control
 from tracemq.protocol._envelope import ProtocolError
 from tracemq.protocol.control import PERM_RW, BrokerInfo, TopicConfig
 from tracemq.protocol.transaction import TXCHECK_TOPIC
+from tracemq.service import spawn
 from tracemq.transport import ADMIN_TIMEOUT_MS, ensure_topic
 
 from tracemq_broker import metrics
@@ -162,8 +163,8 @@ class Broker:
         await self._position_admin_consumer()
         await self.register()
         self._tasks = [
-            asyncio.create_task(self._heartbeat_loop(), name="broker-heartbeat"),
-            asyncio.create_task(self._admin_loop(), name="broker-admin"),
+            spawn(self._heartbeat_loop(), name="broker-heartbeat"),
+            spawn(self._admin_loop(), name="broker-admin"),
         ]
         metrics.TOPICS.set(len(self.table.topics))
         log.info(

@@ -53,6 +53,7 @@ from tracemq.log import get_logger
 from tracemq.message import MessageConst
 from tracemq.naming import SCHEDULE_TOPIC, kafka_topic
 from tracemq.protocol.forwarding import SCHEDULE_OFFSET
+from tracemq.service import spawn
 
 from tracemq_broker import metrics
 from tracemq_broker.forward import (
@@ -172,10 +173,9 @@ class ScheduleService:
         for lv in self.levels:
             await self._recover(lv, begin[self.tp(lv)], end[self.tp(lv)])
             self.consumer.seek(self.tp(lv), lv.next)
-        self.tasks = [asyncio.create_task(self._read(), name="schedule-reader")]
+        self.tasks = [spawn(self._read(), name="schedule-reader")]
         self.tasks += [
-            asyncio.create_task(self._run(lv), name=f"schedule-level-{lv.level}")
-            for lv in self.levels
+            spawn(self._run(lv), name=f"schedule-level-{lv.level}") for lv in self.levels
         ]
         log.info(
             "schedule service started",

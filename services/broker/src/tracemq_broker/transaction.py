@@ -52,6 +52,7 @@ from tracemq.naming import HALF_TOPIC, OP_HALF_TOPIC, kafka_topic
 from tracemq.protocol import transaction as txp
 from tracemq.protocol._envelope import ProtocolError
 from tracemq.protocol.forwarding import TRAN_HALF_OFFSET
+from tracemq.service import spawn
 
 from tracemq_broker import metrics
 from tracemq_broker.forward import Forwarder, Outgoing, headers_dict, parse_target
@@ -153,7 +154,7 @@ class TransactionService:
         await self._load(begin, end)
         self.consumer.seek(self.half_tp, self.half_next)
         self.consumer.seek(self.op_tp, self.op_next)
-        self.task = asyncio.create_task(self._run(), name="transaction-service")
+        self.task = spawn(self._run(), name="transaction-service")
         log.info(
             "transaction service started",
             half_from=self.half_next,

@@ -20,6 +20,7 @@ from tracemq.log import get_logger
 from tracemq.protocol import control
 from tracemq.protocol._envelope import ProtocolError
 from tracemq.routing.registry import connect
+from tracemq.service import spawn
 from tracemq.transport import admin_client, ensure_topic
 
 from tracemq_nameserver import metrics
@@ -68,8 +69,8 @@ class NameServer:
         )
         await self.consumer.start()
         self._tasks = [
-            asyncio.create_task(self._consume(), name="namesrv-consume"),
-            asyncio.create_task(self._expire_loop(), name="namesrv-expire"),
+            spawn(self._consume(), name="namesrv-consume"),
+            spawn(self._expire_loop(), name="namesrv-expire"),
         ]
 
     async def stop(self) -> None:
