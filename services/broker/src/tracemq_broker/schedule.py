@@ -26,7 +26,7 @@ a message is delivered once: nothing lost, nothing twice (the one residual case 
 in :mod:`tracemq_broker.forward`). A message already due when the broker comes back is
 delivered at once.
 
-Undeliverable records are counted (``tracemq_broker_schedule_skipped_total``) and logged, never
+Undeliverable records are counted (``tracemq_broker_schedule_rejected_total``) and logged, never
 retried forever: garbage (no or bad ``REAL_TOPIC`` / ``REAL_QID``) and messages whose real topic
 no longer exists on this broker. A missing ``%RETRY%`` or ``%DLQ%`` topic is created instead.
 
@@ -346,17 +346,19 @@ class ScheduleService:
             try:
                 topic, qid = parse_target(headers)
             except ValueError as exc:
-                metrics.SCHEDULE_SKIPPED.labels("garbage").inc()
+                metrics.SCHEDULE_REJECTED.labels("garbage").inc()
                 log.warning(
                     "skipped a schedule record",
                     level=lv.level,
+                    topic=rec.topic,
+                    partition=rec.partition,
                     offset=rec.offset,
                     reason=str(exc),
                 )
                 continue
             target = await self.resolve(topic, qid)
             if target is None:
-                metrics.SCHEDULE_SKIPPED.labels("no_topic").inc()
+                metrics.SCHEDULE_REJECTED.labels("no_topic").inc()
                 log.error(
                     "delayed message for a topic this broker does not host; dropped",
                     level=lv.level,

@@ -19,8 +19,8 @@ msgId to the op topic.
 
 The first COMMIT or ROLLBACK of a half wins. Duplicate end records, end records whose msgId
 does not match the half, end records for unknown halves, and undecodable records on either
-topic are counted (``tracemq_broker_transaction_skipped_total``) and skipped; none stops the
-service or loses a valid record. An end record read before its half (two topics, no order
+topic are counted (``tracemq_broker_transaction_rejected_total{reason}``), logged with their
+topic, partition and offset, and skipped; none stops the service or loses a valid record. An end record read before its half (two topics, no order
 between them) is kept until the half arrives.
 
 State and restarts: ``transaction/state.json`` is a checkpoint — the lowest unresolved half
@@ -220,9 +220,9 @@ class TransactionService:
             data = await self.consumer.getmany(timeout_ms=int(self.tick_s * 1000), max_records=1000)
             op_floor = self.op_next
             for rec in data.get(self.half_tp, []):
-                self._on_half(rec)
+                self._guarded(self._on_half, rec)
             for rec in data.get(self.op_tp, []):
-                self._on_op(rec)
+                self._guarded(self._on_op, rec)
             try:
                 if self._to_commit:
                     await self._commit(op_floor)
@@ -236,8 +236,27 @@ class TransactionService:
             metrics.TX_HALVES.set(len(self.pending))
 
     def _skip(self, reason: str, **kw: Any) -> None:
-        metrics.TX_SKIPPED.labels(reason).inc()
+        metrics.TX_REJECTED.labels(reason).inc()
         log.warning("skipped a transaction record", reason=reason, **kw)
+
+    def _guarded(
+        self,
+        handle: Callable[[ConsumerRecord[bytes, bytes]], None],
+        rec: ConsumerRecord[bytes, bytes],
+    ) -> None:
+        """One record that breaks its handler in a way no check foresaw is counted and
+        skipped: the loop must go on to the records behind it (a restart would meet it again)."""
+        try:
+            handle(rec)
+        except Exception as exc:
+            self._skip(
+                "apply_failed",
+                topic=rec.topic,
+                partition=rec.partition,
+                offset=rec.offset,
+                error=f"{exc.__class__.__name__}: {exc}",
+            )
+            log.error("transaction record could not be handled", exc_info=exc)
 
     def _on_half(self, rec: ConsumerRecord[bytes, bytes]) -> None:
         if rec.offset < self.half_next:  # the half topic was recreated under us
@@ -264,7 +283,13 @@ class TransactionService:
                 raise ValueError("no UNIQ_KEY or PGROUP property")
             topic, qid = parse_target(headers)
         except ValueError as exc:
-            self._skip("garbage", topic="half", offset=rec.offset, error=str(exc))
+            self._skip(
+                "garbage",
+                topic=rec.topic,
+                partition=rec.partition,
+                offset=rec.offset,
+                error=str(exc),
+            )
             self.resolved.add(rec.offset)
             self._dirty = True
             return
@@ -282,7 +307,13 @@ class TransactionService:
         try:
             op = txp.decode_end(rec.value)
         except ProtocolError as exc:
-            self._skip(exc.kind, topic="op", offset=rec.offset, error=str(exc))
+            self._skip(
+                exc.kind,
+                topic=rec.topic,
+                partition=rec.partition,
+                offset=rec.offset,
+                error=str(exc),
+            )
             return
         half = self.pending.get(op.half_offset)
         if half is not None:
