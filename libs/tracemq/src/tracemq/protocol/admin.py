@@ -23,7 +23,7 @@ Operations:
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -72,6 +72,7 @@ class AdminReply(BaseModel):
     body: dict[str, Any] = Field(default_factory=dict)
 
 
+_OPS = frozenset(get_args(AdminOp))
 _REQ = TypeAdapter(AdminRequest)
 _REP = TypeAdapter(AdminReply)
 
@@ -82,8 +83,11 @@ def encode(msg: AdminRequest | AdminReply) -> bytes:
 
 def decode_request(data: bytes | None) -> AdminRequest:
     obj = unpack_dict(data)
-    if record_type(obj) == "admin.reply":
+    op = record_type(obj)
+    if op == "admin.reply":
         raise ProtocolError("a reply on the request topic", "type")
+    if op not in _OPS:
+        raise ProtocolError(f"unknown admin operation {show(obj.get('type'))}", "type")
     reply_topic = obj.get("reply_topic", ADMIN_REPLY_TOPIC)
     if reply_topic != ADMIN_REPLY_TOPIC:
         raise ProtocolError(
