@@ -336,14 +336,15 @@ class Broker:
             try:
                 reply = await self._handle_admin(req)
             except Exception as exc:  # a bug must not end admin for everyone behind this one
-                self._reject_admin("apply_failed", f"{exc.__class__.__name__}: {exc}", where)
-                log.error("admin request could not be handled", exc_info=exc, **where)
+                self._reject_admin(
+                    "apply_failed", f"{exc.__class__.__name__}: {exc}", where, exc_info=exc
+                )
                 continue
             self._send_reply(req, reply)
 
-    def _reject_admin(self, reason: str, error: str, where: dict[str, Any]) -> None:
+    def _reject_admin(self, reason: str, error: str, where: dict[str, Any], **kw: Any) -> None:
         metrics.ADMIN_REJECTED.labels(reason).inc()
-        log.warning("admin record rejected", reason=reason, error=error, **where)
+        log.warning("admin record rejected", reason=reason, error=error, **where, **kw)
 
     async def _handle_admin(self, req: admin_proto.AdminRequest) -> admin_proto.AdminReply:
         assert self.topic_admin is not None

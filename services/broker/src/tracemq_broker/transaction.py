@@ -255,8 +255,8 @@ class TransactionService:
                 partition=rec.partition,
                 offset=rec.offset,
                 error=f"{exc.__class__.__name__}: {exc}",
+                exc_info=exc,
             )
-            log.error("transaction record could not be handled", exc_info=exc)
 
     def _on_half(self, rec: ConsumerRecord[bytes, bytes]) -> None:
         if rec.offset < self.half_next:  # the half topic was recreated under us

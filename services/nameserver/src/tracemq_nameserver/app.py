@@ -146,15 +146,28 @@ class NameServer:
                 self.last_error = f"redis: {exc!r}"
                 log.warning("redis write failed; retrying", error=repr(exc), **where)
             except Exception as exc:  # a bug or a record no check foresaw: skip it, go on
-                self._reject("apply_failed", f"{exc.__class__.__name__}: {exc}", where)
-                log.error("control record could not be applied", exc_info=exc, **where)
+                self._reject("apply_failed", f"{exc.__class__.__name__}: {exc}", where, exc=exc)
                 return
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
 
-    def _reject(self, reason: str, error: str, where: dict[str, Any] | None) -> str:
+    def _reject(
+        self,
+        reason: str,
+        error: str,
+        where: dict[str, Any] | None,
+        *,
+        exc: BaseException | None = None,
+    ) -> str:
         metrics.CONTROL_REJECTED.labels(reason).inc()
-        log.warning("control record rejected", reason=reason, error=error, **(where or {}))
+        kw = {"reason": reason, "error": error, **(where or {})}
+        if exc is not None:
+            log.error("control record rejected", exc_info=exc, **kw)
+        elif reason == "stale":
+            # normal when a nameserver replays the topic after a restart: counted, not noise
+            log.debug("control record rejected", **kw)
+        else:
+            log.warning("control record rejected", **kw)
         return f"skipped:{reason}"
 
     async def apply(self, data: bytes | None, *, where: dict[str, Any] | None = None) -> str:
