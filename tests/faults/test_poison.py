@@ -1,4 +1,4 @@
-"""Poison records on the control, admin and trace topics at once (issue 20, findings 1 and 2):
+"""Poison records on the control, admin, schedule and trace topics at once (issue 20, findings 1 and 2):
 every service stays up and healthy — same process, no restart needed — counts the poison in
 /metrics, and applies the valid records sent after it.
 
@@ -23,12 +23,13 @@ from tracemq.admin import AdminClient
 from tracemq.devstack import EmbeddedStack
 from tracemq.devstack.process import ManagedProcess
 from tracemq.message_id import new_msg_id
-from tracemq.naming import TRACE_TOPIC, kafka_topic
+from tracemq.naming import SCHEDULE_TOPIC, TRACE_TOPIC, kafka_topic
 from tracemq.protocol import control
 from tracemq.protocol.admin import ADMIN_TOPIC
 from tracemq.routing import RegistryReader, connect
 
 from tests.support import rocketmq_format as rf
+from tests.support.brokers import read_topic
 from tests.support.metrics import scrape, value
 from tests.support.waiting import eventually
 
@@ -84,6 +85,7 @@ async def test_poison_on_every_topic_is_counted_and_nothing_stops(
             kept = f"Kept_{unique}"
             await admin.create_topic("broker-a", kept, read_queues=2, write_queues=2)
             ns_before = _counts(ns_metrics, "tracemq_namesrv_control_rejected_total")
+            sched_before = _counts(broker_metrics, "tracemq_broker_schedule_rejected_total")
             admin_before = _counts(broker_metrics, "tracemq_broker_admin_rejected_total")
             quarantined_before = sum(
                 _counts(f"{collector_api}/metrics", "tracemq_collector_quarantined_total").values()
@@ -129,6 +131,20 @@ async def test_poison_on_every_topic_is_counted_and_nothing_stops(
             ]
             for p in trace_poison:
                 await trace_producer.send_and_wait(trace_topic, p, partition=0)
+            # the schedule topic's headers: a retry topic whose Kafka name is too long stuck its
+            # delay level for good (retried every second); a 5000-digit queue id
+            sched = kafka_topic("broker-a", SCHEDULE_TOPIC)
+            for value_, headers in [
+                (b"overlong", {"REAL_TOPIC": "%RETRY%" + "%" * 120, "REAL_QID": "0"}),
+                (b"huge-qid", {"REAL_TOPIC": kept, "REAL_QID": "9" * 5000}),
+                (b"delayed", {"REAL_TOPIC": kept, "REAL_QID": "1", "UNIQ_KEY": "D" * 32}),
+            ]:
+                await control_producer.send_and_wait(
+                    sched,
+                    value_,
+                    partition=0,
+                    headers=[(k, v.encode()) for k, v in headers.items()],
+                )
             poisoned_at = int(time.time() * 1000)
 
             # -- valid neighbours, sent after the poison ------------------------------------------
@@ -177,6 +193,12 @@ async def test_poison_on_every_topic_is_counted_and_nothing_stops(
 
             await eventually(trace_stored, timeout=30, what="the trace after the poison stored")
 
+            async def delayed_delivered() -> bool:
+                recs = await read_topic(s.business_bootstrap, kafka_topic("broker-a", kept))
+                return [(r.value, r.partition) for r in recs] == [(b"delayed", 1)]
+
+            await eventually(delayed_delivered, timeout=30, what="the delayed message after poison")
+
             # -- counted ------------------------------------------------------------------------
             ns_after = _counts(ns_metrics, "tracemq_namesrv_control_rejected_total")
             for reason, n in {
@@ -193,6 +215,10 @@ async def test_poison_on_every_topic_is_counted_and_nothing_stops(
                     reason,
                     admin_after,
                 )
+
+            sched_after = _counts(broker_metrics, "tracemq_broker_schedule_rejected_total")
+            for reason in ("no_topic", "garbage"):
+                assert sched_after.get(reason, 0) >= sched_before.get(reason, 0) + 1, sched_after
 
             async def all_quarantined() -> bool:
                 counts = _counts(f"{collector_api}/metrics", "tracemq_collector_quarantined_total")

@@ -34,7 +34,7 @@ from tracemq.naming import (
 )
 from tracemq.protocol import admin as admin_proto
 from tracemq.protocol import control
-from tracemq.protocol._envelope import ProtocolError
+from tracemq.protocol._envelope import ProtocolError, show
 from tracemq.protocol.control import PERM_RW, BrokerInfo, TopicConfig
 from tracemq.protocol.transaction import TXCHECK_TOPIC
 from tracemq.service import spawn
@@ -248,12 +248,18 @@ class Broker:
     async def resolve_target(self, topic: str, queue_id: int) -> tuple[str, int] | None:
         """Kafka topic and partition of queue ``queue_id`` of ``topic`` on this broker, or None
         when this broker does not host ``topic``. A missing ``%RETRY%`` / ``%DLQ%`` topic is
-        created (the schedule service delivers retries to it)."""
+        created (the schedule service delivers retries to it); one whose name this broker
+        refuses is None too. Raises only when the data cluster fails (the caller retries)."""
         assert self.topic_admin is not None
         cfg = self.table.topics.get(topic)
         if cfg is None and topic.startswith((RETRY_GROUP_PREFIX, DLQ_GROUP_PREFIX)):
             try:
                 await self.topic_admin.ensure_group_topic(topic)
+            except AdminRejected as exc:
+                # the name can never be a topic here (e.g. its Kafka name would be too long):
+                # undeliverable, not a reason to retry the record (and all behind it) forever
+                log.error("retry topic refused", topic=show(topic), error=str(exc))
+                return None
             except Exception as exc:
                 log.error("could not create a retry topic", topic=topic, error=repr(exc))
                 raise
