@@ -1,18 +1,22 @@
 """Bad input to admin requests and garbage on the control and admin topics: clear errors or
-counted skips; the nameserver and brokers keep running and lose no valid record."""
+counted rejections; the nameserver and brokers keep running and lose no valid record.
+(Poison that must not even need a restart, on every topic at once: tests/faults/test_poison.py.)"""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
+import uuid
 from collections.abc import AsyncIterator
 
 import msgpack
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from tracemq.admin import AdminClient
 from tracemq.devstack import EmbeddedStack
 from tracemq.errors import AdminError, InvalidNameError, UnknownBrokerError
+from tracemq.naming import kafka_topic
 from tracemq.protocol import control
 from tracemq.protocol.admin import ADMIN_TOPIC
 from tracemq.routing import RegistryReader
@@ -73,14 +77,14 @@ async def test_admin_topic_garbage_is_skipped(
     stack: EmbeddedStack, admin: AdminClient, producer: AIOKafkaProducer, unique: str
 ) -> None:
     metrics_url = stack.processes["broker-a"].health_url.replace("/healthz", "/metrics")  # type: ignore[union-attr]
-    before = value(metrics_url, "tracemq_broker_admin_skipped_total", reason="garbage")
+    before = value(metrics_url, "tracemq_broker_admin_rejected_total", reason="garbage")
     await producer.send_and_wait(ADMIN_TOPIC, os.urandom(64), key=b"broker-a")
     await producer.send_and_wait(ADMIN_TOPIC, b"", key=b"broker-a")
     reply = await admin.create_topic(
         "broker-a", f"AfterGarbage_{unique}", read_queues=1, write_queues=1
     )
     assert reply["created"] is True
-    assert value(metrics_url, "tracemq_broker_admin_skipped_total", reason="garbage") >= before + 2
+    assert value(metrics_url, "tracemq_broker_admin_rejected_total", reason="garbage") >= before + 2
 
 
 def _register(name: str, topic: str, bootstrap: str) -> control.BrokerRegister:
@@ -103,7 +107,7 @@ async def test_control_topic_garbage_is_counted_and_valid_records_survive(
     ns_metrics = stack.processes["nameserver"].health_url.replace("/healthz", "/metrics")  # type: ignore[union-attr]
 
     def skipped(reason: str) -> float:
-        return value(ns_metrics, "tracemq_namesrv_control_skipped_total", reason=reason)
+        return value(ns_metrics, "tracemq_namesrv_control_rejected_total", reason=reason)
 
     before = {r: skipped(r) for r in ("garbage", "version", "type", "schema")}
     key = f"fake-{unique}".encode()  # one key: one partition, so the order below is kept
@@ -128,6 +132,9 @@ async def test_control_topic_garbage_is_counted_and_valid_records_survive(
             }
         ),
         control.encode(_register(f"fake-bad-{unique}", "bad topic name", "x:1")),
+        # finding 1 of issue 20: an unhashable type stopped the nameserver for good
+        msgpack.packb({"v": 1, "type": [1]}),
+        msgpack.packb({"v": 1, "type": {"broker.register": 1}, "ts": now}),
     ]
     await producer.send_and_wait(stack_control_topic(), control.encode(valid_a), key=key)
     for g in garbage:
@@ -143,7 +150,7 @@ async def test_control_topic_garbage_is_counted_and_valid_records_survive(
     assert f"fake-bad-{unique}" not in await registry.brokers()
     assert skipped("garbage") >= before["garbage"] + 2
     assert skipped("version") >= before["version"] + 1
-    assert skipped("type") >= before["type"] + 1
+    assert skipped("type") >= before["type"] + 3
     assert skipped("schema") >= before["schema"] + 4
     assert stack.processes["nameserver"].alive()
     assert stack.processes["nameserver"]._http_ok()
@@ -151,3 +158,40 @@ async def test_control_topic_garbage_is_counted_and_valid_records_survive(
 
 def stack_control_topic() -> str:
     return "tracemq.namesrv"
+
+
+async def test_admin_reply_topic_outside_the_reply_namespace_is_rejected(
+    stack: EmbeddedStack, admin: AdminClient, producer: AIOKafkaProducer, unique: str
+) -> None:
+    """Finding 2 of issue 20: ``reply_topic: "bad name/.."`` stalled the admin loop for 40 s
+    (the broker waited for metadata of a topic that cannot exist) and ``broker-a.<business
+    topic>`` made the broker write its reply into that business queue."""
+    metrics_url = stack.processes["broker-a"].health_url.replace("/healthz", "/metrics")  # type: ignore[union-attr]
+    topic = f"Victim_{unique}"
+    await admin.create_topic("broker-a", topic, read_queues=1, write_queues=1)
+    victim = kafka_topic("broker-a", topic)
+    before = value(metrics_url, "tracemq_broker_admin_rejected_total", reason="reply_topic")
+    for reply_topic in ("bad name/..", victim, f"tracemq.admin.reply.{unique}"):
+        request = {
+            "v": 1,
+            "type": "topic.list",
+            "request_id": uuid.uuid4().hex,
+            "broker": "broker-a",
+            "reply_topic": reply_topic,
+        }
+        await producer.send_and_wait(ADMIN_TOPIC, msgpack.packb(request), key=b"broker-a")
+    # A valid request behind them is answered at once (the old broker was stuck 40 s here).
+    listed = await asyncio.wait_for(admin.list_topics("broker-a"), 10)
+    assert topic in listed["topics"]
+    assert (
+        value(metrics_url, "tracemq_broker_admin_rejected_total", reason="reply_topic")
+        == before + 3
+    )
+    # Requests are handled in order, so anything the hostile ones wrote is there by now.
+    consumer = AIOKafkaConsumer(bootstrap_servers=stack.business_bootstrap, group_id=None)
+    await consumer.start()
+    try:
+        tp = TopicPartition(victim, 0)
+        assert (await consumer.end_offsets([tp]))[tp] == 0, "a reply landed in a business queue"
+    finally:
+        await asyncio.wait_for(consumer.stop(), 10)

@@ -154,8 +154,8 @@ async def test_garbage_in_the_schedule_topic_is_skipped_without_loss(
     topic = f"DelayGarbage_{unique}"
     await admin.create_topic(broker, topic, read_queues=2, write_queues=2)
     metrics_url = stack.processes[broker].health_url.replace("/healthz", "/metrics")  # type: ignore[union-attr]
-    before = value(metrics_url, "tracemq_broker_schedule_skipped_total", reason="garbage")
-    before_gone = value(metrics_url, "tracemq_broker_schedule_skipped_total", reason="no_topic")
+    before = value(metrics_url, "tracemq_broker_schedule_rejected_total", reason="garbage")
+    before_gone = value(metrics_url, "tracemq_broker_schedule_rejected_total", reason="no_topic")
     sched = kafka_topic(broker, SCHEDULE_TOPIC)
     raw = AIOKafkaProducer(bootstrap_servers=stack.business_bootstrap)
     await raw.start()
@@ -183,10 +183,10 @@ async def test_garbage_in_the_schedule_topic_is_skipped_without_loss(
     recs = await eventually(both, timeout=10, what="the two valid records")
     assert sorted((r.value, r.partition) for r in recs) == [(b"good-1", 1), (b"good-2", 1)]
     assert (
-        value(metrics_url, "tracemq_broker_schedule_skipped_total", reason="garbage") >= before + 3
+        value(metrics_url, "tracemq_broker_schedule_rejected_total", reason="garbage") >= before + 3
     )
     assert (
-        value(metrics_url, "tracemq_broker_schedule_skipped_total", reason="no_topic")
+        value(metrics_url, "tracemq_broker_schedule_rejected_total", reason="no_topic")
         >= before_gone + 1
     )
     assert stack.processes[broker]._http_ok()

@@ -305,7 +305,7 @@ async def test_garbage_and_duplicate_end_records(
     url = _metrics(stack, broker)
 
     def skipped(reason: str) -> float:
-        return value(url, "tracemq_broker_transaction_skipped_total", reason=reason)
+        return value(url, "tracemq_broker_transaction_rejected_total", reason=reason)
 
     before = {r: skipped(r) for r in ("garbage", "type", "schema", "mismatch", "duplicate")}
     op = kafka_topic(broker, OP_HALF_TOPIC)
@@ -457,7 +457,7 @@ async def test_broker_restart_with_pending_transactions(
         assert set(got) == expected and set(got.values()) == {1}, got
         url = _metrics(stack, name)
         assert value(url, "tracemq_broker_transaction_recovered_total") == len(expected)
-        assert value(url, "tracemq_broker_transaction_skipped_total", reason="duplicate") >= 6
+        assert value(url, "tracemq_broker_transaction_rejected_total", reason="duplicate") >= 6
         assert stack.processes[name]._http_ok()
     finally:
         stack.processes[name].stop()

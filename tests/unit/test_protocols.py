@@ -75,3 +75,32 @@ def test_admin_round_trip() -> None:
     assert admin.decode_reply(admin.encode(rep)) == rep
     with pytest.raises(ProtocolError):
         admin.decode_request(admin.encode(rep))
+
+
+@pytest.mark.parametrize(
+    "reply_topic", ["bad name/..", "broker-a.TopicTest", "tracemq.admin.reply.x", "", 7, None]
+)
+def test_admin_replies_only_go_to_the_reply_topic(reply_topic: object) -> None:
+    """Issue 20, finding 2: a request chose where the broker wrote its reply."""
+    req = {"v": 1, "type": "topic.list", "request_id": "r", "broker": "b"}
+    assert admin.decode_request(msgpack.packb(req)).reply_topic == admin.ADMIN_REPLY_TOPIC
+    with pytest.raises(ProtocolError, match="reply_topic must be") as info:
+        admin.decode_request(msgpack.packb({**req, "reply_topic": reply_topic}))
+    assert info.value.kind == "reply_topic"
+
+
+@pytest.mark.parametrize("bad_type", [[1], {"a": 1}, 7, None, b"topic.list"])
+def test_a_type_that_is_not_a_known_string_is_kind_type(bad_type: object) -> None:
+    """Issue 20, finding 1: ``{"v": 1, "type": [1]}`` raised TypeError (unhashable)."""
+    data = msgpack.packb({"v": 1, "type": bad_type})
+    for fn in (control.decode, admin.decode_request):
+        with pytest.raises(ProtocolError) as info:
+            fn(data)
+        assert info.value.kind == "type"
+
+
+def test_error_messages_quote_a_bounded_part_of_the_value() -> None:
+    data = msgpack.packb({"v": 1, "type": "x" * 100_000})
+    with pytest.raises(ProtocolError) as info:
+        control.decode(data)
+    assert len(str(info.value)) < 200

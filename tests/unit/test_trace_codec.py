@@ -779,6 +779,34 @@ def test_decode_never_raises(text: str) -> None:
     assert decode(text) == result.contexts
 
 
+@pytest.mark.parametrize("digits", [4300, 4301, 10_000])
+def test_integer_fields_past_pythons_digit_limit_are_malformed_not_an_error(digits: int) -> None:
+    """Issue 20, finding 8: int() refuses more than 4300 digits with a ValueError."""
+    huge = "7" * digits
+    good = f"SubAfter{S}r1{S}{MSG_ID}{S}5{S}true{S}k{E}"
+    text = f"SubAfter{S}r1{S}{MSG_ID}{S}{huge}{S}true{S}k{E}" + good
+    result = decode_report(text)
+    assert [e.index for e in result.errors] == [0]
+    assert "cost_time" in result.errors[0].reason and len(result.errors[0].reason) < 200
+    assert [c.cost_time for c in result.contexts] == [5]  # the neighbour is kept
+
+
+def test_leading_zeros_do_not_count_against_the_range() -> None:
+    # Java's parseInt reads "0000…05" as 5, however many zeros
+    for sign, expected in (("", 5), ("+", 5), ("-", -5)):
+        text = f"SubAfter{S}r1{S}{MSG_ID}{S}{sign}{'0' * 5000}5{S}true{S}k{E}"
+        assert decode(text)[0].cost_time == expected
+
+
+def test_decode_takes_bytes_and_never_raises_on_other_types() -> None:
+    good = f"SubAfter{S}r1{S}{MSG_ID}{S}5{S}true{S}k{E}"
+    assert decode(good.encode()) == decode(good)
+    assert len(decode_report(b"\xff\xfe" + good.encode()).errors) == 1
+    for other in (None, 42, [good]):
+        result = decode_report(other)  # type: ignore[arg-type]
+        assert result.contexts == [] and "not text" in result.errors[0].reason
+
+
 @given(any_context, st.integers(min_value=0), st.text(max_size=5))
 def test_decode_of_spliced_valid_text_never_raises(ctx: TraceContext, cut: int, junk: str) -> None:
     data = encode(ctx).data

@@ -3,6 +3,10 @@ and dead-letter topics (``retry.ensure``), over the admin topic.
 
 The target broker must be registered (checked in the routing database first, so a typo gives
 :class:`~tracemq.errors.UnknownBrokerError` at once instead of a time-out).
+
+Replies come back on the one shared topic ``tracemq.admin.reply`` (brokers write replies
+nowhere else); a client picks its own by ``request_id`` and broker, and skips records it
+cannot decode (counted in ``tracemq_admin_replies_rejected_total{reason}``).
 """
 
 from __future__ import annotations
@@ -13,8 +17,10 @@ import uuid
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from prometheus_client import Counter
 
 from tracemq.errors import AdminError, AdminTimeoutError, UnknownBrokerError
+from tracemq.log import get_logger
 from tracemq.naming import (
     dlq_topic,
     retry_topic,
@@ -25,6 +31,14 @@ from tracemq.naming import (
 from tracemq.protocol import admin as proto
 from tracemq.protocol._envelope import ProtocolError
 from tracemq.routing.registry import RegistryReader, connect
+
+log = get_logger("admin")
+
+REPLIES_REJECTED = Counter(
+    "tracemq_admin_replies_rejected_total",
+    "Records on the admin reply topic an AdminClient could not decode (skipped)",
+    ["reason"],
+)
 
 
 class AdminClient:
@@ -112,10 +126,19 @@ class AdminClient:
             for rec in (r for recs in batch.values() for r in recs):
                 try:
                     reply = proto.decode_reply(rec.value)
-                except ProtocolError:
+                except ProtocolError as exc:
+                    REPLIES_REJECTED.labels(exc.kind).inc()
+                    log.warning(
+                        "admin reply rejected",
+                        reason=exc.kind,
+                        error=str(exc),
+                        topic=rec.topic,
+                        partition=rec.partition,
+                        offset=rec.offset,
+                    )
                     continue
-                if reply.request_id != req.request_id:
-                    continue
+                if reply.request_id != req.request_id or reply.broker != broker:
+                    continue  # another requester's reply (the reply topic is shared)
                 if not reply.ok:
                     raise AdminError(f"broker {broker!r} refused {op}: {reply.error}")
                 return reply.body

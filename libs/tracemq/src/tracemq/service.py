@@ -4,15 +4,24 @@ A service implements :class:`Service`; :func:`run_service` starts the HTTP endpo
 probe sees ``starting``), then the service, then waits for SIGTERM/SIGINT or a fatal error, and
 stops gracefully: the service's ``stop()`` (stop intake, flush, commit) gets
 ``shutdown_timeout_ms``; after that its tasks are cancelled.
+
+A service starts its long-running loops with :func:`spawn` instead of ``asyncio.create_task``.
+Such a task is the service's life: if it ends other than by being cancelled (it raised, or it
+returned), the error is logged with its traceback and :func:`serve` stops the service and
+returns 1, so the process exits non-zero and its supervisor (the dev launcher, compose
+``restart:``) starts a fresh one, instead of the process staying up with a dead loop and a 503
+``/healthz``. Cancelling is how a service stops its own tasks, so it is never fatal.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import signal
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
@@ -36,6 +45,59 @@ class Service(Protocol):
 
 
 RouteAdder = Callable[[web.Application], None]
+
+T = TypeVar("T")
+
+
+class ServiceTaskEnded(RuntimeError):
+    """A task handed to :func:`spawn` returned, though it should run until cancelled."""
+
+
+@dataclass
+class _Runtime:
+    """What :func:`serve` lends the tasks of the service it runs."""
+
+    name: str
+    fatal: asyncio.Future[BaseException]
+    stopping: bool = False
+
+
+_RUNTIME: contextvars.ContextVar[_Runtime | None] = contextvars.ContextVar(
+    "tracemq_service_runtime", default=None
+)
+
+
+def spawn(coro: Coroutine[Any, Any, T], *, name: str) -> asyncio.Task[T]:
+    """Start one of a service's long-running tasks (a consume loop, a heartbeat, an expiry).
+
+    Called from ``start()`` under :func:`serve`, a task that raises or returns stops the
+    service with exit code 1 (see the module docstring). Outside :func:`serve` (a test that
+    drives a service directly) the death is still logged."""
+    task = asyncio.create_task(coro, name=name)
+    runtime = _RUNTIME.get()
+    task.add_done_callback(lambda t: _task_done(t, runtime))
+    return task
+
+
+def _task_done(task: asyncio.Task[Any], runtime: _Runtime | None) -> None:
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if runtime is not None and runtime.stopping:
+        return  # serve is stopping the service anyway
+    log = get_logger(runtime.name if runtime else "service")
+    if exc is None:
+        exc = ServiceTaskEnded(f"task {task.get_name()!r} returned; it should never end")
+        log.error("service task ended", task=task.get_name())
+    else:
+        log.error(
+            "service task died",
+            task=task.get_name(),
+            error=f"{exc.__class__.__name__}: {exc}",
+            exc_info=exc,
+        )
+    if runtime is not None and not runtime.fatal.done():
+        runtime.fatal.set_result(exc)
 
 
 class HttpEndpoint:
@@ -102,6 +164,8 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop_requested.set)
     fatal = fatal or loop.create_future()
+    runtime = _Runtime(service.name, fatal)
+    runtime_token = _RUNTIME.set(runtime)  # what spawn() inside service.start() finds
 
     http = HttpEndpoint(service, settings.http_host, settings.http_port, add_routes)
     await http.start()
@@ -110,6 +174,8 @@ async def serve(
         await service.start()
     except Exception as exc:
         log.error("service failed to start", error=f"{exc.__class__.__name__}: {exc}")
+        runtime.stopping = True
+        _RUNTIME.reset(runtime_token)
         http.state = "failed"
         with contextlib.suppress(Exception):
             await asyncio.wait_for(service.stop(), settings.shutdown_timeout_ms / 1000)
@@ -123,9 +189,13 @@ async def serve(
     stop_wait: asyncio.Future[Any] = asyncio.create_task(stop_requested.wait())
     waiters: set[asyncio.Future[Any]] = {stop_wait, fatal}
     done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    runtime.stopping = True
+    _RUNTIME.reset(runtime_token)
     code = 0
     if fatal in done:
-        err = fatal.exception() if not fatal.cancelled() else None
+        err = None
+        if not fatal.cancelled():
+            err = fatal.exception() or fatal.result()
         log.error("fatal error; stopping", error=repr(err))
         code = 1
     stop_wait.cancel()

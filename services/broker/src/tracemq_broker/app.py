@@ -34,9 +34,10 @@ from tracemq.naming import (
 )
 from tracemq.protocol import admin as admin_proto
 from tracemq.protocol import control
-from tracemq.protocol._envelope import ProtocolError
+from tracemq.protocol._envelope import ProtocolError, show
 from tracemq.protocol.control import PERM_RW, BrokerInfo, TopicConfig
 from tracemq.protocol.transaction import TXCHECK_TOPIC
+from tracemq.service import spawn
 from tracemq.transport import ADMIN_TIMEOUT_MS, ensure_topic
 
 from tracemq_broker import metrics
@@ -47,6 +48,11 @@ from tracemq_broker.topic_table import TopicTable
 from tracemq_broker.transaction import TransactionService
 
 log = get_logger("broker")
+
+#: Admin replies being sent at once; past this a reply is dropped (counted), not waited for.
+ADMIN_REPLIES_MAX = 64
+#: How long one admin reply may take to be acknowledged by the control cluster.
+ADMIN_REPLY_TIMEOUT_S = 10.0
 
 
 def _now_ms() -> int:
@@ -68,6 +74,7 @@ class Broker:
         self.schedule: ScheduleService | None = None
         self.transactions: TransactionService | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._replies: set[asyncio.Task[None]] = set()
         self._register_now = asyncio.Event()
         self.last_registered_ms = 0
         self.last_error: str | None = None
@@ -162,8 +169,8 @@ class Broker:
         await self._position_admin_consumer()
         await self.register()
         self._tasks = [
-            asyncio.create_task(self._heartbeat_loop(), name="broker-heartbeat"),
-            asyncio.create_task(self._admin_loop(), name="broker-admin"),
+            spawn(self._heartbeat_loop(), name="broker-heartbeat"),
+            spawn(self._admin_loop(), name="broker-admin"),
         ]
         metrics.TOPICS.set(len(self.table.topics))
         log.info(
@@ -189,6 +196,11 @@ class Broker:
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        if self._replies:  # let the last replies out (each is bounded), then go on
+            await asyncio.wait(set(self._replies), timeout=ADMIN_REPLY_TIMEOUT_S)
+            for t in list(self._replies):
+                t.cancel()
+            await asyncio.gather(*self._replies, return_exceptions=True)
         for svc in (self.schedule, self.transactions):
             if svc is not None:
                 with contextlib.suppress(Exception):
@@ -236,12 +248,18 @@ class Broker:
     async def resolve_target(self, topic: str, queue_id: int) -> tuple[str, int] | None:
         """Kafka topic and partition of queue ``queue_id`` of ``topic`` on this broker, or None
         when this broker does not host ``topic``. A missing ``%RETRY%`` / ``%DLQ%`` topic is
-        created (the schedule service delivers retries to it)."""
+        created (the schedule service delivers retries to it); one whose name this broker
+        refuses is None too. Raises only when the data cluster fails (the caller retries)."""
         assert self.topic_admin is not None
         cfg = self.table.topics.get(topic)
         if cfg is None and topic.startswith((RETRY_GROUP_PREFIX, DLQ_GROUP_PREFIX)):
             try:
                 await self.topic_admin.ensure_group_topic(topic)
+            except AdminRejected as exc:
+                # the name can never be a topic here (e.g. its Kafka name would be too long):
+                # undeliverable, not a reason to retry the record (and all behind it) forever
+                log.error("retry topic refused", topic=show(topic), error=str(exc))
+                return None
             except Exception as exc:
                 log.error("could not create a retry topic", topic=topic, error=repr(exc))
                 raise
@@ -305,20 +323,37 @@ class Broker:
 
     # -- admin -----------------------------------------------------------------------------
     async def _admin_loop(self) -> None:
+        """Act on the admin requests addressed to this broker, one at a time, in order.
+
+        The loop never waits for a reply to be acknowledged (replies go out from at most
+        :data:`ADMIN_REPLIES_MAX` tasks, each bounded by :data:`ADMIN_REPLY_TIMEOUT_S`), and a
+        record it cannot act on is counted in ``tracemq_broker_admin_rejected_total{reason}``,
+        logged with its coordinates and skipped."""
         assert self.admin_consumer is not None
         async for msg in self.admin_consumer:
+            where = {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset}
             try:
                 req = admin_proto.decode_request(msg.value)
             except ProtocolError as exc:
-                metrics.ADMIN_SKIPPED.labels(exc.kind).inc()
-                log.warning("skipped admin record", reason=exc.kind, error=str(exc))
+                self._reject_admin(exc.kind, str(exc), where)
                 continue
             if req.broker != self.settings.broker_name:
                 continue
-            await self._handle_admin(req)
+            try:
+                reply = await self._handle_admin(req)
+            except Exception as exc:  # a bug must not end admin for everyone behind this one
+                self._reject_admin(
+                    "apply_failed", f"{exc.__class__.__name__}: {exc}", where, exc_info=exc
+                )
+                continue
+            self._send_reply(req, reply)
 
-    async def _handle_admin(self, req: admin_proto.AdminRequest) -> None:
-        assert self.topic_admin is not None and self.producer is not None
+    def _reject_admin(self, reason: str, error: str, where: dict[str, Any], **kw: Any) -> None:
+        metrics.ADMIN_REJECTED.labels(reason).inc()
+        log.warning("admin record rejected", reason=reason, error=error, **where, **kw)
+
+    async def _handle_admin(self, req: admin_proto.AdminRequest) -> admin_proto.AdminReply:
+        assert self.topic_admin is not None
         try:
             body = await self.topic_admin.handle(req)
             reply = admin_proto.AdminReply(
@@ -347,9 +382,38 @@ class Broker:
             )
             metrics.ADMIN_REQUESTS.labels(req.type, "error").inc()
             log.error("admin request failed", op=req.type, error=repr(exc))
-        try:
-            await self.producer.send_and_wait(
-                req.reply_topic, admin_proto.encode(reply), key=req.request_id.encode()
+        return reply
+
+    def _send_reply(self, req: admin_proto.AdminRequest, reply: admin_proto.AdminReply) -> None:
+        """Send ``reply`` from a task of its own; with too many in flight (the control cluster
+        is not answering) it is dropped and counted: the requester times out and may retry."""
+        if len(self._replies) >= ADMIN_REPLIES_MAX:
+            metrics.ADMIN_REPLIES.labels("dropped").inc()
+            log.warning(
+                "admin reply dropped: too many in flight",
+                request_id=req.request_id,
+                in_flight=len(self._replies),
             )
+            return
+        task = asyncio.create_task(
+            self._reply(req.reply_topic, req.request_id, admin_proto.encode(reply)),
+            name=f"admin-reply-{req.request_id[:16]}",
+        )
+        self._replies.add(task)
+        task.add_done_callback(self._replies.discard)
+
+    async def _reply(self, topic: str, request_id: str, value: bytes) -> None:
+        assert self.producer is not None
+        try:
+            await asyncio.wait_for(
+                self.producer.send_and_wait(topic, value, key=request_id.encode()),
+                ADMIN_REPLY_TIMEOUT_S,
+            )
+        except TimeoutError:
+            metrics.ADMIN_REPLIES.labels("timeout").inc()
+            log.warning("admin reply not acknowledged in time", request_id=request_id)
         except Exception as exc:
-            log.warning("admin reply not sent", error=repr(exc), reply_topic=req.reply_topic)
+            metrics.ADMIN_REPLIES.labels("failed").inc()
+            log.warning("admin reply not sent", request_id=request_id, error=repr(exc))
+        else:
+            metrics.ADMIN_REPLIES.labels("sent").inc()

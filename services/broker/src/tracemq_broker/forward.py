@@ -35,9 +35,12 @@ from aiokafka.structs import ConsumerRecord, RecordMetadata
 from tracemq._kafka import TRANSPORT_MAX_BYTES
 from tracemq.log import get_logger
 from tracemq.message import MessageConst
-from tracemq.naming import validate_topic
+from tracemq.naming import MAX_QUEUES, validate_topic
+from tracemq.protocol._envelope import show
 
 log = get_logger("broker.forward")
+
+_QID_DIGITS = len(str(MAX_QUEUES))
 
 #: Backoff between attempts when the data cluster refuses a forward (never given up).
 RETRY_BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)
@@ -65,18 +68,26 @@ def headers_dict(rec: ConsumerRecord[bytes, bytes]) -> dict[str, str]:
 
 
 def parse_target(headers: dict[str, str]) -> tuple[str, int]:
-    """``(REAL_TOPIC, REAL_QID)`` of a record to forward; ValueError naming what is wrong."""
+    """``(REAL_TOPIC, REAL_QID)`` of a record to forward; ValueError naming what is wrong.
+
+    Anyone who can write the system topic controls these headers, so nothing but
+    :class:`ValueError` leaves here whatever they hold (property-tested)."""
     topic = headers.get(MessageConst.REAL_TOPIC)
     if not topic:
         raise ValueError("no REAL_TOPIC property")
     validate_topic(topic)
     raw = headers.get(MessageConst.REAL_QID, "")
-    try:
-        qid = int(raw)
-    except ValueError:
-        raise ValueError(f"REAL_QID {raw!r} is not an integer") from None
-    if qid < 0:
-        raise ValueError(f"REAL_QID {qid} is negative")
+    # plain ASCII digits only: int() would also take spaces, "_" and other scripts' digits,
+    # and refuses (with its own message) strings of more than 4300 digits
+    negative = raw.startswith("-")
+    digits = raw[1:] if negative else raw
+    if not (digits.isascii() and digits.isdigit()):
+        raise ValueError(f"REAL_QID {show(raw)} is not an integer")
+    if negative:
+        raise ValueError(f"REAL_QID {show(raw)} is negative")
+    qid = int(raw) if len(raw) <= _QID_DIGITS else MAX_QUEUES
+    if qid >= MAX_QUEUES:
+        raise ValueError(f"REAL_QID {show(raw)} is not a queue id (0..{MAX_QUEUES - 1})")
     return topic, qid
 
 

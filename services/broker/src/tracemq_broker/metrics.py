@@ -1,14 +1,26 @@
-"""Prometheus metrics of the broker."""
+"""Prometheus metrics of the broker.
+
+Records read from a topic and not acted on are counted as ``tracemq_broker_<input>_rejected_total``
+with a ``reason`` label (as ``tracemq_namesrv_control_rejected_total`` in the nameserver), and
+logged with their topic, partition and offset.
+"""
 
 from prometheus_client import Counter, Gauge, Histogram
 
 ADMIN_REQUESTS = Counter(
     "tracemq_broker_admin_requests_total", "Admin requests handled", ["op", "result"]
 )
-ADMIN_SKIPPED = Counter(
-    "tracemq_broker_admin_skipped_total",
-    "Admin topic records that could not be decoded",
+ADMIN_REJECTED = Counter(
+    "tracemq_broker_admin_rejected_total",
+    "Admin topic records not acted on: garbage, version, type, schema, reply_topic (a reply "
+    "topic other than tracemq.admin.reply), apply_failed",
     ["reason"],
+)
+ADMIN_REPLIES = Counter(
+    "tracemq_broker_admin_replies_total",
+    "Admin replies: sent, failed (the control cluster refused it), timeout (not acknowledged "
+    "within the reply timeout), dropped (too many replies already in flight)",
+    ["result"],
 )
 REGISTRATIONS = Counter(
     "tracemq_broker_registrations_total",
@@ -22,8 +34,8 @@ SCHEDULE_DELIVERED = Counter(
     "Delayed messages and retries forwarded to their real topic",
     ["level"],
 )
-SCHEDULE_SKIPPED = Counter(
-    "tracemq_broker_schedule_skipped_total",
+SCHEDULE_REJECTED = Counter(
+    "tracemq_broker_schedule_rejected_total",
     "Schedule records not delivered: garbage, or a real topic this broker does not host",
     ["reason"],
 )
@@ -50,8 +62,8 @@ TX_RESULTS = Counter(
 TX_CHECKS = Counter(
     "tracemq_broker_transaction_checks_total", "Check-back requests sent to producers"
 )
-TX_SKIPPED = Counter(
-    "tracemq_broker_transaction_skipped_total",
+TX_REJECTED = Counter(
+    "tracemq_broker_transaction_rejected_total",
     "Half or op records ignored: garbage, mismatch, duplicate, unknown_half, no_topic",
     ["reason"],
 )

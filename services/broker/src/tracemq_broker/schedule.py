@@ -26,7 +26,7 @@ a message is delivered once: nothing lost, nothing twice (the one residual case 
 in :mod:`tracemq_broker.forward`). A message already due when the broker comes back is
 delivered at once.
 
-Undeliverable records are counted (``tracemq_broker_schedule_skipped_total``) and logged, never
+Undeliverable records are counted (``tracemq_broker_schedule_rejected_total``) and logged, never
 retried forever: garbage (no or bad ``REAL_TOPIC`` / ``REAL_QID``) and messages whose real topic
 no longer exists on this broker. A missing ``%RETRY%`` or ``%DLQ%`` topic is created instead.
 
@@ -53,6 +53,7 @@ from tracemq.log import get_logger
 from tracemq.message import MessageConst
 from tracemq.naming import SCHEDULE_TOPIC, kafka_topic
 from tracemq.protocol.forwarding import SCHEDULE_OFFSET
+from tracemq.service import spawn
 
 from tracemq_broker import metrics
 from tracemq_broker.forward import (
@@ -172,10 +173,9 @@ class ScheduleService:
         for lv in self.levels:
             await self._recover(lv, begin[self.tp(lv)], end[self.tp(lv)])
             self.consumer.seek(self.tp(lv), lv.next)
-        self.tasks = [asyncio.create_task(self._read(), name="schedule-reader")]
+        self.tasks = [spawn(self._read(), name="schedule-reader")]
         self.tasks += [
-            asyncio.create_task(self._run(lv), name=f"schedule-level-{lv.level}")
-            for lv in self.levels
+            spawn(self._run(lv), name=f"schedule-level-{lv.level}") for lv in self.levels
         ]
         log.info(
             "schedule service started",
@@ -346,17 +346,19 @@ class ScheduleService:
             try:
                 topic, qid = parse_target(headers)
             except ValueError as exc:
-                metrics.SCHEDULE_SKIPPED.labels("garbage").inc()
+                metrics.SCHEDULE_REJECTED.labels("garbage").inc()
                 log.warning(
                     "skipped a schedule record",
                     level=lv.level,
+                    topic=rec.topic,
+                    partition=rec.partition,
                     offset=rec.offset,
                     reason=str(exc),
                 )
                 continue
             target = await self.resolve(topic, qid)
             if target is None:
-                metrics.SCHEDULE_SKIPPED.labels("no_topic").inc()
+                metrics.SCHEDULE_REJECTED.labels("no_topic").inc()
                 log.error(
                     "delayed message for a topic this broker does not host; dropped",
                     level=lv.level,

@@ -19,8 +19,8 @@ msgId to the op topic.
 
 The first COMMIT or ROLLBACK of a half wins. Duplicate end records, end records whose msgId
 does not match the half, end records for unknown halves, and undecodable records on either
-topic are counted (``tracemq_broker_transaction_skipped_total``) and skipped; none stops the
-service or loses a valid record. An end record read before its half (two topics, no order
+topic are counted (``tracemq_broker_transaction_rejected_total{reason}``), logged with their
+topic, partition and offset, and skipped; none stops the service or loses a valid record. An end record read before its half (two topics, no order
 between them) is kept until the half arrives.
 
 State and restarts: ``transaction/state.json`` is a checkpoint — the lowest unresolved half
@@ -52,6 +52,7 @@ from tracemq.naming import HALF_TOPIC, OP_HALF_TOPIC, kafka_topic
 from tracemq.protocol import transaction as txp
 from tracemq.protocol._envelope import ProtocolError
 from tracemq.protocol.forwarding import TRAN_HALF_OFFSET
+from tracemq.service import spawn
 
 from tracemq_broker import metrics
 from tracemq_broker.forward import Forwarder, Outgoing, headers_dict, parse_target
@@ -153,7 +154,7 @@ class TransactionService:
         await self._load(begin, end)
         self.consumer.seek(self.half_tp, self.half_next)
         self.consumer.seek(self.op_tp, self.op_next)
-        self.task = asyncio.create_task(self._run(), name="transaction-service")
+        self.task = spawn(self._run(), name="transaction-service")
         log.info(
             "transaction service started",
             half_from=self.half_next,
@@ -219,9 +220,9 @@ class TransactionService:
             data = await self.consumer.getmany(timeout_ms=int(self.tick_s * 1000), max_records=1000)
             op_floor = self.op_next
             for rec in data.get(self.half_tp, []):
-                self._on_half(rec)
+                self._guarded(self._on_half, rec)
             for rec in data.get(self.op_tp, []):
-                self._on_op(rec)
+                self._guarded(self._on_op, rec)
             try:
                 if self._to_commit:
                     await self._commit(op_floor)
@@ -235,8 +236,27 @@ class TransactionService:
             metrics.TX_HALVES.set(len(self.pending))
 
     def _skip(self, reason: str, **kw: Any) -> None:
-        metrics.TX_SKIPPED.labels(reason).inc()
+        metrics.TX_REJECTED.labels(reason).inc()
         log.warning("skipped a transaction record", reason=reason, **kw)
+
+    def _guarded(
+        self,
+        handle: Callable[[ConsumerRecord[bytes, bytes]], None],
+        rec: ConsumerRecord[bytes, bytes],
+    ) -> None:
+        """One record that breaks its handler in a way no check foresaw is counted and
+        skipped: the loop must go on to the records behind it (a restart would meet it again)."""
+        try:
+            handle(rec)
+        except Exception as exc:
+            self._skip(
+                "apply_failed",
+                topic=rec.topic,
+                partition=rec.partition,
+                offset=rec.offset,
+                error=f"{exc.__class__.__name__}: {exc}",
+                exc_info=exc,
+            )
 
     def _on_half(self, rec: ConsumerRecord[bytes, bytes]) -> None:
         if rec.offset < self.half_next:  # the half topic was recreated under us
@@ -263,7 +283,13 @@ class TransactionService:
                 raise ValueError("no UNIQ_KEY or PGROUP property")
             topic, qid = parse_target(headers)
         except ValueError as exc:
-            self._skip("garbage", topic="half", offset=rec.offset, error=str(exc))
+            self._skip(
+                "garbage",
+                topic=rec.topic,
+                partition=rec.partition,
+                offset=rec.offset,
+                error=str(exc),
+            )
             self.resolved.add(rec.offset)
             self._dirty = True
             return
@@ -281,7 +307,13 @@ class TransactionService:
         try:
             op = txp.decode_end(rec.value)
         except ProtocolError as exc:
-            self._skip(exc.kind, topic="op", offset=rec.offset, error=str(exc))
+            self._skip(
+                exc.kind,
+                topic=rec.topic,
+                partition=rec.partition,
+                offset=rec.offset,
+                error=str(exc),
+            )
             return
         half = self.pending.get(op.half_offset)
         if half is not None:
@@ -384,6 +416,8 @@ class TransactionService:
         try:
             born = int(h.headers.get(MessageConst.BORN_TIMESTAMP, "0"))
         except ValueError:
+            born = 0
+        if not 0 <= born < 2**63:  # a producer's header: msgpack cannot even carry some ints
             born = 0
         req = txp.CheckRequest(
             broker=self.broker_name,

@@ -15,6 +15,7 @@ from redis.exceptions import RedisError
 from tracemq.log import get_logger
 from tracemq.routing import RouteCache, connect
 from tracemq.routing.keys import RedisKeys
+from tracemq.service import spawn
 
 from tracemq_collector import metrics
 from tracemq_collector.api import add_routes
@@ -74,9 +75,9 @@ class Collector:
         await self.ingestor.start()
         await self._register()
         self._tasks = [
-            asyncio.create_task(self._registration_loop(), name="collector-register"),
-            asyncio.create_task(self._retention_loop(), name="collector-retention"),
-            asyncio.create_task(self._compaction_loop(), name="collector-compaction"),
+            spawn(self._registration_loop(), name="collector-register"),
+            spawn(self._retention_loop(), name="collector-retention"),
+            spawn(self._compaction_loop(), name="collector-compaction"),
         ]
         log.info(
             "collector started",

@@ -39,6 +39,7 @@ from aiokafka.structs import ConsumerRecord
 from tracemq.log import get_logger
 from tracemq.naming import kafka_topic
 from tracemq.routing import RouteCache
+from tracemq.service import spawn
 
 from tracemq_collector import metrics
 from tracemq_collector.events import DecodedChunk, decode_chunk
@@ -107,7 +108,7 @@ class _ClusterIngest:
     async def start(self) -> None:
         await self.consumer.start()
         self.consumer.subscribe(sorted(self.topics), listener=_Rebalance(self))
-        self.task = asyncio.create_task(self._loop(), name=f"ingest-{self.bootstrap}")
+        self.task = spawn(self._loop(), name=f"ingest-{self.bootstrap}")
 
     def resubscribe(self, topics: set[str]) -> None:
         if topics != self.topics:
@@ -214,10 +215,10 @@ class Ingestor:
 
     async def start(self) -> None:
         self._queue = asyncio.Queue(maxsize=PIPELINE_DEPTH)
-        self._stage = asyncio.create_task(self._store_stage(), name="ingest-store")
+        self._stage = spawn(self._store_stage(), name="ingest-store")
         self._start_worker()
         await self.sync_clusters()
-        self._watch = asyncio.create_task(self._watch_routes(), name="ingest-routes")
+        self._watch = spawn(self._watch_routes(), name="ingest-routes")
 
     def _start_worker(self) -> None:
         try:

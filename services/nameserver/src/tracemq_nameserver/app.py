@@ -4,6 +4,13 @@ Several nameservers share one Kafka consumer group, so each applies a share of t
 topic's partitions; records are keyed by sender, so one sender's records stay in order. Offsets
 are committed only after a batch is applied to Redis: a crash re-applies, and every write is
 idempotent (stale records — older than what Redis holds — are ignored by the scripts).
+
+A record that cannot be applied — not msgpack, unknown version or type, a bad field, a
+timestamp older than the expiry or further ahead than the allowed clock skew, data Redis
+refuses — is rejected: counted in ``tracemq_namesrv_control_rejected_total{reason}``, logged
+with its topic, partition and offset, and committed past with its batch. Only a Redis outage
+holds the loop (the record is retried until Redis is back); a loop that dies anyway ends the
+process with exit code 1 (:func:`tracemq.service.spawn`).
 """
 
 from __future__ import annotations
@@ -15,11 +22,12 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 from tracemq.log import get_logger
 from tracemq.protocol import control
 from tracemq.protocol._envelope import ProtocolError
 from tracemq.routing.registry import connect
+from tracemq.service import spawn
 from tracemq.transport import admin_client, ensure_topic
 
 from tracemq_nameserver import metrics
@@ -27,6 +35,9 @@ from tracemq_nameserver.registry import RegistryWriter
 from tracemq_nameserver.settings import NamesrvSettings
 
 log = get_logger("nameserver")
+
+#: Times Redis may refuse (answer with an error to) one record's write before it is rejected.
+REDIS_REFUSALS_MAX = 5
 
 
 def _now_ms() -> int:
@@ -68,8 +79,8 @@ class NameServer:
         )
         await self.consumer.start()
         self._tasks = [
-            asyncio.create_task(self._consume(), name="namesrv-consume"),
-            asyncio.create_task(self._expire_loop(), name="namesrv-expire"),
+            spawn(self._consume(), name="namesrv-consume"),
+            spawn(self._expire_loop(), name="namesrv-expire"),
         ]
 
     async def stop(self) -> None:
@@ -108,44 +119,77 @@ class NameServer:
             log.warning("control offset commit failed", error=repr(exc))
 
     async def _apply_with_retry(self, rec: ConsumerRecord[bytes, bytes]) -> None:
-        """Apply one record; Redis outages are retried forever (no valid record is lost)."""
+        """Apply one record. A Redis outage is retried until Redis is back (no valid record is
+        lost); anything else that stops this record from being applied rejects it (counted,
+        logged with its coordinates, committed past with the batch): one record must never
+        stop or stall the loop for the records behind it."""
+        where = {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset}
         backoff = 0.1
+        refusals = 0
         while True:
             try:
-                await self.apply(rec.value)
+                await self.apply(rec.value, where=where)
                 self.last_error = None
                 return
+            except ResponseError as exc:
+                # Redis is up but refuses (a script failing on this record's data, OOM, a
+                # read-only replica): retried a few times, then this record is given up
+                refusals += 1
+                if refusals >= REDIS_REFUSALS_MAX:
+                    self._reject("redis_refused", f"{exc!r}", where)
+                    return
+                metrics.REDIS_ERRORS.inc()
+                self.last_error = f"redis: {exc!r}"
+                log.warning("redis refused a write; retrying", error=repr(exc), **where)
             except (RedisError, OSError) as exc:
                 metrics.REDIS_ERRORS.inc()
                 self.last_error = f"redis: {exc!r}"
-                log.warning(
-                    "redis write failed; retrying",
-                    error=repr(exc),
-                    partition=rec.partition,
-                    offset=rec.offset,
-                )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                log.warning("redis write failed; retrying", error=repr(exc), **where)
+            except Exception as exc:  # a bug or a record no check foresaw: skip it, go on
+                self._reject("apply_failed", f"{exc.__class__.__name__}: {exc}", where, exc=exc)
+                return
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
 
-    async def apply(self, data: bytes | None) -> str:
-        """Decode and apply one control record. Returns what happened (for tests and logs)."""
+    def _reject(
+        self,
+        reason: str,
+        error: str,
+        where: dict[str, Any] | None,
+        *,
+        exc: BaseException | None = None,
+    ) -> str:
+        metrics.CONTROL_REJECTED.labels(reason).inc()
+        kw = {"reason": reason, "error": error, **(where or {})}
+        if exc is not None:
+            log.error("control record rejected", exc_info=exc, **kw)
+        elif reason == "stale":
+            # normal when a nameserver replays the topic after a restart: counted, not noise
+            log.debug("control record rejected", **kw)
+        else:
+            log.warning("control record rejected", **kw)
+        return f"skipped:{reason}"
+
+    async def apply(self, data: bytes | None, *, where: dict[str, Any] | None = None) -> str:
+        """Decode and apply one control record. Returns what happened (for tests and logs).
+
+        ``where`` (topic, partition, offset) goes into the log line of a rejected record."""
         try:
             record = control.decode(data)
         except ProtocolError as exc:
-            metrics.CONTROL_SKIPPED.labels(exc.kind).inc()
-            log.warning("skipped control record", reason=exc.kind, error=str(exc))
-            return f"skipped:{exc.kind}"
-        if record.ts < _now_ms() - self.settings.namesrv_expiry_ms:
-            metrics.CONTROL_SKIPPED.labels("stale").inc()
-            return "skipped:stale"
+            return self._reject(exc.kind, str(exc), where)
+        now = _now_ms()
+        if record.ts < now - self.settings.namesrv_expiry_ms:
+            return self._reject("stale", f"ts {record.ts} is older than the expiry", where)
+        if record.ts > now + self.settings.namesrv_max_clock_skew_ms:
+            # applied, it would shadow the sender's real heartbeats (older) until that time
+            return self._reject("future", f"ts {record.ts} is {record.ts - now} ms ahead", where)
         try:
             outcome = await self._apply_record(record)
         except ValueError as exc:  # e.g. an invalid topic name inside a valid envelope
-            metrics.CONTROL_SKIPPED.labels("schema").inc()
-            log.warning("skipped control record", reason="schema", error=str(exc))
-            return "skipped:schema"
+            return self._reject("schema", str(exc), where)
         if outcome == "stale":
-            metrics.CONTROL_SKIPPED.labels("stale").inc()
+            metrics.CONTROL_REJECTED.labels("stale").inc()
             return "skipped:stale"
         metrics.CONTROL_RECORDS.labels(record.type).inc()
         self.applied += 1

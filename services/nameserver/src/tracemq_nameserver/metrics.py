@@ -5,9 +5,10 @@ from prometheus_client import Counter, Gauge
 CONTROL_RECORDS = Counter(
     "tracemq_namesrv_control_records_total", "Control records applied", ["type"]
 )
-CONTROL_SKIPPED = Counter(
-    "tracemq_namesrv_control_skipped_total",
-    "Control records skipped (garbage, unknown version/type, bad schema, stale)",
+CONTROL_REJECTED = Counter(
+    "tracemq_namesrv_control_rejected_total",
+    "Control records not applied and committed past: garbage, version, type, schema, stale, "
+    "future, redis_refused, apply_failed",
     ["reason"],
 )
 EXPIRED = Counter("tracemq_namesrv_expired_total", "Brokers and clients expired", ["kind"])

@@ -40,6 +40,12 @@ class NamesrvSettings(CommonSettings):
             )
         return v
 
+    namesrv_max_clock_skew_ms: int = Field(
+        300_000,
+        ge=1000,
+        description="A control record stamped further ahead of this nameserver's clock is "
+        "rejected (reason future): applied, it would shadow its sender's real heartbeats.",
+    )
     namesrv_tombstone_ttl_s: int = Field(
         3600, ge=60, description="How long a graceful unregister shadows older heartbeats."
     )

@@ -37,6 +37,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Protocol, runtime_checkable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from prometheus_client import Counter
 
 from tracemq._client import now_ms
 from tracemq.hooks import EndTransactionContext, EndTransactionHook, call_hooks
@@ -51,6 +52,12 @@ from tracemq.protocol.forwarding import ROUTING_PROPERTIES
 from tracemq.trace import TransactionState
 
 log = get_logger("producer.transaction")
+
+CHECK_REJECTED = Counter(
+    "tracemq_producer_check_rejected_total",
+    "Transaction check requests not answered: garbage, version, type, schema, apply_failed",
+    ["group", "reason"],
+)
 
 #: RocketMQ's ``LocalTransactionState`` (COMMIT_MESSAGE, ROLLBACK_MESSAGE, UNKNOW).
 LocalTransactionState = TransactionState
@@ -253,32 +260,59 @@ class TransactionProducer(Producer):
 
     # -- check-back ------------------------------------------------------------------------
     async def _check_loop(self) -> None:
+        """Answer the check requests of this producer's group for as long as it runs.
+
+        A request that cannot be decoded or answered is counted in
+        ``tracemq_producer_check_rejected_total{group, reason}`` and logged with its
+        coordinates; a failing read is logged and retried. The loop ends only by
+        :meth:`shutdown` (a producer that stopped answering would see its halves rolled back
+        after the broker's last check)."""
         assert self._check_consumer is not None
         while True:
-            if not await self._follow_checks():
-                await asyncio.sleep(1.0)  # no broker has created the check topic yet
+            try:
+                if not await self._follow_checks():
+                    await asyncio.sleep(1.0)  # no broker has created the check topic yet
+                    continue
+                batch = await self._check_consumer.getmany(timeout_ms=500)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("reading check requests failed; retrying", error=repr(exc))
+                await asyncio.sleep(1.0)
                 continue
-            batch = await self._check_consumer.getmany(timeout_ms=500)
             for rec in (r for recs in batch.values() for r in recs):
                 if rec.key is not None and rec.key != self.group.encode():
                     continue
+                where = {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset}
                 try:
                     req = txp.decode_check(rec.value)
                 except ProtocolError as exc:
-                    log.warning("skipped a check request", reason=exc.kind, error=str(exc))
+                    self._reject_check(exc.kind, str(exc), where)
                     continue
                 if req.group != self.group:
                     continue
                 await self._check_slots.acquire()
-                task = asyncio.create_task(self._check_back(req))
+                task = asyncio.create_task(self._check_back(req, where))
                 self._check_tasks.add(task)
                 task.add_done_callback(self._check_done)
+
+    def _reject_check(self, reason: str, error: str, where: dict[str, Any]) -> None:
+        CHECK_REJECTED.labels(self.group, reason).inc()
+        log.warning("check request rejected", group=self.group, reason=reason, error=error, **where)
 
     def _check_done(self, task: asyncio.Task[None]) -> None:
         self._check_tasks.discard(task)
         self._check_slots.release()
 
-    async def _check_back(self, req: txp.CheckRequest) -> None:
+    async def _check_back(self, req: txp.CheckRequest, where: dict[str, Any]) -> None:
+        try:
+            await self._answer_check(req)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # e.g. a request naming a topic no message can have
+            self._reject_check("apply_failed", f"{exc.__class__.__name__}: {exc}", where)
+
+    async def _answer_check(self, req: txp.CheckRequest) -> None:
         props = {k: v for k, v in req.properties.items() if k not in ROUTING_PROPERTIES}
         ext = MessageExt(
             topic=req.topic,

@@ -4,6 +4,12 @@ A requester (the CLI) sends an :class:`AdminRequest` keyed by the target broker 
 :class:`AdminReply` with the same ``request_id`` on ``reply_topic``. Every broker reads every
 request and acts only on those addressed to it.
 
+``reply_topic`` is a field for compatibility, but its only valid value is
+:data:`ADMIN_REPLY_TOPIC` (every requester reads that topic and picks its ``request_id``): a
+broker writes replies nowhere else, so a request can neither make it write into a business queue
+nor stall it on a topic name the transport refuses. Anything else is refused at decode
+(``kind="reply_topic"``).
+
 Operations:
 
 - ``topic.create`` / ``topic.update``: body ``topic``, ``read_queues``, ``write_queues``, ``perm``
@@ -17,14 +23,24 @@ Operations:
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from tracemq.protocol._envelope import SCHEMA_VERSION, ProtocolError, pack, unpack_dict, validate
+from tracemq.protocol._envelope import (
+    SCHEMA_VERSION,
+    ProtocolError,
+    pack,
+    record_type,
+    show,
+    unpack_dict,
+    validate,
+)
 
 ADMIN_TOPIC = "tracemq.admin"
-ADMIN_REPLY_TOPIC = "tracemq.admin.reply"
+ADMIN_REPLY_TOPIC: Literal["tracemq.admin.reply"] = "tracemq.admin.reply"
+
+REQUEST_ID_MAX_LENGTH = 128
 
 AdminOp = Literal["topic.create", "topic.update", "topic.delete", "topic.list", "retry.ensure"]
 
@@ -34,9 +50,10 @@ class AdminRequest(BaseModel):
 
     v: Literal[1] = SCHEMA_VERSION
     type: AdminOp
-    request_id: str = Field(min_length=1)
+    #: also the Kafka key of the reply
+    request_id: str = Field(min_length=1, max_length=REQUEST_ID_MAX_LENGTH)
     broker: str = Field(min_length=1)
-    reply_topic: str = ADMIN_REPLY_TOPIC
+    reply_topic: Literal["tracemq.admin.reply"] = ADMIN_REPLY_TOPIC
     ts: int = 0
     #: topic.create/update: topic, read_queues, write_queues, perm; topic.delete: topic;
     #: retry.ensure: group
@@ -55,6 +72,7 @@ class AdminReply(BaseModel):
     body: dict[str, Any] = Field(default_factory=dict)
 
 
+_OPS = frozenset(get_args(AdminOp))
 _REQ = TypeAdapter(AdminRequest)
 _REP = TypeAdapter(AdminReply)
 
@@ -65,8 +83,16 @@ def encode(msg: AdminRequest | AdminReply) -> bytes:
 
 def decode_request(data: bytes | None) -> AdminRequest:
     obj = unpack_dict(data)
-    if obj.get("type") == "admin.reply":
+    op = record_type(obj)
+    if op == "admin.reply":
         raise ProtocolError("a reply on the request topic", "type")
+    if op not in _OPS:
+        raise ProtocolError(f"unknown admin operation {show(obj.get('type'))}", "type")
+    reply_topic = obj.get("reply_topic", ADMIN_REPLY_TOPIC)
+    if reply_topic != ADMIN_REPLY_TOPIC:
+        raise ProtocolError(
+            f"reply_topic must be {ADMIN_REPLY_TOPIC!r}, got {show(reply_topic)}", "reply_topic"
+        )
     return validate(_REQ, obj)  # type: ignore[no-any-return]
 
 

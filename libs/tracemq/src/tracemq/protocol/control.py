@@ -13,7 +13,20 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from tracemq.naming import MAX_QUEUES
-from tracemq.protocol._envelope import SCHEMA_VERSION, ProtocolError, pack, unpack_dict, validate
+from tracemq.protocol._envelope import (
+    SCHEMA_VERSION,
+    ProtocolError,
+    pack,
+    record_type,
+    show,
+    unpack_dict,
+    validate,
+)
+
+#: Largest ``ts`` accepted: a signed 64-bit millisecond count, what Redis scores and the
+#: registry scripts handle exactly. (How far into the future a ``ts`` may be is the
+#: nameserver's rule: ``TRACEMQ_NAMESRV_MAX_CLOCK_SKEW_MS``.)
+TS_MAX = 2**63 - 1
 
 PERM_READ = 4
 PERM_WRITE = 2
@@ -50,7 +63,7 @@ class BrokerInfo(_Strict):
 class BrokerRegister(_Strict):
     v: Literal[1] = SCHEMA_VERSION
     type: Literal["broker.register", "broker.heartbeat"]
-    ts: int = Field(ge=0)
+    ts: int = Field(ge=0, le=TS_MAX)
     broker: BrokerInfo
     topics: dict[str, TopicConfig] = Field(default_factory=dict)
 
@@ -58,7 +71,7 @@ class BrokerRegister(_Strict):
 class BrokerUnregister(_Strict):
     v: Literal[1] = SCHEMA_VERSION
     type: Literal["broker.unregister"] = "broker.unregister"
-    ts: int = Field(ge=0)
+    ts: int = Field(ge=0, le=TS_MAX)
     cluster: str
     broker_name: str = Field(min_length=1)
 
@@ -71,7 +84,7 @@ class Subscription(_Strict):
 class ClientHeartbeat(_Strict):
     v: Literal[1] = SCHEMA_VERSION
     type: Literal["client.heartbeat"] = "client.heartbeat"
-    ts: int = Field(ge=0)
+    ts: int = Field(ge=0, le=TS_MAX)
     client_id: str = Field(min_length=1)
     group: str = Field(min_length=1)
     role: Literal["producer", "consumer"]
@@ -83,7 +96,7 @@ class ClientHeartbeat(_Strict):
 class ClientUnregister(_Strict):
     v: Literal[1] = SCHEMA_VERSION
     type: Literal["client.unregister"] = "client.unregister"
-    ts: int = Field(ge=0)
+    ts: int = Field(ge=0, le=TS_MAX)
     client_id: str = Field(min_length=1)
     group: str = Field(min_length=1)
 
@@ -112,9 +125,9 @@ def decode(
 ) -> BrokerRegister | BrokerUnregister | ClientHeartbeat | ClientUnregister:
     """Decode one control record; raise :class:`ProtocolError` (with ``kind``) on anything bad."""
     obj = unpack_dict(data)
-    if obj.get("type") not in _TYPES:
-        raise ProtocolError(f"unknown control record type {obj.get('type')!r}", "type")
-    return validate(_ADAPTER, obj)
+    if record_type(obj) not in _TYPES:
+        raise ProtocolError(f"unknown control record type {show(obj.get('type'))}", "type")
+    return validate(_ADAPTER, obj)  # type: ignore[no-any-return]
 
 
 __all__ = [

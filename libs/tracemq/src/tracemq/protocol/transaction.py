@@ -21,7 +21,14 @@ from typing import Literal
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from tracemq.protocol._envelope import SCHEMA_VERSION, ProtocolError, unpack_dict, validate
+from tracemq.protocol._envelope import (
+    SCHEMA_VERSION,
+    ProtocolError,
+    record_type,
+    show,
+    unpack_dict,
+    validate,
+)
 
 TXCHECK_TOPIC = "tracemq.txcheck"
 
@@ -79,13 +86,13 @@ def encode(record: EndTransaction | CheckRequest) -> bytes:
 def decode_end(data: bytes | None) -> EndTransaction:
     """Decode an op-topic record; raise :class:`ProtocolError` (with ``kind``) on anything bad."""
     obj = unpack_dict(data)
-    if obj.get("type") != "tx.end":
-        raise ProtocolError(f"not an end-transaction record: type {obj.get('type')!r}", "type")
+    if record_type(obj) != "tx.end":
+        raise ProtocolError(f"not an end-transaction record: type {show(obj.get('type'))}", "type")
     return validate(_END, obj)  # type: ignore[no-any-return]
 
 
 def decode_check(data: bytes | None) -> CheckRequest:
     obj = unpack_dict(data)
-    if obj.get("type") != "tx.check":
-        raise ProtocolError(f"not a check request: type {obj.get('type')!r}", "type")
+    if record_type(obj) != "tx.check":
+        raise ProtocolError(f"not a check request: type {show(obj.get('type'))}", "type")
     return validate(_CHECK, obj)  # type: ignore[no-any-return]
