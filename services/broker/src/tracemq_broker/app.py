@@ -170,6 +170,7 @@ class Broker:
         await self.register()
         self._tasks = [
             spawn(self._heartbeat_loop(), name="broker-heartbeat"),
+            spawn(self._heal_loop(), name="broker-heal-topics"),
             spawn(self._admin_loop(), name="broker-admin"),
         ]
         metrics.TOPICS.set(len(self.table.topics))
@@ -305,6 +306,20 @@ class Broker:
             key=self.settings.broker_name.encode(),
         )
 
+    async def _heal_loop(self) -> None:
+        """Heal the data cluster's topics on the heartbeat's rhythm, but apart from it: a hung
+        data cluster stalls this loop only. The heartbeat goes to the control cluster and must
+        keep the broker's routes alive meanwhile (a trace broker that expired during a 20 s
+        hang of its cluster made every client drop traces for want of a route)."""
+        interval = self.settings.broker_heartbeat_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self._heal_topics()
+            except Exception as exc:  # the data cluster is down or hung: try again next time
+                self.last_error = f"heal topics: {exc!r}"
+                log.warning("topic healing failed", error=repr(exc))
+
     async def _heartbeat_loop(self) -> None:
         interval = self.settings.broker_heartbeat_interval_ms / 1000
         while True:
@@ -312,7 +327,6 @@ class Broker:
                 await asyncio.wait_for(self._register_now.wait(), interval)
             self._register_now.clear()
             try:
-                await self._heal_topics()
                 await self.register()
                 metrics.REGISTRATIONS.labels("ok").inc()
                 self.last_error = None
