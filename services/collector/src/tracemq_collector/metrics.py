@@ -19,3 +19,8 @@ RETENTION_DELETED = Counter(
     "tracemq_collector_retention_deleted_total", "Events deleted by retention"
 )
 LAST_INGEST = Gauge("tracemq_collector_last_ingest_timestamp_seconds", "Last batch stored")
+OFFSET_RESETS = Counter(
+    "tracemq_collector_offset_resets_total",
+    "Trace partition offsets found outside their log and reset (collector_offset_reset)",
+    ["topic", "partition"],
+)
