@@ -193,9 +193,7 @@ class OffsetGuard:
         positions: dict[TopicPartition, int] = {}
         for tp in tps:
             try:
-                positions[tp] = await asyncio.wait_for(
-                    self.consumer.position(tp), CHECK_TIMEOUT_S
-                )
+                positions[tp] = await asyncio.wait_for(self.consumer.position(tp), CHECK_TIMEOUT_S)
             except (KafkaError, TimeoutError, AssertionError) as exc:
                 # not assigned any more, or no position yet: nothing to check now
                 log.debug("no position to check", tp=str(tp), error=repr(exc), **self.context)

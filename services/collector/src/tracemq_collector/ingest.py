@@ -36,8 +36,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import ConsumerRecord
-from tracemq.log import get_logger
 from tracemq.collector_lag import record_reset
+from tracemq.log import get_logger
 from tracemq.naming import kafka_topic
 from tracemq.offset_reset import KAFKA_AUTO_OFFSET_RESET, OffsetGuard, OffsetReset
 from tracemq.routing import RouteCache, connect

@@ -849,9 +849,11 @@ class TraceStore:
     def offset_bases(self) -> dict[tuple[str, int], int]:
         """``(trace_topic, partition) → base`` added to Kafka offsets to get the store's
         offsets (0 unless the partition's log was reset: see ``ingest``)."""
-        rows = self._reader().execute(
-            "SELECT key, value FROM meta WHERE key LIKE 'offset_base:%'"
-        ).fetchall()
+        rows = (
+            self._reader()
+            .execute("SELECT key, value FROM meta WHERE key LIKE 'offset_base:%'")
+            .fetchall()
+        )
         out = {}
         for key, value in rows:
             _, partition, topic = str(key).split(":", 2)
