@@ -188,3 +188,22 @@ def test_trace_lag_shows_an_offset_outside_the_log_not_zero(
     p = PartitionLag("T", "b", 0, end, committed, log_start=start)
     assert (p.state, p.lag) == (state, lag)
     assert p.to_dict()["state"] == state
+
+
+async def test_an_understated_end_offset_is_confirmed_by_a_probe_before_any_reset() -> None:
+    """Tansu reports its last batch's base offset + 1 as the end: a position past that end is
+    probed (a fetch of the record before it) and kept when the record is there."""
+    fake = FakeKafka(start=0, end=21)  # 30 records at 20..49 in one batch
+    fake.positions = {TP: 50, TP1: 50}
+    g, counter, _ = _guard(fake, idle_check_s=0.0, bootstrap="127.0.0.1:1")
+    probed: list[tuple[TopicPartition, int]] = []
+
+    async def probe(tp: TopicPartition, pos: int, end: int) -> bool:
+        probed.append((tp, pos))
+        return tp == TP  # TP's log reaches 49; TP1's really ends before 50
+
+    g._log_reaches = probe  # type: ignore[method-assign]
+    await g.getmany(timeout_ms=0)
+    assert sorted(probed) == [(TP, 50), (TP1, 50)]
+    assert fake.positions == {TP: 50, TP1: 0}
+    assert _count(counter) == 0 and _count(counter, TP1) == 1

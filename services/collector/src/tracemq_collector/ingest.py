@@ -115,6 +115,7 @@ class _ClusterIngest:
             on_fresh=self._from_beginning,
             idle_check_s=s.collector_offset_check_interval_ms / 1000,
             context={"group": s.collector_group, "bootstrap": bootstrap},
+            bootstrap=bootstrap,
         )
 
     async def start(self) -> None:
@@ -180,6 +181,7 @@ class _ClusterIngest:
             await self.ingestor.flush_and_commit(self, list(self.assigned))
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.consumer.stop(), 10)
+        await self.guard.close()
 
     async def _loop(self) -> None:
         ing = self.ingestor

@@ -173,6 +173,8 @@ class LitePullConsumer:
         for c in self._consumers.values():
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(c.stop(), 10)
+        for g in self._guards.values():
+            await g.close()
         self._consumers.clear()
         await self._runtime.stop()
 
@@ -205,6 +207,7 @@ class LitePullConsumer:
                 on_fresh=functools.partial(self._position_fresh, bootstrap),
                 idle_check_s=self.offset_check_interval_s,
                 context={"group": self.group, "bootstrap": bootstrap},
+                bootstrap=bootstrap,
             )
         return c
 

@@ -193,6 +193,7 @@ class _ClusterConsumer:
             on_fresh=self._position_fresh,
             idle_check_s=p.offset_check_interval_s,
             context={"group": p.group, "bootstrap": bootstrap},
+            bootstrap=bootstrap,
         )
 
     async def start(self) -> None:
@@ -218,6 +219,7 @@ class _ClusterConsumer:
             await self.commit()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.consumer.stop(), 10)
+        await self.guard.close()
 
     async def on_assigned(self, assigned: list[TopicPartition]) -> None:
         for tp in assigned:
