@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tracemq.naming import TRACE_TOPIC, kafka_topic
-from tracemq.offset_reset import OffsetReset, classify
+from tracemq.offset_reset import LogProbe, OffsetReset, classify
 from tracemq.routing import RegistryReader, connect
 from tracemq.routing.keys import RedisKeys
 
@@ -108,6 +108,7 @@ class _Offsets:
     def __init__(self, group: str, timeout_s: float) -> None:
         self.group, self.timeout_s = group, timeout_s
         self.by_cluster: dict[str, tuple[Any, list[tuple[str, str, Any]]]] = {}
+        self.probes: dict[str, LogProbe] = {}
         self.redis: Any = None
         self.prefix = "tmq:"
 
@@ -134,19 +135,22 @@ class _Offsets:
         """End and committed offset of every partition, now (``committed()`` asks Kafka)."""
         out: list[PartitionLag] = []
         recorded = await _recorded_resets(self.redis, self.prefix, self.group)
-        for consumer, parts in self.by_cluster.values():
+        for bootstrap, (consumer, parts) in self.by_cluster.items():
             tps = [tp for *_, tp in parts]
             ends = await asyncio.wait_for(consumer.end_offsets(tps), self.timeout_s)
             starts = await asyncio.wait_for(consumer.beginning_offsets(tps), self.timeout_s)
             for topic, broker, tp in parts:
                 committed = await asyncio.wait_for(consumer.committed(tp), self.timeout_s)
+                # Tansu reports its last batch's base offset + 1 as the end: read the batch
+                probe = self.probes.setdefault(bootstrap, LogProbe(bootstrap))
+                end = await probe.end(tp, ends[tp])
                 rec = recorded.get(f"{tp.topic}:{tp.partition}", {})
                 out.append(
                     PartitionLag(
                         topic,
                         broker,
                         tp.partition,
-                        ends[tp],
+                        end,
                         committed or 0,
                         log_start=starts[tp],
                         resets=int(rec.get("count", 0) or 0),
@@ -156,6 +160,8 @@ class _Offsets:
         return out
 
     async def close(self) -> None:
+        for probe in self.probes.values():
+            await probe.close()
         for consumer, _ in self.by_cluster.values():
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(consumer.stop(), self.timeout_s)

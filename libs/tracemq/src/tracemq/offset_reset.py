@@ -114,6 +114,63 @@ def classify(position: int, log_start: int, log_end: int) -> ResetReason | None:
     return None
 
 
+class LogProbe:
+    """Learns whether a partition's log holds an offset by fetching it, with a consumer of its
+    own (no group): the truth where a broker's reported end offset is not (Tansu)."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self._consumer: Any = None
+
+    async def reaches(self, tp: TopicPartition, offset: int) -> bool | None:
+        """True: the log holds ``offset`` or a later record; False: it ends before; None:
+        unsure (the cluster did not answer)."""
+        records = await self._fetch(tp, offset, 1)
+        return None if records is None else bool(records)
+
+    async def end(self, tp: TopicPartition, reported: int) -> int:
+        """The partition's real end offset: a fetch from the last record the broker counts
+        returns its whole batch (``reported`` where the fetch fails)."""
+        if reported <= 0:
+            return reported
+        records = await self._fetch(tp, reported - 1, 1_000_000)
+        return max([reported, *(r.offset + 1 for r in records or ())])
+
+    async def _fetch(self, tp: TopicPartition, offset: int, n: int) -> list[Any] | None:
+        try:
+            if self._consumer is None:
+                from aiokafka import AIOKafkaConsumer
+
+                c = AIOKafkaConsumer(
+                    bootstrap_servers=self.bootstrap,
+                    enable_auto_commit=False,
+                    auto_offset_reset=KAFKA_AUTO_OFFSET_RESET,
+                    fetch_max_wait_ms=100,
+                    request_timeout_ms=int(CHECK_TIMEOUT_S * 1000),
+                )
+                self._consumer = c
+                await asyncio.wait_for(c.start(), CHECK_TIMEOUT_S)
+            self._consumer.assign([tp])
+            self._consumer.seek(tp, offset)
+            data = await asyncio.wait_for(
+                self._consumer.getmany(tp, timeout_ms=PROBE_WAIT_MS, max_records=n),
+                CHECK_TIMEOUT_S,
+            )
+        except OffsetOutOfRangeError:
+            return []
+        except Exception as exc:  # noqa: BLE001 - unsure: the caller decides
+            log.debug("offset probe failed", tp=str(tp), error=repr(exc))
+            await self.close()
+            return None
+        return list(data.get(tp, ()))
+
+    async def close(self) -> None:
+        c, self._consumer = self._consumer, None
+        if c is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(c.stop(), CHECK_TIMEOUT_S)
+
+
 OnReset = Callable[[TopicPartition, OffsetReset], Awaitable[None] | None]
 OnFresh = Callable[[list[TopicPartition]], Awaitable[None]]
 
@@ -157,16 +214,13 @@ class OffsetGuard:
         self._remembered: dict[TopicPartition, int] = {}
         self._active: set[TopicPartition] = set()
         self._last_check = time.monotonic()
-        self.bootstrap = bootstrap
-        self._probe: Any = None
+        self._probe = LogProbe(bootstrap) if bootstrap else None
         # (position, reported end) a probe found inside the log: not probed again
         self._inside: dict[TopicPartition, tuple[int, int]] = {}
 
     async def close(self) -> None:
-        probe, self._probe = self._probe, None
-        if probe is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(probe.stop(), CHECK_TIMEOUT_S)
+        if self._probe is not None:
+            await self._probe.close()
 
     # -- what the owner tells the guard ----------------------------------------------------
     def remember(self, offsets: dict[TopicPartition, int]) -> None:
@@ -364,39 +418,17 @@ class OffsetGuard:
     async def _log_reaches(self, tp: TopicPartition, pos: int, end: int) -> bool:
         """Does the log hold offset ``pos - 1`` (or later)? Without ``bootstrap`` the reported
         end is trusted; an unsure probe (an error) says True: nothing is reset on a guess."""
-        if self.bootstrap is None or pos <= 0:
+        if self._probe is None or pos <= 0:
             return False
         if self._inside.get(tp) == (pos, end):
             return True
-        try:
-            if self._probe is None:
-                from aiokafka import AIOKafkaConsumer
-
-                probe = AIOKafkaConsumer(
-                    bootstrap_servers=self.bootstrap,
-                    enable_auto_commit=False,
-                    auto_offset_reset=KAFKA_AUTO_OFFSET_RESET,
-                    fetch_max_wait_ms=100,
-                    request_timeout_ms=int(CHECK_TIMEOUT_S * 1000),
-                )
-                await asyncio.wait_for(probe.start(), CHECK_TIMEOUT_S)
-                self._probe = probe
-            self._probe.assign([tp])
-            self._probe.seek(tp, pos - 1)
-            data = await asyncio.wait_for(
-                self._probe.getmany(tp, timeout_ms=PROBE_WAIT_MS, max_records=1),
-                CHECK_TIMEOUT_S,
-            )
-        except OffsetOutOfRangeError:
-            return False
-        except Exception as exc:  # noqa: BLE001 - unsure: the next check probes again
-            log.debug("offset probe failed", tp=str(tp), error=repr(exc), **self.context)
-            await self.close()
+        found = await self._probe.reaches(tp, pos - 1)
+        if found is None:
+            log.debug("offset probe unsure", tp=str(tp), **self.context)
             return True
-        if data.get(tp):
+        if found:
             self._inside[tp] = (pos, end)
-            return True
-        return False
+        return found
 
     def _seek(self, tp: TopicPartition, offset: int) -> bool:
         try:
