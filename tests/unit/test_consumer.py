@@ -164,3 +164,22 @@ async def test_fetch_max_wait_reaches_the_kafka_consumer_and_is_validated() -> N
     for cls in (PushConsumer, LitePullConsumer):
         with pytest.raises(ValueError, match="fetch_max_wait_ms"):
             cls("CG_f", fetch_max_wait_ms=-1, **env)
+
+
+async def test_lite_pull_commits_a_revoked_queue_before_it_goes() -> None:
+    from tracemq import LitePullConsumer
+
+    lite = LitePullConsumer(
+        "CG_lite", ack_mode=True, redis_url="redis://127.0.0.1:1", control_bootstrap="127.0.0.1:1"
+    )
+    fake = _FakeKafka()
+    lite._consumers["k"] = fake  # type: ignore[assignment]
+    lite._guards["k"] = OffsetGuard(fake)
+    tp = TopicPartition("b.T", 3)
+    pq = lite._pqs[("k", tp)]
+    for off in (10, 11, 12):
+        pq.add(off)
+    pq.done(10)  # 11 and 12 polled, not acknowledged yet
+    await lite._on_revoked("k", [tp])
+    assert fake.commits == [{tp: 11}]
+    assert ("k", tp) not in lite._pqs

@@ -30,6 +30,7 @@ from tracemq.consumer.listener import ConsumeFromWhere
 from tracemq.consumer.push import OFFSET_RESETS
 from tracemq.errors import ClientStateError, NoRouteError
 from tracemq.hooks import ConsumeMessageContext, ConsumeMessageHook, call_hooks
+from tracemq.log import get_logger
 from tracemq.message import MessageExt, MessageQueue
 from tracemq.message_id import new_request_id
 from tracemq.naming import kafka_topic, validate_group, validate_topic
@@ -43,6 +44,8 @@ from tracemq.offset_reset import (
 from tracemq.protocol.control import Subscription
 from tracemq.routing import QueueRoute
 from tracemq.trace import ConsumeReturnType
+
+log = get_logger("consumer")
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -236,11 +239,7 @@ class LitePullConsumer:
                 await self._consumers[bootstrap].commit(offsets)
                 self._guards[bootstrap].remember(offsets)
             except Exception as exc:  # noqa: BLE001 - fenced: the next owner reads them again
-                from tracemq.log import get_logger
-
-                get_logger("consumer").warning(
-                    "commit at revocation failed", group=self.group, error=repr(exc)
-                )
+                log.warning("commit at revocation failed", group=self.group, error=repr(exc))
         for tp in revoked:
             self._pqs.pop((bootstrap, tp), None)
 
