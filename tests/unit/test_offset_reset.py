@@ -207,3 +207,14 @@ async def test_an_understated_end_offset_is_confirmed_by_a_probe_before_any_rese
     assert sorted(probed) == [(TP, 50), (TP1, 50)]
     assert fake.positions == {TP: 50, TP1: 0}
     assert _count(counter) == 0 and _count(counter, TP1) == 1
+
+
+def test_trace_lag_table_names_the_state_and_the_resets() -> None:
+    from tracemq.cli.trace import _offset_state
+
+    p = PartitionLag("T", "b", 0, 532, 578)
+    assert "past_end" in _offset_state(p) and "reset due" in _offset_state(p)
+    last = {"from": 578, "to": 0, "reason": "past_end", "at_ms": 0}
+    done = PartitionLag("T", "b", 0, 532, 40, resets=1, last_reset=last)
+    assert _offset_state(done).startswith("ok") and "reset 1x" in _offset_state(done)
+    assert "578 → 0" in _offset_state(done)
