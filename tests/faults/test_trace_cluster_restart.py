@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from tracemq import ConsumeConcurrentlyStatus, Message, MessageExt, Producer, PushConsumer
 from tracemq.admin import AdminClient
+from tracemq.collector_lag import collector_lag
 from tracemq.devstack import EmbeddedStack
 from tracemq.devstack.stack import tracemq_command
 from tracemq.naming import TRACE_TOPIC, kafka_topic
@@ -92,7 +93,12 @@ async def test_collector_reads_every_trace_after_the_trace_cluster_restarts(
             return await _stored(base, f"before-{unique}") >= before
 
         await eventually(all_before, timeout=30, interval=0.5, what="traces before the restart")
-        assert (await asyncio.to_thread(_lag_json, s))["partitions"][0]["committed"] >= 60
+
+        async def committed() -> bool:  # after the lake flush: the restart loses none of it
+            (part,) = await collector_lag(s.redis_url)
+            return part.committed >= 60
+
+        await eventually(committed, timeout=30, interval=0.5, what="trace offsets committed")
 
         s.kill_infra("kafka-trace")
         s.restart_infra("kafka-trace")

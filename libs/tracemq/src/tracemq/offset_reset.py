@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from aiokafka import TopicPartition
+from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError, NoOffsetForPartitionError, OffsetOutOfRangeError
 
 from tracemq.log import get_logger
@@ -447,3 +447,17 @@ class OffsetGuard:
                 await self.consumer.seek_to_beginning(*tps)
             else:
                 await self.consumer.seek_to_end(*tps)
+
+
+class GuardedRebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    """For a consumer with no per-partition state of its own: newly assigned partitions are
+    positioned by the guard (subscribe with ``listener=GuardedRebalance(guard)``)."""
+
+    def __init__(self, guard: OffsetGuard) -> None:
+        self.guard = guard
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        pass
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        await self.guard.assigned(assigned)
