@@ -264,9 +264,12 @@ class OffsetGuard:
         """Compare the current positions of ``tps`` (default: all assigned) with their logs."""
         tps = list(self.consumer.assignment() if tps is None else tps)
         positions: dict[TopicPartition, int] = {}
+        # one deadline for all: a position not known yet (the cluster is down) waits
+        deadline = time.monotonic() + CHECK_TIMEOUT_S
         for tp in tps:
             try:
-                positions[tp] = await asyncio.wait_for(self.consumer.position(tp), CHECK_TIMEOUT_S)
+                left = max(0.0, deadline - time.monotonic())
+                positions[tp] = await asyncio.wait_for(self.consumer.position(tp), left)
             except (KafkaError, TimeoutError, AssertionError) as exc:
                 # not assigned any more, or no position yet: nothing to check now
                 log.debug("no position to check", tp=str(tp), error=repr(exc), **self.context)
