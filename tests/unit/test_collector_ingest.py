@@ -57,3 +57,44 @@ def test_buffered_chunks_become_segments_of_bounded_size() -> None:
         (20, 21, {("d", 0): ["e"]}),  # one chunk larger than the limit still goes whole
     ]
     assert _segments(entries, 10_000) == [(0, 21, {("d", 0): ["a", "c", "e"], ("d", 1): ["b"]})]
+
+
+async def test_a_reset_log_continues_the_store_offsets_instead_of_reusing_them() -> None:
+    """The restarted (in-memory) trace cluster begins again at 0; the store dedupes by offset,
+    so Kafka offsets of the new log map above everything stored: base = old position - 0."""
+    from typing import Any
+
+    from tracemq.offset_reset import OffsetReset, ResetReason
+    from tracemq_collector.ingest import _ClusterIngest
+
+    calls: list[Any] = []
+
+    class Store:
+        def set_offset_base(self, topic: str, partition: int, base: int) -> None:
+            calls.append(("base", topic, partition, base))
+
+    class Ing:
+        store = Store()
+
+        async def drain(self) -> None:
+            calls.append("drain")
+
+        async def run(self, fn: Any, *args: Any) -> Any:
+            return fn(*args)
+
+        async def record_reset(self, reset: OffsetReset) -> None:
+            calls.append(("recorded", reset.position))
+
+    c = _ClusterIngest.__new__(_ClusterIngest)
+    c.ingestor, c.bases = Ing(), {("t", 1): 100}  # type: ignore[assignment]
+    tp = TopicPartition("t", 1)
+    await c._on_reset(tp, OffsetReset("t", 1, 578, 0, 0, 532, ResetReason.PAST_END, 0))
+    assert calls == ["drain", ("base", "t", 1, 678), ("recorded", 578)]
+    out = c._store_offsets(
+        {tp: [Rec(0, b"a"), Rec(5, b"b")], TopicPartition("t", 0): [Rec(3, b"c")]}
+    )  # type: ignore[dict-item]
+    assert [r.offset for r in out[tp]] == [678, 683]
+    assert [r.offset for r in out[TopicPartition("t", 0)]] == [3]
+    # a reset forward (retention) leaves the base: store offsets jump, never go back
+    await c._on_reset(tp, OffsetReset("t", 1, 5, 40, 40, 90, ResetReason.BEFORE_START, 0))
+    assert c.bases[("t", 1)] == 678

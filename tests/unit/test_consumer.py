@@ -12,14 +12,28 @@ import pytest
 from aiokafka import TopicPartition
 from tracemq.consumer._process_queue import ProcessQueue
 from tracemq.consumer.push import PushConsumer, _ClusterConsumer
+from tracemq.offset_reset import OffsetGuard, OffsetReset, ResetReason
 
 
 class _FakeKafka:
+    """Commits as aiokafka does: refused once the subscription changed (the new one has no
+    assignment yet), which is what lost the commit when a broker's route expired."""
+
     def __init__(self) -> None:
         self.commits: list[dict[TopicPartition, int]] = []
+        self.subscribed: list[list[str]] = []
+        self.assigned = True
 
     async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        if not self.assigned:
+            from aiokafka.errors import IllegalStateError
+
+            raise IllegalStateError("No partitions assigned")
         self.commits.append(dict(offsets))
+
+    def subscribe(self, topics: list[str], listener: object = None) -> None:
+        self.subscribed.append(topics)
+        self.assigned = False
 
 
 def _cluster(drain_ms: int = 5_000) -> tuple[_ClusterConsumer, _FakeKafka]:
@@ -32,6 +46,7 @@ def _cluster(drain_ms: int = 5_000) -> tuple[_ClusterConsumer, _FakeKafka]:
     cc = _ClusterConsumer.__new__(_ClusterConsumer)  # no Kafka client: only the bookkeeping
     fake = _FakeKafka()
     cc.parent, cc.consumer, cc.pqs, cc.paused = parent, fake, {}, set()
+    cc.guard = OffsetGuard(fake)
     return cc, fake
 
 
@@ -87,6 +102,41 @@ async def test_revocation_gives_up_waiting_at_the_deadline() -> None:
     assert timeouts() == before + 1  # counted (and logged)
 
 
+async def test_a_subscription_change_commits_before_the_assignment_is_dropped() -> None:
+    """A broker's route expired (or came back): the subscription changes. aiokafka drops the
+    assignment at once, so the queues are handed over (drained, committed) before that."""
+    cc, fake = _cluster()
+    cc.topics = {"a.T", "b.T"}
+    tp = TopicPartition("b.T", 0)
+    pq = cc.pqs[tp] = ProcessQueue()
+    for off in (4, 5, 6):
+        pq.add(off)
+    pq.done(4)
+    pq.done(5)
+    await cc.resubscribe({"b.T"})
+    assert fake.commits == [{tp: 6}] and fake.subscribed == [["b.T"]]
+    assert pq.dropped and tp not in cc.pqs  # offset 6: its next owner's, not run here again
+    await cc.on_revoked([tp])  # the rebalance's own call later: nothing left to commit
+    assert fake.commits == [{tp: 6}]
+
+
+async def test_a_reset_queue_commits_in_its_new_log() -> None:
+    cc, fake = _cluster()
+    tp = TopicPartition("b.T", 0)
+    old = cc.pqs[tp] = ProcessQueue()
+    old.add(577)
+    old.done(577)
+    await cc.commit()
+    assert fake.commits == [{tp: 578}]
+    cc._on_reset(tp, OffsetReset("b.T", 0, 578, 0, 0, 20, ResetReason.PAST_END, 0))
+    new = cc.pqs[tp]
+    assert new is not old and not old.dropped  # old-log calls still finish on the old queue
+    new.add(0)
+    new.done(0)
+    await cc.commit()
+    assert fake.commits[-1] == {tp: 1}  # not held back by the old log's 578
+
+
 def test_revoke_drain_timeout_is_validated() -> None:
     with pytest.raises(ValueError, match="revoke_drain_timeout_ms"):
         PushConsumer(
@@ -114,3 +164,22 @@ async def test_fetch_max_wait_reaches_the_kafka_consumer_and_is_validated() -> N
     for cls in (PushConsumer, LitePullConsumer):
         with pytest.raises(ValueError, match="fetch_max_wait_ms"):
             cls("CG_f", fetch_max_wait_ms=-1, **env)
+
+
+async def test_lite_pull_commits_a_revoked_queue_before_it_goes() -> None:
+    from tracemq import LitePullConsumer
+
+    lite = LitePullConsumer(
+        "CG_lite", ack_mode=True, redis_url="redis://127.0.0.1:1", control_bootstrap="127.0.0.1:1"
+    )
+    fake = _FakeKafka()
+    lite._consumers["k"] = fake  # type: ignore[assignment]
+    lite._guards["k"] = OffsetGuard(fake)
+    tp = TopicPartition("b.T", 3)
+    pq = lite._pqs[("k", tp)]
+    for off in (10, 11, 12):
+        pq.add(off)
+    pq.done(10)  # 11 and 12 polled, not acknowledged yet
+    await lite._on_revoked("k", [tp])
+    assert fake.commits == [{tp: 11}]
+    assert ("k", tp) not in lite._pqs

@@ -9,17 +9,26 @@ end-to-end reconciliation tests) instead of sleeping.
 
 The partitions come from the routes in Redis (every broker hosting a trace topic, on its own
 data cluster); offsets are read with a plain Kafka consumer that never joins the group.
+
+A committed offset outside the partition's log (past its end: the trace cluster lost its data,
+as the in-memory embedded one does on a restart; before its start: retention) is not "lag 0":
+the partition's ``state`` says so and its lag counts the whole log, until the collector has
+reset it (:mod:`tracemq.offset_reset`). The resets the collectors made are recorded in Redis
+(:func:`record_reset`, key ``offset-resets:<group>``) and shown per partition.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from tracemq.naming import TRACE_TOPIC, kafka_topic
+from tracemq.offset_reset import LogProbe, OffsetReset, classify
 from tracemq.routing import RegistryReader, connect
+from tracemq.routing.keys import RedisKeys
 
 #: the collectors' Kafka consumer group (``TRACEMQ_COLLECTOR_GROUP``'s default)
 DEFAULT_GROUP = "tracemq-collector"
@@ -32,10 +41,64 @@ class PartitionLag:
     queue_id: int
     end: int
     committed: int
+    log_start: int = 0
+    #: resets of this partition's offset the collectors made (recorded in Redis)
+    resets: int = 0
+    last_reset: dict[str, Any] | None = None
+
+    @property
+    def state(self) -> str:
+        """``ok``; ``past_end`` / ``before_start``: the committed offset is outside the log
+        (a reset is due: the collector has skipped nothing yet only if it resets)."""
+        if self.committed == 0:
+            return "ok"  # nothing committed: the collector starts at the log's beginning
+        reason = classify(self.committed, self.log_start, self.end)
+        return "ok" if reason is None else reason.value
 
     @property
     def lag(self) -> int:
-        return max(0, self.end - self.committed)
+        if self.state != "ok":  # all of the log is still to be read
+            return max(0, self.end - self.log_start)
+        return max(0, self.end - max(self.committed, self.log_start))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "trace_topic": self.trace_topic,
+            "broker": self.broker,
+            "queue_id": self.queue_id,
+            "log_start": self.log_start,
+            "end": self.end,
+            "committed": self.committed,
+            "lag": self.lag,
+            "state": self.state,
+            "resets": self.resets,
+            "last_reset": self.last_reset,
+        }
+
+
+async def record_reset(redis: Any, prefix: str, group: str, reset: OffsetReset) -> None:
+    """Count ``reset`` for ``group`` in Redis, where :func:`collector_lag` reads it."""
+    key = RedisKeys(prefix).offset_resets(group)
+    field = f"{reset.topic}:{reset.partition}"
+    raw = await redis.hget(key, field)
+    count = 0
+    if raw:
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            count = int(json.loads(raw).get("count", 0))
+    await redis.hset(key, field, json.dumps({"count": count + 1, "last": reset.to_dict()}))
+
+
+async def _recorded_resets(redis: Any, prefix: str, group: str) -> dict[str, dict[str, Any]]:
+    out = {}
+    for field, raw in (await redis.hgetall(RedisKeys(prefix).offset_resets(group))).items():
+        name = field.decode() if isinstance(field, bytes) else str(field)
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            continue  # not ours: ignored rather than failing the whole report
+        if isinstance(value, dict):
+            out[name] = value
+    return out
 
 
 class _Offsets:
@@ -45,16 +108,16 @@ class _Offsets:
     def __init__(self, group: str, timeout_s: float) -> None:
         self.group, self.timeout_s = group, timeout_s
         self.by_cluster: dict[str, tuple[Any, list[tuple[str, str, Any]]]] = {}
+        self.probes: dict[str, LogProbe] = {}
+        self.redis: Any = None
+        self.prefix = "tmq:"
 
     async def open(self, redis_url: str, trace_topics: tuple[str, ...], prefix: str) -> None:
         from aiokafka import AIOKafkaConsumer, TopicPartition
 
-        redis = connect(redis_url)
-        try:
-            reader = RegistryReader(redis, prefix)
-            routes = [await reader.topic_route(t) for t in trace_topics]
-        finally:
-            await redis.aclose()
+        self.redis, self.prefix = connect(redis_url), prefix
+        reader = RegistryReader(self.redis, prefix)
+        routes = [await reader.topic_route(t) for t in trace_topics]
         items: dict[str, list[tuple[str, str, Any]]] = {}
         for route in routes:
             for q in route.queues:
@@ -71,19 +134,40 @@ class _Offsets:
     async def read(self) -> list[PartitionLag]:
         """End and committed offset of every partition, now (``committed()`` asks Kafka)."""
         out: list[PartitionLag] = []
-        for consumer, parts in self.by_cluster.values():
-            ends = await asyncio.wait_for(
-                consumer.end_offsets([tp for *_, tp in parts]), self.timeout_s
-            )
+        recorded = await _recorded_resets(self.redis, self.prefix, self.group)
+        for bootstrap, (consumer, parts) in self.by_cluster.items():
+            tps = [tp for *_, tp in parts]
+            ends = await asyncio.wait_for(consumer.end_offsets(tps), self.timeout_s)
+            starts = await asyncio.wait_for(consumer.beginning_offsets(tps), self.timeout_s)
             for topic, broker, tp in parts:
                 committed = await asyncio.wait_for(consumer.committed(tp), self.timeout_s)
-                out.append(PartitionLag(topic, broker, tp.partition, ends[tp], committed or 0))
+                # Tansu reports its last batch's base offset + 1 as the end: read the batch
+                probe = self.probes.setdefault(bootstrap, LogProbe(bootstrap))
+                end = await probe.end(tp, ends[tp])
+                rec = recorded.get(f"{tp.topic}:{tp.partition}", {})
+                out.append(
+                    PartitionLag(
+                        topic,
+                        broker,
+                        tp.partition,
+                        end,
+                        committed or 0,
+                        log_start=starts[tp],
+                        resets=int(rec.get("count", 0) or 0),
+                        last_reset=rec.get("last"),
+                    )
+                )
         return out
 
     async def close(self) -> None:
+        for probe in self.probes.values():
+            await probe.close()
         for consumer, _ in self.by_cluster.values():
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(consumer.stop(), self.timeout_s)
+        if self.redis is not None:
+            with contextlib.suppress(Exception):
+                await self.redis.aclose()
 
 
 async def collector_lag(
@@ -124,14 +208,20 @@ async def wait_caught_up(
         targets = {(p.trace_topic, p.broker, p.queue_id): p.end for p in lags}
         while True:
             behind = [
-                p for p in lags if p.committed < targets[(p.trace_topic, p.broker, p.queue_id)]
+                p
+                for p in lags
+                if p.state != "ok" or p.committed < targets[(p.trace_topic, p.broker, p.queue_id)]
             ]
             if not behind:
                 return lags
             if loop.time() >= deadline:
                 detail = ", ".join(
                     f"{p.trace_topic}@{p.broker}[{p.queue_id}] committed {p.committed} "
-                    f"< {targets[(p.trace_topic, p.broker, p.queue_id)]}"
+                    + (
+                        f"outside the log [{p.log_start}, {p.end}] ({p.state})"
+                        if p.state != "ok"
+                        else f"< {targets[(p.trace_topic, p.broker, p.queue_id)]}"
+                    )
                     for p in behind
                 )
                 raise TimeoutError(f"trace collectors still behind after {timeout_s:g}s: {detail}")

@@ -108,6 +108,8 @@ class Collector:
             "last_batch_ms": self.ingestor.last_batch_ms,
             "clusters": sorted(self.ingestor.clusters),
             "api": self.settings.api_url,
+            # a reset recovered from a lost log (ok stays true), but the operator must see it
+            "offset_resets": self.ingestor.offset_resets(),
         }
 
     async def _register(self) -> None:

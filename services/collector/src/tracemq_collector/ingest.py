@@ -30,15 +30,17 @@ import multiprocessing
 import time
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import ConsumerRecord
+from tracemq.collector_lag import record_reset
 from tracemq.log import get_logger
 from tracemq.naming import kafka_topic
-from tracemq.routing import RouteCache
+from tracemq.offset_reset import KAFKA_AUTO_OFFSET_RESET, OffsetGuard, OffsetReset
+from tracemq.routing import RouteCache, connect
 from tracemq.service import spawn
 
 from tracemq_collector import metrics
@@ -92,7 +94,7 @@ class _ClusterIngest:
             bootstrap_servers=bootstrap,
             group_id=s.collector_group,
             enable_auto_commit=False,
-            auto_offset_reset="earliest",
+            auto_offset_reset=KAFKA_AUTO_OFFSET_RESET,  # the guard resets, counted
             max_poll_records=s.collector_batch_max_records,
             session_timeout_ms=s.collector_session_timeout_ms,
             heartbeat_interval_ms=max(300, s.collector_session_timeout_ms // 5),
@@ -104,6 +106,18 @@ class _ClusterIngest:
         )
         self.task: asyncio.Task[None] | None = None
         self.assigned: set[TopicPartition] = set()
+        #: (trace topic, partition) → base: store offset = Kafka offset + base (see _on_reset)
+        self.bases: dict[tuple[str, int], int] = {}
+        self.guard = OffsetGuard(
+            self.consumer,
+            policy=s.collector_offset_reset,
+            counter=metrics.OFFSET_RESETS,
+            on_reset=self._on_reset,
+            on_fresh=self._from_beginning,
+            idle_check_s=s.collector_offset_check_interval_ms / 1000,
+            context={"group": s.collector_group, "bootstrap": bootstrap},
+            bootstrap=bootstrap,
+        )
 
     async def start(self) -> None:
         await self.consumer.start()
@@ -116,12 +130,48 @@ class _ClusterIngest:
             self.consumer.subscribe(sorted(topics), listener=_Rebalance(self))
 
     async def on_assigned(self, assigned: list[TopicPartition]) -> None:
-        progress = await self.ingestor.run(self.ingestor.store.progress)
+        store = self.ingestor.store
+        progress = await self.ingestor.run(store.progress)
+        self.bases.update(await self.ingestor.run(store.offset_bases))
+        starts = {}
         for tp in assigned:
-            nxt = progress.get((tp.topic, tp.partition))
-            if nxt is not None:
-                self.consumer.seek(tp, nxt)  # the store is the truth of what we hold
+            key = (tp.topic, tp.partition)
+            nxt = progress.get(key)
+            if nxt is not None:  # the store is the truth of what we hold
+                starts[tp] = nxt - self.bases.get(key, 0)
         self.assigned.update(assigned)
+        await self.guard.assigned(assigned, starts)
+
+    async def _from_beginning(self, tps: list[TopicPartition]) -> None:
+        await self.consumer.seek_to_beginning(*tps)
+
+    async def _on_reset(self, tp: TopicPartition, reset: OffsetReset) -> None:
+        """The partition's log no longer holds our position (a restarted in-memory cluster
+        begins again at 0, a recreated topic, retention). The store dedupes and orders by
+        offset, so a log that starts again must not reuse offsets it already holds: the
+        partition's *base* grows so that store offsets continue where they were (Kafka
+        offset + base), recorded durably before anything of the new log is read."""
+        ing = self.ingestor
+        await ing.drain()  # what was read before the reset is stored under the old base
+        key = (tp.topic, tp.partition)
+        base = self.bases.get(key, 0)
+        new_base = base + max(0, reset.position - reset.target)
+        if new_base != base:
+            await ing.run(ing.store.set_offset_base, tp.topic, tp.partition, new_base)
+            self.bases[key] = new_base
+        await ing.record_reset(reset)
+
+    def _store_offsets(
+        self, data: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
+    ) -> dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]:
+        """Kafka offsets → the store's (only partitions whose log was reset have a base)."""
+        if not any(self.bases.values()):
+            return data
+        out = {}
+        for tp, records in data.items():
+            base = self.bases.get((tp.topic, tp.partition), 0)
+            out[tp] = [replace(r, offset=r.offset + base) for r in records] if base else records
+        return out
 
     async def stop(self) -> None:
         if self.task:
@@ -132,16 +182,17 @@ class _ClusterIngest:
             await self.ingestor.flush_and_commit(self, list(self.assigned))
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.consumer.stop(), 10)
+        await self.guard.close()
 
     async def _loop(self) -> None:
         ing = self.ingestor
         while True:
-            data = await self.consumer.getmany(
+            data = await self.guard.getmany(
                 timeout_ms=200,
                 max_records=min(ing.settings.collector_batch_max_records, MAX_FETCH_RECORDS),
             )
             if data:
-                await ing.ingest(data)
+                await ing.ingest(self._store_offsets(data))
             # Caught up (nothing fetched): the lake gets what is waiting without delay.
             await ing.maybe_flush(self, idle=not data)
 
@@ -205,6 +256,7 @@ class Ingestor:
         self._unbuffered: dict[tuple[str, int], float] = {}
         self._flushing: asyncio.Task[None] | None = None
         self._inflight = 0  # chunks handed to the pipeline and not stored yet
+        self._redis: Any = None  # opened on the first offset reset (recorded for `trace lag`)
 
     async def run(self, fn: Any, *args: Any) -> Any:
         """Run store work on the single writer thread (never on the event loop)."""
@@ -251,6 +303,31 @@ class Ingestor:
         self._stop_worker(wait=True)
         self._decode_thread.shutdown(wait=True)
         self._lake_thread.shutdown(wait=True)
+        if self._redis is not None:
+            with contextlib.suppress(Exception):
+                await self._redis.aclose()
+            self._redis = None
+
+    async def record_reset(self, reset: OffsetReset) -> None:
+        """Leave the reset where ``tracemq trace lag`` reads it (Redis), best effort: the
+        metric, the log and /healthz have it anyway."""
+        s = self.settings
+        try:
+            if self._redis is None:
+                self._redis = connect(s.redis_url)
+            await asyncio.wait_for(
+                record_reset(self._redis, s.redis_prefix, s.collector_group, reset), 5.0
+            )
+        except Exception as exc:  # noqa: BLE001 - Redis down: counted and logged elsewhere
+            log.warning("offset reset not recorded in Redis", error=repr(exc))
+
+    def offset_resets(self) -> dict[str, Any]:
+        """Every reset of the trace partitions' offsets since start (for /healthz)."""
+        parts = [p for c in self.clusters.values() for p in c.guard.stats()["partitions"]]
+        return {
+            "total": sum(c.guard.total for c in self.clusters.values()),
+            "partitions": parts,
+        }
 
     def healthy(self) -> bool:
         stage_ok = self._stage is None or not self._stage.done()
@@ -476,7 +553,8 @@ class Ingestor:
         offsets = {}
         for tp in tps:
             key = (tp.topic, tp.partition)
-            both = min(store.get(key, 0), lake.get(key, 0))
+            # back to Kafka's offsets; below the base: nothing of the current log is done yet
+            both = min(store.get(key, 0), lake.get(key, 0)) - cluster.bases.get(key, 0)
             if both > 0:
                 offsets[tp] = both
         if offsets:

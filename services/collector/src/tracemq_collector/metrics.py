@@ -30,3 +30,8 @@ REPEATED_MESSAGES = Counter(
     "Trace messages dropped as repeats of one already stored (a retried trace send)",
     ["reason"],
 )
+OFFSET_RESETS = Counter(
+    "tracemq_collector_offset_resets_total",
+    "Trace partition offsets found outside their log and reset (collector_offset_reset)",
+    ["topic", "partition"],
+)

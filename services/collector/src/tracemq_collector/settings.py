@@ -8,6 +8,7 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 from tracemq.naming import TRACE_TOPIC, validate_topic
+from tracemq.offset_reset import OffsetResetPolicy
 from tracemq.settings import CommonSettings
 
 
@@ -42,6 +43,15 @@ class CollectorSettings(CommonSettings):
     collector_fanout_timeout_ms: int = Field(2000, ge=100, description="Peer query time-out.")
     collector_session_timeout_ms: int = Field(
         10_000, ge=1000, description="Kafka group session timeout."
+    )
+    collector_offset_reset: OffsetResetPolicy = Field(
+        OffsetResetPolicy.EARLIEST,
+        description="Where a trace partition resumes when its offset is outside its log "
+        "(the cluster lost its data, the topic was recreated, retention passed): earliest "
+        "(default: nothing still in the log is skipped) or latest. Counted, never silent.",
+    )
+    collector_offset_check_interval_ms: int = Field(
+        5000, ge=100, description="An idle trace partition's offset is checked against its log."
     )
 
     @field_validator("collector_trace_topics", mode="before")

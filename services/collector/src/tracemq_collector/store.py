@@ -955,6 +955,31 @@ class TraceStore:
         """``(trace_topic, partition) → next offset`` the Parquet lake has still to write."""
         return self._offsets("lake_progress")
 
+    def offset_bases(self) -> dict[tuple[str, int], int]:
+        """``(trace_topic, partition) → base`` added to Kafka offsets to get the store's
+        offsets (0 unless the partition's log was reset: see ``ingest``)."""
+        rows = (
+            self._reader()
+            .execute("SELECT key, value FROM meta WHERE key LIKE 'offset_base:%'")
+            .fetchall()
+        )
+        out = {}
+        for key, value in rows:
+            _, partition, topic = str(key).split(":", 2)
+            out[(topic, int(partition))] = int(value)
+        return out
+
+    def set_offset_base(self, trace_topic: str, partition: int, base: int) -> None:
+        """Durably (with everything stored before it) record a partition's offset base."""
+        self._write(
+            lambda c: c.execute(
+                "INSERT INTO meta (key, value) VALUES (?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (f"offset_base:{partition}:{trace_topic}", int(base)),
+            ),
+            full_sync=True,
+        )
+
     def set_lake_progress(self, trace_topic: str, partition: int, next_offset: int) -> None:
         """Move the lake progress of a partition forward (never backwards)."""
         self._write(

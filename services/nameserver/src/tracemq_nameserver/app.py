@@ -24,6 +24,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
 from redis.exceptions import RedisError, ResponseError
 from tracemq.log import get_logger
+from tracemq.offset_reset import KAFKA_AUTO_OFFSET_RESET, GuardedRebalance, OffsetGuard
 from tracemq.protocol import control
 from tracemq.protocol._envelope import ProtocolError
 from tracemq.routing.registry import connect
@@ -68,16 +69,26 @@ class NameServer:
             )
         await self.redis.ping()
         self.consumer = AIOKafkaConsumer(
-            self.settings.control_topic,
             bootstrap_servers=self.settings.control_bootstrap,
             group_id=self.settings.namesrv_group,
             enable_auto_commit=False,
-            auto_offset_reset="earliest",
+            # a control topic that lost its log (a restarted in-memory cluster) is read again
+            # from its beginning, counted, instead of waiting past its end (tracemq.offset_reset)
+            auto_offset_reset=KAFKA_AUTO_OFFSET_RESET,
             session_timeout_ms=self.settings.namesrv_session_timeout_ms,
             heartbeat_interval_ms=max(300, self.settings.namesrv_session_timeout_ms // 5),
             max_poll_records=500,
         )
+        self.guard = OffsetGuard(
+            self.consumer,
+            counter=metrics.OFFSET_RESETS,
+            bootstrap=self.settings.control_bootstrap,
+            context={"group": self.settings.namesrv_group},
+        )
         await self.consumer.start()
+        self.consumer.subscribe(
+            [self.settings.control_topic], listener=GuardedRebalance(self.guard)
+        )
         self._tasks = [
             spawn(self._consume(), name="namesrv-consume"),
             spawn(self._expire_loop(), name="namesrv-expire"),
@@ -93,6 +104,7 @@ class NameServer:
         if self.consumer is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.consumer.stop(), 10)
+            await self.guard.close()
         await self.redis.aclose()
 
     def health(self) -> dict[str, Any]:
@@ -103,7 +115,7 @@ class NameServer:
     async def _consume(self) -> None:
         assert self.consumer is not None
         while True:
-            batches = await self.consumer.getmany(timeout_ms=1000, max_records=500)
+            batches = await self.guard.getmany(timeout_ms=1000, max_records=500)
             if not batches:
                 continue
             for records in batches.values():

@@ -15,3 +15,8 @@ EXPIRED = Counter("tracemq_namesrv_expired_total", "Brokers and clients expired"
 ROUTE_CHANGES = Counter("tracemq_namesrv_route_changes_total", "Route change notifications sent")
 REDIS_ERRORS = Counter("tracemq_namesrv_redis_errors_total", "Redis operations that failed")
 LIVE_BROKERS = Gauge("tracemq_namesrv_live_brokers", "Brokers currently registered")
+OFFSET_RESETS = Counter(
+    "tracemq_namesrv_offset_resets_total",
+    "Control topic offsets found outside their log and reset to its beginning",
+    ["topic", "partition"],
+)

@@ -200,26 +200,38 @@ def lag(
             json.dumps(
                 {
                     "lag": total,
-                    "partitions": [
-                        {
-                            "trace_topic": p.trace_topic,
-                            "broker": p.broker,
-                            "queue_id": p.queue_id,
-                            "end": p.end,
-                            "committed": p.committed,
-                            "lag": p.lag,
-                        }
-                        for p in parts
-                    ],
+                    "resets": sum(p.resets for p in parts),
+                    "partitions": [p.to_dict() for p in parts],
                 }
             )
         )
     else:
         table = Table(title=f"trace collector lag (group {group})")
-        for col in ("trace topic", "broker", "queue", "end", "committed", "lag"):
+        for col in ("trace topic", "broker", "queue", "end", "committed", "lag", "offset"):
             table.add_column(col)
         for p in parts:
             table.add_row(
-                p.trace_topic, p.broker, str(p.queue_id), str(p.end), str(p.committed), str(p.lag)
+                p.trace_topic,
+                p.broker,
+                str(p.queue_id),
+                str(p.end),
+                str(p.committed),
+                str(p.lag),
+                _offset_state(p),
             )
         console().print(table)
+
+
+def _offset_state(p: Any) -> str:
+    """``ok``, a committed offset outside the log (reset due), and the resets made so far."""
+    if p.state != "ok":
+        text = f"[red]{p.state}: committed outside [{p.log_start}, {p.end}], reset due[/]"
+    else:
+        text = "ok"
+    if p.resets:
+        last = p.last_reset or {}
+        text += (
+            f"; [yellow]reset {p.resets}x[/] (last {last.get('from')} → {last.get('to')}, "
+            f"{last.get('reason')}, {_ts(last.get('at_ms'))})"
+        )
+    return text

@@ -5,16 +5,21 @@ Traced at least as RocketMQ does (SubBefore + SubAfter at poll time, cost 0) —
 :meth:`nack`, with the real processing time and result. In ack mode only acknowledged offsets are
 committed (the lowest unacknowledged offset of a queue bounds its commit), and a nacked message is
 returned again by a later poll with its reconsume count increased.
+
+Offsets outside a queue's log are reset to ``offset_reset`` and counted, as in
+:class:`~tracemq.consumer.PushConsumer` (:mod:`tracemq.offset_reset`), and a queue taken away by
+a rebalance is committed before it goes, while the commit is still accepted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections import defaultdict
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
 from tracemq._client import ClientRuntime, ClientSettings, now_ms
 from tracemq.consumer import _tags
@@ -22,14 +27,36 @@ from tracemq.consumer._fetch import FETCH_MAX_WAIT_MS
 from tracemq.consumer._process_queue import ProcessQueue
 from tracemq.consumer._records import to_message_ext
 from tracemq.consumer.listener import ConsumeFromWhere
+from tracemq.consumer.push import OFFSET_RESETS
 from tracemq.errors import ClientStateError, NoRouteError
 from tracemq.hooks import ConsumeMessageContext, ConsumeMessageHook, call_hooks
+from tracemq.log import get_logger
 from tracemq.message import MessageExt, MessageQueue
 from tracemq.message_id import new_request_id
 from tracemq.naming import kafka_topic, validate_group, validate_topic
+from tracemq.offset_reset import (
+    IDLE_CHECK_S,
+    KAFKA_AUTO_OFFSET_RESET,
+    OffsetGuard,
+    OffsetReset,
+    OffsetResetPolicy,
+)
 from tracemq.protocol.control import Subscription
 from tracemq.routing import QueueRoute
 from tracemq.trace import ConsumeReturnType
+
+log = get_logger("consumer")
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, owner: LitePullConsumer, bootstrap: str) -> None:
+        self.owner, self.bootstrap = owner, bootstrap
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        await self.owner._on_revoked(self.bootstrap, revoked)
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        await self.owner._guards[self.bootstrap].assigned(assigned)
 
 
 class LitePullConsumer:
@@ -47,6 +74,8 @@ class LitePullConsumer:
         pull_batch_size: int = 32,
         ack_mode: bool = False,
         fetch_max_wait_ms: int = FETCH_MAX_WAIT_MS,
+        offset_reset: OffsetResetPolicy | str = OffsetResetPolicy.EARLIEST,
+        offset_check_interval_ms: int = int(IDLE_CHECK_S * 1000),
         settings: ClientSettings | None = None,
         redis_url: str | None = None,
         control_bootstrap: str | None = None,
@@ -61,6 +90,13 @@ class LitePullConsumer:
         if fetch_max_wait_ms < 0:
             raise ValueError(f"fetch_max_wait_ms must be >= 0, got {fetch_max_wait_ms}")
         self.fetch_max_wait_ms = fetch_max_wait_ms
+        #: where a queue whose offset is outside its log resumes (tracemq.offset_reset)
+        self.offset_reset = OffsetResetPolicy(offset_reset)
+        if offset_check_interval_ms < 1:
+            raise ValueError(
+                f"offset_check_interval_ms must be >= 1, got {offset_check_interval_ms}"
+            )
+        self.offset_check_interval_s = offset_check_interval_ms / 1000
         self.settings = settings or ClientSettings.from_overrides(redis_url, control_bootstrap)
         self._subs: dict[str, frozenset[str] | None] = {}
         self._expressions: dict[str, str] = {}
@@ -78,6 +114,7 @@ class LitePullConsumer:
         )
         self._hooks: list[ConsumeMessageHook] = []
         self._consumers: dict[str, AIOKafkaConsumer] = {}
+        self._guards: dict[str, OffsetGuard] = {}
         self._routes: dict[str, QueueRoute] = {}
         self._positions: dict[tuple[str, TopicPartition], int] = {}
         self._pqs: dict[tuple[str, TopicPartition], ProcessQueue] = defaultdict(ProcessQueue)
@@ -139,6 +176,8 @@ class LitePullConsumer:
         for c in self._consumers.values():
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(c.stop(), 10)
+        for g in self._guards.values():
+            await g.close()
         self._consumers.clear()
         await self._runtime.stop()
 
@@ -152,17 +191,65 @@ class LitePullConsumer:
     def _consumer(self, bootstrap: str) -> AIOKafkaConsumer:
         c = self._consumers.get(bootstrap)
         if c is None:
-            reset = "earliest" if self.consume_from == ConsumeFromWhere.FIRST_OFFSET else "latest"
             c = AIOKafkaConsumer(
                 bootstrap_servers=bootstrap,
                 group_id=self.group,
                 enable_auto_commit=False,
-                auto_offset_reset=reset,
+                # the guard positions fresh queues (consume_from) and resets, counted
+                auto_offset_reset=KAFKA_AUTO_OFFSET_RESET,
                 max_poll_records=self.pull_batch_size,
                 fetch_max_wait_ms=self.fetch_max_wait_ms,
             )
             self._consumers[bootstrap] = c
+            self._guards[bootstrap] = OffsetGuard(
+                c,
+                policy=self.offset_reset,
+                counter=OFFSET_RESETS,
+                labels=(self.group,),
+                on_reset=functools.partial(self._on_reset, bootstrap),
+                on_fresh=functools.partial(self._position_fresh, bootstrap),
+                idle_check_s=self.offset_check_interval_s,
+                context={"group": self.group, "bootstrap": bootstrap},
+                bootstrap=bootstrap,
+            )
         return c
+
+    async def _position_fresh(self, bootstrap: str, tps: list[TopicPartition]) -> None:
+        c = self._consumers[bootstrap]
+        if self.consume_from == ConsumeFromWhere.FIRST_OFFSET:
+            await c.seek_to_beginning(*tps)
+        else:
+            await c.seek_to_end(*tps)
+
+    def _on_reset(self, bootstrap: str, tp: TopicPartition, reset: OffsetReset) -> None:
+        # the old bookkeeping's commit marks are past the new log: start it again
+        self._pqs[(bootstrap, tp)] = ProcessQueue()
+        self._positions[(bootstrap, tp)] = reset.target
+
+    async def _on_revoked(self, bootstrap: str, revoked: list[TopicPartition]) -> None:
+        """Commit the revoked queues while this member still holds them (after the
+        rebalance the commit is refused and their next owner would read them again)."""
+        offsets = {}
+        for tp in revoked:
+            pq = self._pqs.get((bootstrap, tp))
+            if pq is not None and (off := pq.commit_offset()) is not None:
+                offsets[tp] = off
+        if offsets:
+            try:
+                await self._consumers[bootstrap].commit(offsets)
+                self._guards[bootstrap].remember(offsets)
+            except Exception as exc:  # noqa: BLE001 - fenced: the next owner reads them again
+                log.warning("commit at revocation failed", group=self.group, error=repr(exc))
+        for tp in revoked:
+            self._pqs.pop((bootstrap, tp), None)
+
+    def offset_resets(self) -> dict[str, Any]:
+        """The queue offsets reset since start (found outside their log), per queue."""
+        guards = list(self._guards.values())
+        return {
+            "total": sum(g.total for g in guards),
+            "partitions": [r for g in guards for r in g.stats()["partitions"]],
+        }
 
     async def _subscribe_all(self) -> None:
         wanted: dict[str, list[str]] = defaultdict(list)
@@ -177,7 +264,7 @@ class LitePullConsumer:
         for bootstrap, topics in wanted.items():
             c = self._consumer(bootstrap)
             await c.start()
-            c.subscribe(sorted(topics))
+            c.subscribe(sorted(topics), listener=_Rebalance(self, bootstrap))
 
     async def assign(self, queues: list[MessageQueue]) -> None:
         """Consume exactly these queues (no group rebalancing)."""
@@ -202,6 +289,7 @@ class LitePullConsumer:
             if fresh:
                 await c.start()
             c.assign(tps)
+            await self._guards[bootstrap].assigned(tps)
 
     async def seek(self, queue: MessageQueue, offset: int) -> None:
         kt = kafka_topic(queue.broker, queue.topic)
@@ -223,8 +311,10 @@ class LitePullConsumer:
         else:
             results = await asyncio.gather(
                 *[
-                    c.getmany(timeout_ms=int(timeout * 1000), max_records=self.pull_batch_size)
-                    for c in self._consumers.values()
+                    self._guards[b].getmany(
+                        timeout_ms=int(timeout * 1000), max_records=self.pull_batch_size
+                    )
+                    for b in self._consumers
                 ]
             )
             for (bootstrap, _c), data in zip(self._consumers.items(), results, strict=True):
@@ -313,6 +403,7 @@ class LitePullConsumer:
             await self._consumers[bootstrap].commit(offsets)
             for tp, off in offsets.items():
                 self._pqs[(bootstrap, tp)].committed(off)
+            self._guards[bootstrap].remember(offsets)
 
     async def committed(self, queue: MessageQueue) -> int | None:
         kt = kafka_topic(queue.broker, queue.topic)

@@ -25,6 +25,14 @@ that topic. If a send-back (or the dead-letter write) fails, the message is cons
 locally after ``in_process_retry_delay_ms`` with its reconsume count + 1 (as RocketMQ), and a
 new failure tries the broker again: a message is never dropped.
 
+Offsets outside a queue's log (the data cluster lost its data, the topic was recreated,
+retention passed a stopped consumer) are found at assignment, on an out-of-range fetch and when a
+queue stays idle, and resume at ``offset_reset`` (earliest by default), counted in
+``tracemq_consumer_offset_resets_total`` (:mod:`tracemq.offset_reset`). A subscription change
+(a broker's route expired or came back) hands the queues over *before* the new subscription
+replaces the old one: aiokafka drops the assignment at once, and a commit after that fails, so
+the next owner would consume the finished messages again.
+
 Orderly listeners suspend the queue and retry locally, up to ``max_reconsume_times``, then
 dead-letter the message. BROADCASTING mode does not retry (as RocketMQ): a failed message is
 logged, counted in ``tracemq_consumer_given_up_total`` and dropped after its trace.
@@ -76,6 +84,13 @@ from tracemq.naming import (
     validate_group,
     validate_topic,
 )
+from tracemq.offset_reset import (
+    IDLE_CHECK_S,
+    KAFKA_AUTO_OFFSET_RESET,
+    OffsetGuard,
+    OffsetReset,
+    OffsetResetPolicy,
+)
 from tracemq.protocol.control import Subscription
 from tracemq.protocol.forwarding import ROUTING_PROPERTIES
 from tracemq.routing import QueueRoute
@@ -109,6 +124,11 @@ HANDED_OVER = Counter(
     "Fetched messages not consumed here because their queue was revoked (the next owner "
     "consumes them)",
     ["group"],
+)
+OFFSET_RESETS = Counter(
+    "tracemq_consumer_offset_resets_total",
+    "Queue offsets found outside their log and reset to the offset_reset policy",
+    ["group", "topic", "partition"],
 )
 DEAD_LETTERED = Counter(
     "tracemq_consumer_dead_lettered_total",
@@ -149,12 +169,12 @@ class _ClusterConsumer:
             if p.message_model == MessageModel.CLUSTERING
             else f"{p.group}.broadcast.{p._runtime.client_host}.{p.settings.instance_name}"
         )
-        reset = "earliest" if p.consume_from == ConsumeFromWhere.FIRST_OFFSET else "latest"
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap,
             group_id=group_id,
             enable_auto_commit=False,
-            auto_offset_reset=reset,
+            # the guard positions fresh queues (consume_from) and resets, counted
+            auto_offset_reset=KAFKA_AUTO_OFFSET_RESET,
             max_poll_records=p.pull_batch_size,
             session_timeout_ms=p.session_timeout_ms,
             heartbeat_interval_ms=max(300, p.session_timeout_ms // 5),
@@ -164,15 +184,30 @@ class _ClusterConsumer:
         self.task: asyncio.Task[None] | None = None
         #: set once the group gave this member its queues (the first rebalance is over)
         self.joined = asyncio.Event()
+        self.guard = OffsetGuard(
+            self.consumer,
+            policy=p.offset_reset,
+            counter=OFFSET_RESETS,
+            labels=(p.group,),
+            on_reset=self._on_reset,
+            on_fresh=self._position_fresh,
+            idle_check_s=p.offset_check_interval_s,
+            context={"group": p.group, "bootstrap": bootstrap},
+            bootstrap=bootstrap,
+        )
 
     async def start(self) -> None:
         await self.consumer.start()
         self.consumer.subscribe(sorted(self.topics), listener=_Rebalance(self))
         self.task = asyncio.create_task(self._loop(), name=f"consume-{self.parent.group}")
 
-    def resubscribe(self, topics: set[str]) -> None:
+    async def resubscribe(self, topics: set[str]) -> None:
         if topics != self.topics:
             self.topics = topics
+            # aiokafka forgets the assignment the moment the subscription changes (a commit
+            # then fails: "No partitions assigned") and only later calls on_partitions_revoked:
+            # hand every queue over now, while the commit is still accepted.
+            await self.on_revoked(list(self.pqs))
             self.consumer.subscribe(sorted(topics), listener=_Rebalance(self))
 
     async def stop(self) -> None:
@@ -184,33 +219,49 @@ class _ClusterConsumer:
             await self.commit()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.consumer.stop(), 10)
+        await self.guard.close()
 
     async def on_assigned(self, assigned: list[TopicPartition]) -> None:
         for tp in assigned:
             self.pqs[tp] = ProcessQueue()
-        retry = [tp for tp in assigned if tp.topic in self.parent._retry_ktopics]
-        for tp in retry:  # a new group reads its retry queues from the start (RocketMQ)
-            if await self.consumer.committed(tp) is None:
-                await self.consumer.seek_to_beginning(tp)
-        if self.parent.consume_from == ConsumeFromWhere.TIMESTAMP:
-            await self._seek_to_timestamp(assigned, retry)
-        self.joined.set()
+        try:
+            await self.guard.assigned(assigned)
+        finally:
+            self.joined.set()
 
-    async def _seek_to_timestamp(
-        self, assigned: list[TopicPartition], retry: list[TopicPartition]
-    ) -> None:
-        fresh = [
-            tp for tp in assigned if tp not in retry and await self.consumer.committed(tp) is None
-        ]
-        if fresh:
-            ts = self.parent.consume_timestamp_ms or now_ms() - 30 * 60 * 1000
-            found = await self.consumer.offsets_for_times({tp: ts for tp in fresh})
-            for tp in fresh:
+    async def _position_fresh(self, tps: list[TopicPartition]) -> None:
+        """Queues the group never committed: where consume_from says."""
+        p = self.parent
+        retry = [tp for tp in tps if tp.topic in p._retry_ktopics]
+        rest = [tp for tp in tps if tp not in retry]
+        if retry:  # a new group reads its retry queues from the start (RocketMQ)
+            await self.consumer.seek_to_beginning(*retry)
+        if not rest:
+            return
+        if p.consume_from == ConsumeFromWhere.FIRST_OFFSET:
+            await self.consumer.seek_to_beginning(*rest)
+        elif p.consume_from == ConsumeFromWhere.TIMESTAMP:
+            ts = p.consume_timestamp_ms or now_ms() - 30 * 60 * 1000
+            found = await self.consumer.offsets_for_times(dict.fromkeys(rest, ts))
+            for tp in rest:
                 hit = found.get(tp)
                 if hit is not None:
                     self.consumer.seek(tp, hit.offset)
                 else:
                     await self.consumer.seek_to_end(tp)
+        else:
+            await self.consumer.seek_to_end(*rest)
+
+    def _on_reset(self, tp: TopicPartition, reset: OffsetReset) -> None:
+        """The queue's log restarts at ``reset.target``: its bookkeeping starts again (the
+        old one's commit marks are past the new log). Listener calls on messages of the old
+        log finish on the old ProcessQueue; they are not handed over: nobody else has them."""
+        if tp in self.pqs:
+            self.pqs[tp] = ProcessQueue()
+        if tp in self.paused:
+            self.paused.discard(tp)
+            with contextlib.suppress(Exception):
+                self.consumer.resume(tp)
 
     async def on_revoked(self, revoked: list[TopicPartition]) -> None:
         """Hand the revoked queues over cleanly: start nothing more on them, let the listener
@@ -247,21 +298,24 @@ class _ClusterConsumer:
 
     async def commit(self) -> None:
         offsets = {}
+        marks = []  # the queues as they are now: a reset may replace one during the commit
         for tp, pq in self.pqs.items():
             off = pq.commit_offset()
             if off is not None:
                 offsets[tp] = off
+                marks.append((pq, off))
         if offsets:
             await self.consumer.commit(offsets)
-            for tp, off in offsets.items():
-                self.pqs[tp].committed(off)
+            for pq, off in marks:
+                pq.committed(off)
+            self.guard.remember(offsets)
 
     async def _loop(self) -> None:
         p = self.parent
         loop = asyncio.get_running_loop()
         last_commit = loop.time()
         while True:
-            data = await self.consumer.getmany(timeout_ms=200, max_records=p.pull_batch_size)
+            data = await self.guard.getmany(timeout_ms=200, max_records=p.pull_batch_size)
             for tp, records in data.items():
                 pq = self.pqs.get(tp)
                 if pq is None:
@@ -326,6 +380,8 @@ class PushConsumer:
         session_timeout_ms: int = 10_000,
         revoke_drain_timeout_ms: int = 10_000,
         fetch_max_wait_ms: int = FETCH_MAX_WAIT_MS,
+        offset_reset: OffsetResetPolicy | str = OffsetResetPolicy.EARLIEST,
+        offset_check_interval_ms: int = int(IDLE_CHECK_S * 1000),
         settings: ClientSettings | None = None,
         redis_url: str | None = None,
         control_bootstrap: str | None = None,
@@ -345,6 +401,13 @@ class PushConsumer:
         #: listener sees it, where the Kafka-compatible broker does not answer a waiting fetch
         #: as soon as data arrives (Tansu does not)
         self.fetch_max_wait_ms = fetch_max_wait_ms
+        #: where a queue whose offset is outside its log resumes (tracemq.offset_reset)
+        self.offset_reset = OffsetResetPolicy(offset_reset)
+        if offset_check_interval_ms < 1:
+            raise ValueError(
+                f"offset_check_interval_ms must be >= 1, got {offset_check_interval_ms}"
+            )
+        self.offset_check_interval_s = offset_check_interval_ms / 1000
         self.consume_concurrency = consume_concurrency
         self.consume_message_batch_max_size = consume_message_batch_max_size
         self.max_reconsume_times = max_reconsume_times
@@ -377,6 +440,7 @@ class PushConsumer:
         self._orderly = False
         self._hooks: list[ConsumeMessageHook] = []
         self._clusters: dict[str, _ClusterConsumer] = {}
+        self._guards: list[OffsetGuard] = []  # kept after shutdown: offset_resets() reports
         self._routes: dict[str, QueueRoute] = {}  # kafka topic -> broker route
         self._work: asyncio.Queue[tuple[Any, ...]] | None = None
         self._workers: list[asyncio.Task[None]] = []
@@ -435,6 +499,14 @@ class PushConsumer:
     @property
     def client_id(self) -> str:
         return self._runtime.client_id
+
+    def offset_resets(self) -> dict[str, Any]:
+        """The queue offsets reset since start (found outside their log), per queue."""
+        guards = self._guards
+        return {
+            "total": sum(g.total for g in guards),
+            "partitions": [r for g in guards for r in g.stats()["partitions"]],
+        }
 
     @property
     def trace_dispatcher(self) -> Any:
@@ -557,9 +629,10 @@ class PushConsumer:
             if cc is None:
                 cc = _ClusterConsumer(self, bootstrap, topics)
                 self._clusters[bootstrap] = cc
+                self._guards.append(cc.guard)
                 await cc.start()
             else:
-                cc.resubscribe(topics)
+                await cc.resubscribe(topics)
 
     async def _ensure_retry(self, brokers: set[str]) -> None:
         """Ask ``brokers`` to create this group's retry and dead-letter topics (``retry.ensure``).

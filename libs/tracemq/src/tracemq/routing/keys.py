@@ -1,6 +1,7 @@
 """The Redis key schema of the routing database — the one place it is written down.
 
-Only the nameserver writes these keys; clients, brokers' CLIs and the collector read them.
+Only the nameserver writes these keys (the collectors write ``collectors`` and
+``offset-resets``); clients, brokers' CLIs and the collector read them.
 ``P`` is the configured prefix (``TRACEMQ_REDIS_PREFIX``, default ``tmq:``). Times are epoch ms.
 
 =================================  ======  ==========================================================
@@ -24,6 +25,8 @@ key                                type    content
 ``P collectors``                   zset    collector id → last heartbeat (collector issue)
 ``P collector-signatures``         hash    collector URL → ``<ms>:<HMAC-SHA256 hex>`` proof of its
                                            registration (``tracemq_collector.queries``)
+``P offset-resets:<group>``        hash    ``<kafka topic>:<partition>`` → JSON {count, last reset}:
+                                           the collectors' offset resets (``trace lag`` shows them)
 ``P route-changes``                pubsub  JSON {"topics": [...], "brokers": [...]} on any change
 =================================  ======  ==========================================================
 """
@@ -39,6 +42,9 @@ class RedisKeys:
     """Builds the keys above for one prefix."""
 
     prefix: str = "tmq:"
+
+    def offset_resets(self, group: str) -> str:
+        return f"{self.prefix}offset-resets:{group}"
 
     @property
     def brokers(self) -> str:

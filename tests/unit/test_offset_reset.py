@@ -1,0 +1,220 @@
+"""OffsetGuard: positions outside a partition's log are reset, counted, committed back; positions
+inside it are left alone. The Kafka consumer is a fake that behaves as measured on Tansu (a
+fetch past the log end returns nothing and no error) or as Kafka (OffsetOutOfRangeError)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from aiokafka import TopicPartition
+from aiokafka.errors import NoOffsetForPartitionError, OffsetOutOfRangeError
+from prometheus_client import CollectorRegistry, Counter
+from tracemq.collector_lag import PartitionLag
+from tracemq.offset_reset import OffsetGuard, ResetReason, classify
+
+TP = TopicPartition("b.T", 0)
+TP1 = TopicPartition("b.T", 1)
+
+
+class FakeKafka:
+    def __init__(self, start: int = 0, end: int = 10) -> None:
+        self.start = {TP: start, TP1: start}
+        self.end = {TP: end, TP1: end}
+        self.group: dict[TopicPartition, int] = {}
+        self.positions: dict[TopicPartition, int] = {}
+        self.paused_tps: set[TopicPartition] = set()
+        self.calls: list[tuple[Any, ...]] = []
+        self.fetch: Any = {}
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        return self.group.get(tp)
+
+    async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self.start[tp] for tp in tps}
+
+    async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self.end[tp] for tp in tps}
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.calls.append(("seek", tp, offset))
+        self.positions[tp] = offset
+
+    async def seek_to_beginning(self, *tps: TopicPartition) -> None:
+        self.calls.append(("beginning", *tps))
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        self.calls.append(("commit", dict(offsets)))
+        self.group.update(offsets)
+
+    async def position(self, tp: TopicPartition) -> int:
+        return self.positions[tp]
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.positions)
+
+    def paused(self) -> set[TopicPartition]:
+        return self.paused_tps
+
+    async def getmany(self, *tps: TopicPartition, **kw: Any) -> Any:
+        if isinstance(self.fetch, BaseException):
+            exc, self.fetch = self.fetch, {}
+            raise exc
+        return self.fetch
+
+
+def _guard(fake: FakeKafka, **kw: Any) -> tuple[OffsetGuard, Counter, list[Any]]:
+    counter = Counter("resets", "r", ["group", "topic", "partition"], registry=CollectorRegistry())
+    seen: list[Any] = []
+
+    def on_reset(tp: TopicPartition, r: Any) -> None:
+        seen.append((tp, r, dict(fake.positions)))
+
+    g = OffsetGuard(fake, counter=counter, labels=("G",), on_reset=on_reset, **kw)
+    return g, counter, seen
+
+
+def _count(counter: Counter, tp: TopicPartition = TP) -> float:
+    return counter.labels("G", tp.topic, str(tp.partition))._value.get()
+
+
+def test_classify() -> None:
+    assert classify(5, 0, 10) is None and classify(10, 0, 10) is None and classify(0, 0, 0) is None
+    assert classify(11, 0, 10) == ResetReason.PAST_END
+    assert classify(3, 4, 10) == ResetReason.BEFORE_START
+
+
+async def test_committed_past_the_log_end_is_reset_to_the_beginning_counted_and_committed() -> None:
+    fake = FakeKafka(start=0, end=532)
+    fake.group[TP] = 578  # the restarted cluster lost the log, the commit came back
+    g, counter, seen = _guard(fake)
+    resets = await g.assigned([TP])
+    assert [(r.position, r.target, r.reason) for r in resets] == [(578, 0, ResetReason.PAST_END)]
+    assert fake.positions[TP] == 0 and fake.group[TP] == 0  # the group's offset moved back
+    assert seen and seen[0][2] == {}  # the owner heard of it before the consumer moved
+    assert _count(counter) == 1 and g.total == 1
+    assert g.stats()["partitions"][0]["from"] == 578
+
+
+async def test_positions_inside_the_log_are_kept_and_fresh_ones_go_to_the_owner() -> None:
+    fake = FakeKafka(start=2, end=10)
+    fake.group[TP] = 10  # at the end: caught up, fine
+    fresh: list[Any] = []
+
+    async def on_fresh(tps: list[TopicPartition]) -> None:
+        fresh.extend(tps)
+
+    g, counter, _ = _guard(fake, on_fresh=on_fresh)
+    assert await g.assigned([TP, TP1]) == []
+    assert fake.calls == [("seek", TP, 10)] and fresh == [TP1]
+    assert _count(counter) == 0
+
+
+async def test_a_known_start_wins_and_a_remembered_offset_replaces_a_lost_commit() -> None:
+    fake = FakeKafka(start=0, end=3)
+    g, _, _ = _guard(fake)
+    g.remember({TP1: 30})  # this process committed 30; the cluster lost the group's offsets
+    await g.assigned([TP, TP1], starts={TP: 2})
+    assert fake.positions == {TP: 2, TP1: 0}
+    assert [r.partition for r in g.resets.values()] == [1]
+
+
+async def test_latest_policy_and_before_start() -> None:
+    fake = FakeKafka(start=100, end=150)
+    fake.group[TP] = 40  # retention passed a stopped consumer
+    g, _, _ = _guard(fake, policy="latest")
+    (r,) = await g.assigned([TP])
+    assert (r.reason, r.target) == (ResetReason.BEFORE_START, 150)
+
+
+async def test_an_idle_partition_past_the_log_end_is_found_by_the_interval_check() -> None:
+    """Tansu answers a fetch past the log end with nothing and no error."""
+    fake = FakeKafka(start=0, end=5)
+    fake.positions = {TP: 60, TP1: 70}
+    fake.paused_tps = {TP1}  # paused: not idle, not checked
+    g, counter, _ = _guard(fake, idle_check_s=0.0)
+    assert await g.getmany(timeout_ms=0) == {}
+    assert fake.positions == {TP: 0, TP1: 70}
+    assert _count(counter) == 1 and _count(counter, TP1) == 0
+    # a partition that returned records is not idle: not checked
+    fake.positions[TP] = 60
+    fake.fetch = {TP: [object()]}
+    g.idle_check_s = 3600
+    await g.getmany(timeout_ms=0)
+    assert (await g.check_idle()) == [] and fake.positions[TP] == 60
+
+
+async def test_out_of_range_and_no_offset_errors_never_escape_getmany() -> None:
+    fake = FakeKafka(start=0, end=5)
+    fake.positions = {TP: 9}
+    fresh: list[Any] = []
+
+    async def on_fresh(tps: list[TopicPartition]) -> None:
+        fresh.extend(tps)
+
+    g, counter, _ = _guard(fake, on_fresh=on_fresh, idle_check_s=3600)
+    fake.fetch = OffsetOutOfRangeError({TP: 9})
+    assert await g.getmany(timeout_ms=0) == {}
+    assert fake.positions[TP] == 0 and _count(counter) == 1
+    fake.fetch = NoOffsetForPartitionError(TP1)
+    assert await g.getmany(timeout_ms=0) == {}
+    assert fresh == [TP1] and _count(counter) == 1  # a fresh queue is positioned, not counted
+
+
+async def test_a_failing_owner_callback_leaves_the_position_for_the_next_check() -> None:
+    fake = FakeKafka(start=0, end=5)
+    fake.group[TP] = 9
+
+    def boom(tp: TopicPartition, r: Any) -> None:
+        raise RuntimeError("store unavailable")
+
+    g = OffsetGuard(fake, on_reset=boom)
+    assert await g.assigned([TP]) == []
+    assert TP not in fake.positions and g.total == 0
+
+
+@pytest.mark.parametrize(
+    ("committed", "start", "end", "state", "lag"),
+    [
+        (578, 0, 532, "past_end", 532),
+        (0, 0, 7, "ok", 7),
+        (5, 0, 7, "ok", 2),
+        (3, 4, 9, "before_start", 5),
+    ],
+)
+def test_trace_lag_shows_an_offset_outside_the_log_not_zero(
+    committed: int, start: int, end: int, state: str, lag: int
+) -> None:
+    p = PartitionLag("T", "b", 0, end, committed, log_start=start)
+    assert (p.state, p.lag) == (state, lag)
+    assert p.to_dict()["state"] == state
+
+
+async def test_an_understated_end_offset_is_confirmed_by_a_probe_before_any_reset() -> None:
+    """Tansu reports its last batch's base offset + 1 as the end: a position past that end is
+    probed (a fetch of the record before it) and kept when the record is there."""
+    fake = FakeKafka(start=0, end=21)  # 30 records at 20..49 in one batch
+    fake.positions = {TP: 50, TP1: 50}
+    g, counter, _ = _guard(fake, idle_check_s=0.0, bootstrap="127.0.0.1:1")
+    probed: list[tuple[TopicPartition, int]] = []
+
+    async def probe(tp: TopicPartition, pos: int, end: int) -> bool:
+        probed.append((tp, pos))
+        return tp == TP  # TP's log reaches 49; TP1's really ends before 50
+
+    g._log_reaches = probe  # type: ignore[method-assign]
+    await g.getmany(timeout_ms=0)
+    assert sorted(probed) == [(TP, 50), (TP1, 50)]
+    assert fake.positions == {TP: 50, TP1: 0}
+    assert _count(counter) == 0 and _count(counter, TP1) == 1
+
+
+def test_trace_lag_table_names_the_state_and_the_resets() -> None:
+    from tracemq.cli.trace import _offset_state
+
+    p = PartitionLag("T", "b", 0, 532, 578)
+    assert "past_end" in _offset_state(p) and "reset due" in _offset_state(p)
+    last = {"from": 578, "to": 0, "reason": "past_end", "at_ms": 0}
+    done = PartitionLag("T", "b", 0, 532, 40, resets=1, last_reset=last)
+    assert _offset_state(done).startswith("ok") and "reset 1x" in _offset_state(done)
+    assert "578 → 0" in _offset_state(done)
