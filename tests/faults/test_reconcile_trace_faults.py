@@ -13,13 +13,10 @@ retried one), one whose trace is wholly lost TRACE_LOST; group A equals what its
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +33,9 @@ from tracemq import (
 from tracemq.admin import AdminClient
 from tracemq.collector_lag import wait_caught_up
 from tracemq.devstack import EmbeddedStack, StackConfig
-from tracemq.devstack.stack import tracemq_command
 
 from tests.conftest import _SESSION_STACKS, TEST_SERVICE_ENV
+from tests.support.reconcile import run_reconcile
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.spark]
@@ -70,10 +67,6 @@ def hang_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedSta
     finally:
         s.stop()
         _SESSION_STACKS.remove(s)
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat()
 
 
 def _expected_from_lake(rows: list[dict[str, Any]]) -> str:
@@ -243,30 +236,7 @@ async def test_partial_trace_loss_never_reads_as_failed_or_in_flight(
             consume[(r["msg_id"], r["group_name"])].append(r)
 
     out = tmp_path / "out"
-    while time.time() < t_to + 2:  # --horizon 2s must be over before the run
-        await asyncio.sleep(0.2)
-    res = await asyncio.to_thread(
-        subprocess.run,
-        [
-            *tracemq_command(),
-            "reconcile",
-            "--from", _iso(t_from),
-            "--to", _iso(t_to),
-            "--horizon", "2s",
-            "--window", "1m",
-            "--lake", str(lake),
-            "--out", str(out),
-            "--master", "local[2]",
-            "--driver-memory", "1g",
-            "--shuffle-partitions", "4",
-            "--keep-classified",
-        ],
-        env={**os.environ, **s.client_env()},
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    await run_reconcile(s, t_from=t_from, t_to=t_to, lake=lake, out=out, timeout_s=240)
 
     table = ds.dataset(out / "classified", format="parquet", partitioning="hive").to_table()
     got = {(r["msg_id"], r["group"]): r for r in table.to_pylist() if r["topic"] == topic}

@@ -11,7 +11,6 @@ import os
 import subprocess
 import time
 from collections import Counter
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +30,12 @@ from tracemq.devstack import EmbeddedStack
 from tracemq.devstack.process import ManagedProcess
 from tracemq.devstack.stack import tracemq_command
 
+from tests.support.reconcile import run_reconcile
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis, pytest.mark.spark]
 
 N = 40  # messages; the first half is sent before the "stopped" group stops
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat()
 
 
 @pytest.mark.timeout(420)
@@ -135,30 +131,7 @@ async def test_reconcile_a_lake_written_by_the_real_services(
     assert all(p["committed"] == p["end"] >= 1 for p in report["partitions"]), report
     lake = Path(stack.workdir) / "data" / "collector" / "lake"
     out = tmp_path / "out"
-    while time.time() < t_to + 2:  # --horizon 2s must be over before the run (PENDING otherwise)
-        await asyncio.sleep(0.2)
-    res = await asyncio.to_thread(
-        subprocess.run,
-        [
-            *tracemq_command(),
-            "reconcile",
-            "--from", _iso(t_from),
-            "--to", _iso(t_to),
-            "--horizon", "2s",
-            "--window", "1m",
-            "--lake", str(lake),
-            "--out", str(out),
-            "--master", "local[2]",
-            "--driver-memory", "1g",
-            "--shuffle-partitions", "4",
-            "--keep-classified",
-        ],
-        env={**os.environ, **stack.client_env()},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    res = await run_reconcile(stack, t_from=t_from, t_to=t_to, lake=lake, out=out, timeout_s=300)
     assert "outcomes per topic and group" in res.stdout and "latency (ms)" in res.stdout
 
     # -- every (message, group) as the workload made it -----------------------------------------
