@@ -108,3 +108,20 @@ def test_failure_leaves_previous_output_untouched(
         run(spark, params(lake, out, fail_at=stage))
     assert fingerprint(out) == before
     assert not (out / "_staging").exists()
+
+
+def test_a_latency_of_minus_one_ms_is_timestamp_granularity_not_clock_skew(spark: Any) -> None:
+    """One host, two millisecond clocks (store time, SubBefore): -1 ms is not skew; -2 ms is."""
+    from pyspark.sql import functions as F
+    from tracemq_spark import latency
+    from tracemq_spark.job import SKEW_LIMIT_MS
+
+    rows = spark.createDataFrame(
+        [("CONSUMED", v) for v in (-1, -1, 0, 3, -2)], "outcome string, store_to_consume_ms long"
+    )
+    t = latency.tally(rows, ["store_to_consume_ms"], SKEW_LIMIT_MS, [])
+    got = {
+        r["b"]: (r["n"], r["vmax"])
+        for r in t.where(F.col("kind") == "store_to_consume_ms").collect()
+    }
+    assert got == {0: (3, 0), 3: (1, 3), latency.SKEW_NEGATIVE: (1, -2)}
