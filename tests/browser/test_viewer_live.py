@@ -64,11 +64,10 @@ async def test_real_trace_in_the_browser(
     await consumer.start()
     try:
         async with Producer(f"orders_{unique}", enable_msg_trace=True, **env) as producer:
-            msg_id = (
-                await producer.send(
-                    Message(topic, b"order paid", tags="Paid", keys=[f"order-{unique}"])
-                )
-            ).msg_id
+            sent = await producer.send(
+                Message(topic, b"order paid", tags="Paid", keys=[f"order-{unique}"])
+            )
+            msg_id = sent.msg_id
         await eventually(lambda: _true(attempts == [0, 1]), timeout=30, what="retry done")
     finally:
         await consumer.shutdown()
@@ -98,6 +97,17 @@ async def test_real_trace_in_the_browser(
     rows = page.locator("[data-testid='event-row']")
     assert await rows.count() == 5  # Pub + 2 × (SubBefore, SubAfter)
     await save_screenshot(page, "viewer-live")
+
+    # The same message by its msgId in lower case and by its offsetMsgId (issue 15, point 7).
+    status, view = await asyncio.to_thread(_get, f"{base}/api/v1/traces/{msg_id.lower()}")
+    assert (status, view["msg_id"]) == (200, msg_id)
+    status, view = await asyncio.to_thread(_get, f"{base}/api/v1/traces/{sent.offset_msg_id}")
+    assert (status, view["msg_id"], view["found_by"]) == (200, msg_id, "offset_msg_id")
+    assert status == 200 and view["offset_msg_id_query"]["kafka_offset"] == sent.queue_offset
+    await page.locator("[data-testid='search-input']").fill(sent.offset_msg_id.lower())
+    await page.locator("[data-testid='search-input']").press("Enter")
+    await page.wait_for_selector("[data-testid='found-by']")
+    assert await page.locator("[data-field='msgId']").inner_text() == msg_id
     browser.assert_no_page_errors()
 
 

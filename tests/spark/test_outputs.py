@@ -108,3 +108,89 @@ def test_failure_leaves_previous_output_untouched(
         run(spark, params(lake, out, fail_at=stage))
     assert fingerprint(out) == before
     assert not (out / "_staging").exists()
+
+
+def test_a_latency_of_minus_one_ms_is_timestamp_granularity_not_clock_skew(spark: Any) -> None:
+    """One host, two millisecond clocks (store time, SubBefore): -1 ms is not skew; -2 ms is."""
+    from pyspark.sql import functions as F
+    from tracemq_spark import latency
+    from tracemq_spark.job import SKEW_LIMIT_MS
+
+    rows = spark.createDataFrame(
+        [("CONSUMED", v) for v in (-1, -1, 0, 3, -2)], "outcome string, store_to_consume_ms long"
+    )
+    t = latency.tally(rows, ["store_to_consume_ms"], SKEW_LIMIT_MS, [])
+    got = {
+        r["b"]: (r["n"], r["vmax"])
+        for r in t.where(F.col("kind") == "store_to_consume_ms").collect()
+    }
+    assert got == {0: (3, 0), 3: (1, 3), latency.SKEW_NEGATIVE: (1, -2)}
+
+
+def _summary_one_busy_window_of_six() -> dict[str, Any]:
+    from tracemq_spark.job import INFORMATIONAL
+
+    windows = [f"20261122T08{m:02d}Z" for m in range(0, 60, 10)]
+    busy = {o: 0 for o in OUTCOMES}
+    busy.update(CONSUMED=950, FAILED=12, NOT_CONSUMED=30, TRACE_LOST=4, PUB_FAILED=3)
+    latency = {
+        m: {"p50": 3, "p90": 9, "p99": 40, "max": 77, "count": 950, "skew_suspect": 0}
+        for m in METRICS
+    }
+    groups = [
+        ("orders-eu-west-1.payments", None, {"PUB_FAILED": 3}),
+        ("orders-eu-west-1.payments", "billing-service-consumers-eu-west", {"CONSUMED": 950}),
+        ("orders-eu-west-1.payments", "fraud-screening-consumers-eu-west", {"FAILED": 12}),
+    ]
+    return {
+        "run": {
+            "run_id": "r1", "from": "2026-11-22T08:00:00Z", "to": "2026-11-22T09:00:00Z",
+            "window_ms": 10 * MIN, "horizon_ms": 30 * MIN, "cutoff": "2026-11-22T09:30:00Z",
+            "windows": windows,
+        },
+        "input": {"events_read": 4000},
+        "outcomes": busy,
+        "informational": {o: 0 for o in INFORMATIONAL},
+        "by_window": [
+            {"window": windows[2], "window_start": "2026-11-22T08:20:00Z", **busy}
+        ],
+        "by_topic_group": [
+            {"topic": t, "group": g, "outcomes": {o: c.get(o, 0) for o in OUTCOMES},
+             "latency": latency}
+            for t, g, c in groups
+        ],
+        "latency": latency,
+        "latency_histograms_log2_ms": {m: [[1, 500], [3, 450]] for m in METRICS},
+        "clock_skew": {"flagged": False, "suspect_rows_by_metric": dict.fromkeys(METRICS, 0)},
+    }  # fmt: skip
+
+
+def test_the_outcome_chart_gives_every_window_its_slot_and_keeps_the_legend_off_the_plot() -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from tracemq_spark.report import outcome_figure
+
+    fig = outcome_figure(_summary_one_busy_window_of_six())
+    FigureCanvasAgg(fig).draw()
+    ax, ax2 = fig.axes
+    assert [t.get_text() for t in ax.get_xticklabels()] == [
+        "08:00", "08:10", "08:20", "08:30", "08:40", "08:50",
+    ]  # fmt: skip
+    plot = ax.get_window_extent()
+    bars = [p.get_window_extent() for p in ax.patches if p.get_height() > 0]
+    assert bars and all(b.width < plot.width / 5 for b in bars), (plot.width, bars)
+    assert all(abs(b.x0 + b.width / 2 - ax.transData.transform((2, 0))[0]) < 1 for b in bars)
+    (legend,) = fig.legends
+    box = legend.get_window_extent()
+    (line,) = ax2.get_lines()
+    markers = ax2.transData.transform(line.get_xydata())
+    assert not any(box.contains(x, y) for x, y in markers)
+    assert box.y1 <= plot.y0  # under the plot, not on it
+
+
+def test_the_report_names_the_rows_without_a_group() -> None:
+    from tracemq_spark.report import render
+
+    page, _ = render(_summary_one_busy_window_of_six())
+    assert ">None<" not in page
+    # One row per table (counts, latency figures) for the send's own outcomes.
+    assert page.count("(no consumer group)") == 1 + len(METRICS)

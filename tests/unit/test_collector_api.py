@@ -16,6 +16,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import REGISTRY
+from tracemq.message_id import encode_offset_msg_id
+from tracemq.trace import MessageType, TraceBean, TraceContext, TraceType
 from tracemq_collector.api import add_routes
 from tracemq_collector.queries import (
     PEER_TTL_MS,
@@ -93,7 +95,10 @@ BAD_PARAMETERS = [
     ("/api/v1/traces/ABC%0A", "msg_id"),
     ("/api/v1/traces/%FF%FE", "msg_id"),
     ("/api/v1/traces/" + "A" * 129, "msg_id"),
-    ("/api/v1/traces/ABC?local=yes", "local"),
+    ("/api/v1/traces/ABC", "msg_id"),  # not hex, or not 32/56 characters: 400, not 404
+    ("/api/v1/traces/ZZ000001006400000000000000000001", "msg_id"),
+    ("/api/v1/traces/" + "A" * 33, "msg_id"),
+    ("/api/v1/traces/0A00000100640000000A000000000001?local=yes", "local"),
     ("/api/v1/traces?key=a%00b", "key"),
     ("/api/v1/traces?key=%FF", "key"),
     ("/api/v1/traces?key=" + "k" * 257, "key"),
@@ -358,3 +363,36 @@ async def test_peers_are_only_fresh_proven_registrations_and_at_most_max_peers(
         assert {s["reason"] for s in skipped} == {"bad_url", "too_many_peers"}
     finally:
         await q.close()
+
+
+async def test_a_trace_is_found_by_a_lower_case_msg_id_and_by_its_offset_msg_id(
+    make_client: Callable[..., Any], store: TraceStore
+) -> None:
+    # IPv6 store host: a 56-character offsetMsgId; queue 3, Kafka offset 41.
+    where = encode_offset_msg_id("[fd00::9]:10911", 3, 41)
+    bean = TraceBean(topic="orders", msg_id=msg_id(2), store_host="[fd00::9]:10911",
+                     msg_type=MessageType.Normal_Msg, offset_msg_id=where.lower())  # fmt: skip
+    pub = TraceContext(TraceType.Pub, timestamp=T0, group_name="pg", cost_time=3,
+                       trace_beans=[bean])  # fmt: skip
+    feed = Feed()
+    feed.offset = 100  # after the fixture's trace messages
+    store.write_batch(*feed.batch([pub], consume_ctxs(2, T0 + 5)))
+    client = await make_client()
+
+    resp = await client.get(f"/api/v1/traces/{msg_id(2).lower()}")
+    view = await resp.json()
+    assert (resp.status, view["msg_id"], view["found_by"]) == (200, msg_id(2), "msg_id"), view
+
+    for asked in (where, where.lower()):
+        resp = await client.get(f"/api/v1/traces/{asked}")
+        view = await resp.json()
+        assert resp.status == 200, view
+        assert (view["msg_id"], view["found_by"]) == (msg_id(2), "offset_msg_id")
+        assert view["offset_msg_id_query"] == {
+            "offset_msg_id": where, "store_host": "[fd00::9]:10911", "queue_id": 3,
+            "kafka_offset": 41,
+        }  # fmt: skip
+        assert len(view["consumers"]) == 1
+    # The same host and queue at another offset is another message: not found.
+    other = encode_offset_msg_id("[fd00::9]:10911", 3, 42)
+    assert (await client.get(f"/api/v1/traces/{other}")).status == 404

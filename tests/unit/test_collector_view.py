@@ -6,6 +6,7 @@ from __future__ import annotations
 from itertools import count
 from typing import Any
 
+from tracemq.message_id import encode_offset_msg_id
 from tracemq_collector.view import build_view
 
 MSG = "C0A8000100002A9F0000000000000001"
@@ -128,3 +129,40 @@ def test_repeated_consume_and_pub_events_are_not_extra_attempts() -> None:
     # A real second send of the msgId (its own timestamp) is still a second attempt.
     resend = build_view(MSG, [*once, ev("Pub", 1500, **pub)])
     assert resend["producer"]["send_attempts"] == 2
+
+
+def _end_tx(ts: int, state: str, *, check: bool = False) -> dict[str, Any]:
+    return ev("EndTransaction", ts, group_name="PG", topic="Orders", msg_type=1,
+              transaction_id="tx1", transaction_state=state, from_transaction_check=check)  # fmt: skip
+
+
+def test_the_view_says_where_a_transactional_or_delayed_message_is_expected() -> None:
+    half = ev("Pub", 1000, group_name="PG", topic="Orders", msg_type=1)
+    rolled = build_view(MSG, [half, _end_tx(1005, "ROLLBACK_MESSAGE")])["delivery"]
+    assert rolled["state"] == "rolled_back" and rolled["expect_consumers"] is False
+    # A check-back's decision after an UNKNOW decides; the last decision wins.
+    committed = build_view(
+        MSG, [half, _end_tx(1005, "UNKNOW"), _end_tx(9000, "COMMIT_MESSAGE", check=True)]
+    )["delivery"]
+    assert committed == {
+        "state": "committed", "expect_consumers": True, "decided_at": 9000,
+        "from_transaction_check": True,
+    }  # fmt: skip
+    for unresolved in ([half], [half, _end_tx(1005, "UNKNOW")]):
+        assert build_view(MSG, unresolved)["delivery"] == {
+            "state": "half",
+            "expect_consumers": False,
+        }
+    # Delay level 3 (10 s): the record waits in queue 2 of the schedule topic.
+    where = encode_offset_msg_id("10.0.0.1:10911", 2, 77)
+    delayed = build_view(
+        MSG, [ev("Pub", 1000, group_name="PG", topic="Orders", msg_type=3, offset_msg_id=where)]
+    )["delivery"]
+    assert delayed["state"] == "delayed" and delayed["delay_level"] == 3
+    assert delayed["due_time"] == 11_000
+    normal = build_view(MSG, [ev("Pub", 1000, group_name="PG", topic="Orders", msg_type=0)])
+    assert normal["delivery"] == {"state": "normal", "expect_consumers": True}
+    assert (
+        build_view(MSG, [ev("SubBefore", 5, group_name="CG", request_id="r")])["delivery"]["state"]
+        == "unknown"
+    )

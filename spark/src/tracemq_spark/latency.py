@@ -4,7 +4,8 @@ Every classified row adds 1 to its outcome's count and, for each latency figure 
 figure's *bucket*: HdrHistogram-style buckets with 8 significant bits — values below 256 ms are
 their own bucket (exact), a larger value ``v`` in ``[2^k, 2^(k+1))`` falls in a bucket of width
 ``2^(k-7)`` starting at ``v`` with its low ``k-7`` bits cleared, so a bucket's midpoint is within
-0.4 % of every value in it. A latency outside ``[0, SKEW_LIMIT_MS]`` goes to a clock-skew bucket
+0.4 % of every value in it. A latency of -1 ms is 0 ms (two millisecond clocks, see
+``TIMESTAMP_GRANULARITY_MS``); one outside ``[0, SKEW_LIMIT_MS]`` goes to a clock-skew bucket
 (``SKEW_NEGATIVE`` or ``SKEW_ABSURD``) instead, counted but left out of the percentiles.
 
 One Spark aggregation (with map-side combining) builds the tally per (window, topic, group);
@@ -30,10 +31,12 @@ __all__ = [
     "SIGNIFICANT_BITS",
     "SKEW_ABSURD",
     "SKEW_NEGATIVE",
+    "TIMESTAMP_GRANULARITY_MS",
     "bucket",
     "grouped",
     "log2_histograms",
     "tally",
+    "within_granularity",
 ]
 
 SIGNIFICANT_BITS = 8
@@ -41,6 +44,10 @@ EXACT_BELOW = 1 << SIGNIFICANT_BITS
 #: bucket keys of the clock-skew suspects (a latency < 0, or > the skew limit)
 SKEW_NEGATIVE = -1
 SKEW_ABSURD = -2
+#: Trace timestamps are whole milliseconds read from two clocks (the producer's Pub or the
+#: broker's store time, the consumer's SubBefore), each truncated or rounded on its own: on one
+#: host an instant later can read 1 ms earlier. So -1 ms is 0 ms, not a clock-skew suspect.
+TIMESTAMP_GRANULARITY_MS = 1
 
 #: the grouping levels of the summary: grouping id (as Spark's grouping_id() would number the
 #: sets of (window_start_ms, topic_h, group_h)) and the keys kept
@@ -85,6 +92,11 @@ def bucket(v: Column, skew_limit_ms: int) -> tuple[Column, Column]:
     return b, width
 
 
+def within_granularity(v: Column) -> Column:
+    """``v`` with a negative latency no larger than the timestamps' granularity read as 0 ms."""
+    return F.when((v < 0) & (v >= -TIMESTAMP_GRANULARITY_MS), F.lit(0).cast("long")).otherwise(v)
+
+
 def tally(
     rows: DataFrame, metrics: Sequence[str], skew_limit_ms: int, keys: Sequence[str]
 ) -> DataFrame:
@@ -99,11 +111,12 @@ def tally(
         )
     ]
     for m in metrics:
-        b, w = bucket(F.col(m), skew_limit_ms)
+        v = within_granularity(F.col(m))
+        b, w = bucket(v, skew_limit_ms)
         items.append(
             F.when(
-                F.col(m).isNotNull(),
-                F.struct(F.lit(m).alias("kind"), b.alias("b"), w.alias("w"), F.col(m).alias("v")),
+                v.isNotNull(),
+                F.struct(F.lit(m).alias("kind"), b.alias("b"), w.alias("w"), v.alias("v")),
             )
         )
     return (

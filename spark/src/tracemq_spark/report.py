@@ -41,13 +41,25 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def outcome_chart(summary: dict[str, Any]) -> bytes:
-    """Stacked bars of the non-CONSUMED outcomes per window; CONSUMED as a line (right axis)."""
-    windows = summary.get("by_window", [])
-    labels = [
-        w["window_start"][11:16] if len(windows) <= 48 else w["window_start"][5:16] for w in windows
-    ]
-    fig = Figure(figsize=(11, 4.8), dpi=110)
+def _hhmm(label: str) -> str:
+    """``20261122T0810Z`` (a run window) as ``08:10``."""
+    return f"{label[9:11]}:{label[11:13]}" if len(label) >= 13 else label
+
+
+def outcome_figure(summary: dict[str, Any]) -> Figure:
+    """Stacked bars of the non-CONSUMED outcomes per window; CONSUMED as a line (right axis).
+
+    Every window of the run has its slot, with or without rows, so a range of six windows with
+    data in one draws one bar a sixth of the plot wide, not one across the whole plot. The
+    legend sits under the plot, where no marker can hide under it."""
+    counts = {w.get("window"): w for w in summary.get("by_window", [])}
+    run = summary.get("run", {})
+    slots = list(run.get("windows") or [])
+    if not slots or not set(counts) <= set(slots):  # an old summary without the window list
+        slots = [w.get("window") for w in summary.get("by_window", [])]
+    windows = [counts.get(k, {}) for k in slots]
+    labels = [_hhmm(str(k)) if len(slots) <= 48 else str(k)[4:13] for k in slots]
+    fig = Figure(figsize=(11, 5.2), dpi=110, layout="constrained")
     ax = fig.add_subplot(1, 1, 1)
     x = list(range(len(windows)))
     bottom = [0] * len(windows)
@@ -67,6 +79,7 @@ def outcome_chart(summary: dict[str, Any]) -> bytes:
         ha="right" if len(x) > 12 else "center",
         fontsize=8,
     )
+    ax.set_xlim(-0.6, max(len(x), 1) - 0.4)
     ax2 = ax.twinx()
     consumed = [w.get("CONSUMED", 0) for w in windows]
     ax2.plot(
@@ -79,7 +92,6 @@ def outcome_chart(summary: dict[str, Any]) -> bytes:
     )
     ax2.set_ylabel("CONSUMED per window")
     ax2.set_ylim(bottom=0)
-    run = summary.get("run", {})
     ax.set_title(
         f"Outcomes per {run.get('window_ms', 0) // 60000}-minute window, "
         f"{run.get('from', '')} → {run.get('to', '')} (UTC)"
@@ -87,9 +99,15 @@ def outcome_chart(summary: dict[str, Any]) -> bytes:
     handles, names = ax.get_legend_handles_labels()
     h2, n2 = ax2.get_legend_handles_labels()
     if handles or h2:
-        ax.legend(handles + h2, names + n2, fontsize=7, loc="upper left", ncol=3, framealpha=0.85)
-    fig.tight_layout()
-    return _png(fig)
+        fig.legend(
+            handles + h2, names + n2, fontsize=7, loc="outside lower center", ncol=6, frameon=False
+        )
+    return fig
+
+
+def outcome_chart(summary: dict[str, Any]) -> bytes:
+    """:func:`outcome_figure` as PNG."""
+    return _png(outcome_figure(summary))
 
 
 def latency_chart(summary: dict[str, Any]) -> bytes:
@@ -151,6 +169,22 @@ def _ms_label(v: float | int | None) -> str:
     return f"{v / 3_600_000:.1f}h"
 
 
+def _group_cell(group: str | None) -> str:
+    # Rows without a group are the send's own outcomes (a failed send, a message no group was
+    # subscribed to): say so rather than print Python's None.
+    if group is None:
+        return (
+            "<td class='l none' title='outcomes of the send itself, before any consumer group'>"
+            "<i>(no consumer group)</i></td>"
+        )
+    return f"<td class='l'>{html.escape(group)}</td>"
+
+
+def _head(outcome: str) -> str:
+    # Long upper-case names break after their underscores, so the table fits its page.
+    return "_<wbr>".join(html.escape(outcome).split("_"))
+
+
 def _img(png: bytes, alt: str, ident: str) -> str:
     data = base64.b64encode(png).decode()
     return f'<img id="{ident}" alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
@@ -170,7 +204,8 @@ def render(summary: dict[str, Any]) -> tuple[str, bytes]:
         f"<title>tracemq reconciliation {esc(run.get('from', ''))} → {esc(run.get('to', ''))}"
         "</title><style>body{font-family:system-ui,sans-serif;margin:24px;color:#222}"
         "table{border-collapse:collapse;margin:8px 0 20px}td,th{border:1px solid #ccc;"
-        "padding:3px 8px;font-size:13px;text-align:right}th{background:#f3f3f3}"
+        "padding:3px 6px;font-size:12.5px;text-align:right}th{background:#f3f3f3;"
+        "font-size:11.5px;vertical-align:bottom}td.none{color:#777}"
         "td.l,th.l{text-align:left}.warn{background:#fff3e0;border-left:4px solid #e65100;"
         "padding:8px 12px;margin:12px 0}img{max-width:100%}</style></head><body>",
         f"<h1>tracemq reconciliation</h1><p>Pub time window <b>{esc(run.get('from', ''))}</b> "
@@ -206,11 +241,11 @@ def render(summary: dict[str, Any]) -> tuple[str, bytes]:
     )
     parts.append(
         "<h2>Per topic and group</h2><table><tr><th class='l'>topic</th>"
-        "<th class='l'>group</th>" + "".join(f"<th>{o}</th>" for o in outcomes) + "</tr>"
+        "<th class='l'>group</th>" + "".join(f"<th>{_head(o)}</th>" for o in outcomes) + "</tr>"
     )
     parts.extend(
         f"<tr><td class='l'>{esc(str(tg['topic']))}</td>"
-        f"<td class='l'>{esc(str(tg['group']))}</td>"
+        + _group_cell(tg["group"])
         + "".join(f"<td>{tg['outcomes'].get(o, 0):,}</td>" for o in outcomes)
         + "</tr>"
         for tg in summary.get("by_topic_group", [])
@@ -226,8 +261,9 @@ def render(summary: dict[str, Any]) -> tuple[str, bytes]:
             v = tg["latency"].get(m, {})
             flag = " style='color:#b71c1c;font-weight:bold'" if v.get("skew_suspect") else ""
             parts.append(
-                f"<tr><td class='l'>{esc(str(tg['topic']))}</td><td class='l'>"
-                f"{esc(str(tg['group']))}</td><td class='l'>{title}</td>"
+                f"<tr><td class='l'>{esc(str(tg['topic']))}</td>"
+                + _group_cell(tg["group"])
+                + f"<td class='l'>{title}</td>"
                 + "".join(
                     f"<td>{'' if v.get(q) is None else f'{v[q]:,}'}</td>"
                     for q in ("p50", "p90", "p99", "max")

@@ -20,15 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from tracemq.message_id import decode_offset_msg_id
 
 from tracemq_collector.events import MAX_TIMESTAMP_MS
-from tracemq_collector.openapi import OPENAPI
-from tracemq_collector.queries import MSG_ID_PATTERN, BadCursor, Queries
+from tracemq_collector.openapi import LOOKUP_ID_PATTERN, OPENAPI
+from tracemq_collector.queries import BadCursor, Queries
 from tracemq_collector.store import MAX_PAGE_SIZE
 from tracemq_collector.view import build_view
 
 STATIC = Path(__file__).parent / "static"
-_MSG_ID = re.compile(MSG_ID_PATTERN)
+_LOOKUP_ID = re.compile(LOOKUP_ID_PATTERN)
 QUERIES_KEY: web.AppKey[Queries] = web.AppKey("queries", Queries)
 OPEN_PATHS = ("/healthz",)
 #: Digits of the largest number any parameter takes: int() never sees a 5 000-digit string.
@@ -173,14 +174,43 @@ def auth_middleware(token: str | None) -> Any:
 
 
 async def get_trace(req: web.Request) -> web.Response:
-    msg_id = req.match_info["msg_id"]
-    if not _MSG_ID.fullmatch(msg_id):
-        raise BadParameter("msg_id", f"msg_id {_shown(msg_id)} is not a message id")
+    raw = req.match_info["msg_id"]
+    if not _LOOKUP_ID.fullmatch(raw):
+        raise BadParameter(
+            "msg_id",
+            "msg_id must be a msgId or an offsetMsgId: 32 hexadecimal characters (56 with an "
+            f"IPv6 address), got {_shown(raw)}",
+        )
+    # Both ids are written in upper case; a pasted lower-case copy names the same message.
+    msg_id = raw.upper()
     local = _flag(req, "local")
-    events, failed = await req.app[QUERIES_KEY].trace_events(msg_id, local=local)
+    q = req.app[QUERIES_KEY]
+    events, failed = await q.trace_events(msg_id, local=local)
+    found_by = "msg_id"
+    # Not a msgId we know: it may be an offsetMsgId (store host + queue + Kafka offset), which
+    # the message's Pub trace recorded. Peers are asked with local=1 and never resolve one, so
+    # their answers stay about the id they were asked for.
+    if not events and not local:
+        real = await q._local(q.store.msg_id_by_offset_msg_id, msg_id)
+        if real is not None:
+            events, failed = await q.trace_events(real, local=local)
+            msg_id, found_by = real, "offset_msg_id"
     if not events:
         return _error(404, f"no trace for msgId {msg_id}", peers_failed=failed)
-    return web.json_response({**build_view(msg_id, events), "peers_failed": failed})
+    body = build_view(msg_id, events)
+    if found_by == "offset_msg_id":
+        body["offset_msg_id_query"] = _offset_place(raw.upper())
+    return web.json_response({**body, "found_by": found_by, "peers_failed": failed})
+
+
+def _offset_place(offset_msg_id: str) -> dict[str, Any]:
+    info = decode_offset_msg_id(offset_msg_id)
+    return {
+        "offset_msg_id": offset_msg_id,
+        "store_host": info.store_host,
+        "queue_id": info.queue_id,
+        "kafka_offset": info.kafka_offset,
+    }
 
 
 async def find_traces(req: web.Request) -> web.Response:

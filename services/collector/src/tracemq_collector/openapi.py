@@ -5,8 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from tracemq_collector.events import MAX_TIMESTAMP_MS
-from tracemq_collector.queries import MSG_ID_PATTERN
 from tracemq_collector.store import MAX_PAGE_SIZE
+
+#: What a trace look-up takes: a msgId or an offsetMsgId, 32 hex characters or 56 with an IPv6
+#: address (DESIGN §2), in either case.
+LOOKUP_ID_PATTERN = r"^(?:[0-9A-Fa-f]{32}|[0-9A-Fa-f]{56})$"
 
 _PEERS_FAILED = {
     "type": "array",
@@ -63,7 +66,41 @@ _VIEW = {
     ],
     "properties": {
         "msg_id": {"type": "string"},
+        "found_by": {
+            "enum": ["msg_id", "offset_msg_id"],
+            "description": "what the id asked for was: the msgId, or an offsetMsgId",
+        },
+        "offset_msg_id_query": {
+            "type": "object",
+            "description": "with found_by=offset_msg_id: the place the offsetMsgId decodes to",
+            "properties": {
+                "offset_msg_id": {"type": "string"},
+                "store_host": {"type": "string"},
+                "queue_id": {"type": "integer"},
+                "kafka_offset": {"type": "integer"},
+            },
+        },
         "topic": {"type": ["string", "null"]},
+        "delivery": {
+            "type": "object",
+            "description": (
+                "where the message is expected: rolled_back (nowhere), committed, half (an "
+                "unresolved transaction, held back), delayed (held until due_time, computed "
+                "with the default delay levels), normal, unknown (no send trace)"
+            ),
+            "required": ["state", "expect_consumers"],
+            "properties": {
+                "state": {
+                    "enum": ["rolled_back", "committed", "half", "delayed", "normal", "unknown"]
+                },
+                "expect_consumers": {"type": ["boolean", "null"]},
+                "decided_at": {"type": ["integer", "null"]},
+                "from_transaction_check": {"type": ["boolean", "null"]},
+                "delay_level": {"type": ["integer", "null"]},
+                "due_time": {"type": ["integer", "null"], "description": "epoch ms"},
+                "due_time_basis": {"type": ["string", "null"]},
+            },
+        },
         "producer": {
             "type": ["object", "null"],
             "properties": {
@@ -209,7 +246,12 @@ OPENAPI: dict[str, Any] = {
                         "name": "msg_id",
                         "in": "path",
                         "required": True,
-                        "schema": {"type": "string", "pattern": MSG_ID_PATTERN},
+                        "description": (
+                            "a msgId, or else an offsetMsgId (decoded to store host, queue "
+                            "and Kafka offset and matched against the Pub traces; not with "
+                            "local=1); either case"
+                        ),
+                        "schema": {"type": "string", "pattern": LOOKUP_ID_PATTERN},
                     },
                     _LOCAL,
                 ],

@@ -88,6 +88,7 @@ from typing import Any, TypeVar
 
 from tracemq.errors import TracemqError
 from tracemq.log import get_logger
+from tracemq.message_id import decode_offset_msg_id
 
 from tracemq_collector.events import (
     KEY_SHIFT,
@@ -793,6 +794,33 @@ class TraceStore:
             (msg_id,),
         )
         return [_lake_row(r) for r in cursor]
+
+    def msg_id_by_offset_msg_id(self, offset_msg_id: str) -> str | None:
+        """The msgId of the message stored where ``offset_msg_id`` points (its store host,
+        queue and Kafka offset, as :func:`tracemq.message_id.decode_offset_msg_id` reads
+        them), from the Pub traces here; None if no Pub names that place.
+
+        Raises:
+            ValueError: ``offset_msg_id`` is not 32 or 56 hex characters.
+        """
+        wanted = decode_offset_msg_id(offset_msg_id)
+        # No index holds offsetMsgIds (the store keeps the record text, not the column): this
+        # scans the Pub rows, which a look-up by an id the user pasted can afford. Matching on
+        # the decoded place, not the text, finds a Pub that wrote the id in lower case.
+        rows = self._reader().execute(
+            f"SELECT {_STORED} FROM events WHERE trace_type = 'Pub' "  # noqa: S608
+            "AND instr(upper(record), ?) > 0 ORDER BY timestamp DESC",
+            (offset_msg_id.upper(),),
+        )
+        for values in rows:
+            event = _decoded(values)
+            try:
+                found = decode_offset_msg_id(event.get("offset_msg_id") or "")
+            except ValueError:
+                continue
+            if found == wanted and event.get("msg_id"):
+                return str(event["msg_id"])
+        return None
 
     def by_key(
         self,

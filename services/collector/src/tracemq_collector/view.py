@@ -8,8 +8,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from tracemq.message_id import decode_offset_msg_id
 from tracemq.trace import ConsumeReturnType, MessageType
 
+#: The brokers' default ``messageDelayLevel`` (``tracemq_broker.delay_levels``) in seconds: a
+#: delayed message's due time is only known from the trace through its level, and a service
+#: does not import another service. A broker configured with other levels makes this a guess,
+#: which the view says (``due_time_basis``).
+DEFAULT_DELAY_LEVELS_S = (
+    1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200,
+)  # fmt: skip
 EVENT_IDENTITY = ("trace_topic", "trace_partition", "trace_offset", "trace_index")
 DLQ_PREFIX = "%DLQ%"
 
@@ -151,6 +159,7 @@ def build_view(msg_id: str, events: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "msg_id": msg_id,
         "topic": topic,
+        "delivery": delivery(producer, transactions),
         "producer": producer,
         "transactions": transactions,
         "consumers": consumers,
@@ -183,4 +192,53 @@ def _attempt(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dic
         "context_code": code,
         "context_code_name": _name(ConsumeReturnType, code),
         "client_host": src.get("client_host"),
+    }
+
+
+def delivery(producer: dict[str, Any] | None, transactions: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where the message is expected, so that no consumer trace reads right or wrong.
+
+    ``state`` is ``rolled_back`` (expected nowhere), ``committed``, ``half`` (a transaction not
+    yet resolved: held back from consumers), ``delayed`` (held until ``due_time``), ``normal``
+    or ``unknown`` (no send trace); ``expect_consumers`` says whether consumers should see it.
+    """
+    # The last decision wins (a check-back may follow an UNKNOW); UNKNOW alone decides nothing.
+    decided = [
+        t for t in transactions
+        if t.get("transaction_state") in ("COMMIT_MESSAGE", "ROLLBACK_MESSAGE")
+    ]  # fmt: skip
+    last = max(decided, key=lambda t: t["timestamp"] or 0) if decided else None
+    msg_type = producer.get("msg_type") if producer else None
+    out: dict[str, Any] = {"state": "normal", "expect_consumers": True}
+    if last is not None:
+        rolled_back = last["transaction_state"] == "ROLLBACK_MESSAGE"
+        out = {
+            "state": "rolled_back" if rolled_back else "committed",
+            "expect_consumers": not rolled_back,
+            "decided_at": last["timestamp"],
+            "from_transaction_check": last["from_transaction_check"],
+        }
+    elif msg_type == MessageType.Trans_Msg_Half or transactions:
+        out = {"state": "half", "expect_consumers": False}
+    elif producer is None:
+        out = {"state": "unknown", "expect_consumers": None}
+    elif msg_type == MessageType.Delay_Msg:
+        out = {"state": "delayed", "expect_consumers": True, **_due(producer)}
+    return out
+
+
+def _due(producer: dict[str, Any]) -> dict[str, Any]:
+    """A delayed message waits in queue ``level - 1`` of the schedule topic, which its
+    offsetMsgId names (DESIGN §2): the level, hence the due time under the default levels."""
+    try:
+        queue_id = decode_offset_msg_id(producer.get("offset_msg_id") or "").queue_id
+    except ValueError:
+        return {"delay_level": None, "due_time": None, "due_time_basis": None}
+    level = queue_id + 1
+    if level > len(DEFAULT_DELAY_LEVELS_S) or producer.get("timestamp") is None:
+        return {"delay_level": level, "due_time": None, "due_time_basis": None}
+    return {
+        "delay_level": level,
+        "due_time": producer["timestamp"] + DEFAULT_DELAY_LEVELS_S[level - 1] * 1000,
+        "due_time_basis": "default delay levels",
     }

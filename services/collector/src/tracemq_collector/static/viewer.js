@@ -15,7 +15,7 @@
 
   const API = "/api/v1";
   const TOKEN_KEY = "tracemq.viewer.token";
-  const MSGID_RE = /^[0-9A-Fa-f]{32}$/;
+  const MSGID_RE = /^(?:[0-9A-Fa-f]{32}|[0-9A-Fa-f]{56})$/; // a msgId or offsetMsgId; 56 with IPv6
   const SVG_NS = "http://www.w3.org/2000/svg";
   const PAGE_SIZE = 50;
 
@@ -636,6 +636,11 @@
     model = buildModel(trace);
     model.msgId = trace.msg_id || requestedId;
     model.topic = trace.topic;
+    model.delivery = trace.delivery && typeof trace.delivery === "object" ? trace.delivery : null;
+    const q = trace.offset_msg_id_query;
+    model.foundBy = trace.found_by === "offset_msg_id" && q && typeof q === "object"
+      ? `Found by offsetMsgId ${dash(q.offset_msg_id)}: stored at ${dash(q.store_host)}, queue ${dash(q.queue_id)}, offset ${dash(q.kafka_offset)}.`
+      : null;
     selectedBarId = null;
     setState("trace"); // visible before drawing, so that the timeline can measure itself
     renderHeader(model);
@@ -655,9 +660,16 @@
     const p = m.producer;
     const statusEl = $('[data-field="status"]', head);
     const st = p ? statusFromSuccess(p.success) : "unknown";
-    statusEl.className = `pill pill-${st}`;
+    // A stored message is not always one consumers should get: the collector's delivery state
+    // says where it is expected, and the badge says that rather than a bare "sent".
+    const dv = m.delivery || {};
+    const shown = st === "success" ? deliveryBadge(dv) : null;
+    const pillKind = shown ? shown.kind : st;
+    statusEl.className = `pill pill-${pillKind}`;
     statusEl.dataset.status = st;
-    statusEl.textContent = !p ? "no send trace" : st === "success" ? "sent" : st === "failed" ? "send failed" : "send status unknown";
+    statusEl.dataset.delivery = present(dv.state) ? String(dv.state) : "";
+    statusEl.textContent = shown ? shown.text
+      : !p ? "no send trace" : st === "success" ? "sent" : st === "failed" ? "send failed" : "send status unknown";
 
     const pub = pubEvent(m);
     const facts = $(".facts", head);
@@ -699,8 +711,15 @@
       }
     }
     const groups = m.consumers.length;
+    const expectation = deliverySentence(dv);
+    if (expectation) append(summary, [h("span", { "data-testid": "delivery-note", text: expectation }), " "]);
+    if (m.foundBy) append(summary, [h("span", { "data-testid": "found-by", text: m.foundBy }), " "]);
     if (!groups) {
-      append(summary, ["No consumer group has traced this message yet."]);
+      // Only a message consumers should get is "not traced yet"; a rolled-back or held-back one
+      // having no consumer is the expected outcome, said above.
+      if (dv.expect_consumers !== false) {
+        append(summary, ["No consumer group has traced this message yet."]);
+      }
     } else {
       append(summary, [
         h("strong", { text: `${groups} consumer group${groups === 1 ? "" : "s"}` }),
@@ -714,6 +733,32 @@
       append(summary, [` · ${m.transactions.length} transaction event${m.transactions.length === 1 ? "" : "s"}`]);
     }
     append(summary, [` · ${m.events.length} raw event${m.events.length === 1 ? "" : "s"}`]);
+  }
+
+  function deliveryBadge(dv) {
+    switch (dv.state) {
+      case "rolled_back": return { kind: "neutral", text: "rolled back — expected nowhere" };
+      case "half": return { kind: "unknown", text: "half message — not committed or rolled back yet" };
+      case "committed": return { kind: "success", text: "committed" };
+      case "delayed":
+        return { kind: "delayed", text: toNum(dv.due_time) !== null ? `delayed — due ${fmtIsoLocal(dv.due_time)}` : "delayed" };
+      default: return null;
+    }
+  }
+
+  function deliverySentence(dv) {
+    switch (dv.state) {
+      case "rolled_back":
+        return `Rolled back${dv.from_transaction_check ? " on the broker's check-back" : ""} at ${fmtIsoLocal(dv.decided_at)}: no consumer group should receive it.`;
+      case "half":
+        return "Half message: the transaction is not committed or rolled back yet, so consumers do not see it.";
+      case "committed":
+        return `Committed${dv.from_transaction_check ? " on the broker's check-back" : ""} at ${fmtIsoLocal(dv.decided_at)}.`;
+      case "delayed":
+        if (toNum(dv.due_time) === null) return `Delayed${present(dv.delay_level) ? ` (level ${dv.delay_level})` : ""}: due time unknown.`;
+        return `Delayed (level ${dv.delay_level}): due at ${fmtIsoLocal(dv.due_time)}${dv.due_time_basis ? ` (with the ${dv.due_time_basis})` : ""}.`;
+      default: return null;
+    }
   }
 
   function barLabel(b) {
@@ -1055,12 +1100,12 @@
       },
         h("td", null, h("span", { class: `type-tag type-${type.replace(/[^A-Za-z]/g, "")}`, text: type })),
         h("td", null, time === null ? "—" : [fmtIsoLocal(time), h("span", { class: "rel", text: fmtRel(time - m.origin) })]),
-        h("td", { text: dash(e.group_name) }),
+        h("td", { class: "wrap", text: dash(e.group_name) }),
         h("td", { class: "num", text: toNum(e.cost_time) === null || type === "SubBefore" ? "—" : fmtDuration(e.cost_time) }),
         h("td", null, success),
         h("td", { text: code || "—", title: present(e.context_code) ? `context code ${e.context_code}` : null }),
         h("td", { class: "num", text: isSub && toNum(e.retry_times) !== null && type === "SubBefore" ? String(e.retry_times) : "—" }),
-        h("td", { class: "mono", text: dash(e.request_id) }),
+        h("td", { class: "mono wrap", text: dash(e.request_id) }),
         h("td", {
           class: "mono", title: present(e.trace_topic) ? `trace topic ${e.trace_topic}` : null,
           text: part === null && off === null ? "—" : `${dash(part)} / ${dash(off)}`,
