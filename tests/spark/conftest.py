@@ -20,6 +20,10 @@ END = START + 3_600_000
 MIN = 60_000
 #: the exactness run's "now": 15 minutes before to + horizon, so PENDING happens too
 NOW = END + 15 * MIN
+#: the zone the job reads msgIds in (and orphans' producers write them in): the window starts
+#: at Los Angeles' DST change (2024-03-10 02:00 PST = 10:00 UTC); the Pub'd messages' producers
+#: write theirs in Asia/Shanghai and Europe/Berlin (one over IPv6)
+MSGID_ZONE = "America/Los_Angeles"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -89,7 +93,10 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Lake:
 
     root = tmp_path_factory.mktemp("lake")
     gen = generate(
-        root / "lake", Scenario(start_ms=START, end_ms=END, messages=2500, now_ms=NOW, seed=11)
+        root / "lake",
+        Scenario(
+            start_ms=START, end_ms=END, messages=2500, now_ms=NOW, seed=11, msgid_zone=MSGID_ZONE
+        ),
     )
     subs, offs = gen.write_inputs(root / "inputs")
     return Lake(gen, root / "lake", subs, offs)
@@ -118,6 +125,7 @@ def params(lake: Lake, out: Path, **kw: Any) -> Any:
         subscriptions=str(lake.subscriptions),
         offsets=str(lake.offsets),
         now_ms=NOW,
+        msgid_timezone=MSGID_ZONE,
     )
     base.update(kw)
     return Params(**base)

@@ -157,6 +157,12 @@ def test_unknown_schema_version(spark: Any, lake: Lake, good_out: Path, tmp_path
 def test_bad_duration_and_time(lake: Lake, good_out: Path) -> None:
     before = fingerprint(good_out)
     _check(_invoke(lake, good_out, "--horizon", "soon"), good_out, before, "not a duration")
+    _check(
+        _invoke(lake, good_out, "--msgid-timezone", "Mars/Olympus"),
+        good_out,
+        before,
+        "--msgid-timezone: unknown time zone 'Mars/Olympus'",
+    )
     r = CliRunner().invoke(
         _tracemq_like_app(),
         [

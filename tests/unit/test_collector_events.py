@@ -35,6 +35,8 @@ TS = 1_704_164_645_123  # 2024-01-02T03:04:05.123Z
 INGEST = 1_704_200_000_000  # 2024-01-02T12:53:20Z
 MSG_ID = "0A0000010F2C1A2B3C4D000012340001"
 OFFSET_ID = encode_offset_msg_id("10.0.0.9:10911", 3, 42)
+#: RocketMQ's form for an IPv6 store host: 16-byte address, 56 hex digits
+OFFSET_ID_V6 = encode_offset_msg_id("[fd00::9]:10911", 5, 2**40 + 1)
 ROW_KEYS = {*lake_schema.COLUMN_NAMES, *EXTRA_KEYS}
 
 
@@ -272,6 +274,35 @@ def test_an_offset_msg_id_that_does_not_decode_keeps_its_text_without_coordinate
     assert (row["store_addr"], row["queue_id"], row["queue_offset"]) == (None, None, None)
 
 
+def test_an_ipv6_offset_msg_id_gives_its_coordinates_on_both_paths() -> None:
+    assert len(OFFSET_ID_V6) == 56
+    text = pub().replace(OFFSET_ID, OFFSET_ID_V6)
+    [row], quarantine = decode(text)
+    assert quarantine == []
+    assert row["offset_msg_id"] == OFFSET_ID_V6
+    assert (row["store_addr"], row["queue_id"], row["queue_offset"]) == (
+        "[fd00::9]:10911",
+        5,
+        2**40 + 1,
+    )
+    fast = ev._fast_row(text[:-1], TOPIC, 2, 7, 3, INGEST, None)
+    assert fast is not None
+    assert dict(zip(ev.ROW_NAMES, fast, strict=True)) == ev._decode_text(
+        text[:-1], TOPIC, 2, 7, 3, INGEST
+    )
+
+
+def test_an_eight_field_sub_after_is_kept() -> None:
+    # RocketMQ ignores an 8th SubAfter field: the record is an event, its timestamp read when
+    # the 8th field is a number and the ingest time otherwise
+    for eighth, ts in ((str(TS + 5), TS + 5), ("x", INGEST), ("", INGEST)):
+        text = S.join(["SubAfter", "req-1", MSG_ID, "9", "true", "k", "0", eighth]) + E
+        events, quarantine = decode(text)
+        assert quarantine == []
+        [row] = events
+        assert (row["trace_type"], row["timestamp"], row["cost_time"]) == ("SubAfter", ts, 9)
+
+
 def test_partition_is_the_utc_date_and_hour() -> None:
     assert hour_partition(0) == ("1970-01-01", 0)
     assert hour_partition(TS) == ("2024-01-02", 3)
@@ -433,8 +464,9 @@ _TEXTS = st.one_of(
     st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x01\x02"), max_size=12),
 )
 _OFFSET_IDS = st.one_of(
-    st.just(OFFSET_ID),
+    st.sampled_from([OFFSET_ID, OFFSET_ID_V6, OFFSET_ID_V6.lower(), OFFSET_ID_V6[:-1]]),
     st.sampled_from(["null", "", OFFSET_ID.lower(), OFFSET_ID[:-1], OFFSET_ID + "0"]),
+    st.sampled_from([OFFSET_ID_V6[:20] + " " + OFFSET_ID_V6[21:], "G" * 56]),
     st.sampled_from([" " + OFFSET_ID[1:], OFFSET_ID[:10] + " " + OFFSET_ID[11:], "G" * 32]),
     st.text(alphabet="0123456789ABCDEFabcdef ", min_size=32, max_size=32),
 )

@@ -166,3 +166,30 @@ def test_the_view_says_where_a_transactional_or_delayed_message_is_expected() ->
         build_view(MSG, [ev("SubBefore", 5, group_name="CG", request_id="r")])["delivery"]["state"]
         == "unknown"
     )
+
+
+def test_an_old_sub_after_without_timestamp_ends_at_begin_plus_cost() -> None:
+    # rows as the collector stores them: a 7-field SubAfter has no timestamp, so its event
+    # time is the ingest time, 4.4 s after an 11 ms consume
+    from tracemq_collector.events import rows_from_record
+
+    begin = 1_704_164_645_123
+    ingest = begin + 4_400
+    s, e = "\x01", "\x02"
+    before = s.join(["SubBefore", str(begin), "R", "CG", "req-7", MSG, "0", "k"]) + e
+    old_after = s.join(["SubAfter", "req-7", MSG, "11", "true", "k", "0"]) + e
+    new_after = s.join(["SubAfter", "req-9", MSG, "11", "true", "k", "0", str(begin + 20), "CG"])
+    new_before = s.join(["SubBefore", str(begin + 5), "R", "CG", "req-9", MSG, "1", "k"]) + e
+    value = (before + old_after + new_before + new_after + e).encode()
+    rows, quarantine = rows_from_record("RMQ_SYS_TRACE_TOPIC", 0, 1, value, ingest)
+    assert quarantine == [] and len(rows) == 4
+    (cg,) = build_view(MSG, rows)["consumers"]
+    assert [(a["request_id"], a["begin"], a["end"], a["cost_time"]) for a in cg["attempts"]] == [
+        ("req-7", begin, begin + 11, 11),
+        ("req-9", begin + 5, begin + 20, 11),  # a record's own timestamp is kept
+    ]
+    # events without their record (from an older peer): the ingest time tells the same
+    for r in rows:
+        del r["record"]
+    (cg,) = build_view(MSG, rows)["consumers"]
+    assert [a["end"] for a in cg["attempts"]] == [begin + 11, begin + 20]

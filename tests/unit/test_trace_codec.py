@@ -187,8 +187,13 @@ def test_end_transaction_golden() -> None:
         f"EndTransaction\x01{TS}\x01DefaultRegion\x01PG\x01T\x01{MSG_ID}\x01tx\x01k"
         "\x0110.0.0.1:10911\x012\x01tx-9\x01COMMIT_MESSAGE\x01true\x02"
     )
+    # RocketMQ's encoder throws without a state; a written "null" would make RocketMQ's and
+    # the dashboard's decoders fail on the whole trace message
     ctx.trace_beans[0].transaction_state = None
-    assert "\x01tx-9\x01null\x01true\x02" in encode(ctx).data
+    with pytest.raises(ValueError, match="transaction_state is required"):
+        encode(ctx)
+    with pytest.raises(ValueError, match="transaction_state is required"):
+        encode_many([ctx])
 
 
 def test_recall_golden() -> None:
@@ -379,6 +384,36 @@ def test_decode_sub_after_8_fields_is_an_empty_group() -> None:
     assert (back.timestamp, back.group_name) == (TS, None)
     (ctx8,) = decode(record(*sub_after_fields(8)))
     assert (ctx8.context_code, ctx8.timestamp, ctx8.group_name) == (3, TS, None)
+
+
+@pytest.mark.parametrize(
+    "eighth",
+    ["abc", "null", "12.5", "-", "9" * 30, "１２", "true"],
+)
+def test_decode_sub_after_8_fields_ignores_an_8th_that_is_no_timestamp(eighth: str) -> None:
+    # RocketMQ reads timestamp and group only from 9 or more fields: an 8th field that is not
+    # a Java long is ignored, never a reason to drop the record
+    text = (
+        "SubAfter\x01AC1100010A8B18B4AAC2000000000001\x010A00000100002A9F0000000000000001"
+        f"\x0111\x01true\x01k1\x010\x01{eighth}\x02"
+    )
+    result = decode_report(text)
+    assert result.errors == []
+    (ctx,) = result.contexts
+    assert (ctx.request_id, ctx.cost_time, ctx.success, ctx.context_code) == (
+        "AC1100010A8B18B4AAC2000000000001",
+        11,
+        True,
+        0,
+    )
+    assert (ctx.timestamp, ctx.group_name) == (0, None)
+    assert ctx.trace_beans == [TraceBean(msg_id="0A00000100002A9F0000000000000001", keys="k1")]
+
+
+def test_decode_sub_after_9_fields_with_a_bad_timestamp_is_malformed() -> None:
+    # as RocketMQ's decoder, which fails on Long.parseLong there
+    (error,) = decode_report(record(*sub_after_fields(7), "abc", "CG")).errors
+    assert "timestamp" in error.reason
 
 
 @pytest.mark.parametrize("count", [9, 10])
@@ -645,7 +680,7 @@ def end_transaction_contexts(draw: st.DrawFn) -> TraceContext:
                 store_host=draw(opt_text),
                 msg_type=draw(msg_types),
                 transaction_id=draw(opt_text),
-                transaction_state=draw(st.none() | st.sampled_from(TransactionState)),
+                transaction_state=draw(st.sampled_from(TransactionState)),  # required
                 from_transaction_check=draw(st.booleans()),
             )
         ],

@@ -120,6 +120,11 @@ def reconcile(
     keep_classified: bool = typer.Option(
         False, help="also write classified/: every (message, group[, client]) with its outcome"
     ),
+    msgid_timezone: str = typer.Option(
+        "UTC",
+        envvar="TRACEMQ_MSGID_TIMEZONE",
+        help="the producers' time zone (IANA name): msgIds count from a month start in it",
+    ),
     driver_memory: str = typer.Option("4g", help="spark.driver.memory (local masters)"),
     shuffle_partitions: int = typer.Option(16, help="spark.sql.shuffle.partitions"),
 ) -> None:
@@ -142,6 +147,7 @@ def reconcile(
         subscription_grace=subscription_grace,
         now=now,
         keep_classified=keep_classified,
+        msgid_timezone=msgid_timezone,
         driver_memory=driver_memory,
         shuffle_partitions=shuffle_partitions,
     )
@@ -190,6 +196,7 @@ def _run(console: Any, **kw: Any) -> int:
         subscription_grace_ms=parse_duration(kw["subscription_grace"], "--subscription-grace"),
         now_ms=parse_time(kw["now"], "--now", started_ms) if kw["now"] else None,
         keep_classified=kw["keep_classified"],
+        msgid_timezone=kw.get("msgid_timezone") or "UTC",
     )
     params.validate()
     if _is_local(params.lake) and not Path(_local_path(params.lake)).is_dir():

@@ -40,11 +40,13 @@ the job's read range ``[from - horizon, to + horizon)``, the committed offsets a
 from __future__ import annotations
 
 import datetime as _dt
+import ipaddress
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import numpy as np
 import pyarrow as pa
@@ -79,7 +81,13 @@ TOPIC_P = np.array([0.55, 0.12, 0.33])
 #: tags per topic (None = no tag) and their probabilities
 TAGS: list[list[str | None]] = [["TagA", "TagB", "TagC"], [None, "x"], ["TagX", "TagY", "TagZ"]]
 TAG_P = [np.array([0.4, 0.4, 0.2]), np.array([0.5, 0.5]), np.array([0.48, 0.48, 0.04])]
-PRODUCERS = [("PG_orders", "10.0.3.1", 0), ("PG_billing", "10.0.3.2", 400)]
+#: (group, host, clock skew ms, msgId time zone, msgId address): the producers write their
+#: msgIds in different zones (RocketMQ's month start is the producer's local one), and one
+#: has an IPv6 address (56-hex msgIds)
+PRODUCERS = [
+    ("PG_orders", "10.0.3.1", 0, "Asia/Shanghai", "10.0.3.1"),
+    ("PG_billing", "10.0.3.2", 400, "Europe/Berlin", "fd00::3:2"),
+]
 
 # behaviours of an expected (message, group[, client]) pair
 OK, RETRY_OK, FAILED, DLQ, IN_FLIGHT, DUPLICATE, DUP_TRACE, OLDFMT = range(8)
@@ -250,26 +258,59 @@ def _be(values: np.ndarray, nbytes: int) -> np.ndarray:
     return ((v[:, None] >> shifts[None, :]) & np.uint64(0xFF)).astype(np.uint8)
 
 
-def _month_start(ms: np.ndarray) -> np.ndarray:
-    days = (ms // DAY).astype("datetime64[D]")
-    months = days.astype("datetime64[M]")
-    return months.astype("datetime64[D]").astype(np.int64) * DAY
+def _month_start(ms: np.ndarray, zone: str) -> np.ndarray:
+    """Epoch ms of local midnight on the 1st of the month (in ``zone``) containing each ``ms``."""
+    z = ZoneInfo(zone)
+    first = _dt.datetime.fromtimestamp(int(ms.min()) // 1000, tz=z)
+    last = _dt.datetime.fromtimestamp(int(ms.max()) // 1000, tz=z)
+    starts = []
+    y, m = first.year, first.month
+    while (y, m) <= (last.year, last.month):
+        starts.append(int(_dt.datetime(y, m, 1, tzinfo=z).timestamp()) * 1000)
+        y, m = (y + 1, 1) if m == 12 else (y, m + 1)
+    bounds = np.array(starts, dtype=np.int64)
+    return bounds[np.searchsorted(bounds, ms, side="right") - 1]
 
 
-def msg_ids(index: np.ndarray, created_ms: np.ndarray, producer: np.ndarray) -> pa.Array:
-    """RocketMQ msgIds: client IPv4, pid, salt, ms since month start (UTC), counter.
+def _address(ip: str) -> bytes:
+    return ipaddress.ip_address(ip).packed
+
+
+def msg_ids(
+    index: np.ndarray, created_ms: np.ndarray, producer: np.ndarray, zone: str | None = None
+) -> pa.Array:
+    """RocketMQ msgIds: client address, pid, salt, ms since the month start in the producer's
+    zone (``zone``: this one for all), counter; 56 hex digits for an IPv6 address.
 
     Unique per ``index``: the salt holds ``index >> 16`` and the counter ``index & 0xFFFF``.
     """
     n = len(index)
-    raw = np.empty((n, 16), dtype=np.uint8)
-    ips = np.array([[int(x) for x in p[1].split(".")] for p in PRODUCERS], dtype=np.uint8)
-    raw[:, 0:4] = ips[producer]
-    raw[:, 4:6] = _be(1000 + producer, 2)
-    raw[:, 6:10] = _be(index >> 16, 4)
-    raw[:, 10:14] = _be(created_ms - _month_start(created_ms), 4)
-    raw[:, 14:16] = _be(index & 0xFFFF, 2)
-    return _strings_fixed(_hex(raw))
+    created_ms = np.asarray(created_ms, dtype=np.int64)
+    raw = np.zeros((n, 28), dtype=np.uint8)
+    width = np.empty(n, dtype=np.int64)
+    for p, (_, _, _, p_zone, ip) in enumerate(PRODUCERS):
+        sel = np.flatnonzero(producer == p)
+        if not len(sel):
+            continue
+        addr = _address(ip)
+        a = len(addr)
+        width[sel] = (a + 12) * 2
+        raw[sel, 0:a] = np.frombuffer(addr, dtype=np.uint8)
+        raw[sel, a : a + 2] = _be(1000 + producer[sel], 2)
+        raw[sel, a + 2 : a + 6] = _be(index[sel] >> 16, 4)
+        made = created_ms[sel]
+        raw[sel, a + 6 : a + 10] = _be(made - _month_start(made, zone or p_zone), 4)
+        raw[sel, a + 10 : a + 12] = _be(index[sel] & 0xFFFF, 2)
+    digits = _hex(raw)
+    keep = np.arange(56)[None, :] < width[:, None]
+    offsets = np.concatenate([[0], np.cumsum(width)])
+    if offsets[-1] >= 2**31:
+        raise ValueError("too many msgIds for one string array")
+    return pa.StringArray.from_buffers(
+        n,
+        pa.py_buffer(offsets.astype(np.int32).tobytes()),
+        pa.py_buffer(np.ascontiguousarray(digits[keep]).tobytes()),
+    )
 
 
 def _request_ids(index: np.ndarray, salt: int) -> pa.Array:
@@ -404,6 +445,9 @@ class Scenario:
     #: share of messages per topic (TopicA, TopicB, TopicC); TopicA has 2-3 consuming groups,
     #: TopicB four consumers, TopicC about one
     topic_weights: tuple[float, float, float] = (0.55, 0.12, 0.33)
+    #: the zone of the msgIds of consumes without a Pub (orphans, ancient messages): the job
+    #: reads those in one zone, its ``msgid_timezone``, which must be this one
+    msgid_zone: str = "UTC"
 
     @property
     def cutoff_ms(self) -> int:
@@ -1137,7 +1181,8 @@ class _Gen:
         ts = np.where(after_window, sc.end_ms + rng.integers(10 * SEC, sc.horizon_ms // 2, k), ts)
         grp = np.where(rng.random(k) < 0.7, self.gidx["G_all_A"], self.gidx["G_bcast_B"])
         failed_first = rng.random(k) < 0.2
-        ids = msg_ids(idx, created, np.zeros(k, dtype=np.int64))
+        # consumes without a Pub are read in the job's one zone: their producer writes in it
+        ids = msg_ids(idx, created, np.zeros(k, dtype=np.int64), sc.msgid_zone)
         events += self._raw_consumes(ids, grp, ts, failed_first)
         first = np.where(failed_first, ts - 5 * SEC, ts)
         self.orphan_batches.append((ids, grp, first))
@@ -1147,7 +1192,7 @@ class _Gen:
         acreated = np.full(a, sc.start_ms - 3 * HOUR) + np.arange(a)
         ats = rng.integers(lo, hi, a)
         events += self._raw_consumes(
-            msg_ids(aidx, acreated, np.zeros(a, dtype=np.int64)),
+            msg_ids(aidx, acreated, np.zeros(a, dtype=np.int64), sc.msgid_zone),
             np.full(a, self.gidx["G_all_A"]),
             ats,
             np.zeros(a, bool),

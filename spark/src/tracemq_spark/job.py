@@ -29,6 +29,10 @@ Semantics (DESIGN §6; the documented choices are in the package README and in `
 * ORPHAN_CONSUME: consumes of a msgId with no Pub in the read range, first consumed in
   ``[from, to)``, whose msgId was created (the time it embeds) inside the read range, or whose
   msgId is empty; consumes of messages created before the read range are left alone.
+* A msgId's creation time is milliseconds since a month start in the *producer's* time zone
+  (RocketMQ's rule); the lake has no producer zone per message, so the job reads every msgId in
+  one zone, ``--msgid-timezone`` (default UTC). A wrong zone moves a creation time by the zones'
+  difference, which matters only for whether a consume without a Pub is an orphan.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NamedTuple
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -139,6 +144,11 @@ class Params:
     run_id: str | None = None
     #: for tests: raise at this checkpoint (see ``_checkpoint``)
     fail_at: str | None = None
+    #: the producers' zone (IANA name): msgIds count from a month start in it. The lake has no
+    #: zone per message, so all are read in this one. UTC by default so that a run's result
+    #: does not depend on the host it runs on (Spark hosts are usually UTC; producers default
+    #: to their host's zone, as RocketMQ's do, or to TRACEMQ_MSGID_TIMEZONE)
+    msgid_timezone: str = "UTC"
 
     def validate(self) -> None:
         if self.to_ms <= self.from_ms:
@@ -157,6 +167,13 @@ class Params:
             raise ReconcileError("--max-reconsume-times must be at least 1")
         if self.from_ms < 0:
             raise ReconcileError("--from is before 1970")
+        try:
+            ZoneInfo(self.msgid_timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ReconcileError(
+                f"--msgid-timezone: unknown time zone {self.msgid_timezone!r} "
+                "(an IANA name such as 'Asia/Shanghai' or 'UTC')"
+            ) from None
 
 
 @dataclass
@@ -1072,7 +1089,7 @@ class _Context:
         after_retry = (col("attempts") > 1) | (col("success_retry") > 0)
         first_ts = col("first_consume_ts")
         real_id = ~col("pkey").startswith("\u0000")
-        created = _msg_id_created(col("pkey"), first_ts)
+        created = _msg_id_created(col("pkey"), first_ts, p.msgid_timezone)
         orphan_ok = (
             (first_ts >= self.f_ms)
             & (first_ts < self.t_ms)
@@ -1622,14 +1639,33 @@ def _known_version(v: str) -> bool:
         return False
 
 
-def _msg_id_created(msg_id: Column, ref_ts: Column) -> Column:
-    """Epoch ms a RocketMQ msgId was created at (its bytes 10..13 are ms since the start of the
-    UTC month; the month is the one of ``ref_ts``, or the one before if that would put the
-    creation more than a day after ``ref_ts``); null if it is not 32 hex digits."""
-    valid = msg_id.rlike("^[0-9A-Fa-f]{32}$")
-    offset = F.conv(F.substring(msg_id, 21, 8), 16, 10).cast("long")
-    month = F.unix_millis(F.date_trunc("MONTH", F.timestamp_millis(ref_ts)))
-    prev = F.unix_millis(F.date_trunc("MONTH", F.timestamp_millis(month - 1)))
+def _zone_month_start(ts_ms: Column, zone: str) -> Column:
+    """Epoch ms of local midnight on the 1st of the month (in ``zone``) containing ``ts_ms``.
+
+    Independent of the session time zone: from_utc_timestamp gives the zone's wall clock as
+    if it were UTC, the month is truncated on that, and to_utc_timestamp turns the wall clock
+    back into an instant. A midnight skipped by a DST gap gets the offset before the change
+    and a repeated one its first occurrence (java.time's rule), as ``zoneinfo`` with fold=0
+    and Java's lenient Calendar."""
+    wall = F.unix_millis(F.from_utc_timestamp(F.timestamp_millis(ts_ms), zone))
+    first = F.trunc(F.date_from_unix_date(F.floor(wall / DAY_MS).cast("int")), "month")
+    first_wall = F.timestamp_millis(F.unix_date(first).cast("long") * DAY_MS)
+    return F.unix_millis(F.to_utc_timestamp(first_wall, zone))
+
+
+def _msg_id_created(msg_id: Column, ref_ts: Column, zone: str = "UTC") -> Column:
+    """Epoch ms a RocketMQ msgId was created at, read at ``ref_ts`` with the producer's
+    ``zone``; null if it is not 32 or 56 hex digits (56: an IPv6 client address).
+
+    The same rule as ``tracemq.message_id.msg_id_created_ms`` (the tests compare the two): the
+    id's time field is ms since the start of a month in ``zone``; the month is the one of
+    ``ref_ts``, or the one before if that would put the creation more than a day after
+    ``ref_ts`` (a day of clock skew allowed)."""
+    valid = msg_id.rlike("^([0-9A-Fa-f]{32}|[0-9A-Fa-f]{56})$")
+    # the time field is the 8 hex digits before the 4-digit counter, whatever the address size
+    offset = F.conv(F.substring(msg_id, -12, 8), 16, 10).cast("long")
+    month = _zone_month_start(ref_ts, zone)
+    prev = _zone_month_start(month - 1, zone)
     created = F.when(month + offset > ref_ts + DAY_MS, prev + offset).otherwise(month + offset)
     return F.when(valid, created)
 

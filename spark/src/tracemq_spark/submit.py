@@ -14,6 +14,7 @@ only (no Python UDFs). Exit codes as for ``tracemq reconcile``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -39,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--subscription-grace", default="2m")
     ap.add_argument("--now", default=None)
     ap.add_argument("--keep-classified", action="store_true")
+    ap.add_argument("--msgid-timezone", default=os.environ.get("TRACEMQ_MSGID_TIMEZONE") or "UTC")
     ap.add_argument("--master", default=None, help="only when not given to spark-submit")
     a = ap.parse_args(argv)
     try:
@@ -56,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             subscription_grace_ms=parse_duration(a.subscription_grace, "--subscription-grace"),
             now_ms=parse_time(a.now, "--now") if a.now else None,
             keep_classified=a.keep_classified,
+            msgid_timezone=a.msgid_timezone,
         )
         params.validate()
         spark = build_session(a.master)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -371,23 +372,30 @@ def _nat(value: str, high: int) -> int | None:
 
 
 def _offset_coords(offset_msg_id: str | None) -> tuple[str | None, int | None, int | None]:
-    """``decode_offset_msg_id`` as ``_event_row`` uses it: (store_addr, queue_id, offset)."""
-    if offset_msg_id is None or len(offset_msg_id) != 32:
+    """``decode_offset_msg_id`` as ``_event_row`` uses it: (store_addr, queue_id, offset).
+
+    32 hex digits (IPv4 store host) or 56 (IPv6, ``[v6]:port``), as RocketMQ writes them."""
+    if offset_msg_id is None or len(offset_msg_id) not in (32, 56):
         return None, None, None
     try:
         raw = bytes.fromhex(offset_msg_id)
     except ValueError:
         return None, None, None
-    if len(raw) != 16:  # fromhex skips spaces: 32 characters but not 32 hex digits
+    if len(raw) * 2 != len(offset_msg_id):  # fromhex skips spaces: not all hex digits
         return None, None, None
-    host = raw[:8]
+    a = len(raw) - 12  # address length: 4 or 16
+    host = raw[: a + 4]
     addr = _store_addrs.get(host)
     if addr is None:
         if len(_store_addrs) > 4096:
             _store_addrs.clear()
-        addr = f"{'.'.join(str(b) for b in host[:4])}:{int.from_bytes(host[4:8], 'big')}"
+        port = int.from_bytes(host[a:], "big")
+        if a == 4:
+            addr = f"{'.'.join(str(b) for b in host[:4])}:{port}"
+        else:
+            addr = f"[{ipaddress.IPv6Address(host[:16])}]:{port}"
         _store_addrs[host] = addr
-    physical = int.from_bytes(raw[8:16], "big")
+    physical = int.from_bytes(raw[a + 4 :], "big")
     return addr, physical >> 48, physical & _KAFKA_OFFSET_MASK
 
 

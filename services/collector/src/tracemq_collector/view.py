@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from tracemq.message_id import decode_offset_msg_id
-from tracemq.trace import ConsumeReturnType, MessageType
+from tracemq.trace import FIELD_SPLITOR, ConsumeReturnType, MessageType, decode_report
 
 #: The brokers' default ``messageDelayLevel`` (``tracemq_broker.delay_levels``) in seconds: a
 #: delayed message's due time is only known from the trace through its level, and a service
@@ -168,6 +168,16 @@ def build_view(msg_id: str, events: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _own_time(after: dict[str, Any]) -> bool:
+    """Whether a SubAfter event's timestamp is its record's own, not the collector's ingest
+    time (the record has none: 6-8 fields, or 0)."""
+    record = after.get("record")
+    if isinstance(record, str):
+        contexts = decode_report(record + FIELD_SPLITOR).contexts
+        return bool(contexts) and contexts[0].timestamp != 0
+    return after.get("ingest_ts") is None or after["timestamp"] != after["ingest_ts"]
+
+
 def _attempt(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any]:
     if after is None:
         status = "unknown"
@@ -175,6 +185,10 @@ def _attempt(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dic
         status = "success" if after["success"] else "failed"
     end = after["timestamp"] if after is not None else None
     cost = after["cost_time"] if after is not None else None
+    if before is not None and after is not None and cost is not None and not _own_time(after):
+        # An old SubAfter has no timestamp; its event time is when the collector read it,
+        # seconds after the consume. Its cost is exact: the attempt ends at begin + cost.
+        end = before["timestamp"] + cost
     begin = (
         before["timestamp"]
         if before is not None

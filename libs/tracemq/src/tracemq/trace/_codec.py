@@ -38,9 +38,12 @@ counts after that removal:
   encoded record with an empty ``keys`` turns into (the empty last field vanishes), so it
   decodes with ``keys=None``; fewer than 7 is malformed.
 * SubAfter: 6 fields (no ``context_code``, ``timestamp`` or group); 7 adds
-  ``context_code``; 9 or more adds ``timestamp`` and ``group_name``. Exactly 8 fields is
-  what an encoded record with an empty ``group_name`` turns into, so index 7 is still read
-  as the ``timestamp`` and ``group_name`` is None. Fewer than 6 is malformed.
+  ``context_code``; 9 or more adds ``timestamp`` and ``group_name``. RocketMQ reads those
+  two only from 9 or more fields and ignores an 8th; exactly 8 is also what an encoded
+  record with an empty ``group_name`` turns into. So with 8 fields index 7 is the
+  ``timestamp`` if it is a valid Java long and is otherwise ignored (``timestamp`` None),
+  ``group_name`` is None, and the record is never dropped for it. Fewer than 6 is
+  malformed.
 * EndTransaction needs 13 fields and Recall 7; fewer is malformed.
 * Fields beyond those listed are ignored, so a newer writer's additions do not break us.
 
@@ -225,6 +228,14 @@ def _encode_sub_after(ctx: TraceContext) -> str:
     )
 
 
+def _transaction_state(state: TransactionState | None) -> str:
+    if state is None:
+        # RocketMQ's encoder throws here too: a written "null" fails RocketMQ's and the
+        # dashboard's decoders, which then lose every record of the trace message.
+        raise ValueError("transaction_state is required on an EndTransaction context")
+    return TransactionState(state).value
+
+
 def _encode_end_transaction(ctx: TraceContext) -> str:
     bean = _first_bean(ctx)
     state = bean.transaction_state
@@ -241,7 +252,7 @@ def _encode_end_transaction(ctx: TraceContext) -> str:
             _text("store_host", bean.store_host),
             _msg_type(ctx.trace_type, bean),
             _text("transaction_id", bean.transaction_id),
-            _NULL if state is None else TransactionState(state).value,
+            _transaction_state(state),
             _boolean(bean.from_transaction_check),
         ]
     )
@@ -456,8 +467,9 @@ def encode(ctx: TraceContext) -> TraceTransferBean:
     Raises:
         ValueError: a string field contains U+0001 or U+0002 (it would corrupt the record),
             an integer does not fit the Java type RocketMQ uses, ``msg_type`` is missing
-            on a Pub or EndTransaction context, or a Pub, EndTransaction or Recall context
-            has no trace bean. The message names the field.
+            on a Pub or EndTransaction context, ``transaction_state`` is missing on an
+            EndTransaction context, or a Pub, EndTransaction or Recall context has no trace
+            bean. The message names the field.
     """
     keys: set[str] = set()
     data = _encode_into(ctx, keys)
@@ -631,11 +643,15 @@ def _decode_sub_after(f: list[str]) -> TraceContext:
     )
     if len(f) >= 7:
         ctx.context_code = _int_at(f, 6, "context_code")
-    if len(f) >= 8:
-        # No RocketMQ version wrote 8 fields; 8 means a 9-field record whose empty
-        # group_name was dropped by the split, so index 7 is still the timestamp.
+    if len(f) >= 9:
         ctx.timestamp = _long_at(f, 7, "timestamp")
-        ctx.group_name = _optional_str_at(f, 8)
+        ctx.group_name = _str_at(f, 8)
+    elif len(f) == 8:
+        # RocketMQ ignores an 8th field; it is our timestamp when a 9-field record lost its
+        # empty group_name to the split, so kept when it reads as one, never a reason to drop.
+        number = _decimal(f[7])
+        if number is not None and _LONG_MIN <= number <= _LONG_MAX:
+            ctx.timestamp = number
     return ctx
 
 
