@@ -20,7 +20,10 @@ from typer.core import TyperGroup
 
 #: name → (where its typer app or function lives, one-line help shown by ``tracemq --help``)
 BUILTIN: dict[str, tuple[str, str]] = {
-    "dev": ("tracemq.cli.dev:app", "Run the embedded stack (Tansu ×2, Redis, nameserver, brokers)."),
+    "dev": (
+        "tracemq.cli.dev:app",
+        "Run the embedded stack (Tansu ×2, Redis, nameserver, brokers).",
+    ),
     "topic": ("tracemq.cli.topic:app", "Create, update, delete and list topics on a broker."),
     "route": ("tracemq.cli.route:app", "Inspect routes."),
     "trace": ("tracemq.cli.trace:app", "Look up message traces through the collector."),

@@ -45,9 +45,7 @@ def collector_url(url: str | None) -> str:
             if os.environ.get("TRACEMQ_COLLECTOR_URL")
             else "the running stack's collector URL"
         )
-        raise UsageError(
-            f"{where}: {found!r} is not a collector URL (like http://127.0.0.1:8080)"
-        )
+        raise UsageError(f"{where}: {found!r} is not a collector URL (like http://127.0.0.1:8080)")
     return found
 
 
@@ -183,7 +181,9 @@ def find(
             it.get("keys") or "-",
         )
     if not res["items"]:
-        typer.echo(f"no message with key {key!r}" + (f" in topic {topic}" if topic else ""), err=True)
+        typer.echo(
+            f"no message with key {key!r}" + (f" in topic {topic}" if topic else ""), err=True
+        )
         raise typer.Exit(1)
     console().print(table)
 
@@ -191,7 +191,9 @@ def find(
 @app.command("lag")
 def lag(
     wait: float = typer.Option(
-        0, min=0, help="Wait up to this many seconds until the collectors have caught up (exit 1 if not)."
+        0,
+        min=0,
+        help="Wait up to this many seconds until the collectors have caught up (exit 1 if not).",
     ),
     group: str = typer.Option("tracemq-collector", help="The collectors' consumer group."),
     trace_topic: list[str] | None = typer.Option(  # noqa: B008 - typer reads it, never mutated
@@ -206,10 +208,9 @@ def lag(
     from aiokafka.errors import KafkaError
 
     from tracemq.cli._connection import resolve
+    from tracemq.cli._errors import reaching
     from tracemq.collector_lag import collector_lag, wait_caught_up
     from tracemq.naming import TRACE_TOPIC
-
-    from tracemq.cli._errors import reaching
 
     conn = resolve(redis_url)
     kw: dict[str, Any] = {
