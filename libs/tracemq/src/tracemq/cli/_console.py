@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
-from rich.console import Console
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def console() -> Console:
+    from rich.console import Console  # on use: rich costs start-up time `--help` need not pay
+
     return Console() if sys.stdout.isatty() else Console(width=200)

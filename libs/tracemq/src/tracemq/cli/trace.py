@@ -9,15 +9,17 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.table import Table
 
 from tracemq.cli._connection import dev_state
 from tracemq.cli._console import console
 from tracemq.cli._errors import CliError, Unreachable, UsageError
 from tracemq.cli._time import TIME_HELP, parse_time
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 app = typer.Typer(help="Look up message traces through the collector.", no_args_is_help=True)
 
@@ -83,6 +85,8 @@ def _ts(ms: int | None) -> str:
 
 def trace_table(view: dict[str, Any]) -> Table:
     """RocketMQ's queryMsgTraceById layout, one block per consumer group."""
+    from rich.table import Table
+
     table = Table(title=f"trace of {view['msg_id']} (topic {view['topic']})")
     for col in ("type", "group", "client host", "time (UTC)", "cost ms", "retry", "status"):
         table.add_column(col)
@@ -169,6 +173,8 @@ def find(
     if as_json:
         typer.echo(json.dumps(res, indent=2))
         return
+    from rich.table import Table
+
     table = Table(title=f"messages with key {key!r}")
     for col in ("msg id", "topic", "time (UTC)", "tags", "keys"):
         table.add_column(col)
@@ -253,6 +259,8 @@ def lag(
             )
         )
     else:
+        from rich.table import Table
+
         table = Table(title=f"trace collector lag (group {group})")
         for col in ("trace topic", "broker", "queue", "end", "committed", "lag"):
             table.add_column(col)
