@@ -70,7 +70,7 @@ def up(
     """Start the stack; in the foreground it runs until Ctrl-C or SIGTERM.
 
     A process that dies is started again with backoff (see `tracemq dev status`)."""
-    home = dev_home()
+    home = dev_home().resolve()  # the state's paths must hold from any directory
     state = home_state()
     if state and _alive(int(state.get("launcher_pid") or 0)):
         raise StackError(
