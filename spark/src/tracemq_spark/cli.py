@@ -360,8 +360,8 @@ def _print_summary(console: Any, result: Any) -> None:
             )
         )
     console.print(
-        f"output: {result.out}  (anomalies/, summary/, summary.json, report.html, "
-        f"report.png) in {result.elapsed_s:.1f}s"
+        f"output: {result.out}  (anomalies/, summary/, summary.json, report.png) "
+        f"in {result.elapsed_s:.1f}s"
     )
     console.print(f"report: {result.out.rstrip('/')}/report.html")
 
