@@ -32,7 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tracemq.admin import AdminClient
-from tracemq.cli._console import console
+from tracemq.cli._console import console, fit
 from tracemq.cli.trace import trace_table
 from tracemq.collector_lag import wait_caught_up
 from tracemq.devstack import EmbeddedStack, StackConfig
@@ -54,7 +54,7 @@ def _route_table(route: TopicRoute) -> Table:
         table.add_row(
             q.broker, q.cluster, f"{q.read_queues}/{q.write_queues}", str(q.perm), q.data_bootstrap
         )
-    return table
+    return fit(table)
 
 
 def _progress() -> Progress:
@@ -425,7 +425,7 @@ def _check_against_listeners(workload: Workload, out: Path) -> bool:
                 console().print(f"  {g} {m}: listener {mine}, reconciliation {theirs}")
             if len(differ) > 5:
                 console().print(f"  … {len(differ) - 5} more")
-    console().print(table_out)
+    console().print(fit(table_out))
     return agree
 
 

@@ -19,7 +19,7 @@ import typer
 from rich.table import Table
 
 from tracemq.cli._connection import dev_home, dev_state, home_state
-from tracemq.cli._console import console
+from tracemq.cli._console import console, fit
 from tracemq.cli._registry import pid_alive, register_stack, unregister_stack
 from tracemq.errors import StackError
 
@@ -44,7 +44,7 @@ def _print_endpoints(ep: dict[str, Any]) -> None:
     if ep.get("collector_api"):
         table.add_row("collector API / viewer", ep["collector_api"])
     table.add_row("logs", str(Path(ep["workdir"]) / "logs"))
-    console().print(table)
+    console().print(fit(table))
     typer.echo(
         f"export TRACEMQ_REDIS_URL={ep['redis_url']} "
         f"TRACEMQ_CONTROL_BOOTSTRAP={ep['business_bootstrap']}"
@@ -272,7 +272,7 @@ def _print_processes(out: dict[str, Any]) -> None:
                 str(p.get("restarts", 0)),
                 "" if p.get("last_exit_code") is None else str(p["last_exit_code"]),
             )
-    console().print(table)
+    console().print(fit(table))
 
 
 def _control(op: str, process: str, timeout: float) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import json
 import typer
 
 from tracemq.cli._connection import resolve
-from tracemq.cli._console import console
+from tracemq.cli._console import console, fit
 from tracemq.cli._errors import UsageError, reaching
 
 app = typer.Typer(help="Inspect routes.", no_args_is_help=True)
@@ -72,4 +72,4 @@ def show(
             b["region_id"],
             str(b["trace_on"]).lower(),
         )
-    console().print(table)
+    console().print(fit(table))

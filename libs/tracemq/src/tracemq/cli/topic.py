@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from tracemq.cli._connection import resolve
-from tracemq.cli._console import console
+from tracemq.cli._console import console, fit
 from tracemq.cli._errors import reaching
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
     table.add_column("value")
     for k, v in sorted(result.items()):
         table.add_row(k, v if isinstance(v, str) else json.dumps(v))
-    console().print(table)
+    console().print(fit(table, keep=("value",)))
 
 
 @app.command("create")
@@ -143,4 +143,4 @@ def list_(
         table.add_row(
             name, str(cfg.get("read_queues")), str(cfg.get("write_queues")), str(cfg.get("perm"))
         )
-    console().print(table)
+    console().print(fit(table, keep=("topic",)))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from tracemq.cli._connection import dev_state
-from tracemq.cli._console import console
+from tracemq.cli._console import console, fit
 from tracemq.cli._errors import CliError, Unreachable, UsageError
 from tracemq.cli._time import TIME_HELP, parse_time
 
@@ -128,7 +128,7 @@ def trace_table(view: dict[str, Any]) -> Table:
                     else ""
                 ),
             )
-    return table
+    return fit(table)
 
 
 @app.command("show")
@@ -191,7 +191,7 @@ def find(
             f"no message with key {key!r}" + (f" in topic {topic}" if topic else ""), err=True
         )
         raise typer.Exit(1)
-    console().print(table)
+    console().print(fit(table, keep=("msg id",)))
 
 
 @app.command("lag")
