@@ -149,8 +149,8 @@ def _one_line(exc: BaseException) -> str:
     from tracemq.cli._errors import is_transport_error, short
     from tracemq.errors import TracemqError
 
-    if isinstance(exc, TracemqError):
-        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, TracemqError):  # ours, written for the operator (a log tail may follow)
+        return str(exc).strip() or type(exc).__name__
     if is_transport_error(exc):
         return f"a dependency did not answer ({short(exc)}); check `tracemq dev status`"
     return f"{short(exc)} (unexpected; rerun with --debug for the traceback)"
