@@ -359,11 +359,14 @@ def _print_summary(console: Any, result: Any) -> None:
                 f"{m}: {n:,}" for m, n in s["clock_skew"]["suspect_rows_by_metric"].items() if n
             )
         )
+    # a local output as a path the operator can open, not Spark's file: URI
+    out = result.out.rstrip("/")
+    out = _local_path(out) if _is_local(out) else out
     console.print(
-        f"output: {result.out}  (anomalies/, summary/, summary.json, report.png) "
+        f"output: {out}/  (anomalies/, summary/, summary.json, report.png) "
         f"in {result.elapsed_s:.1f}s"
     )
-    console.print(f"report: {result.out.rstrip('/')}/report.html")
+    console.print(f"report: {out}/report.html")
 
 
 def main() -> None:
