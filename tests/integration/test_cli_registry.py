@@ -54,9 +54,7 @@ def test_commands_find_the_running_stack_from_anywhere(tmp_path: Path) -> None:
         # (the collector writes its lake with the first trace: none was sent, so it is missing)
         rec = run("reconcile", "--from", "-1h", "--to", "now", env=env, cwd=other_dir)
         if not Path(lake).is_dir():
-            assert rec.returncode == 2 and f"trace lake not found: {lake}" in rec.stderr, (
-                rec.stderr
-            )
+            assert rec.returncode == 2 and f"trace lake not found: {lake}" in rec.stderr, rec.stderr
         else:
             assert rec.returncode == 0, rec.stderr
 

@@ -194,7 +194,10 @@ def _run(console: Any, **kw: Any) -> int:
             "(local[*], local[N], spark://HOST:PORT, yarn, k8s://…)"
         )
     if _is_local(params.lake) and not Path(_local_path(params.lake)).is_dir():
-        raise ReconcileError(f"trace lake not found: {params.lake}")
+        raise ReconcileError(
+            f"trace lake not found: {params.lake} (--lake; a collector creates it with the "
+            "first trace it stores)"
+        )
     for name in ("subscriptions", "offsets"):
         given = getattr(params, name)
         if given and _is_local(given) and not Path(_local_path(given)).is_file():

@@ -65,7 +65,9 @@ def resolve(redis_url: str | None = None, control_bootstrap: str | None = None) 
     env_redis = os.environ.get("TRACEMQ_REDIS_URL")
     env_bootstrap = os.environ.get("TRACEMQ_CONTROL_BOOTSTRAP")
     # the stack is looked up only when needed: with several running, explicit settings win
-    state: dict[str, Any] | None = {} if (redis_url or env_redis) and (control_bootstrap or env_bootstrap) else None
+    state: dict[str, Any] | None = (
+        {} if (redis_url or env_redis) and (control_bootstrap or env_bootstrap) else None
+    )
     if state is None:
         state = dev_state() or {}
     return Connection(
