@@ -44,7 +44,10 @@ def parse_time(text: str, what: str, now_ms: int | None = None) -> int:
     try:
         dt = datetime.fromisoformat(s.replace("z", "Z"))
     except ValueError:
-        raise UsageError(f"{what}: {text!r} is not a time ({TIME_HELP})") from None
+        raise UsageError(
+            f"{what}: {text!r} is neither ISO 8601 (2024-05-14T08:00:00Z) nor epoch ms, now, "
+            "-1h or now-90m"
+        ) from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
     return int(dt.timestamp() * 1000)
