@@ -130,6 +130,12 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     assert summary["informational"]["ROLLED_BACK"] == 2
     assert (out_dir / "report.png").stat().st_size > 0
     assert "no process left behind" in out
+    # issue 15, point 11: no library or JVM chatter, each path once
+    both = out + res.stderr
+    assert "Unable connect" not in both and "Using incubator modules" not in both, both[-3000:]
+    assert "setLogLevel" not in both, both[-3000:]
+    assert out.count(f"{out_dir}/report.html") == 1, out[-3000:]
+    assert out.count("trace lake: ") == 1 and "(deleted at exit" in out
 
 
 @pytest.mark.parametrize(

@@ -38,7 +38,7 @@ def _tracemq_like_app() -> typer.Typer:
     def _version() -> None:  # a second command, so "reconcile" stays a sub-command
         pass
 
-    parent.add_typer(cli.app, name="reconcile")
+    parent.command("reconcile")(cli.reconcile)  # a single command, as tracemq.cli plugs it in
     return parent
 
 

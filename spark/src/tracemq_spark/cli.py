@@ -1,8 +1,9 @@
 """``tracemq reconcile``: reconcile send traces against consume traces over the trace lake.
 
-Registered in the ``tracemq`` CLI through the ``tracemq.commands`` entry point (the options
-are on the callback, so the command is ``tracemq reconcile --from … --to …``); also runnable as
-``python -m tracemq_spark``.
+Registered in the ``tracemq`` CLI through the ``tracemq.commands`` entry point as the single
+command ``tracemq reconcile --from … --to …``; also runnable as ``python -m tracemq_spark``.
+``--lake`` defaults to the running stack's lake (``tracemq dev up``, ``tracemq demo
+--keep-running``), else ``./data/collector/lake``.
 
 Times (``--from``, ``--to``, ``--now``): ISO 8601 (``2024-05-14T08:00:00Z``,
 ``2024-05-14T10:00+02:00``; without a zone: UTC), epoch milliseconds, or relative to the start
@@ -21,7 +22,6 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,53 +31,47 @@ from tracemq_spark.job import OUTCOMES, ReconcileError
 
 app = typer.Typer(
     help="Reconcile send traces against consume traces over the Parquet trace lake (Spark).",
-    invoke_without_command=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+#: what Spark accepts as a master; checked before the JVM starts, whose failure is a Java
+#: stack trace on stderr
+_MASTER = re.compile(
+    r"local(\[(\*|\d+)(,\d+)?\])?|local-cluster\[\d+,\d+,\d+\]|yarn"
+    r"|(spark|mesos|k8s)://\S+"
+)
+DEFAULT_LAKE = "./data/collector/lake"
 
 
 def parse_duration(text: str, what: str) -> int:
-    """``30m`` → 1800000 (ms)."""
-    s = text.strip().lower().replace(" ", "")
-    pos, total = 0, 0.0
-    for m in _DURATION.finditer(s):
-        if m.start() != pos:
-            break
-        total += float(m.group(1)) * _UNITS[m.group(2)]
-        pos = m.end()
-    if not s or pos != len(s):
-        raise ReconcileError(f"{what}: {text!r} is not a duration (like 500ms, 45s, 10m, 2h, 1d)")
-    return int(total)
+    """``30m`` → 1800000 (ms); the parser every tracemq command shares."""
+    from tracemq.cli._errors import UsageError
+    from tracemq.cli._time import parse_duration as parse
+
+    try:
+        return parse(text, what)
+    except UsageError as exc:
+        raise ReconcileError(str(exc)) from None
 
 
 def parse_time(text: str, what: str, now_ms: int | None = None) -> int:
     """ISO 8601 (no zone: UTC), epoch milliseconds, ``now``, or a time relative to now
-    (``-1h``, ``now-90m``: what a cron job or ``docker compose run`` passes) → epoch ms."""
-    s = text.strip()
-    if re.fullmatch(r"-?\d+", s):
-        return int(s)
-    rel = re.fullmatch(r"(?:now)?\s*(?:-\s*(.+))?", s.lower())
-    if s and rel is not None:
-        base = now_ms if now_ms is not None else int(time.time() * 1000)
-        try:
-            return base - (parse_duration(rel.group(1), what) if rel.group(1) else 0)
-        except ReconcileError:
-            raise ReconcileError(
-                f"{what}: {text!r} is not a time (ISO 8601, epoch ms, now, -1h, now-90m)"
-            ) from None
+    (``-1h``, ``now-90m``) → epoch ms; the parser every tracemq command shares."""
+    from tracemq.cli._errors import UsageError
+    from tracemq.cli._time import parse_time as parse
+
     try:
-        dt = datetime.fromisoformat(s.replace("z", "Z"))
-    except ValueError:
-        raise ReconcileError(
-            f"{what}: {text!r} is neither ISO 8601 (2024-05-14T08:00:00Z) nor epoch ms"
-        ) from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return int(dt.timestamp() * 1000)
+        return parse(text, what, now_ms)
+    except UsageError as exc:
+        raise ReconcileError(str(exc)) from None
+
+
+def default_lake() -> str:
+    """The running stack's trace lake, else the collector's default relative to here."""
+    from tracemq.cli._connection import dev_state
+
+    return str((dev_state() or {}).get("lake") or DEFAULT_LAKE)
 
 
 def _is_local(uri: str) -> bool:
@@ -88,13 +82,15 @@ def _local_path(uri: str) -> str:
     return uri[5:] if uri.startswith("file:") else uri
 
 
-@app.callback()
+@app.command("reconcile")
 def reconcile(
     from_: str = typer.Option(..., "--from", help="start of the Pub time window (inclusive)"),
     to: str = typer.Option(..., "--to", help="end of the Pub time window (exclusive)"),
     horizon: str = typer.Option("30m", help="how long after --to consume events are read"),
     window: str = typer.Option("10m", help="aggregation window (whole minutes)"),
-    lake: str = typer.Option("./data/collector/lake", help="trace lake (any Hadoop URI)"),
+    lake: str | None = typer.Option(
+        None, help=f"trace lake, any Hadoop URI (default: the running stack's, else {DEFAULT_LAKE})"
+    ),
     out: str = typer.Option("./data/reconcile", help="output directory (any Hadoop URI)"),
     master: str = typer.Option("local[*]", help="Spark master"),
     subscriptions: str | None = typer.Option(
@@ -135,7 +131,7 @@ def reconcile(
         to=to,
         horizon=horizon,
         window=window,
-        lake=lake,
+        lake=lake or default_lake(),
         out=out,
         master=master,
         subscriptions=subscriptions,
@@ -199,8 +195,16 @@ def _run(console: Any, **kw: Any) -> int:
         msgid_timezone=kw.get("msgid_timezone") or "UTC",
     )
     params.validate()
+    if not _MASTER.fullmatch(kw["master"]):
+        raise ReconcileError(
+            f"--master: {kw['master']!r} is not a Spark master "
+            "(local[*], local[N], spark://HOST:PORT, yarn, k8s://…)"
+        )
     if _is_local(params.lake) and not Path(_local_path(params.lake)).is_dir():
-        raise ReconcileError(f"trace lake not found: {params.lake}")
+        raise ReconcileError(
+            f"trace lake not found: {params.lake} (--lake; a collector creates it with the "
+            "first trace it stores)"
+        )
     for name in ("subscriptions", "offsets"):
         given = getattr(params, name)
         if given and _is_local(given) and not Path(_local_path(given)).is_file():
@@ -365,11 +369,14 @@ def _print_summary(console: Any, result: Any) -> None:
                 f"{m}: {n:,}" for m, n in s["clock_skew"]["suspect_rows_by_metric"].items() if n
             )
         )
+    # a local output as a path the operator can open, not Spark's file: URI
+    out = result.out.rstrip("/")
+    out = _local_path(out) if _is_local(out) else out
     console.print(
-        f"output: {result.out}  (anomalies/, summary/, summary.json, report.html, "
-        f"report.png) in {result.elapsed_s:.1f}s"
+        f"output: {out}/  (anomalies/, summary/, summary.json, report.png) "
+        f"in {result.elapsed_s:.1f}s"
     )
-    console.print(f"report: {result.out.rstrip('/')}/report.html")
+    console.print(f"report: {out}/report.html")
 
 
 def main() -> None:

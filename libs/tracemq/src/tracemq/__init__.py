@@ -10,26 +10,74 @@ Public modules: :mod:`tracemq.trace` (RocketMQ-compatible trace model, codec, di
 :mod:`tracemq.naming`, :mod:`tracemq.errors`, :mod:`tracemq.devstack` (the embedded stack).
 """
 
-from tracemq._client import ClientSettings
-from tracemq.consumer import (
-    ConsumeConcurrentlyStatus,
-    ConsumeContext,
-    ConsumeFromWhere,
-    ConsumeOrderlyStatus,
-    LitePullConsumer,
-    MessageModel,
-    PushConsumer,
-)
-from tracemq.message import Message, MessageExt, MessageQueue, SendResult, SendStatus
-from tracemq.producer import (
-    BatchSendError,
-    LocalTransactionState,
-    Producer,
-    SendError,
-    TransactionListener,
-    TransactionProducer,
-    TransactionSendResult,
-)
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tracemq._client import ClientSettings
+    from tracemq.consumer import (
+        ConsumeConcurrentlyStatus,
+        ConsumeContext,
+        ConsumeFromWhere,
+        ConsumeOrderlyStatus,
+        LitePullConsumer,
+        MessageModel,
+        PushConsumer,
+    )
+    from tracemq.message import Message, MessageExt, MessageQueue, SendResult, SendStatus
+    from tracemq.producer import (
+        BatchSendError,
+        LocalTransactionState,
+        Producer,
+        SendError,
+        TransactionListener,
+        TransactionProducer,
+        TransactionSendResult,
+    )
+
+#: where each public name lives: imported on first use, so that ``tracemq.cli`` (which
+#: imports this package) does not pay a second for the client it may never use
+_LAZY = {
+    "ClientSettings": "tracemq._client",
+    **dict.fromkeys(
+        (
+            "ConsumeConcurrentlyStatus",
+            "ConsumeContext",
+            "ConsumeFromWhere",
+            "ConsumeOrderlyStatus",
+            "LitePullConsumer",
+            "MessageModel",
+            "PushConsumer",
+        ),
+        "tracemq.consumer",
+    ),
+    **dict.fromkeys(
+        ("Message", "MessageExt", "MessageQueue", "SendResult", "SendStatus"), "tracemq.message"
+    ),
+    **dict.fromkeys(
+        (
+            "BatchSendError",
+            "LocalTransactionState",
+            "Producer",
+            "SendError",
+            "TransactionListener",
+            "TransactionProducer",
+            "TransactionSendResult",
+        ),
+        "tracemq.producer",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tracemq' has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 

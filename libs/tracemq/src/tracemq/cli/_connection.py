@@ -1,5 +1,7 @@
-"""Where a CLI command finds the stack: options, then ``TRACEMQ_*`` variables, then the state
-file of a running ``tracemq dev up`` (so commands just work next to the embedded stack)."""
+"""Where a CLI command finds the stack: options, then ``TRACEMQ_*`` variables, then the running
+stack: ``TRACEMQ_DEV_HOME``'s state file when that variable is set, else the one stack of the
+registry of running stacks (``tracemq dev up`` and ``tracemq demo`` register theirs; with
+several, ``TRACEMQ_STACK=NAME`` picks one), else ``.tracemq/dev``'s state file."""
 
 from __future__ import annotations
 
@@ -9,18 +11,47 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tracemq.cli._errors import UsageError
+from tracemq.cli._registry import running_stacks
+
 
 def dev_home() -> Path:
     return Path(os.environ.get("TRACEMQ_DEV_HOME", ".tracemq/dev"))
 
 
-def dev_state() -> dict[str, Any] | None:
+def home_state() -> dict[str, Any] | None:
+    """The state file of ``tracemq dev up`` in this ``TRACEMQ_DEV_HOME``."""
     path = dev_home() / "state.json"
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
+    return {**data, "state_file": str(path)} if isinstance(data, dict) else None
+
+
+def dev_state() -> dict[str, Any] | None:
+    """The state of the running stack the commands talk to (see the module docstring)."""
+    if os.environ.get("TRACEMQ_DEV_HOME"):
+        return home_state()
+    stacks = running_stacks()
+    pick = os.environ.get("TRACEMQ_STACK")
+    names = ", ".join(
+        f"{s['stack_name']} ({s.get('kind')}, pid {s.get('launcher_pid')})" for s in stacks
+    )
+    if pick:
+        for s in stacks:
+            if s["stack_name"] == pick:
+                return s
+        raise UsageError(
+            f"TRACEMQ_STACK={pick!r}: no such running stack (running: {names or 'none'})"
+        )
+    if len(stacks) == 1:
+        return stacks[0]
+    if len(stacks) > 1:
+        raise UsageError(
+            f"{len(stacks)} stacks are running: {names}; pick one with TRACEMQ_STACK=NAME"
+        )
+    return home_state()
 
 
 @dataclass(frozen=True)
@@ -31,13 +62,20 @@ class Connection:
 
 
 def resolve(redis_url: str | None = None, control_bootstrap: str | None = None) -> Connection:
-    state = dev_state() or {}
+    env_redis = os.environ.get("TRACEMQ_REDIS_URL")
+    env_bootstrap = os.environ.get("TRACEMQ_CONTROL_BOOTSTRAP")
+    # the stack is looked up only when needed: with several running, explicit settings win
+    state: dict[str, Any] | None = (
+        {} if (redis_url or env_redis) and (control_bootstrap or env_bootstrap) else None
+    )
+    if state is None:
+        state = dev_state() or {}
     return Connection(
         redis_url=redis_url
-        or os.environ.get("TRACEMQ_REDIS_URL")
+        or env_redis
         or str(state.get("redis_url") or "redis://127.0.0.1:6379/0"),
         control_bootstrap=control_bootstrap
-        or os.environ.get("TRACEMQ_CONTROL_BOOTSTRAP")
+        or env_bootstrap
         or str(state.get("business_bootstrap") or "127.0.0.1:9092"),
         redis_prefix=os.environ.get("TRACEMQ_REDIS_PREFIX", "tmq:"),
     )

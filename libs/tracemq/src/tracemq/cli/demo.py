@@ -32,7 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tracemq.admin import AdminClient
-from tracemq.cli._console import console
+from tracemq.cli._console import console, fit
 from tracemq.cli.trace import trace_table
 from tracemq.collector_lag import wait_caught_up
 from tracemq.devstack import EmbeddedStack, StackConfig
@@ -54,7 +54,7 @@ def _route_table(route: TopicRoute) -> Table:
         table.add_row(
             q.broker, q.cluster, f"{q.read_queues}/{q.write_queues}", str(q.perm), q.data_bootstrap
         )
-    return table
+    return fit(table)
 
 
 def _progress() -> Progress:
@@ -355,7 +355,12 @@ def _reconcile(
     if help_check.returncode != 0:
         return None
     env = {**os.environ, **stack.client_env()}
-    return subprocess.run(cmd, env=env, check=False).returncode
+    # the JVM's start-up chatter ("Using incubator modules", log-level hints) goes to stderr:
+    # shown only when the job fails
+    res = subprocess.run(cmd, env=env, check=False, stderr=subprocess.PIPE, text=True)
+    if res.returncode != 0:
+        console().print(res.stderr[-4000:], markup=False, highlight=False)
+    return res.returncode
 
 
 def _trace_drops(workload: Workload) -> tuple[int, int, int]:
@@ -420,7 +425,7 @@ def _check_against_listeners(workload: Workload, out: Path) -> bool:
                 console().print(f"  {g} {m}: listener {mine}, reconciliation {theirs}")
             if len(differ) > 5:
                 console().print(f"  … {len(differ) - 5} more")
-    console().print(table_out)
+    console().print(fit(table_out))
     return agree
 
 
@@ -443,21 +448,46 @@ def demo(
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
+    from tracemq.cli._registry import register_stack, unregister_stack
+
+    # with --keep-running the stack's lake outlives the demo, for `tracemq reconcile` later
+    workdir = Path(".tracemq/demo").resolve() if keep_running else None
+    if workdir is not None:
+        shutil.rmtree(workdir, ignore_errors=True)
     stack = EmbeddedStack(
         StackConfig(
-            with_collector=True, service_env={"TRACEMQ_COLLECTOR_LAKE_FLUSH_INTERVAL_MS": "1000"}
+            workdir=workdir,
+            with_collector=True,
+            service_env={"TRACEMQ_COLLECTOR_LAKE_FLUSH_INTERVAL_MS": "1000"},
         )
     )
+    name = f"demo-{os.getpid()}"
+    out = out.resolve()
     try:
         with con.status(
             "starting the embedded stack (2 Kafka clusters, Redis, nameserver, "
             "broker-a, trace-broker, collector)…"
         ):
             stack.start()
-        api = stack.endpoints()["collector_api"]
+        endpoints = stack.endpoints()
+        api, lake = endpoints["collector_api"], Path(endpoints["lake"])
+        state_file = stack.workdir / "state.json"
+        report = out / "report.html"
+        stack.write_state(
+            state_file, launcher_pid=os.getpid(), status="running", kind="demo", report=str(report)
+        )
+        register_stack(name, state_file, os.getpid(), kind="demo")
         con.print(
             f"[green]stack up[/] — business Kafka {stack.business_bootstrap}, "
             f"trace Kafka {stack.trace_bootstrap}, Redis {stack.redis_url}"
+        )
+        con.print(
+            f"trace lake: {lake} "
+            + (
+                "(kept after exit)"
+                if keep_running
+                else "(deleted at exit; --keep-running keeps it)"
+            )
         )
         workload = Workload(stack, messages, queues)
         routes = asyncio.run(workload.setup())
@@ -501,8 +531,6 @@ def demo(
             # the horizon of the window must be over, or the stopped group's backlog is PENDING
             while datetime.now(UTC) < finished + timedelta(seconds=1 + HORIZON_S):
                 time.sleep(0.1)
-        lake = Path(stack.workdir) / "data" / "collector" / "lake"
-        out = out.resolve()
         shutil.rmtree(out, ignore_errors=True)
         code = _reconcile(
             stack, lake, out, started - timedelta(seconds=5), finished + timedelta(seconds=1)
@@ -512,8 +540,7 @@ def demo(
         elif code != 0:
             con.print(f"[red]reconciliation failed (exit {code})[/]")
             raise typer.Exit(1)
-        else:
-            con.print(f"reconciliation report: {out / 'report.html'}")
+        else:  # the job printed the report's path
             if not _check_against_listeners(workload, out):
                 if t_discarded or t_failed:
                     con.print(
@@ -536,6 +563,7 @@ def demo(
     except KeyboardInterrupt:
         con.print("interrupted; stopping")
     finally:
+        unregister_stack(name)
         with con.status("stopping the stack…"):
             stack.stop()
         con.print("stack stopped; no process left behind")

@@ -18,11 +18,9 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from tracemq.cli._connection import dev_home, dev_state
-from tracemq.cli._console import console
-from tracemq.devstack import EmbeddedStack, StackConfig
-from tracemq.devstack.stack import tracemq_command
-from tracemq.devstack.supervisor import ControlChannel
+from tracemq.cli._connection import dev_home, dev_state, home_state
+from tracemq.cli._console import console, fit
+from tracemq.cli._registry import pid_alive, register_stack, unregister_stack
 from tracemq.errors import StackError
 
 app = typer.Typer(
@@ -46,28 +44,14 @@ def _print_endpoints(ep: dict[str, Any]) -> None:
     if ep.get("collector_api"):
         table.add_row("collector API / viewer", ep["collector_api"])
     table.add_row("logs", str(Path(ep["workdir"]) / "logs"))
-    console().print(table)
+    console().print(fit(table))
     typer.echo(
         f"export TRACEMQ_REDIS_URL={ep['redis_url']} "
         f"TRACEMQ_CONTROL_BOOTSTRAP={ep['business_bootstrap']}"
     )
 
 
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie child of ours counts as gone
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except OSError:
-        return True
+_alive = pid_alive
 
 
 @app.command("up")
@@ -86,8 +70,8 @@ def up(
     """Start the stack; in the foreground it runs until Ctrl-C or SIGTERM.
 
     A process that dies is started again with backoff (see `tracemq dev status`)."""
-    home = dev_home()
-    state = dev_state()
+    home = dev_home().resolve()  # the state's paths must hold from any directory
+    state = home_state()
     if state and _alive(int(state.get("launcher_pid") or 0)):
         raise StackError(
             f"a stack is already running (pid {state['launcher_pid']}); `tracemq dev down` first"
@@ -98,6 +82,7 @@ def up(
         return
     (home / "state.json").unlink(missing_ok=True)
     shutil.rmtree(home / "stack", ignore_errors=True)
+    from tracemq.devstack import EmbeddedStack, StackConfig
 
     def on_term(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt
@@ -113,17 +98,25 @@ def up(
         )
     )
     state_path = home / "state.json"
+    name = f"dev-{os.getpid()}"
     ready = False
 
     def publish() -> None:
         if ready:
-            stack.write_state(state_path, launcher_pid=os.getpid(), status="running")
+            stack.write_state(
+                state_path,
+                launcher_pid=os.getpid(),
+                status="running",
+                kind="dev",
+                control_dir=str((home / "control").resolve()),
+            )
 
     stack.on_change = publish
     try:
         stack.start()
         ready = True
         publish()
+        register_stack(name, state_path, os.getpid(), kind="dev")
         _print_endpoints(stack.endpoints())
         typer.echo("stack is up; Ctrl-C stops it")
         while True:
@@ -133,11 +126,14 @@ def up(
         typer.echo("stopping…")
     finally:
         ready = False
+        unregister_stack(name)
         stack.stop()
         state_path.unlink(missing_ok=True)
 
 
 def _up_detached(home: Path, collector: bool, durable: bool) -> None:
+    from tracemq.devstack.stack import tracemq_command
+
     log = open(home / "launcher.log", "wb")  # noqa: SIM115 - handed to the child
     argv = [*tracemq_command(), "dev", "up", "--collector" if collector else "--no-collector"]
     if durable:
@@ -156,7 +152,7 @@ def _up_detached(home: Path, collector: bool, durable: bool) -> None:
         if proc.poll() is not None:
             tail = (home / "launcher.log").read_text(errors="replace")[-3000:]
             raise StackError(f"the stack failed to start (exit {proc.returncode}):\n{tail}")
-        st = dev_state()
+        st = home_state()
         if st and st.get("status") == "running" and st.get("launcher_pid") == proc.pid:
             _print_endpoints(st)
             typer.echo(f"running in the background (pid {proc.pid}); `tracemq dev down` stops it")
@@ -186,7 +182,9 @@ def down(timeout: float = typer.Option(60.0, help="Seconds to wait for a clean s
                 os.killpg(p, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 os.kill(p, signal.SIGKILL)
-    (dev_home() / "state.json").unlink(missing_ok=True)
+    Path(state.get("state_file") or dev_home() / "state.json").unlink(missing_ok=True)
+    if state.get("stack_name"):
+        unregister_stack(str(state["stack_name"]))
     typer.echo("stack stopped")
 
 
@@ -209,6 +207,9 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
                     "collector_api",
                     "workdir",
                     "durable",
+                    "lake",
+                    "stack_name",
+                    "kind",
                 )
             }
         )
@@ -271,16 +272,23 @@ def _print_processes(out: dict[str, Any]) -> None:
                 str(p.get("restarts", 0)),
                 "" if p.get("last_exit_code") is None else str(p["last_exit_code"]),
             )
-    console().print(table)
+    console().print(fit(table))
 
 
 def _control(op: str, process: str, timeout: float) -> dict[str, Any]:
+    from tracemq.devstack.supervisor import ControlChannel
+
     state = dev_state() or {}
     pid = int(state.get("launcher_pid") or 0)
     if not _alive(pid):
         raise StackError("no stack is running (`tracemq dev up --detach` starts one)")
+    if not state.get("control_dir"):
+        raise StackError(
+            f"the running stack ({state.get('kind') or 'unknown'}, pid {pid}) is not supervised: "
+            "only `tracemq dev up` takes kill and restart"
+        )
     return ControlChannel.request(
-        dev_home() / "control", op, process, launcher_pid=pid, timeout_s=timeout
+        Path(state["control_dir"]), op, process, launcher_pid=pid, timeout_s=timeout
     )
 
 

@@ -6,12 +6,10 @@ import asyncio
 import json
 
 import typer
-from rich.table import Table
 
 from tracemq.cli._connection import resolve
-from tracemq.cli._console import console
-from tracemq.naming import validate_topic
-from tracemq.routing import RegistryReader, connect
+from tracemq.cli._console import console, fit
+from tracemq.cli._errors import UsageError, reaching
 
 app = typer.Typer(help="Inspect routes.", no_args_is_help=True)
 
@@ -23,7 +21,15 @@ def show(
     redis_url: str | None = typer.Option(None, help="Routing database URL."),
 ) -> None:
     """Show the route of TOPIC (exit 1 when no broker hosts it)."""
-    validate_topic(topic)
+    from rich.table import Table
+
+    from tracemq.naming import validate_topic
+    from tracemq.routing import RegistryReader, connect
+
+    try:
+        validate_topic(topic)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     conn = resolve(redis_url=redis_url)
 
     async def fetch() -> dict[str, object]:
@@ -33,36 +39,37 @@ def show(
         finally:
             await r.aclose()
 
-    route = asyncio.run(fetch())
+    with reaching("Redis", conn.redis_url, "check `tracemq dev status` or --redis-url"):
+        route = asyncio.run(fetch())
     brokers = route["brokers"]
     assert isinstance(brokers, list)
+    if not brokers:
+        typer.echo(f"no route for topic {topic!r}: no live broker hosts it", err=True)
+        raise typer.Exit(1)
     if as_json:
         typer.echo(json.dumps(route, indent=2))
-    else:
-        table = Table(title=f"route of {topic}")
-        for col in (
-            "broker",
-            "cluster",
-            "read queues",
-            "write queues",
-            "perm",
-            "data bootstrap",
-            "region",
-            "trace on",
-        ):
-            table.add_column(col)
-        for b in brokers:
-            table.add_row(
-                b["broker"],
-                b["cluster"],
-                str(b["read_queues"]),
-                str(b["write_queues"]),
-                str(b["perm"]),
-                b["data_bootstrap"],
-                b["region_id"],
-                str(b["trace_on"]).lower(),
-            )
-        console().print(table)
-    if not brokers:
-        typer.echo(f"no route for topic {topic!r}", err=True)
-        raise typer.Exit(1)
+        return
+    table = Table(title=f"route of {topic}")
+    for col in (
+        "broker",
+        "cluster",
+        "read queues",
+        "write queues",
+        "perm",
+        "data bootstrap",
+        "region",
+        "trace on",
+    ):
+        table.add_column(col)
+    for b in brokers:
+        table.add_row(
+            b["broker"],
+            b["cluster"],
+            str(b["read_queues"]),
+            str(b["write_queues"]),
+            str(b["perm"]),
+            b["data_bootstrap"],
+            b["region_id"],
+            str(b["trace_on"]).lower(),
+        )
+    console().print(fit(table))

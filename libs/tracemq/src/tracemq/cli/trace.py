@@ -9,20 +9,23 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.table import Table
 
 from tracemq.cli._connection import dev_state
-from tracemq.cli._console import console
-from tracemq.errors import TracemqError
+from tracemq.cli._console import console, fit
+from tracemq.cli._errors import CliError, Unreachable, UsageError
+from tracemq.cli._time import TIME_HELP, parse_time
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 app = typer.Typer(help="Look up message traces through the collector.", no_args_is_help=True)
 
 
-class LookupError_(TracemqError):
-    """The collector could not answer."""
+class LookupError_(CliError):
+    """The collector answered with an error (a missing trace, a refused query)."""
 
 
 def collector_url(url: str | None) -> str:
@@ -30,14 +33,26 @@ def collector_url(url: str | None) -> str:
         url or os.environ.get("TRACEMQ_COLLECTOR_URL") or (dev_state() or {}).get("collector_api")
     )
     if not found:
-        raise LookupError_(
+        raise Unreachable(
             "no collector: pass --url, set TRACEMQ_COLLECTOR_URL, or run "
             "`tracemq dev up --collector`"
         )
-    return str(found).rstrip("/")
+    found = str(found).rstrip("/")
+    parts = urllib.parse.urlsplit(found)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        where = (
+            "--url"
+            if url
+            else "TRACEMQ_COLLECTOR_URL"
+            if os.environ.get("TRACEMQ_COLLECTOR_URL")
+            else "the running stack's collector URL"
+        )
+        raise UsageError(f"{where}: {found!r} is not a collector URL (like http://127.0.0.1:8080)")
+    return found
 
 
 def get_json(url: str, path: str, params: dict[str, Any] | None = None) -> Any:
+    """The one place the CLI builds a request to the collector API (its bearer token too)."""
     query = urllib.parse.urlencode({k: v for k, v in (params or {}).items() if v is not None})
     req = urllib.request.Request(f"{url}{path}" + (f"?{query}" if query else ""))  # noqa: S310
     token = os.environ.get("TRACEMQ_COLLECTOR_API_TOKEN")
@@ -51,9 +66,15 @@ def get_json(url: str, path: str, params: dict[str, Any] | None = None) -> Any:
             detail = json.loads(exc.read()).get("error")
         except ValueError:
             detail = exc.reason
-        raise LookupError_(f"{exc.code}: {detail}") from None
+        raise LookupError_(f"the collector at {url} answered {exc.code}: {detail}") from None
     except (urllib.error.URLError, OSError) as exc:
-        raise LookupError_(f"collector at {url} did not answer: {exc}") from None
+        reason = getattr(exc, "reason", exc)
+        raise Unreachable(
+            f"the collector at {url} did not answer ({reason}); check `tracemq dev status`, "
+            "--url or TRACEMQ_COLLECTOR_URL"
+        ) from None
+    except ValueError as exc:  # not JSON: something else listens there (the viewer page?)
+        raise LookupError_(f"{url}{path} did not answer JSON: {exc}") from None
 
 
 def _ts(ms: int | None) -> str:
@@ -64,6 +85,8 @@ def _ts(ms: int | None) -> str:
 
 def trace_table(view: dict[str, Any]) -> Table:
     """RocketMQ's queryMsgTraceById layout, one block per consumer group."""
+    from rich.table import Table
+
     table = Table(title=f"trace of {view['msg_id']} (topic {view['topic']})")
     for col in ("type", "group", "client host", "time (UTC)", "cost ms", "retry", "status"):
         table.add_column(col)
@@ -105,7 +128,7 @@ def trace_table(view: dict[str, Any]) -> Table:
                     else ""
                 ),
             )
-    return table
+    return fit(table)
 
 
 @app.command("show")
@@ -126,21 +149,32 @@ def show(
 def find(
     key: str = typer.Option(..., "--key", "-k", help="Business key."),
     topic: str | None = typer.Option(None, help="Only this topic."),
-    begin: str | None = typer.Option(None, help="From (epoch ms or ISO 8601)."),
-    end: str | None = typer.Option(None, help="To (epoch ms or ISO 8601)."),
-    limit: int = typer.Option(50, help="At most this many (per collector)."),
+    begin: str | None = typer.Option(None, help=f"From ({TIME_HELP})."),
+    end: str | None = typer.Option(None, help=f"To ({TIME_HELP})."),
+    limit: int = typer.Option(50, min=1, help="At most this many (per collector)."),
     as_json: bool = typer.Option(False, "--json"),
     url: str | None = typer.Option(None, help="Collector API URL."),
 ) -> None:
-    """Messages carrying a business key, newest first."""
+    """Messages carrying a business key, newest first (exit 1 when none)."""
+    from tracemq.naming import validate_topic
+
+    if topic is not None:
+        try:
+            validate_topic(topic)
+        except ValueError as exc:
+            raise UsageError(f"--topic: {exc}") from None
+    begin_ms = parse_time(begin, "--begin") if begin else None
+    end_ms = parse_time(end, "--end") if end else None
     res = get_json(
         collector_url(url),
         "/api/v1/traces",
-        {"key": key, "topic": topic, "begin": begin, "end": end, "limit": limit},
+        {"key": key, "topic": topic, "begin": begin_ms, "end": end_ms, "limit": limit},
     )
     if as_json:
         typer.echo(json.dumps(res, indent=2))
         return
+    from rich.table import Table
+
     table = Table(title=f"messages with key {key!r}")
     for col in ("msg id", "topic", "time (UTC)", "tags", "keys"):
         table.add_column(col)
@@ -152,15 +186,20 @@ def find(
             it.get("tags") or "-",
             it.get("keys") or "-",
         )
-    console().print(table)
     if not res["items"]:
+        typer.echo(
+            f"no message with key {key!r}" + (f" in topic {topic}" if topic else ""), err=True
+        )
         raise typer.Exit(1)
+    console().print(fit(table, keep=("msg id",)))
 
 
 @app.command("lag")
 def lag(
     wait: float = typer.Option(
-        0, help="Wait up to this many seconds until the collectors have caught up (exit 1 if not)."
+        0,
+        min=0,
+        help="Wait up to this many seconds until the collectors have caught up (exit 1 if not).",
     ),
     group: str = typer.Option("tracemq-collector", help="The collectors' consumer group."),
     trace_topic: list[str] | None = typer.Option(  # noqa: B008 - typer reads it, never mutated
@@ -175,6 +214,7 @@ def lag(
     from aiokafka.errors import KafkaError
 
     from tracemq.cli._connection import resolve
+    from tracemq.cli._errors import reaching
     from tracemq.collector_lag import collector_lag, wait_caught_up
     from tracemq.naming import TRACE_TOPIC
 
@@ -185,15 +225,19 @@ def lag(
         "redis_prefix": conn.redis_prefix,
     }
     try:
-        if wait > 0:
-            parts = asyncio.run(wait_caught_up(conn.redis_url, timeout_s=wait, **kw))
-        else:
-            parts = asyncio.run(collector_lag(conn.redis_url, **kw))
+        with reaching("Redis", conn.redis_url, "check `tracemq dev status` or --redis-url"):
+            if wait > 0:
+                parts = asyncio.run(wait_caught_up(conn.redis_url, timeout_s=wait, **kw))
+            else:
+                parts = asyncio.run(collector_lag(conn.redis_url, **kw))
     except TimeoutError as exc:
         console().print(f"[red]{exc}[/]")
         raise typer.Exit(1) from None
     except (OSError, KafkaError) as exc:
-        raise LookupError_(f"cannot read the trace topics' offsets: {exc!r}") from None
+        raise Unreachable(f"cannot read the trace topics' offsets: {exc!r}") from None
+    if not parts:
+        typer.echo(f"no route for trace topic(s) {', '.join(kw['trace_topics'])}", err=True)
+        raise typer.Exit(1)
     total = sum(p.lag for p in parts)
     if as_json:
         typer.echo(
@@ -206,6 +250,8 @@ def lag(
             )
         )
     else:
+        from rich.table import Table
+
         table = Table(title=f"trace collector lag (group {group})")
         for col in ("trace topic", "broker", "queue", "end", "committed", "lag", "offset"):
             table.add_column(col)

@@ -527,10 +527,11 @@ class EmbeddedStack:
             (n for n, p in self.processes.items() if p.extra.get("service_args") == ["collector"]),
             None,
         )
-        api = None
+        api = lake = None
         if collector:
             port = self.processes[collector].env["TRACEMQ_HTTP_PORT"]
             api = f"http://127.0.0.1:{port}"
+            lake = str(Path(self.processes[collector].env["TRACEMQ_COLLECTOR_DATA_DIR"]) / "lake")
         return {
             "business_bootstrap": self.business_bootstrap,
             "trace_bootstrap": self.trace_bootstrap,
@@ -541,6 +542,7 @@ class EmbeddedStack:
             "infra": infra,
             "processes": {n: p.pid for n, p in self.processes.items()},
             "collector_api": api,
+            "lake": lake,
             "workdir": str(self.workdir),
         }
 
