@@ -106,7 +106,8 @@ async def test_positions_inside_the_log_are_kept_and_fresh_ones_go_to_the_owner(
 
     g, counter, _ = _guard(fake, on_fresh=on_fresh)
     assert await g.assigned([TP, TP1]) == []
-    assert fake.calls == [("seek", TP, 10)] and fresh == [TP1]
+    # a group commit inside the log is left to aiokafka (no seek from the rebalance callback)
+    assert fake.calls == [] and fresh == [TP1]
     assert _count(counter) == 0
 
 

@@ -243,19 +243,26 @@ class OffsetGuard:
             return []
         starts = dict(starts or {})
         fresh: list[TopicPartition] = []
+        # A group commit inside the log is where aiokafka starts the partition anyway: it is
+        # only checked, not sought. Seeking it from the rebalance callback too made a queue
+        # start before its previous owner's final commit on Tansu (duplicates on every
+        # rebalance of a PushConsumer).
+        group: dict[TopicPartition, int] = {}
         for tp in tps:
             if tp in starts:
                 continue
             committed = await self._committed(tp)
-            if committed is None:
-                committed = self._remembered.get(tp)
-            if committed is None:
-                fresh.append(tp)
+            if committed is not None:
+                group[tp] = committed
+            elif (remembered := self._remembered.get(tp)) is not None:
+                starts[tp] = remembered
             else:
-                starts[tp] = committed
+                fresh.append(tp)
         resets: list[OffsetReset] = []
         if starts:
             resets = await self._check(starts, seek_inside=True)
+        if group:
+            resets += await self._check(group, seek_inside=False)
         if fresh:
             await self._position_fresh(fresh)
         return resets
@@ -310,6 +317,10 @@ class OffsetGuard:
             return []
 
     # -- internals -------------------------------------------------------------------------
+    async def committed(self, tp: TopicPartition) -> int | None:
+        """The group's committed offset of ``tp``; None when there is none or it is unreadable."""
+        return await self._committed(tp)
+
     async def _committed(self, tp: TopicPartition) -> int | None:
         try:
             committed = await asyncio.wait_for(self.consumer.committed(tp), CHECK_TIMEOUT_S)

@@ -55,7 +55,8 @@ _PUB_IDENTITY = (
 
 def collapse_repeats(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``events`` without repeats of one happening (see above); the first of each is kept."""
-    seen: set[tuple[Any, ...]] = set()
+    # identity -> the trace message (topic, partition, offset) it was first seen in
+    seen: dict[tuple[Any, ...], tuple[Any, ...]] = {}
     out = []
     for e in events:
         kind = e.get("trace_type")
@@ -66,8 +67,14 @@ def collapse_repeats(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         else:
             out.append(e)
             continue
-        if identity not in seen:
-            seen.add(identity)
+        where = (e.get("trace_topic"), e.get("trace_partition"), e.get("trace_offset"))
+        first = seen.get(identity)
+        if first is None:
+            seen[identity] = where
+            out.append(e)
+        elif kind == "Pub" and first == where:
+            # identical Pubs inside one trace message are separate send attempts made within
+            # one millisecond; a repeat is a copy in *another* trace message (a retried send)
             out.append(e)
     return out
 

@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
 from redis.exceptions import RedisError, ResponseError
 from tracemq.log import get_logger
-from tracemq.offset_reset import KAFKA_AUTO_OFFSET_RESET, GuardedRebalance, OffsetGuard
+from tracemq.offset_reset import KAFKA_AUTO_OFFSET_RESET, OffsetGuard
 from tracemq.protocol import control
 from tracemq.protocol._envelope import ProtocolError
 from tracemq.routing.registry import connect
@@ -69,6 +69,7 @@ class NameServer:
             )
         await self.redis.ping()
         self.consumer = AIOKafkaConsumer(
+            self.settings.control_topic,
             bootstrap_servers=self.settings.control_bootstrap,
             group_id=self.settings.namesrv_group,
             enable_auto_commit=False,
@@ -85,10 +86,12 @@ class NameServer:
             bootstrap=self.settings.control_bootstrap,
             context={"group": self.settings.namesrv_group},
         )
+        # No rebalance listener doing I/O here: positions come from the group's commits, a
+        # partition without one from the guard (NoOffsetForPartition in getmany), and the guard's
+        # idle check catches a position past a lost log. (A listener that read offsets and
+        # probed the log held up a rebalance on Tansu long enough that a restarted nameserver
+        # never got its partitions after a failover.)
         await self.consumer.start()
-        self.consumer.subscribe(
-            [self.settings.control_topic], listener=GuardedRebalance(self.guard)
-        )
         self._tasks = [
             spawn(self._consume(), name="namesrv-consume"),
             spawn(self._expire_loop(), name="namesrv-expire"),

@@ -13,6 +13,7 @@ Environment overrides (all optional):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import glob
 import json
 import os
@@ -163,6 +164,7 @@ class EmbeddedStack:
                 self.start_nameserver("nameserver")
                 self.start_broker("broker-a", role="business")
                 self.start_broker("trace-broker", role="trace")
+                self.wait_routed(["broker-a", "trace-broker"], self.config.startup_timeout_s)
                 if self.config.with_collector:
                     self.start_collector("collector")
             if self.config.supervise:
@@ -368,6 +370,31 @@ class EmbeddedStack:
             raise StackError(f"Redis at {self.redis_url} did not answer PING within {timeout}s")
         finally:
             client.close()
+
+    def wait_routed(self, brokers: list[str], timeout: float) -> None:
+        """Wait until the nameserver has applied these brokers' registrations to Redis: a
+        broker is healthy once it has *sent* its registration, and a stack is only up for a
+        client (``tracemq route show``, a producer's first send) once the routes are there."""
+        from tracemq.routing import RegistryReader, connect
+
+        async def registered() -> bool:
+            r = connect(self.redis_url)
+            try:
+                known = await RegistryReader(r).brokers()
+            finally:
+                await r.aclose()
+            return all(b in known for b in brokers)
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):  # Redis not answering yet: keep waiting
+                if run_coro(registered()):
+                    return
+            time.sleep(0.1)
+        raise StackError(
+            f"brokers {brokers} not registered by the nameserver within {timeout}s; "
+            f"see {self.workdir / 'logs' / 'nameserver.log'}"
+        )
 
     def kill_infra(self, name: str) -> None:
         """SIGKILL an infrastructure process (``kafka-business``, ``kafka-trace``, ``redis``)."""
