@@ -461,4 +461,4 @@ async def test_cli_trace_show_and_find(
     found = cli("trace", "find", "--key", f"cli-{unique}", "--json")
     assert [i["msg_id"] for i in json.loads(found.stdout)["items"]] == [msg_id]
     missing = cli("trace", "show", new_msg_id())
-    assert missing.returncode == 2 and "404" in missing.stderr
+    assert missing.returncode == 1 and "404" in missing.stderr

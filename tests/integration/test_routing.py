@@ -91,7 +91,9 @@ async def test_update_and_delete_change_the_route(
 def test_cli_topic_commands_and_errors(stack: EmbeddedStack, unique: str) -> None:
     topic = f"Cli_{unique}"
     out = json.loads(
-        cli(stack, "topic", "create", topic, "--broker", "broker-a", "-r", "2", "-w", "2").stdout
+        cli(
+            stack, "topic", "create", topic, "--broker", "broker-a", "-r", "2", "-w", "2", "--json"
+        ).stdout
     )
     assert out == {"created": True, "perm": 6, "read_queues": 2, "topic": topic, "write_queues": 2}
     bad = cli(stack, "topic", "create", "no spaces", "--broker", "broker-a", check=False)
