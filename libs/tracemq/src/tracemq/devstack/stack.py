@@ -31,6 +31,7 @@ from typing import Any
 
 from tracemq.devstack.binaries import kafka_broker_bin, redis_server_bin, s3_server_bin
 from tracemq.devstack.process import ManagedProcess
+from tracemq.devstack.secrets import StackSecrets
 from tracemq.devstack.supervisor import RestartPolicy, Supervisor
 from tracemq.errors import StackError
 
@@ -126,6 +127,8 @@ class StackConfig:
     restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
     control_dir: Path | None = None
     durable: bool = False
+    #: generated when None; the test session passes one set to all its stacks
+    secrets: StackSecrets | None = None
 
 
 class EmbeddedStack:
@@ -141,6 +144,7 @@ class EmbeddedStack:
             self.workdir = Path(self.config.workdir)
             self.workdir.mkdir(parents=True, exist_ok=True)
         self.processes: dict[str, ManagedProcess] = {}
+        self.secrets = self.config.secrets or StackSecrets.generate()
         self.business_bootstrap = ""
         self.trace_bootstrap = ""
         self.redis_url = ""
