@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tracemq import kafka_security
 from tracemq.message_id import MessageIdGenerator, encode_offset_msg_id
 
 C, F = "\x01", "\x02"
@@ -199,6 +200,7 @@ async def prefill(
 
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap,
+        **kafka_security.client_kwargs(bootstrap),
         max_request_size=16 * 1024 * 1024,
         max_batch_size=1024 * 1024,
         linger_ms=20,

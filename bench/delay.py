@@ -42,7 +42,7 @@ from _common import (  # noqa: E402
     say,
 )
 from aiokafka import AIOKafkaConsumer, TopicPartition  # noqa: E402
-from tracemq import Message, Producer  # noqa: E402
+from tracemq import Message, Producer, kafka_security  # noqa: E402
 from tracemq.devstack import EmbeddedStack  # noqa: E402
 from tracemq.naming import SCHEDULE_TOPIC, kafka_topic  # noqa: E402
 from tracemq.routing.registry import RegistryReader, connect  # noqa: E402
@@ -100,6 +100,7 @@ async def bench(stack: EmbeddedStack, args: argparse.Namespace) -> dict[str, Any
 
     reader = AIOKafkaConsumer(
         bootstrap_servers=stack.business_bootstrap,
+        **kafka_security.client_kwargs(stack.business_bootstrap),
         group_id=None,
         enable_auto_commit=False,
         fetch_max_wait_ms=50,

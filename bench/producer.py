@@ -55,7 +55,7 @@ from _common import (  # noqa: E402
     wait_trace_topic_route,
 )
 from aiokafka import AIOKafkaProducer  # noqa: E402
-from tracemq import Message, Producer  # noqa: E402
+from tracemq import Message, Producer, kafka_security  # noqa: E402
 from tracemq.devstack import EmbeddedStack  # noqa: E402
 from tracemq.naming import kafka_topic  # noqa: E402
 
@@ -90,7 +90,9 @@ class RawVariant(Variant):
         super().__init__("raw", topic)
         self.ktopic = kafka_topic(BROKER, topic)
         self.kwargs = producer_pool_kwargs()
-        self.producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **self.kwargs)
+        self.producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap, **kafka_security.client_kwargs(bootstrap), **self.kwargs
+        )
         self.partitions = itertools.cycle(range(queues))
         self.body = body
 

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from tracemq import kafka_security
 from tracemq.devstack import EmbeddedStack
 from tracemq.devstack.stack import run_coro
 from tracemq.naming import HALF_TOPIC, SCHEDULE_TOPIC
@@ -100,7 +101,10 @@ class RawRecord:
 async def read_topic(bootstrap: str, ktopic: str, *, timeout_s: float = 10.0) -> list[RawRecord]:
     """Every record currently in Kafka topic ``ktopic`` (all partitions, from the beginning)."""
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False
+        bootstrap_servers=bootstrap,
+        **kafka_security.client_kwargs(bootstrap),
+        group_id=None,
+        enable_auto_commit=False,
     )
     await consumer.start()
     try:

@@ -78,6 +78,7 @@ async def export_offsets(
     redis_url: str, history: list[dict[str, Any]], prefix: str = "tmq:", timeout_s: float = 20.0
 ) -> list[dict[str, Any]]:
     from aiokafka import AIOKafkaConsumer, TopicPartition
+    from tracemq import kafka_security
     from tracemq.naming import kafka_topic
     from tracemq.routing.registry import RegistryReader, connect
 
@@ -115,9 +116,12 @@ async def export_offsets(
     rows: list[dict[str, Any]] = []
     for (bootstrap, kafka_group, host), items in sorted(plan.items(), key=lambda kv: str(kv[0])):
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap, group_id=kafka_group, enable_auto_commit=False
+            bootstrap_servers=bootstrap,
+            **kafka_security.client_kwargs(bootstrap),
+            group_id=kafka_group,
+            enable_auto_commit=False,
         )
-        await asyncio.wait_for(consumer.start(), timeout_s)
+        await asyncio.wait_for(kafka_security.start(consumer, bootstrap), timeout_s)
         try:
             for group, topic, broker, addr, tp in items:
                 committed = await asyncio.wait_for(consumer.committed(tp), timeout_s)
@@ -143,9 +147,12 @@ async def _broadcast_group_ids(
 ) -> list[tuple[tuple[str, str], str]]:
     """Kafka groups of broadcasting consumers: ``((group, kafka group id), client host)``."""
     from aiokafka.admin import AIOKafkaAdminClient
+    from tracemq import kafka_security
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap, **kafka_security.client_kwargs(bootstrap)
+    )
+    await kafka_security.start(admin, bootstrap)
     try:
         listed = await admin.list_consumer_groups()
     except Exception:  # listing is best effort: without it, no per-client offsets
@@ -176,6 +183,7 @@ async def export_copies(
     ``{group, topic, broker, store_addr, queue_id, queue_offset, msg_id, reconsume_times,
     timestamp}``. Only the record headers are kept."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
+    from tracemq import kafka_security
     from tracemq.message import MessageConst
     from tracemq.naming import kafka_topic
     from tracemq.routing.registry import RegistryReader, connect
@@ -198,11 +206,12 @@ async def export_copies(
     for bootstrap, where in sorted(by_cluster.items()):
         consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap,
+            **kafka_security.client_kwargs(bootstrap),
             group_id=None,
             enable_auto_commit=False,
             fetch_max_wait_ms=100,
         )
-        await asyncio.wait_for(consumer.start(), timeout_s)
+        await asyncio.wait_for(kafka_security.start(consumer, bootstrap), timeout_s)
         try:
             present = await asyncio.wait_for(consumer.topics(), timeout_s)
             tps = [tp for tp in where if tp.topic in present]

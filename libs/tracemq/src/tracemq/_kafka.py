@@ -10,6 +10,8 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
+from tracemq import kafka_security
+
 #: The largest message a producer sends (RocketMQ's default maxMessageSize, 4 MiB), counted as
 #: the transport counts it: the serialized Kafka record with its body, its properties and the
 #: headers tracemq adds (msgId, born time, placement headers of delayed and half messages).
@@ -58,9 +60,11 @@ class ProducerPool:
                 self._starting.pop(bootstrap, None)
 
     async def _start(self, bootstrap: str) -> AIOKafkaProducer:
-        p = AIOKafkaProducer(bootstrap_servers=bootstrap, **self._kwargs)
+        p = AIOKafkaProducer(
+            bootstrap_servers=bootstrap, **kafka_security.client_kwargs(bootstrap), **self._kwargs
+        )
         try:
-            await p.start()
+            await kafka_security.start(p, bootstrap)
         except BaseException:
             await p.stop()
             raise

@@ -19,6 +19,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from prometheus_client import Counter
 
+from tracemq import kafka_security
 from tracemq.errors import AdminError, AdminTimeoutError, UnknownBrokerError
 from tracemq.log import get_logger
 from tracemq.naming import (
@@ -70,12 +71,18 @@ class AdminClient:
         await self.close()
 
     async def start(self) -> None:
-        self._producer = AIOKafkaProducer(bootstrap_servers=self.control_bootstrap)
-        await self._producer.start()
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.control_bootstrap, group_id=None, enable_auto_commit=False
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self.control_bootstrap,
+            **kafka_security.client_kwargs(self.control_bootstrap),
         )
-        await self._consumer.start()
+        await kafka_security.start(self._producer, self.control_bootstrap)
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.control_bootstrap,
+            **kafka_security.client_kwargs(self.control_bootstrap),
+            group_id=None,
+            enable_auto_commit=False,
+        )
+        await kafka_security.start(self._consumer, self.control_bootstrap)
         # Brokers create the reply topic with one partition; read every partition it may have.
         await self._consumer.topics()  # refreshes metadata without auto-creating anything
         parts = self._consumer.partitions_for_topic(proto.ADMIN_REPLY_TOPIC)

@@ -25,6 +25,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from tracemq import kafka_security
 from tracemq.naming import TRACE_TOPIC, kafka_topic
 from tracemq.offset_reset import LogProbe, OffsetReset, classify
 from tracemq.routing import RegistryReader, connect
@@ -126,10 +127,13 @@ class _Offsets:
                     items.setdefault(q.data_bootstrap, []).append((route.topic, q.broker, tp))
         for bootstrap, parts in sorted(items.items()):
             consumer = AIOKafkaConsumer(
-                bootstrap_servers=bootstrap, group_id=self.group, enable_auto_commit=False
+                bootstrap_servers=bootstrap,
+                **kafka_security.client_kwargs(bootstrap),
+                group_id=self.group,
+                enable_auto_commit=False,
             )
             self.by_cluster[bootstrap] = (consumer, parts)
-            await asyncio.wait_for(consumer.start(), self.timeout_s)
+            await asyncio.wait_for(kafka_security.start(consumer, bootstrap), self.timeout_s)
 
     async def read(self) -> list[PartitionLag]:
         """End and committed offset of every partition, now (``committed()`` asks Kafka)."""

@@ -51,6 +51,7 @@ from typing import Any
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError, NoOffsetForPartitionError, OffsetOutOfRangeError
 
+from tracemq import kafka_security
 from tracemq.log import get_logger
 
 log = get_logger("offset_reset")
@@ -143,13 +144,14 @@ class LogProbe:
 
                 c = AIOKafkaConsumer(
                     bootstrap_servers=self.bootstrap,
+                    **kafka_security.client_kwargs(self.bootstrap),
                     enable_auto_commit=False,
                     auto_offset_reset=KAFKA_AUTO_OFFSET_RESET,
                     fetch_max_wait_ms=100,
                     request_timeout_ms=int(CHECK_TIMEOUT_S * 1000),
                 )
                 self._consumer = c
-                await asyncio.wait_for(c.start(), CHECK_TIMEOUT_S)
+                await asyncio.wait_for(kafka_security.start(c, self.bootstrap), CHECK_TIMEOUT_S)
             self._consumer.assign([tp])
             self._consumer.seek(tp, offset)
             data = await asyncio.wait_for(

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
 
+from tracemq import kafka_security
 from tracemq._kafka import TRANSPORT_MAX_BYTES
 from tracemq.errors import NotSupportedByTransportError, TracemqError
 
@@ -30,9 +31,12 @@ async def admin_client(
     bootstrap: str, client_id: str = "tracemq-admin"
 ) -> AsyncIterator[AIOKafkaAdminClient]:
     admin = AIOKafkaAdminClient(
-        bootstrap_servers=bootstrap, client_id=client_id, request_timeout_ms=ADMIN_TIMEOUT_MS
+        bootstrap_servers=bootstrap,
+        **kafka_security.client_kwargs(bootstrap),
+        client_id=client_id,
+        request_timeout_ms=ADMIN_TIMEOUT_MS,
     )
-    await admin.start()
+    await kafka_security.start(admin, bootstrap)
     try:
         yield admin
     finally:

@@ -23,6 +23,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
+from tracemq import kafka_security
 from tracemq.log import get_logger
 from tracemq.naming import (
     DLQ_GROUP_PREFIX,
@@ -98,13 +99,17 @@ class Broker:
         s = self.settings
         self.table.load()
         self.kafka_admin = AIOKafkaAdminClient(
-            bootstrap_servers=s.broker_data_bootstrap, request_timeout_ms=ADMIN_TIMEOUT_MS
+            bootstrap_servers=s.broker_data_bootstrap,
+            **kafka_security.client_kwargs(s.broker_data_bootstrap),
+            request_timeout_ms=ADMIN_TIMEOUT_MS,
         )
-        await self.kafka_admin.start()
+        await kafka_security.start(self.kafka_admin, s.broker_data_bootstrap)
         self.control_admin = AIOKafkaAdminClient(
-            bootstrap_servers=s.control_bootstrap, request_timeout_ms=ADMIN_TIMEOUT_MS
+            bootstrap_servers=s.control_bootstrap,
+            **kafka_security.client_kwargs(s.control_bootstrap),
+            request_timeout_ms=ADMIN_TIMEOUT_MS,
         )
-        await self.control_admin.start()
+        await kafka_security.start(self.control_admin, s.control_bootstrap)
         control_topics = [admin_proto.ADMIN_TOPIC, admin_proto.ADMIN_REPLY_TOPIC]
         if s.runs_transactions:
             control_topics.append(TXCHECK_TOPIC)
@@ -132,8 +137,12 @@ class Broker:
                 await self.topic_admin.apply(
                     t, TopicConfig(read_queues=1, write_queues=1, perm=PERM_RW)
                 )
-        self.producer = AIOKafkaProducer(bootstrap_servers=s.control_bootstrap, linger_ms=0)
-        await self.producer.start()
+        self.producer = AIOKafkaProducer(
+            bootstrap_servers=s.control_bootstrap,
+            **kafka_security.client_kwargs(s.control_bootstrap),
+            linger_ms=0,
+        )
+        await kafka_security.start(self.producer, s.control_bootstrap)
         if s.runs_schedule:
             self.schedule = ScheduleService(
                 broker_name=s.broker_name,
@@ -161,11 +170,12 @@ class Broker:
         self.admin_consumer = AIOKafkaConsumer(
             admin_proto.ADMIN_TOPIC,
             bootstrap_servers=s.control_bootstrap,
+            **kafka_security.client_kwargs(s.control_bootstrap),
             group_id=None,
             auto_offset_reset="latest",
             enable_auto_commit=False,
         )
-        await self.admin_consumer.start()
+        await kafka_security.start(self.admin_consumer, s.control_bootstrap)
         await self._position_admin_consumer()
         await self.register()
         self._tasks = [

@@ -32,6 +32,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import ConsumerRecord, RecordMetadata
+from tracemq import kafka_security
 from tracemq._kafka import TRANSPORT_MAX_BYTES
 from tracemq.log import get_logger
 from tracemq.message import MessageConst
@@ -123,20 +124,22 @@ class Forwarder:
     async def start(self) -> None:
         self.producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap,
+            **kafka_security.client_kwargs(self.bootstrap),
             linger_ms=0,
             acks="all",
             request_timeout_ms=10_000,
             max_request_size=TRANSPORT_MAX_BYTES,  # what the client producers accepted
         )
-        await self.producer.start()
+        await kafka_security.start(self.producer, self.bootstrap)
         self._probe = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap,
+            **kafka_security.client_kwargs(self.bootstrap),
             group_id=None,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             fetch_max_wait_ms=100,
         )
-        await self._probe.start()
+        await kafka_security.start(self._probe, self.bootstrap)
 
     async def stop(self) -> None:
         if self.producer is not None:

@@ -49,6 +49,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
+from tracemq import kafka_security
 from tracemq.log import get_logger
 from tracemq.message import MessageConst
 from tracemq.naming import SCHEDULE_TOPIC, kafka_topic
@@ -158,6 +159,7 @@ class ScheduleService:
         await self.forwarder.start()
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap,
+            **kafka_security.client_kwargs(self.bootstrap),
             group_id=None,
             enable_auto_commit=False,
             # a schedule topic recreated under us (memory-only transport restarted): from the top
@@ -165,7 +167,7 @@ class ScheduleService:
             fetch_max_wait_ms=100,
             max_partition_fetch_bytes=1024 * 1024,
         )
-        await self.consumer.start()
+        await kafka_security.start(self.consumer, self.bootstrap)
         tps = [self.tp(lv) for lv in self.levels]
         self.consumer.assign(tps)
         begin = await self.consumer.beginning_offsets(tps)

@@ -46,6 +46,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
+from tracemq import kafka_security
 from tracemq.log import get_logger
 from tracemq.message import MessageConst
 from tracemq.naming import HALF_TOPIC, OP_HALF_TOPIC, kafka_topic
@@ -141,12 +142,13 @@ class TransactionService:
         await self.forwarder.start()
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap,
+            **kafka_security.client_kwargs(self.bootstrap),
             group_id=None,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             fetch_max_wait_ms=100,
         )
-        await self.consumer.start()
+        await kafka_security.start(self.consumer, self.bootstrap)
         tps = [self.half_tp, self.op_tp]
         self.consumer.assign(tps)
         begin = await self.consumer.beginning_offsets(tps)

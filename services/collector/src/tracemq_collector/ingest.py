@@ -36,6 +36,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import ConsumerRecord
+from tracemq import kafka_security
 from tracemq.collector_lag import record_reset
 from tracemq.log import get_logger
 from tracemq.naming import kafka_topic
@@ -92,6 +93,7 @@ class _ClusterIngest:
         s = ingestor.settings
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap,
+            **kafka_security.client_kwargs(bootstrap),
             group_id=s.collector_group,
             enable_auto_commit=False,
             auto_offset_reset=KAFKA_AUTO_OFFSET_RESET,  # the guard resets, counted
@@ -120,7 +122,7 @@ class _ClusterIngest:
         )
 
     async def start(self) -> None:
-        await self.consumer.start()
+        await kafka_security.start(self.consumer, self.bootstrap)
         self.consumer.subscribe(sorted(self.topics), listener=_Rebalance(self))
         self.task = spawn(self._loop(), name=f"ingest-{self.bootstrap}")
 

@@ -23,6 +23,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
 from redis.exceptions import RedisError, ResponseError
+from tracemq import kafka_security
 from tracemq.log import get_logger
 from tracemq.offset_reset import KAFKA_AUTO_OFFSET_RESET, OffsetGuard
 from tracemq.protocol import control
@@ -71,6 +72,7 @@ class NameServer:
         self.consumer = AIOKafkaConsumer(
             self.settings.control_topic,
             bootstrap_servers=self.settings.control_bootstrap,
+            **kafka_security.client_kwargs(self.settings.control_bootstrap),
             group_id=self.settings.namesrv_group,
             enable_auto_commit=False,
             # a control topic that lost its log (a restarted in-memory cluster) is read again
@@ -91,7 +93,7 @@ class NameServer:
         # idle check catches a position past a lost log. (A listener that read offsets and
         # probed the log held up a rebalance on Tansu long enough that a restarted nameserver
         # never got its partitions after a failover.)
-        await self.consumer.start()
+        await kafka_security.start(self.consumer, self.settings.control_bootstrap)
         self._tasks = [
             spawn(self._consume(), name="namesrv-consume"),
             spawn(self._expire_loop(), name="namesrv-expire"),

@@ -56,8 +56,12 @@ def short(exc: BaseException) -> str:
 @contextmanager
 def reaching(what: str, where: str, hint: str) -> Iterator[None]:
     """Turn a transport failure while talking to ``what`` at ``where`` into one line."""
+    from tracemq.kafka_security import KafkaConnectError
+
     try:
         yield
+    except KafkaConnectError as exc:  # already names the cluster and the cause; add the hint
+        raise Unreachable(f"{exc}; {hint}") from exc
     except TracemqError:
         raise
     except Exception as exc:

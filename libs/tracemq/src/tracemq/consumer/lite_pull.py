@@ -21,6 +21,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
+from tracemq import kafka_security
 from tracemq._client import ClientRuntime, ClientSettings, now_ms
 from tracemq.consumer import _tags
 from tracemq.consumer._fetch import FETCH_MAX_WAIT_MS
@@ -193,6 +194,7 @@ class LitePullConsumer:
         if c is None:
             c = AIOKafkaConsumer(
                 bootstrap_servers=bootstrap,
+                **kafka_security.client_kwargs(bootstrap),
                 group_id=self.group,
                 enable_auto_commit=False,
                 # the guard positions fresh queues (consume_from) and resets, counted
@@ -263,7 +265,7 @@ class LitePullConsumer:
                 wanted[q.data_bootstrap].append(kt)
         for bootstrap, topics in wanted.items():
             c = self._consumer(bootstrap)
-            await c.start()
+            await kafka_security.start(c, bootstrap)
             c.subscribe(sorted(topics), listener=_Rebalance(self, bootstrap))
 
     async def assign(self, queues: list[MessageQueue]) -> None:
@@ -287,7 +289,7 @@ class LitePullConsumer:
             fresh = bootstrap not in self._consumers
             c = self._consumer(bootstrap)
             if fresh:
-                await c.start()
+                await kafka_security.start(c, bootstrap)
             c.assign(tps)
             await self._guards[bootstrap].assigned(tps)
 

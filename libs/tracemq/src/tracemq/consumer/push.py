@@ -50,6 +50,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from prometheus_client import Counter
 
+from tracemq import kafka_security
 from tracemq._client import ClientRuntime, ClientSettings, now_ms
 from tracemq.consumer import _tags
 from tracemq.consumer._fetch import FETCH_MAX_WAIT_MS
@@ -171,6 +172,7 @@ class _ClusterConsumer:
         )
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap,
+            **kafka_security.client_kwargs(bootstrap),
             group_id=group_id,
             enable_auto_commit=False,
             # the guard positions fresh queues (consume_from) and resets, counted
@@ -197,7 +199,7 @@ class _ClusterConsumer:
         )
 
     async def start(self) -> None:
-        await self.consumer.start()
+        await kafka_security.start(self.consumer, self.bootstrap)
         self.consumer.subscribe(sorted(self.topics), listener=_Rebalance(self))
         self.task = asyncio.create_task(self._loop(), name=f"consume-{self.parent.group}")
 

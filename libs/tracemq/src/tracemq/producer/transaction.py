@@ -39,6 +39,7 @@ from typing import Any, Protocol, runtime_checkable
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from prometheus_client import Counter
 
+from tracemq import kafka_security
 from tracemq._client import now_ms
 from tracemq.hooks import EndTransactionContext, EndTransactionHook, call_hooks
 from tracemq.log import get_logger
@@ -122,11 +123,12 @@ class TransactionProducer(Producer):
                 )
             self._check_consumer = AIOKafkaConsumer(
                 bootstrap_servers=self.settings.control_bootstrap,
+                **kafka_security.client_kwargs(self.settings.control_bootstrap),
                 group_id=None,
                 enable_auto_commit=False,
                 fetch_max_wait_ms=200,
             )
-            await self._check_consumer.start()
+            await kafka_security.start(self._check_consumer, self.settings.control_bootstrap)
             await self._follow_checks()
         except BaseException:
             await self.shutdown()
