@@ -281,10 +281,11 @@ class _Startable(Protocol):
 
 def describe_failure(c: ClusterSecurity, bootstrap: str, exc: BaseException) -> str:
     """One line: which cluster, where, what happened and what to check."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    cause = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-    p = c.var_prefix
     name = type(exc).__name__
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = text.removeprefix(f"{name}: ")
+    cause = f"{name}: {text}" if text else name
+    p = c.var_prefix
     verb = "refused the connection"
     if isinstance(exc, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in text:
         hint = f"check {p}SSL_CAFILE (the CA that signed the broker's certificate)"
@@ -310,6 +311,7 @@ async def diagnose(bootstrap: str, timeout_s: float = 5.0) -> BaseException | No
     client would, and return what failed (``None``: it connected). aiokafka only logs why a
     bootstrap failed; this recovers the cause for the error message."""
     from aiokafka.conn import create_conn
+    from aiokafka.protocol.metadata import MetadataRequest
 
     c = cluster(bootstrap)
     kw = c.kwargs()
@@ -323,7 +325,14 @@ async def diagnose(bootstrap: str, timeout_s: float = 5.0) -> BaseException | No
         except Exception as exc:  # the cause is the answer
             first = first or exc
             continue
-        conn.close()
+        try:
+            # a broker that wants SASL the client does not do closes at its first real request
+            await conn.send(MetadataRequest([]))
+        except Exception as exc:
+            first = first or exc
+            continue
+        finally:
+            conn.close()
         return None
     return first
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tracemq.devstack import secure
 from tracemq.devstack.binaries import kafka_broker_bin, redis_server_bin, s3_server_bin
 from tracemq.devstack.process import ManagedProcess
 from tracemq.devstack.secrets import StackSecrets
@@ -115,6 +116,10 @@ class StackConfig:
     a private SeaweedFS S3 store in the workdir (``s3://`` is the only persistent engine the
     bundled Tansu has), so a killed and restarted Tansu keeps its topics, records and committed
     offsets. The data lives as long as the workdir (``tracemq dev up`` starts from an empty one).
+
+    ``secure`` puts both Kafka clusters behind TLS (a throw-away CA) and SASL (the generated
+    ``secrets.kafka_users``); every service and this process's clients connect that way (see
+    :mod:`tracemq.devstack.secure`).
     """
 
     workdir: Path | None = None
@@ -127,6 +132,7 @@ class StackConfig:
     restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
     control_dir: Path | None = None
     durable: bool = False
+    secure: bool = False
     #: generated when None; the test session passes one set to all its stacks
     secrets: StackSecrets | None = None
 
@@ -145,6 +151,9 @@ class EmbeddedStack:
             self.workdir.mkdir(parents=True, exist_ok=True)
         self.processes: dict[str, ManagedProcess] = {}
         self.secrets = self.config.secrets or StackSecrets.generate()
+        #: the throw-away CA and server certificate of a ``secure`` stack
+        self.tls: secure.TlsFiles | None = None
+        self._installed_security: tuple[Any, ...] = ()
         self.business_bootstrap = ""
         self.trace_bootstrap = ""
         self.redis_url = ""
@@ -206,6 +215,9 @@ class EmbeddedStack:
         if self.supervisor is not None:
             self.supervisor.stop()
             self.supervisor = None
+        if self._installed_security:
+            secure.uninstall(self._installed_security)
+            self._installed_security = ()
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
@@ -220,6 +232,8 @@ class EmbeddedStack:
         storage = {BUSINESS_CLUSTER: memory, TRACE_CLUSTER: memory}
         if self.config.durable and kafka_bin is not None:
             storage = self._start_object_store()
+        if self.config.secure:
+            self.tls = secure.make_tls(self.workdir / "tls")
         self.business_bootstrap = ext_b or self._start_kafka(
             "kafka-business", kafka_bin, *storage[BUSINESS_CLUSTER]
         )
@@ -227,6 +241,9 @@ class EmbeddedStack:
             "kafka-trace", kafka_bin, *storage[TRACE_CLUSTER]
         )
         self.redis_url = ext_r or self._start_redis()
+        if self.config.secure:
+            self._installed_security = secure.clusters(self)
+            secure.install(self._installed_security)
         self._wait_infra()
 
     def _start_object_store(self) -> dict[str, tuple[str, dict[str, str]]]:
@@ -287,6 +304,9 @@ class EmbeddedStack:
         assert binary is not None
         port = free_port()
         url = f"tcp://127.0.0.1:{port}"
+        # a secure stack's clients reach Tansu only through its TLS + SASL gateway
+        gateway_port = free_port() if self.config.secure else None
+        advertised = f"tcp://127.0.0.1:{gateway_port}" if gateway_port else url
         proc = ManagedProcess(
             name=name,
             argv=[
@@ -295,7 +315,7 @@ class EmbeddedStack:
                 "--listener-url",
                 url,
                 "--advertised-listener-url",
-                url,
+                advertised,
                 "--storage-engine",
                 storage,
                 "--cluster-id",
@@ -312,6 +332,8 @@ class EmbeddedStack:
         proc.extra["address"] = f"127.0.0.1:{port}"
         proc.start(tie_to_parent=self.config.tie_to_parent)
         self.processes[name] = proc
+        if gateway_port is not None:
+            return secure.start_gateway(self, name, gateway_port, port)
         return f"127.0.0.1:{port}"
 
     def _start_redis(self) -> str:
@@ -454,6 +476,7 @@ class EmbeddedStack:
             "TRACEMQ_CONTROL_BOOTSTRAP": self.business_bootstrap,
             "TRACEMQ_HTTP_HOST": "127.0.0.1",
             "TRACEMQ_HTTP_PORT": str(http_port),
+            **secure.kafka_env(self),
         }
 
     def spawn_service(
@@ -568,6 +591,8 @@ class EmbeddedStack:
             "trace_bootstrap": self.trace_bootstrap,
             "redis_url": self.redis_url,
             "durable": self.config.durable,
+            "secure": self.config.secure,
+            "kafka_security": secure.summary(self),
             "supervised": self.supervisor is not None,
             "services": services,
             "infra": infra,
@@ -582,11 +607,14 @@ class EmbeddedStack:
         return {
             "TRACEMQ_REDIS_URL": self.redis_url,
             "TRACEMQ_CONTROL_BOOTSTRAP": self.business_bootstrap,
+            **secure.kafka_env(self),
         }
 
     def write_state(self, path: Path, **extra: Any) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         # the launcher's main thread and its supervisor both publish: one temporary file each
         tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps({**self.endpoints(), **extra}, indent=2))
+        # the CLI's Kafka clients read kafka_client_env (it holds the SASL passwords)
+        state = {**self.endpoints(), "kafka_client_env": secure.kafka_env(self), **extra}
+        tmp.write_text(json.dumps(state, indent=2))
         os.replace(tmp, path)
