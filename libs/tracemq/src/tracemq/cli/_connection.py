@@ -5,6 +5,7 @@ several, ``TRACEMQ_STACK=NAME`` picks one), else ``.tracemq/dev``'s state file."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
@@ -54,6 +55,18 @@ def dev_state() -> dict[str, Any] | None:
     return home_state()
 
 
+def adopt_kafka_security(state: dict[str, Any]) -> None:
+    """Connect to a ``--secure`` stack the way its services do: its ``TRACEMQ_KAFKA_*`` apply
+    unless this shell sets Kafka security itself (then those win, all of them)."""
+    env = state.get("kafka_client_env") or {}
+    if not env or any(k.startswith("TRACEMQ_KAFKA_") for k in os.environ):
+        return
+    from tracemq import kafka_security
+
+    os.environ.update({str(k): str(v) for k, v in env.items()})
+    kafka_security.install(None)  # read again, with the stack's settings
+
+
 @dataclass(frozen=True)
 class Connection:
     redis_url: str
@@ -70,7 +83,7 @@ def resolve(redis_url: str | None = None, control_bootstrap: str | None = None) 
     )
     if state is None:
         state = dev_state() or {}
-    return Connection(
+    conn = Connection(
         redis_url=redis_url
         or env_redis
         or str(state.get("redis_url") or "redis://127.0.0.1:6379/0"),
@@ -79,3 +92,11 @@ def resolve(redis_url: str | None = None, control_bootstrap: str | None = None) 
         or str(state.get("business_bootstrap") or "127.0.0.1:9092"),
         redis_prefix=os.environ.get("TRACEMQ_REDIS_PREFIX", "tmq:"),
     )
+    if not any(k.startswith("TRACEMQ_KAFKA_") for k in os.environ):
+        if not state:
+            # addresses given explicitly: still the running stack's security if they are its
+            with contextlib.suppress(UsageError):
+                state = dev_state() or {}
+        if state.get("business_bootstrap") == conn.control_bootstrap:
+            adopt_kafka_security(state)
+    return conn

@@ -38,6 +38,12 @@ def _print_endpoints(ep: dict[str, Any]) -> None:
         "Kafka storage",
         "durable (S3 store in the stack's workdir)" if ep.get("durable") else "in memory",
     )
+    ks = ep.get("kafka_security") or {}
+    if ep.get("secure"):
+        table.add_row(
+            "Kafka security",
+            f"{ks.get('security_protocol')} {ks.get('sasl_mechanism')}, CA {ks.get('ca_file')}",
+        )
     table.add_row("Redis", ep["redis_url"])
     for name, svc in ep["services"].items():
         table.add_row(name, svc["health_url"])
@@ -66,6 +72,12 @@ def up(
         help="Keep Kafka data on disk (Tansu on a private S3 store), so a restarted Kafka keeps "
         "topics, records and committed offsets. Default: in memory.",
     ),
+    secure: bool = typer.Option(
+        False,
+        "--secure",
+        help="Both Kafka clusters behind TLS (a throw-away CA) and SASL/SCRAM (generated users); "
+        "every service and the CLI connect that way.",
+    ),
 ) -> None:
     """Start the stack; in the foreground it runs until Ctrl-C or SIGTERM.
 
@@ -78,7 +90,7 @@ def up(
         )
     home.mkdir(parents=True, exist_ok=True)
     if detach:
-        _up_detached(home, collector, durable)
+        _up_detached(home, collector, durable, secure)
         return
     (home / "state.json").unlink(missing_ok=True)
     shutil.rmtree(home / "stack", ignore_errors=True)
@@ -95,6 +107,7 @@ def up(
             supervise=True,
             control_dir=home / "control",
             durable=durable,
+            secure=secure,
         )
     )
     state_path = home / "state.json"
@@ -131,13 +144,15 @@ def up(
         state_path.unlink(missing_ok=True)
 
 
-def _up_detached(home: Path, collector: bool, durable: bool) -> None:
+def _up_detached(home: Path, collector: bool, durable: bool, secure: bool = False) -> None:
     from tracemq.devstack.stack import tracemq_command
 
     log = open(home / "launcher.log", "wb")  # noqa: SIM115 - handed to the child
     argv = [*tracemq_command(), "dev", "up", "--collector" if collector else "--no-collector"]
     if durable:
         argv.append("--durable")
+    if secure:
+        argv.append("--secure")
     proc = subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,
@@ -207,6 +222,8 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
                     "collector_api",
                     "workdir",
                     "durable",
+                    "secure",
+                    "kafka_security",
                     "lake",
                     "stack_name",
                     "kind",
