@@ -119,6 +119,21 @@ def _attrs(message: str) -> dict[str, str]:
     return out
 
 
+def check_plain(users: Users, data: bytes) -> str:
+    """Check a SASL/PLAIN message (``authzid NUL user NUL password``); return the user.
+    Raises :class:`AuthFailed`."""
+    parts = data.split(b"\0")
+    if len(parts) != 3:
+        raise AuthFailed("malformed SASL/PLAIN message")
+    try:
+        user, password = parts[1].decode(), parts[2].decode()
+    except UnicodeDecodeError:
+        raise AuthFailed("SASL/PLAIN message is not UTF-8") from None
+    if not users.check_plain(user, password):
+        raise AuthFailed("Authentication failed: invalid credentials with SASL mechanism PLAIN")
+    return user
+
+
 class ScramServer:
     """The server side of one SCRAM exchange (two client messages)."""
 
@@ -198,10 +213,39 @@ async def read_frame(reader: asyncio.StreamReader, limit: int) -> bytes:
     return await reader.readexactly(size)
 
 
-def _header(frame: bytes) -> tuple[int, int, int, int]:
-    """api key, version, correlation id, offset of the body (request header v1)."""
+def parse_request(frame: bytes) -> tuple[int, int, int, bytes]:
+    """api key, version, correlation id and body of a request (header v1, as every request
+    allowed before authentication has). Raises :class:`AuthFailed` for any malformed frame."""
+    if len(frame) < 10:
+        raise AuthFailed(f"request header of {len(frame)} bytes")
     api_key, version, corr, id_len = struct.unpack(">hhih", frame[:10])
-    return api_key, version, corr, 10 + max(id_len, 0)
+    at = 10 + max(id_len, 0)
+    if at > len(frame):
+        raise AuthFailed("request header longer than its frame")
+    return api_key, version, corr, frame[at:]
+
+
+def read_string(body: bytes) -> str:
+    """A Kafka STRING (int16 length, UTF-8) at the start of ``body``."""
+    if len(body) < 2:
+        raise AuthFailed("truncated string")
+    (n,) = struct.unpack(">h", body[:2])
+    if n < 0 or 2 + n > len(body):
+        raise AuthFailed("bad string length")
+    try:
+        return body[2 : 2 + n].decode()
+    except UnicodeDecodeError:
+        raise AuthFailed("string is not UTF-8") from None
+
+
+def read_bytes(body: bytes) -> bytes:
+    """A Kafka BYTES (int32 length) at the start of ``body``."""
+    if len(body) < 4:
+        raise AuthFailed("truncated bytes")
+    (n,) = struct.unpack(">i", body[:4])
+    if n < 0 or 4 + n > len(body):
+        raise AuthFailed("bad bytes length")
+    return body[4 : 4 + n]
 
 
 def _string(b: str) -> bytes:
@@ -275,28 +319,27 @@ class Gateway:
         scram: ScramServer | None = None
         while True:
             frame = await read_frame(reader, MAX_PREAUTH_FRAME)
-            api_key, version, corr, at = _header(frame)
+            api_key, version, corr, body = parse_request(frame)
             if api_key == API_VERSIONS:
                 up_writer.write(struct.pack(">i", len(frame)) + frame)
                 size = struct.unpack(">i", await up_reader.readexactly(4))[0]
                 writer.write(struct.pack(">i", size) + await up_reader.readexactly(size))
                 await writer.drain()
             elif api_key == SASL_HANDSHAKE and version <= 1 and mechanism is None:
-                (n,) = struct.unpack(">h", frame[at : at + 2])
-                wanted = frame[at + 2 : at + 2 + n].decode(errors="replace")
+                wanted = read_string(body)
                 ok = wanted in MECHANISMS
                 writer.write(handshake_response(corr, NONE if ok else UNSUPPORTED_SASL_MECHANISM))
                 await writer.drain()
                 if not ok:
-                    raise AuthFailed(f"unsupported SASL mechanism {wanted!r}")
+                    raise AuthFailed(f"unsupported SASL mechanism {wanted[:64]!r}")
                 mechanism = wanted
                 scram = ScramServer(wanted, self.users) if wanted in _HASHES else None
             elif api_key == SASL_AUTHENTICATE and version <= 1 and mechanism is not None:
-                (n,) = struct.unpack(">i", frame[at : at + 4])
-                data = frame[at + 4 : at + 4 + max(n, 0)]
                 try:
+                    data = read_bytes(body)
                     if scram is None:
-                        reply, done, user = self._plain(data), True, self._plain_user(data)
+                        user = check_plain(self.users, data)
+                        reply, done = b"", True
                     else:
                         reply, done = scram.step(data)
                         user = scram.user
@@ -314,21 +357,6 @@ class Gateway:
                 raise AuthFailed(
                     f"request (api key {api_key} v{version}) before SASL authentication"
                 )
-
-    def _plain_user(self, data: bytes) -> str:
-        return data.split(b"\0")[1].decode(errors="replace")
-
-    def _plain(self, data: bytes) -> bytes:
-        parts = data.split(b"\0")
-        if len(parts) != 3:
-            raise AuthFailed("malformed SASL/PLAIN message")
-        try:
-            user, password = parts[1].decode(), parts[2].decode()
-        except UnicodeDecodeError:
-            raise AuthFailed("SASL/PLAIN message is not UTF-8") from None
-        if not self.users.check_plain(user, password):
-            raise AuthFailed("Authentication failed: invalid credentials with SASL mechanism PLAIN")
-        return b""
 
     async def pipe(
         self,
