@@ -306,7 +306,7 @@ def describe_failure(c: ClusterSecurity, bootstrap: str, exc: BaseException) -> 
     )
 
 
-async def diagnose(bootstrap: str, timeout_s: float = 5.0) -> BaseException | None:
+async def diagnose(bootstrap: str, timeout_s: float = 2.0) -> BaseException | None:
     """Open one connection to the first reachable ``host:port`` of ``bootstrap`` the way a
     client would, and return what failed (``None``: it connected). aiokafka only logs why a
     bootstrap failed; this recovers the cause for the error message."""

@@ -227,6 +227,12 @@ class EmbeddedStack:
         ext_b = os.environ.get("TRACEMQ_DEV_BUSINESS_BOOTSTRAP")
         ext_t = os.environ.get("TRACEMQ_DEV_TRACE_BOOTSTRAP")
         ext_r = os.environ.get("TRACEMQ_DEV_REDIS_URL")
+        if self.config.secure and (ext_b or ext_t):
+            raise StackError(
+                "a secure stack secures the Kafka clusters it runs; unset "
+                "TRACEMQ_DEV_BUSINESS_BOOTSTRAP/TRACEMQ_DEV_TRACE_BOOTSTRAP and set "
+                "TRACEMQ_KAFKA_* for external clusters instead"
+            )
         kafka_bin = None if (ext_b and ext_t) else kafka_broker_bin()
         memory: tuple[str, dict[str, str]] = ("memory://tansu/", {})
         storage = {BUSINESS_CLUSTER: memory, TRACE_CLUSTER: memory}
