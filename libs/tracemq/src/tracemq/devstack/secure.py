@@ -8,6 +8,11 @@ business and trace clusters have different users). Every service the stack spawn
 :func:`kafka_env` (``TRACEMQ_KAFKA_*``: ``SASL_SSL``, ``SCRAM-SHA-512``, the CA and one override
 per cluster keyed by its bootstrap), the launching process installs the same security for its
 own clients (:func:`install`), and the state file carries it for the CLI.
+
+Limit: each Tansu still listens, in plain text and without authentication, on its own loopback
+port (the ``kafka-*`` address ``tracemq dev status`` lists, for its health check); it is not
+advertised, so no client is sent there, but a local process that knows the port can bypass the
+gateway. This is a development stack on loopback, not a hardened deployment.
 """
 
 from __future__ import annotations
