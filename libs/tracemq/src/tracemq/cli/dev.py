@@ -55,6 +55,12 @@ def _print_endpoints(ep: dict[str, Any]) -> None:
         f"export TRACEMQ_REDIS_URL={ep['redis_url']} "
         f"TRACEMQ_CONTROL_BOOTSTRAP={ep['business_bootstrap']}"
     )
+    if ep.get("secure"):
+        # the passwords are not printed: tracemq commands read them from the state file
+        typer.echo(
+            "Kafka is SASL_SSL: tracemq commands find its settings; other clients need the "
+            "TRACEMQ_KAFKA_* under kafka_client_env in the stack's state file"
+        )
 
 
 _alive = pid_alive
