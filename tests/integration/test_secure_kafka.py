@@ -147,6 +147,9 @@ async def test_send_consume_trace_collector_and_offsets_over_tls_and_sasl(
     await eventually(traced, timeout=60, what="the collector finds the Pub and the Sub traces")
     # the collector's lag reader (its committed offsets on the trace cluster) over SASL_SSL
     await wait_caught_up(state["redis_url"], timeout_s=60)
+    lag = await asyncio.to_thread(run, "trace", "lag", "--json", env=env)  # the CLI's reader
+    assert lag.returncode == 0, lag.stderr
+    assert json.loads(lag.stdout)["lag"] == 0
 
     # the reconcile job's input snapshot (what `tracemq reconcile` runs before Spark): the
     # groups' committed offsets and the retry copies, read from Kafka over SASL_SSL
