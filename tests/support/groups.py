@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -78,6 +79,8 @@ class Scenario:
     #: (group, body) → attempts
     attempts: Counter[tuple[str, bytes]] = field(default_factory=Counter)
     late: list[bytes] = field(default_factory=list)
+    #: epoch ms between the first messages and the late ones (a time-range boundary)
+    late_from_ms: int = 0
 
 
 FIRST = [b"ok-1", b"ok-2", b"bad-1", b"bad-2"]
@@ -133,6 +136,7 @@ async def flaky_and_stopped(stack: EmbeddedStack, broker: str, unique: str) -> S
 
             await eventually(_async(first_done), timeout=40, what="both groups consumed")
             await consumers[sc.stopped].shutdown()
+            sc.late_from_ms = int(time.time() * 1000)
             for body in LATE:
                 sent = await p.send(Message(topic, body, tags="T", keys=[f"k-{unique}"]))
                 sc.ids[body] = sent.msg_id

@@ -413,7 +413,8 @@ class GroupHealth:
             act.reassign_unknown(group, plain[0])
         by_topic = {o.topic: o for o in offs or []}
         topics = sorted(
-            {*sub["topics"], *by_topic, *(t for (g, t, _) in act.buckets if g == group)}
+            {*sub["topics"], *by_topic, *(t for (g, t, _) in act.buckets if g == group)},
+            key=lambda t: (t.startswith(RETRY_GROUP_PREFIX), t),  # its retry topic last
         )
         first_minute = (now - HOUR_MS) // MINUTE_MS * MINUTE_MS + MINUTE_MS
         rate_since = now - RATE_WINDOW_MS
