@@ -39,6 +39,8 @@ OPEN_PATHS = ("/healthz",)
 _INTEGER = re.compile(r"-?[0-9]{1,20}")
 _CURSOR = re.compile(r"[0-9A-Za-z_=-]+")
 _MAX_CURSOR_CHARS = 6000
+#: Widest window a peer's activity is asked for (a group status asks for the last hour).
+MAX_ACTIVITY_WINDOW_MS = 2 * 3_600_000
 
 
 class BadParameter(Exception):
@@ -282,6 +284,8 @@ async def groups_activity(req: web.Request) -> web.Response:
         raise BadParameter("since" if since is None else "until", "since and until are required")
     if until < since:
         raise BadParameter("until", "until is before since")
+    if until - since > MAX_ACTIVITY_WINDOW_MS:
+        raise BadParameter("until", "since to until spans more than two hours")
     group = _text(req, "group", required=False, max_len=255)
     return web.json_response(await _health(req).local_activity(since, until, group))
 
