@@ -1,0 +1,94 @@
+"""Group health's pure parts (issue 15, points 13 and 14): what the trace events count as,
+how collectors' parts add up, and a message's outcome per group."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tracemq.cli.group import age
+from tracemq_collector.groups import (
+    UNKNOWN_TOPIC,
+    Activity,
+    group_outcomes,
+    summarize_activity,
+)
+
+M = 1_700_000_040_000  # a minute boundary
+
+
+def ev(kind: str, t: int, **kw: Any) -> dict[str, Any]:
+    return {"trace_type": kind, "timestamp": t, "msg_topic": "T", **kw}
+
+
+def test_what_each_consume_event_counts_as() -> None:
+    part = summarize_activity(
+        [
+            ev("SubBefore", M + 1, group_name="g", retry_times=0),  # first delivery: no count
+            ev("SubAfter", M + 2, group_name="g", success=False),
+            ev("SubBefore", M + 3, group_name="g", retry_times=1),  # a retry delivery
+            ev("SubAfter", M + 4, group_name="g", success=True),
+            ev("Pub", M + 5, topic="%DLQ%g", success=True),
+            ev("Pub", M + 6, topic="%DLQ%g", success=False),  # the move failed: not dead
+            ev("Pub", M + 7, topic="T", success=True),  # a producer's send: not ours
+            ev("SubAfter", M + 8, group_name=None, success=True),  # old record: no group
+            ev("SubAfter", M + 60_001, group_name="g", success=True, msg_topic=None),
+        ]
+    )
+    assert part["buckets"] == [
+        {"group": "g", "topic": "?", "minute": M + 60_000, "consumed": 1, "failed": 0,
+         "retried": 0, "dead_lettered": 0},
+        {"group": "g", "topic": "T", "minute": M, "consumed": 1, "failed": 1, "retried": 1,
+         "dead_lettered": 1},
+    ]  # fmt: skip
+    assert {(r["topic"], r["timestamp"]) for r in part["last_consume"]} == {
+        ("T", M + 4),
+        ("?", M + 60_001),
+    }
+
+
+def test_collectors_parts_add_up_and_unknown_topics_go_to_the_only_subscription() -> None:
+    a = summarize_activity([ev("SubAfter", M + 1, group_name="g", success=True)])
+    b = summarize_activity(
+        [
+            ev("SubAfter", M + 2, group_name="g", success=True),
+            ev("SubAfter", M + 9, group_name="g", success=False, msg_topic=None),
+        ]
+    )
+    act = Activity()
+    act.add(a)
+    act.add({**b, "truncated": True})
+    assert act.buckets[("g", "T", M)]["consumed"] == 2 and act.truncated
+    act.reassign_unknown("g", "T")
+    assert act.buckets[("g", "T", M)] == {
+        "consumed": 2, "failed": 1, "retried": 0, "dead_lettered": 0,
+    }  # fmt: skip
+    assert ("g", UNKNOWN_TOPIC, M) not in act.buckets
+    assert act.last[("g", "T")] == M + 9
+
+
+def test_outcome_per_group() -> None:
+    view = {
+        "consumers": [
+            {"group": "ok", "attempts": [{"status": "failed"}, {"status": "success"}]},
+            {"group": "retrying", "attempts": [{"status": "failed"}]},
+            {"group": "dead", "attempts": [{"status": "failed"}, {"status": "failed"}]},
+            {"group": "running", "attempts": [{"status": "unknown"}]},
+        ],
+        "dead_letters": [{"group": "dead", "success": True}],
+    }
+    got = {o["group"]: (o["outcome"], o["attempts"]) for o in group_outcomes(view, ["ok", "idle"])}
+    assert got == {
+        "ok": ("consumed", 2),
+        "retrying": ("retried", 1),
+        "dead": ("dead_lettered", 2),
+        "running": ("pending", 1),
+        "idle": ("pending", 0),
+    }
+    # no trace at all yet: every expected group is pending
+    assert group_outcomes({}, ["a"]) == [{"group": "a", "outcome": "pending", "attempts": 0}]
+
+
+def test_age_cells() -> None:
+    assert [age(None), age(850), age(42_000), age(425_000), age(11_520_000)] == [
+        "-", "850ms", "42s", "7m05s", "3h12m",
+    ]  # fmt: skip
