@@ -103,6 +103,7 @@ class Collector:
         await self._unregister()
         await self.ingestor.stop()  # flushes the lake and commits
         await self.routes.stop()
+        await self.groups.close()
         await self.queries.close()
         if self._opened:
             await self._run(self.store.close)

@@ -185,6 +185,77 @@ class TopicOffsets:
     oldest: dict[str, Any] | None
 
 
+class _Cluster:
+    """The Kafka clients that read one data cluster's offsets, kept between reads: an admin
+    client for any group's committed offsets (OffsetFetch naming the partitions, which Tansu
+    answers; asking for "all of the group's" it does not), a consumer outside any group for the
+    log ends, and a :class:`LogProbe` for Tansu's understated ends and the record at a committed
+    offset (one fetch at a time: it reassigns its consumer)."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self.admin: Any = None
+        self.consumer: Any = None
+        self.probe = LogProbe(bootstrap)
+        self.probe_lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        from aiokafka import AIOKafkaConsumer
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        self.admin = AIOKafkaAdminClient(
+            bootstrap_servers=self.bootstrap, request_timeout_ms=int(KAFKA_TIMEOUT_S * 1000)
+        )
+        await asyncio.wait_for(self.admin.start(), KAFKA_TIMEOUT_S)
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            enable_auto_commit=False,
+            request_timeout_ms=int(KAFKA_TIMEOUT_S * 1000),
+        )
+        await asyncio.wait_for(self.consumer.start(), KAFKA_TIMEOUT_S)
+
+    async def read(self, group: str, tps: list[Any]) -> list[dict[str, Any]]:
+        """Per partition: end, committed (None: nothing committed), lag, and the timestamp and
+        msgId of the oldest unconsumed record (None without lag)."""
+        committed = await asyncio.wait_for(
+            self.admin.list_consumer_group_offsets(group, partitions=tps), KAFKA_TIMEOUT_S
+        )
+        ends = await asyncio.wait_for(self.consumer.end_offsets(tps), KAFKA_TIMEOUT_S)
+        starts = await asyncio.wait_for(self.consumer.beginning_offsets(tps), KAFKA_TIMEOUT_S)
+        rows = []
+        for tp in tps:
+            meta = committed.get(tp)
+            offset = meta.offset if meta is not None and meta.offset >= 0 else None
+            async with self.probe_lock:
+                end = await self.probe.end(tp, ends[tp])
+            # Nothing committed: the group has consumed nothing of this queue yet.
+            position = max(offset or 0, starts[tp])
+            row: dict[str, Any] = {
+                "queue_id": tp.partition,
+                "end": end,
+                "committed": offset,
+                "lag": max(0, end - position),
+                "oldest_timestamp": None,
+                "oldest_msg_id": None,
+            }
+            if row["lag"]:
+                async with self.probe_lock:
+                    first = await self.probe._fetch(tp, position, 1)  # noqa: SLF001
+                if first:
+                    row["oldest_timestamp"] = first[0].timestamp
+                    row["oldest_msg_id"] = _uniq_key(first[0].headers)
+            rows.append(row)
+        return rows
+
+    async def close(self) -> None:
+        await self.probe.close()
+        for client, stop in ((self.consumer, "stop"), (self.admin, "close")):
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(getattr(client, stop)(), KAFKA_TIMEOUT_S)
+        self.consumer = self.admin = None
+
+
 class GroupHealth:
     """Computes group status (see the module docstring) and keeps the lag samples."""
 
@@ -206,6 +277,8 @@ class GroupHealth:
         self.samples: dict[str, deque[tuple[int, dict[str, tuple[int, int | None]]]]] = {}
         self._ring = ring
         self._limit = asyncio.Semaphore(OFFSET_CONCURRENCY)
+        self._clusters: dict[str, _Cluster] = {}
+        self._clusters_lock = asyncio.Lock()
 
     # ---- groups and subscriptions
     async def subscriptions(self) -> dict[str, dict[str, Any]]:
@@ -223,8 +296,30 @@ class GroupHealth:
         return out
 
     # ---- offsets
+    async def _cluster(self, bootstrap: str) -> _Cluster:
+        async with self._clusters_lock:  # one set of clients per cluster, however many ask
+            return await self._open_cluster(bootstrap)
+
+    async def _open_cluster(self, bootstrap: str) -> _Cluster:
+        cluster = self._clusters.get(bootstrap)
+        if cluster is None:
+            cluster = _Cluster(bootstrap)
+            try:
+                await cluster.start()
+            except BaseException:
+                await cluster.close()
+                raise
+            self._clusters[bootstrap] = cluster
+        return cluster
+
+    async def close(self) -> None:
+        """Close the Kafka clients kept for offset reads."""
+        clusters, self._clusters = self._clusters, {}
+        for cluster in clusters.values():
+            await cluster.close()
+
     async def _offsets(self, group: str, topics: list[str]) -> list[TopicOffsets]:
-        from aiokafka import AIOKafkaConsumer, TopicPartition
+        from aiokafka import TopicPartition
 
         by_cluster: dict[str, list[tuple[str, str, Any]]] = {}
         for topic in topics:
@@ -235,39 +330,16 @@ class GroupHealth:
                     by_cluster.setdefault(q.data_bootstrap, []).append((topic, q.broker, tp))
         queues: dict[str, list[dict[str, Any]]] = {t: [] for t in topics}
         for bootstrap, parts in sorted(by_cluster.items()):
-            tps = [tp for *_, tp in parts]
-            consumer = AIOKafkaConsumer(
-                bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False
-            )
-            probe = LogProbe(bootstrap)
+            cluster = await self._cluster(bootstrap)
             try:
-                await asyncio.wait_for(consumer.start(), KAFKA_TIMEOUT_S)
-                ends = await asyncio.wait_for(consumer.end_offsets(tps), KAFKA_TIMEOUT_S)
-                starts = await asyncio.wait_for(consumer.beginning_offsets(tps), KAFKA_TIMEOUT_S)
-                for topic, broker, tp in parts:
-                    committed = await asyncio.wait_for(consumer.committed(tp), KAFKA_TIMEOUT_S)
-                    end = await probe.end(tp, ends[tp])
-                    # Nothing committed: the group has consumed nothing of this queue yet.
-                    position = max(committed or 0, starts[tp])
-                    row: dict[str, Any] = {
-                        "broker": broker,
-                        "queue_id": tp.partition,
-                        "end": end,
-                        "committed": committed,
-                        "lag": max(0, end - position),
-                        "oldest_timestamp": None,
-                        "oldest_msg_id": None,
-                    }
-                    if row["lag"]:
-                        first = await probe._fetch(tp, position, 1)  # noqa: SLF001
-                        if first:
-                            row["oldest_timestamp"] = first[0].timestamp
-                            row["oldest_msg_id"] = _uniq_key(first[0].headers)
-                    queues[topic].append(row)
-            finally:
-                await probe.close()
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(consumer.stop(), KAFKA_TIMEOUT_S)
+                rows = await cluster.read(group, [tp for *_, tp in parts])
+            except BaseException:
+                # a client in a bad state is not reused: the next read reconnects
+                self._clusters.pop(bootstrap, None)
+                await cluster.close()
+                raise
+            for (topic, broker, _), row in zip(parts, rows, strict=True):
+                queues[topic].append({"broker": broker, **row})
         out = []
         for topic in topics:
             rows = queues[topic]
