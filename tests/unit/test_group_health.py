@@ -92,3 +92,19 @@ def test_age_cells() -> None:
     assert [age(None), age(850), age(42_000), age(425_000), age(11_520_000)] == [
         "-", "850ms", "42s", "7m05s", "3h12m",
     ]  # fmt: skip
+
+
+def test_lag_samples_keep_one_hour_and_the_last_of_each_minute() -> None:
+    from tracemq_collector.groups import GroupHealth, TopicOffsets
+
+    # every 20 minutes: an hour is 3 samples (+1 so that the hour's first minute has one)
+    health = GroupHealth(None, None, "tmq:", sample_interval_s=1200, max_events=10)  # type: ignore[arg-type]
+    for i, lag in enumerate([5, 6, 7, 8, 9]):
+        offs = [TopicOffsets("T", [], lag, {"timestamp": M - 1000} if lag else None)]
+        health._record("g", M + i * 20_000, offs)  # three samples in minute M, two in M+1
+    assert len(health.samples["g"]) == 4
+    assert health._minute_samples("g", "T") == {
+        M: (7, 2 * 20_000 + 1000),
+        M + 60_000: (9, 4 * 20_000 + 1000),
+    }
+    assert health._minute_samples("g", "other") == {}
