@@ -108,3 +108,40 @@ def test_lag_samples_keep_one_hour_and_the_last_of_each_minute() -> None:
         M + 60_000: (9, 4 * 20_000 + 1000),
     }
     assert health._minute_samples("g", "other") == {}
+
+
+async def test_activity_adds_peers_parts_and_names_a_bad_peer() -> None:
+    from tracemq_collector.groups import GroupHealth
+    from tracemq_collector.queries import PeerFailure
+
+    mine = summarize_activity([ev("SubAfter", M + 1, group_name="g", success=True)])
+    answers: dict[str, Any] = {
+        "http://good": summarize_activity([ev("SubAfter", M + 2, group_name="g", success=False)]),
+        "http://bad": {"buckets": [{"group": "g", "topic": "T", "minute": "soon"}]},
+        "http://down": PeerFailure("timeout", "no answer"),
+    }
+
+    class FakeQueries:  # the fan-out's two calls; this collector's own part is set below
+        async def peers(self) -> tuple[list[str], list[dict[str, str]]]:
+            return list(answers), []
+
+        async def _peer_get(self, url: str, path: str, params: dict[str, str]) -> Any:
+            assert path == "/api/v1/groups-activity" and params["group"] == "g"
+            if isinstance(answers[url], Exception):
+                raise answers[url]
+            return answers[url]
+
+    health = GroupHealth(FakeQueries(), None, "tmq:", sample_interval_s=60, max_events=10)  # type: ignore[arg-type]
+
+    async def local(*_: Any) -> Any:
+        return {**mine, "truncated": False}
+
+    health.local_activity = local  # type: ignore[method-assign]
+    act, failed = await health.activity(M, M + 60_000, "g")
+    assert act.buckets[("g", "T", M)] == {
+        "consumed": 1, "failed": 1, "retried": 0, "dead_lettered": 0,
+    }  # fmt: skip
+    assert sorted((f["peer"], f["reason"]) for f in failed) == [
+        ("http://bad", "malformed"),
+        ("http://down", "timeout"),
+    ]
