@@ -96,6 +96,15 @@ async def test_group_page_and_search_page(
         assert float(await flaky.locator("[data-testid='dlq-rate']").inner_text()) > 0
         assert await flaky.locator("[data-testid='trend'] rect.dlq").count() >= 1
         assert await flaky.locator("[data-testid='trend'] rect.bad").count() >= 1
+        # the filter keeps this test's two groups (the session stack holds other tests' too)
+        await page.locator("[data-testid='groups-filter']").fill(unique)
+        assert await page.locator("[data-testid='groups']").get_attribute("data-shown") == "2"
+        assert page.url.endswith(f"match={unique}")
+        shown = page.locator("[data-testid='group-row']:visible")
+        assert {await r.get_attribute("data-group") for r in await shown.all()} == {
+            sc.stopped,
+            sc.flaky,
+        }
         await doc_screenshot(wide, "consumer-groups")
 
         # one group: its queues, the oldest unconsumed message linked to its trace

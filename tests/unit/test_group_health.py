@@ -145,3 +145,19 @@ async def test_activity_adds_peers_parts_and_names_a_bad_peer() -> None:
         ("http://bad", "malformed"),
         ("http://down", "timeout"),
     ]
+
+
+def test_a_topic_without_route_has_an_unknown_lag_not_zero() -> None:
+    from tracemq_collector.groups import GroupHealth, TopicOffsets
+
+    health = GroupHealth(None, None, "tmq:", sample_interval_s=60, max_events=10)  # type: ignore[arg-type]
+    sub = {"topics": {"T": "*"}, "message_model": "CLUSTERING", "last_seen": M}
+    view = health._group_view(
+        "g", sub, ([TopicOffsets("T", [], None, None)], None, 0), Activity(), M + 1
+    )
+    assert view["state"] == "unknown" and view["topics"][0]["lag"] is None
+    assert "no route for T" in view["offsets_note"]
+    routed = health._group_view(
+        "g", sub, ([TopicOffsets("T", [], 4, None)], None, 0), Activity(), M + 1
+    )
+    assert (routed["state"], routed["lag"], routed["offsets_note"]) == ("stopped", 4, None)

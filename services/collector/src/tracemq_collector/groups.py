@@ -181,7 +181,8 @@ class Activity:
 class TopicOffsets:
     topic: str
     queues: list[dict[str, Any]]
-    lag: int
+    #: None: the topic has no route
+    lag: int | None
     oldest: dict[str, Any] | None
 
 
@@ -343,6 +344,9 @@ class GroupHealth:
         out = []
         for topic in topics:
             rows = queues[topic]
+            if not rows:  # no route (deleted, or its brokers are gone): no lag to tell
+                out.append(TopicOffsets(topic, [], None, None))
+                continue
             dated = [r for r in rows if r["oldest_timestamp"] is not None]
             oldest = min(dated, key=lambda r: r["oldest_timestamp"]) if dated else None
             out.append(
@@ -467,6 +471,7 @@ class GroupHealth:
                 {
                     o.topic: (o.lag, None if o.oldest is None else now - o.oldest["timestamp"])
                     for o in offs
+                    if o.lag is not None
                 },
             )
         )
@@ -533,10 +538,13 @@ class GroupHealth:
                 }
             )
         lag = sum(r["lag"] or 0 for r in rows)
+        unrouted = [r["topic"] for r in rows if r["topic"] in sub["topics"] and r["lag"] is None]
+        if offs is not None and unrouted:
+            why = f"no route for {', '.join(unrouted)}: lag unknown"
         failing = any(
             r["rates_per_min"]["failure"] or r["rates_per_min"]["dead_letter"] for r in rows
         )
-        if offs is None:
+        if offs is None or (unrouted and len(unrouted) == len(plain)):
             state = "unknown"
         elif lag and not clients:
             state = "stopped"

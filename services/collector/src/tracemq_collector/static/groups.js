@@ -80,7 +80,7 @@
     return svg;
   }
 
-  function render(body, group, u) {
+  function render(body, group, u, match) {
     const root = u.$('[data-testid="groups"]');
     const tbody = u.$("[data-testid='groups-table'] tbody", root);
     u.clear(tbody);
@@ -160,7 +160,26 @@
       }
     }
     queues.hidden = rows === 0;
+    const filter = u.$('[data-testid="groups-filter"]');
+    filter.hidden = !!group;
+    filter.value = match || "";
+    filter.oninput = () => applyFilter(root, filter.value.trim());
+    applyFilter(root, filter.value.trim());
   }
 
-  window.TraceViewerGroups = { render, spark, rate };
+  /** Show only the rows of groups whose name holds ``text`` (the ?match= of the page URL). */
+  function applyFilter(root, text) {
+    let shown = 0;
+    for (const tr of root.querySelectorAll("[data-testid='group-row']")) {
+      tr.hidden = !!text && !tr.dataset.group.includes(text);
+      if (!tr.hidden && tr.classList.contains("group-first")) shown += 1;
+    }
+    const url = new URL(location.href);
+    if (text) url.searchParams.set("match", text);
+    else url.searchParams.delete("match");
+    history.replaceState(history.state, "", url);
+    root.dataset.shown = String(shown);
+  }
+
+  window.TraceViewerGroups = { render, spark, rate, applyFilter };
 })();

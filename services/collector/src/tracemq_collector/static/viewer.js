@@ -619,7 +619,7 @@
         if (seq !== requestSeq) return;
         window.TraceViewerGroups.render(body, group, {
           h, s, pill, dash, fmtIsoLocal, fmtDuration, clear, $,
-        });
+        }, new URLSearchParams(location.search).get("match"));
         setState("groups");
       },
       (err) => {
