@@ -689,3 +689,59 @@ def test_a_version_2_file_is_migrated_to_keep_idempotency_keys(tmp_path: Path) -
     with TraceStore(path) as s:
         assert s.write_rows(_keyed([(0, 1, value, "K"), (0, 2, value, "K")]))[::2] == (1, 1)
     assert table(path, "SELECT value FROM meta WHERE key = 'schema_version'") == [(SCHEMA_VERSION,)]
+
+
+# ---------------------------------------------------------------------------- group activity
+
+
+def test_consume_activity_reads_a_window_with_each_message_topic(store: TraceStore) -> None:
+    feed = Feed()
+
+    def sub(n: int, ts: int, group: str, *, ok: bool, retry: int = 0) -> list[TraceContext]:
+        bean = TraceBean(topic="orders", msg_id=msg_id(n), retry_times=retry)
+        return [
+            TraceContext(
+                TraceType.SubBefore, timestamp=ts, group_name=group, request_id=f"r{n}{ts}",
+                trace_beans=[bean],
+            ),
+            TraceContext(
+                TraceType.SubAfter, timestamp=ts + 1, group_name=group, request_id=f"r{n}{ts}",
+                success=ok, cost_time=1, trace_beans=[bean],
+            ),
+        ]  # fmt: skip
+
+    dlq = TraceContext(
+        TraceType.Pub,
+        timestamp=T0 + 30,
+        group_name="billing",
+        trace_beans=[
+            TraceBean(topic="%DLQ%billing", msg_id=msg_id(2), msg_type=MessageType.Normal_Msg)
+        ],
+    )
+    rows, quarantine, progress = feed.batch(
+        [pub_ctx(1, T0)],
+        [pub_ctx(2, T0 + 1, topic="payments")],
+        sub(1, T0 + 10, "billing", ok=True),
+        sub(2, T0 + 20, "billing", ok=False, retry=1),
+        sub(2, T0 + 21, "audit_billing", ok=True),  # its record names "billing" too
+        [dlq],
+        sub(9, T0 + 40, "billing", ok=True),  # its Pub is not in this store
+        sub(1, T0 + 5_000, "billing", ok=True),  # outside the window
+    )
+    store.write_batch(rows, quarantine, progress)
+    events, cut = store.consume_activity(T0, T0 + 1000, group="billing")
+    assert not cut
+    got = [(e["trace_type"], e["msg_id"], e["msg_topic"], e["group_name"]) for e in events]
+    assert got == [
+        ("SubAfter", msg_id(9), None, "billing"),
+        ("SubBefore", msg_id(9), None, "billing"),
+        ("Pub", msg_id(2), "payments", "billing"),  # the DLQ move; topic of the message's Pub
+        ("SubAfter", msg_id(2), "payments", "billing"),
+        ("SubBefore", msg_id(2), "payments", "billing"),
+        ("SubAfter", msg_id(1), "orders", "billing"),
+        ("SubBefore", msg_id(1), "orders", "billing"),
+    ]
+    everyone, _ = store.consume_activity(T0, T0 + 1000)
+    assert len(everyone) == len(events) + 2  # audit_billing's two events
+    newest, cut = store.consume_activity(T0, T0 + 1000, limit=3)
+    assert cut and [e["timestamp"] for e in newest] == [T0 + 41, T0 + 40, T0 + 30]

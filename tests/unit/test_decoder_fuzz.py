@@ -291,3 +291,59 @@ def test_collector_decode_of_a_trace_message_never_raises(value: bytes | None) -
     assert events or quarantine
     chunk = decode_chunk([("RMQ_SYS_TRACE_TOPIC", 0, [(7, value, "10.0.0.1")])], 1_700_000_000_000)
     assert chunk.events == len(events)
+
+
+# -- a peer collector's group activity (issue 15, point 13) ----------------------------------
+json_values = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(min_value=-(2**70), max_value=2**70),
+        st.floats(allow_nan=False),
+        st.text(max_size=20),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=5)
+    ),
+    max_leaves=12,
+)
+_BUCKET = {
+    "group": "g", "topic": "T", "minute": 60_000, "consumed": 1, "failed": 0, "retried": 0,
+    "dead_lettered": 0,
+}  # fmt: skip
+
+
+@settings(FUZZ, max_examples=200)
+@given(
+    st.one_of(
+        json_values,
+        st.fixed_dictionaries(
+            {
+                "buckets": st.lists(
+                    st.one_of(
+                        json_values,
+                        st.fixed_dictionaries({k: json_values for k in _BUCKET}),
+                        st.just(_BUCKET),
+                    ),
+                    max_size=3,
+                ),
+                "last_consume": st.lists(json_values, max_size=3),
+            },
+            optional={"truncated": json_values},
+        ),
+    )
+)
+@example({"buckets": [_BUCKET], "last_consume": [{"group": "g", "topic": "T", "timestamp": 5}]})
+@example({"buckets": [{**_BUCKET, "consumed": -1}], "last_consume": []})
+@example({"buckets": [{**_BUCKET, "consumed": True}], "last_consume": []})
+def test_peer_group_activity_raises_only_validation_error(answer: Any) -> None:
+    from pydantic import ValidationError
+    from tracemq_collector.groups import Activity, PeerActivity
+
+    try:
+        part = PeerActivity.model_validate(answer).model_dump()
+    except ValidationError:
+        return
+    act = Activity()
+    act.add(part)  # what validates sums without raising, counts stay non-negative
+    assert all(v >= 0 for c in act.buckets.values() for v in c.values())

@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from redis.exceptions import RedisError
 from tracemq.message_id import decode_offset_msg_id
 
 from tracemq_collector.events import MAX_TIMESTAMP_MS
+from tracemq_collector.groups import GroupHealth, UnknownGroup, add_outcomes
 from tracemq_collector.openapi import LOOKUP_ID_PATTERN, OPENAPI
 from tracemq_collector.queries import BadCursor, Queries
 from tracemq_collector.store import MAX_PAGE_SIZE
@@ -31,11 +33,14 @@ from tracemq_collector.view import build_view
 STATIC = Path(__file__).parent / "static"
 _LOOKUP_ID = re.compile(LOOKUP_ID_PATTERN)
 QUERIES_KEY: web.AppKey[Queries] = web.AppKey("queries", Queries)
+GROUPS_KEY: web.AppKey[GroupHealth | None] = web.AppKey("groups")
 OPEN_PATHS = ("/healthz",)
 #: Digits of the largest number any parameter takes: int() never sees a 5 000-digit string.
 _INTEGER = re.compile(r"-?[0-9]{1,20}")
 _CURSOR = re.compile(r"[0-9A-Za-z_=-]+")
 _MAX_CURSOR_CHARS = 6000
+#: Widest window a peer's activity is asked for (a group status asks for the last hour).
+MAX_ACTIVITY_WINDOW_MS = 2 * 3_600_000
 
 
 class BadParameter(Exception):
@@ -230,13 +235,59 @@ async def _listing(req: web.Request, kind: str, params: dict[str, Any]) -> web.R
     limit = _limit(req)
     cursor = _cursor(req)
     local = _flag(req, "local")
+    outcomes = _flag(req, "outcomes")
     try:
         items, nxt, failed = await req.app[QUERIES_KEY].listing(
             kind, params, limit=limit, cursor=cursor, local=local
         )
     except BadCursor:
         raise BadParameter("cursor", "cursor is invalid (not a next_cursor of this API)") from None
+    if outcomes and not local:
+        failed += await add_outcomes(req.app.get(GROUPS_KEY), req.app[QUERIES_KEY], items)
     return web.json_response({"items": items, "next_cursor": nxt, "peers_failed": failed})
+
+
+def _health(req: web.Request) -> GroupHealth:
+    health = req.app.get(GROUPS_KEY)
+    if health is None:
+        raise web.HTTPServiceUnavailable(
+            text='{"error": "group health needs the routing database"}',
+            content_type="application/json",
+        )
+    return health
+
+
+async def groups_status(req: web.Request) -> web.Response:
+    try:
+        return web.json_response(await _health(req).status(None))
+    except (RedisError, OSError) as exc:
+        return _error(503, f"the routing database did not answer: {exc!r}"[:300])
+
+
+async def group_status(req: web.Request) -> web.Response:
+    raw = req.match_info["group"]
+    if len(raw) > 255 or not re.fullmatch(r"[%|a-zA-Z0-9_-]+", raw):
+        raise BadParameter("group", f"group must be a consumer group name, got {_shown(raw)}")
+    try:
+        return web.json_response(await _health(req).status(raw))
+    except UnknownGroup:
+        return _error(404, f"no consumer group {raw!r}: no subscription of it was ever seen")
+    except (RedisError, OSError) as exc:
+        return _error(503, f"the routing database did not answer: {exc!r}"[:300])
+
+
+async def groups_activity(req: web.Request) -> web.Response:
+    """This collector's consume activity (a peer's part of a group status; always local)."""
+    since = _time(req, "since")
+    until = _time(req, "until")
+    if since is None or until is None:
+        raise BadParameter("since" if since is None else "until", "since and until are required")
+    if until < since:
+        raise BadParameter("until", "until is before since")
+    if until - since > MAX_ACTIVITY_WINDOW_MS:
+        raise BadParameter("until", "since to until spans more than two hours")
+    group = _text(req, "group", required=False, max_len=255)
+    return web.json_response(await _health(req).local_activity(since, until, group))
 
 
 async def list_quarantine(req: web.Request) -> web.Response:
@@ -259,14 +310,20 @@ async def page(_req: web.Request) -> web.FileResponse:
     return web.FileResponse(STATIC / "viewer.html")
 
 
-def add_routes(app: web.Application, queries: Queries, token: str | None) -> None:
+def add_routes(
+    app: web.Application, queries: Queries, token: str | None, groups: GroupHealth | None = None
+) -> None:
     app[QUERIES_KEY] = queries
+    app[GROUPS_KEY] = groups
     app.middlewares.append(auth_middleware(token))
     app.middlewares.append(errors_middleware)
     app.router.add_get("/api/v1/traces/{msg_id}", get_trace)
     app.router.add_get("/api/v1/traces", find_traces)
     app.router.add_get("/api/v1/messages", list_messages)
     app.router.add_get("/api/v1/quarantine", list_quarantine)
+    app.router.add_get("/api/v1/groups", groups_status)
+    app.router.add_get("/api/v1/groups/{group}", group_status)
+    app.router.add_get("/api/v1/groups-activity", groups_activity)
     app.router.add_get("/api/v1/openapi.json", openapi)
     app.router.add_get("/", page)
     app.router.add_get("/viewer", page)

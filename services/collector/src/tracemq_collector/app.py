@@ -19,6 +19,7 @@ from tracemq.service import spawn
 
 from tracemq_collector import metrics
 from tracemq_collector.api import add_routes
+from tracemq_collector.groups import GroupHealth
 from tracemq_collector.ingest import Ingestor
 from tracemq_collector.lake import TraceLake
 from tracemq_collector.queries import Queries, sign_registration
@@ -55,11 +56,18 @@ class Collector:
             token=settings.collector_api_token,
             fanout_timeout_s=settings.collector_fanout_timeout_ms / 1000,
         )
+        self.groups = GroupHealth(
+            self.queries,
+            self.redis,
+            settings.redis_prefix,
+            sample_interval_s=settings.collector_group_sample_interval_s,
+            max_events=settings.collector_group_max_events,
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self._opened = False
 
     def add_routes(self, app: web.Application) -> None:
-        add_routes(app, self.queries, self.settings.collector_api_token)
+        add_routes(app, self.queries, self.settings.collector_api_token, self.groups)
 
     async def _run(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.writer, fn, *args)
@@ -78,6 +86,7 @@ class Collector:
             spawn(self._registration_loop(), name="collector-register"),
             spawn(self._retention_loop(), name="collector-retention"),
             spawn(self._compaction_loop(), name="collector-compaction"),
+            spawn(self.groups.run_sampler(), name="collector-group-sampler"),
         ]
         log.info(
             "collector started",
@@ -94,6 +103,7 @@ class Collector:
         await self._unregister()
         await self.ingestor.stop()  # flushes the lake and commits
         await self.routes.stop()
+        await self.groups.close()
         await self.queries.close()
         if self._opened:
             await self._run(self.store.close)

@@ -35,3 +35,9 @@ OFFSET_RESETS = Counter(
     "Trace partition offsets found outside their log and reset (collector_offset_reset)",
     ["topic", "partition"],
 )
+GROUP_OFFSET_FAILURES = Counter(
+    "tracemq_collector_group_offset_failures_total",
+    "Consumer-group offset reads (group status or its sampler) that failed; that group's lag"
+    " is unknown in the answer or missing from the trend",
+    ["reason"],
+)

@@ -162,12 +162,114 @@ _LIST = {
                     "timestamp": {"type": "integer"},
                     "keys": {"type": ["string", "null"]},
                     "tags": {"type": ["string", "null"]},
+                    "outcomes": {
+                        "type": "array",
+                        "description": "with outcomes=1: per consumer group, what happened to "
+                        "the message so far (an expected group without an attempt is pending)",
+                        "items": {
+                            "type": "object",
+                            "required": ["group", "outcome", "attempts"],
+                            "properties": {
+                                "group": {"type": "string"},
+                                "outcome": {
+                                    "enum": ["consumed", "retried", "dead_lettered", "pending"]
+                                },
+                                "attempts": {"type": "integer", "minimum": 0},
+                            },
+                        },
+                    },
                 },
             },
         },
         "next_cursor": {"type": ["string", "null"]},
         "peers_failed": _PEERS_FAILED,
     },
+}
+
+
+_NULLABLE_INT = {"type": ["integer", "null"]}
+_COUNTS = {
+    "type": "object",
+    "properties": {
+        k: {"type": "integer", "minimum": 0}
+        for k in ("consumed", "failed", "retried", "dead_lettered")
+    },
+}
+_GROUP_TOPIC = {
+    "type": "object",
+    "required": ["topic", "lag", "lag_age_ms", "rates_per_min", "last_consume", "trend"],
+    "properties": {
+        "topic": {"type": "string", "description": "'?': the message's Pub trace is not stored"},
+        "retry_topic": {"type": "boolean", "description": "the group's %RETRY% topic"},
+        "expression": {"type": ["string", "null"], "description": "tag expression"},
+        "lag": {**_NULLABLE_INT, "description": "messages after the committed offsets"},
+        "lag_age_ms": {
+            **_NULLABLE_INT,
+            "description": "age of the oldest unconsumed message (null: no lag)",
+        },
+        "oldest_unconsumed": {
+            "type": ["object", "null"],
+            "description": "timestamp, msg_id, broker, queue_id, age_ms of that message",
+        },
+        "queues": {
+            "type": ["array", "null"],
+            "description": "per queue: broker, queue_id, end, committed, lag, oldest_timestamp,"
+            " oldest_msg_id (null: offsets unavailable or broadcasting)",
+            "items": {"type": "object"},
+        },
+        "rates_per_min": {
+            "type": "object",
+            "description": "over the last rate_window_ms, from the trace data",
+            "properties": {
+                k: {"type": "number"} for k in ("consume", "failure", "retry", "dead_letter")
+            },
+        },
+        "last_hour": _COUNTS,
+        "last_consume": {**_NULLABLE_INT, "description": "last SubAfter in the hour, epoch ms"},
+        "trend": {
+            "type": "array",
+            "description": "one entry per minute of the last hour: counts from the trace data,"
+            " lag and lag_age_ms from the collector's samples (null: no sample that minute)",
+            "items": {"type": "object"},
+        },
+    },
+}
+_GROUPS = {
+    "type": "object",
+    "required": ["generated_at", "groups", "activity_truncated", "peers_failed"],
+    "properties": {
+        "generated_at": {"type": "integer"},
+        "window_ms": {"type": "integer"},
+        "rate_window_ms": {"type": "integer"},
+        "sample_interval_s": {"type": "number"},
+        "activity_truncated": {
+            "type": "boolean",
+            "description": "a collector held more consume events in the hour than it reads",
+        },
+        "groups": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["group", "state", "clients", "lag", "topics"],
+                "properties": {
+                    "group": {"type": "string"},
+                    "message_model": {"type": ["string", "null"]},
+                    "clients": {"type": "integer", "description": "live clients"},
+                    "state": {"enum": ["ok", "lagging", "failing", "stopped", "unknown"]},
+                    "offsets_note": {"type": ["string", "null"]},
+                    "lag": _NULLABLE_INT,
+                    "lag_age_ms": _NULLABLE_INT,
+                    "last_consume": _NULLABLE_INT,
+                    "topics": {"type": "array", "items": _GROUP_TOPIC},
+                },
+            },
+        },
+        "peers_failed": _PEERS_FAILED,
+    },
+}
+_UNAVAILABLE = {
+    "description": "the routing database did not answer",
+    "content": {"application/json": {"schema": _ERROR}},
 }
 
 
@@ -198,6 +300,11 @@ _LIMIT = _p(
 )
 _LOCAL = _p(
     "local", "1: this collector only (no fan-out)", schema={"type": "string", "enum": ["0", "1"]}
+)
+_OUTCOMES = _p(
+    "outcomes",
+    "1: give every item its outcome per consumer group (a look-up per message)",
+    schema={"type": "string", "enum": ["0", "1"]},
 )
 _PAGING = [
     _p("begin", "from (epoch ms or ISO 8601)", schema=_TIME),
@@ -271,6 +378,7 @@ OPENAPI: dict[str, Any] = {
                     _text("key", "business key", 256, required=True),
                     _text("topic", "only this topic", 127),
                     *_PAGING,
+                    _OUTCOMES,
                 ],
                 "responses": _responses(_LIST),
             }
@@ -278,7 +386,11 @@ OPENAPI: dict[str, Any] = {
         "/api/v1/messages": {
             "get": {
                 "summary": "Messages sent to a topic in a time range (newest first)",
-                "parameters": [_text("topic", "topic", 127, required=True), *_PAGING],
+                "parameters": [
+                    _text("topic", "topic", 127, required=True),
+                    *_PAGING,
+                    _OUTCOMES,
+                ],
                 "responses": _responses(_LIST),
             }
         },
@@ -287,6 +399,63 @@ OPENAPI: dict[str, Any] = {
                 "summary": "Trace records that could not be decoded",
                 "parameters": [_LIMIT],
                 "responses": _responses({"type": "object"}),
+            }
+        },
+        "/api/v1/groups": {
+            "get": {
+                "summary": "Health of every consumer group: lag in messages and in time, rates,"
+                " last consume, the last hour per minute",
+                "responses": {**_responses(_GROUPS), "503": _UNAVAILABLE},
+            }
+        },
+        "/api/v1/groups/{group}": {
+            "get": {
+                "summary": "Health of one consumer group, with its queues",
+                "parameters": [
+                    {
+                        "name": "group",
+                        "in": "path",
+                        "required": True,
+                        "description": "consumer group name",
+                        "schema": {"type": "string", "pattern": "^[%|a-zA-Z0-9_-]{1,255}$"},
+                    }
+                ],
+                "responses": {
+                    **_responses(_GROUPS),
+                    "404": {
+                        "description": "no subscription of this group was ever seen",
+                        "content": {"application/json": {"schema": _ERROR}},
+                    },
+                    "503": _UNAVAILABLE,
+                },
+            }
+        },
+        "/api/v1/groups-activity": {
+            "get": {
+                "summary": "This collector's consume activity (the part a peer adds to a group"
+                " status; never fanned out)",
+                "parameters": [
+                    _p("since", "from (epoch ms or ISO 8601)", required=True, schema=_TIME),
+                    _p(
+                        "until",
+                        "to (epoch ms or ISO 8601), at most two hours after since",
+                        required=True,
+                        schema=_TIME,
+                    ),
+                    _text("group", "only this group", 255),
+                    _LOCAL,
+                ],
+                "responses": _responses(
+                    {
+                        "type": "object",
+                        "required": ["buckets", "last_consume", "truncated"],
+                        "properties": {
+                            "buckets": {"type": "array", "items": {"type": "object"}},
+                            "last_consume": {"type": "array", "items": {"type": "object"}},
+                            "truncated": {"type": "boolean"},
+                        },
+                    }
+                ),
             }
         },
         "/healthz": {

@@ -40,6 +40,17 @@ class CollectorSettings(CommonSettings):
     collector_compact_after_ms: int = Field(
         3_600_000, ge=0, description="Hours closed this long ago get their small files merged."
     )
+    collector_group_sample_interval_s: float = Field(
+        60.0,
+        ge=0,
+        description="Seconds between samples of every consumer group's lag for the hour trend "
+        "of `tracemq group status` (0: sample only when a status is asked for).",
+    )
+    collector_group_max_events: int = Field(
+        200_000,
+        ge=1,
+        description="Consume events one collector reads for a group status (the last hour's).",
+    )
     collector_fanout_timeout_ms: int = Field(2000, ge=100, description="Peer query time-out.")
     collector_session_timeout_ms: int = Field(
         10_000, ge=1000, description="Kafka group session timeout."

@@ -925,6 +925,51 @@ class TraceStore:
             items.append({name: event[name] for name in _SUMMARY_COLUMNS})
         return items, _next_cursor(_MESSAGE_CURSOR, rows, limit)
 
+    def consume_activity(
+        self, since_ms: int, until_ms: int, *, group: str | None = None, limit: int = 200_000
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """Consume-side events with ``since_ms <= timestamp < until_ms``, newest first: every
+        SubBefore and SubAfter, and the Pubs to a ``%DLQ%`` topic (a consumer's move of a
+        message to its dead-letter queue). Each row is the decoded event plus ``msg_topic``,
+        the topic of the message's own Pub trace *in this store* (None when that Pub is not
+        here: lost, or stored by another collector). With ``group``, only that group's events
+        (a prefilter on the record text, then an exact check). At most ``limit`` events are
+        read; the second value says whether that cut the window (the oldest part is missing).
+
+        Reads the ``timestamp`` index over the window; the message topic is one look-up by
+        msgId per event (the ``msg_id`` index)."""
+        where = [
+            "timestamp >= ?",
+            "timestamp < ?",
+            "(trace_type IN ('SubBefore', 'SubAfter') "
+            "OR (trace_type = 'Pub' AND topic LIKE '\\%DLQ\\%%' ESCAPE '\\'))",
+        ]
+        params: list[Any] = [since_ms, until_ms]
+        if group is not None:
+            where.append("instr(record, ?) > 0")
+            params.append(group)
+        params.append(limit + 1)
+        rows = (
+            self._reader()
+            .execute(
+                f"SELECT {_STORED}, (SELECT p.topic FROM events AS p "  # noqa: S608
+                "WHERE p.msg_id = events.msg_id AND p.trace_type = 'Pub' "
+                "AND p.topic NOT LIKE '\\%DLQ\\%%' ESCAPE '\\' LIMIT 1) "
+                f"FROM events WHERE {' AND '.join(where)} ORDER BY timestamp DESC LIMIT ?",
+                params,
+            )
+            .fetchall()
+        )
+        out = []
+        for values in rows[:limit]:
+            event = _decoded(values[:-1])
+            if group is not None and event.get("group_name") != group:
+                continue
+            del event["record"]
+            event["msg_topic"] = values[-1]
+            out.append(event)
+        return out, len(rows) > limit
+
     def event_count(self) -> int:
         """Number of stored events."""
         return int(self._reader().execute("SELECT count(*) FROM events").fetchone()[0])

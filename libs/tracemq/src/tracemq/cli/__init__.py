@@ -27,6 +27,7 @@ BUILTIN: dict[str, tuple[str, str]] = {
     "topic": ("tracemq.cli.topic:app", "Create, update, delete and list topics on a broker."),
     "route": ("tracemq.cli.route:app", "Inspect routes."),
     "trace": ("tracemq.cli.trace:app", "Look up message traces through the collector."),
+    "group": ("tracemq.cli.group:app", "Consumer-group health (lag, rates) via the collector."),
     "health": ("tracemq.cli.health:health", "Check a service's /healthz; exit 0 if healthy."),
     "demo": ("tracemq.cli.demo:demo", "Run the demo on the embedded stack."),
 }

@@ -3,7 +3,11 @@
  * Plain JavaScript, no build step, no external resources. It talks to the collector's JSON API:
  *   GET /api/v1/traces/{msgId}     one message's trace (producer, transactions, consumers, events)
  *   GET /api/v1/traces?key=K[...]  messages sent with business key K
- * Deep links: /?msgId=XXXX opens a trace, /?key=K[&topic=T] runs a key search.
+ *   GET /api/v1/messages?topic=T   messages sent to topic T (both lists with outcomes=1: what
+ *                                  each consumer group did with every message so far)
+ *   GET /api/v1/groups[/{group}]   consumer-group health (drawn by groups.js)
+ * Deep links: /?msgId=XXXX opens a trace (an offsetMsgId too), /?key=K[&topic=T] runs a key
+ * search, /?topic=T[&from=&to=] lists a topic, /?view=groups and /?group=G show group health.
  * If the API answers 401 the page asks for a bearer token and keeps it in sessionStorage.
  *
  * Statuses are compared EXACTLY against the API's lower-case strings ("success", "failed",
@@ -402,6 +406,12 @@
     $('[data-testid="trace"]').hidden = state !== "trace";
     $('[data-testid="error"]').hidden = state !== "error";
     $('[data-testid="token-panel"]').hidden = state !== "auth";
+    $('[data-testid="groups"]').hidden = state !== "groups";
+    for (const a of document.querySelectorAll(".topnav a")) {
+      const mine = a.dataset.testid === (state === "groups" ? "nav-groups" : "nav-search");
+      if (mine) a.setAttribute("aria-current", "page");
+      else a.removeAttribute("aria-current");
+    }
   }
 
   function showError(title, detail, warning) {
@@ -508,10 +518,10 @@
       if (err instanceof ApiError && err.kind === "not-found" && o.fallbackToKey) {
         // A 32-hex string can also be a business key (a UUID without dashes, say).
         try {
-          const found = await api(`/traces?${new URLSearchParams({ key: msgId, limit: PAGE_SIZE })}`);
+          const found = await api(listingPath({ key: msgId }, null));
           if (seq !== requestSeq) return;
           if (Array.isArray(found.items) && found.items.length) {
-            renderResults(msgId, null, found, false,
+            renderResults({ key: msgId, topic: null }, found, false,
               `No message has msgId ${msgId}, but these were sent with it as a business key.`);
             return;
           }
@@ -526,51 +536,114 @@
     renderTrace(msgId, trace);
   }
 
+  /** A datetime-local value (the browser's time zone) as epoch ms, or null. */
+  function rangeMs(value) {
+    if (!present(value)) return null;
+    const t = new Date(value).getTime();
+    return Number.isFinite(t) ? t : null;
+  }
+
+  /** One listing (by key, or a topic's messages), with each message's outcome per group. */
+  function listingPath(q, cursor) {
+    const params = new URLSearchParams();
+    if (q.key) params.set("key", q.key);
+    params.set("limit", PAGE_SIZE);
+    if (q.topic) params.set("topic", q.topic);
+    params.set("outcomes", 1);
+    const begin = rangeMs(q.from);
+    const end = rangeMs(q.to);
+    if (begin !== null) params.set("begin", begin);
+    if (end !== null) params.set("end", end);
+    if (cursor) params.set("cursor", cursor);
+    return `${q.key ? "/traces" : "/messages"}?${params}`;
+  }
+
   async function searchKey(key, opts) {
     const o = opts || {};
+    return runListing({ key, topic: o.topic, from: o.from, to: o.to }, o.push);
+  }
+
+  async function searchTopic(topic, opts) {
+    const o = opts || {};
+    return runListing({ key: null, topic, from: o.from, to: o.to }, o.push);
+  }
+
+  async function runListing(query, push) {
+    const q = {
+      key: present(query.key) ? query.key : null,
+      topic: present(query.topic) ? query.topic : null,
+      from: present(query.from) ? query.from : null,
+      to: present(query.to) ? query.to : null,
+    };
     const seq = ++requestSeq;
-    const topic = present(o.topic) ? o.topic : null;
-    lastAction = () => searchKey(key, { topic, push: false });
-    if (o.push) pushUrl({ key, topic }, true);
-    $('[data-testid="search-input"]').value = key;
-    $('[data-testid="topic-input"]').value = topic || "";
+    lastAction = () => runListing(q, false);
+    if (push) pushUrl(q, true);
+    $('[data-testid="search-input"]').value = q.key || "";
+    $('[data-testid="topic-input"]').value = q.topic || "";
+    $('[data-testid="from-input"]').value = q.from || "";
+    $('[data-testid="to-input"]').value = q.to || "";
     setState("loading");
-    const params = new URLSearchParams({ key, limit: PAGE_SIZE });
-    if (topic) params.set("topic", topic);
     let page;
     try {
-      page = await api(`/traces?${params}`);
+      page = await api(listingPath(q, null));
     } catch (err) {
       if (seq !== requestSeq) return;
-      showApiError(err, { key });
+      showApiError(err, { key: q.key });
       return;
     }
     if (seq !== requestSeq) return;
-    renderResults(key, topic, page, false);
+    renderResults(q, page, false);
   }
 
-  async function loadMore(key, topic, cursor, button) {
-    const params = new URLSearchParams({ key, limit: PAGE_SIZE, cursor });
-    if (topic) params.set("topic", topic);
+  async function loadMore(q, cursor, button) {
     button.disabled = true;
     try {
-      const page = await api(`/traces?${params}`);
-      renderResults(key, topic, page, true);
+      const page = await api(listingPath(q, cursor));
+      renderResults(q, page, true);
     } catch (err) {
-      showApiError(err, { key });
+      showApiError(err, { key: q.key });
     } finally {
       button.disabled = false;
     }
+  }
+
+  function showGroups(group) {
+    const seq = ++requestSeq;
+    lastAction = () => showGroups(group);
+    model = null;
+    setState("loading");
+    document.title = group ? `tracemq · group ${group}` : "tracemq · consumer groups";
+    const path = group ? `/groups/${encodeURIComponent(group)}` : "/groups";
+    return api(path).then(
+      (body) => {
+        if (seq !== requestSeq) return;
+        window.TraceViewerGroups.render(body, group, {
+          h, s, pill, dash, fmtIsoLocal, fmtDuration, clear, $,
+        }, new URLSearchParams(location.search).get("match"));
+        setState("groups");
+      },
+      (err) => {
+        if (seq !== requestSeq) return;
+        showApiError(err, {});
+      },
+    );
   }
 
   function route() {
     const p = new URLSearchParams(location.search);
     const msgId = (p.get("msgId") || p.get("msgid") || "").trim();
     const key = (p.get("key") || "").trim();
+    const topic = (p.get("topic") || "").trim();
+    const group = (p.get("group") || "").trim();
+    const range = { from: p.get("from"), to: p.get("to") };
     if (msgId) {
       openTrace(msgId, { push: false, fallbackToKey: false });
     } else if (key) {
-      searchKey(key, { topic: (p.get("topic") || "").trim(), push: false });
+      searchKey(key, { topic, ...range, push: false });
+    } else if (group || p.get("view") === "groups") {
+      showGroups(group || null);
+    } else if (topic) {
+      searchTopic(topic, { ...range, push: false });
     } else {
       ++requestSeq;
       lastAction = null;
@@ -584,7 +657,25 @@
   /* Key search results                                                                       */
   /* ---------------------------------------------------------------------------------------- */
 
-  function renderResults(key, topic, page, appendRows, note) {
+  const OUTCOME_TEXT = {
+    consumed: "consumed", retried: "retried", dead_lettered: "dead-lettered", pending: "pending",
+  };
+
+  function outcomeCell(outcomes) {
+    const list = Array.isArray(outcomes) ? outcomes : [];
+    if (!list.length) return h("td", { class: "muted", text: "no consumer group" });
+    return h("td", null, h("div", { class: "outcomes" }, list.map((o) => {
+      const kind = Object.prototype.hasOwnProperty.call(OUTCOME_TEXT, o.outcome) ? o.outcome : "pending";
+      const tries = o.attempts > 1 ? ` (${o.attempts} attempts)` : "";
+      return h("span", {
+        class: `pill pill-${kind}`, "data-testid": "outcome", "data-group": o.group,
+        "data-outcome": kind, title: `${o.group}: ${OUTCOME_TEXT[kind]}${tries}`,
+        text: `${o.group}: ${OUTCOME_TEXT[kind]}${tries}`,
+      });
+    })));
+  }
+
+  function renderResults(q, page, appendRows, note) {
     const card = $('[data-testid="results"]');
     const tbody = $("tbody", card);
     const items = Array.isArray(page.items) ? page.items : [];
@@ -608,24 +699,31 @@
         h("td", { text: fmtIsoLocal(it.timestamp) }),
         h("td", { class: "mono", text: dash(it.keys) }),
         h("td", { text: dash(it.tags) }),
+        outcomeCell(it.outcomes),
       ));
     }
     const count = Number(card.dataset.count || 0) + items.length;
     card.dataset.count = String(count);
     const title = $(".results-title", card);
-    const where = topic ? ` in topic “${topic}”` : "";
+    const range = q.from || q.to
+      ? ` sent ${q.from ? `from ${q.from.replace("T", " ")}` : ""}${q.from && q.to ? " " : ""}` +
+        `${q.to ? `before ${q.to.replace("T", " ")}` : ""}`
+      : "";
+    const what = q.key
+      ? `with key “${q.key}”${q.topic ? ` in topic “${q.topic}”` : ""}${range}`
+      : `in topic “${q.topic}”${range}`;
     title.textContent = note ||
-      `${count}${page.next_cursor ? "+" : ""} message${count === 1 ? "" : "s"} with key “${key}”${where}`;
+      `${count}${page.next_cursor ? "+" : ""} message${count === 1 ? "" : "s"} ${what}`;
     const empty = $('[data-testid="results-empty"]');
     empty.hidden = count !== 0;
-    empty.textContent = count ? "" : `No messages found with key “${key}”${where}. Keys are ` +
+    empty.textContent = count ? "" : `No messages found ${what}. Messages are ` +
       "indexed from the trace data, so a message sent just now may take a few seconds to appear.";
     $("table", card).hidden = count === 0;
     const more = $('[data-testid="load-more"]');
     more.hidden = !page.next_cursor;
-    more.onclick = page.next_cursor ? () => loadMore(key, topic, page.next_cursor, more) : null;
+    more.onclick = page.next_cursor ? () => loadMore(q, page.next_cursor, more) : null;
     setState("results");
-    document.title = `tracemq · key ${key}`;
+    document.title = q.key ? `tracemq · key ${q.key}` : `tracemq · topic ${q.topic}`;
   }
 
   /* ---------------------------------------------------------------------------------------- */
@@ -1136,9 +1234,17 @@
       ev.preventDefault();
       const q = $('[data-testid="search-input"]').value.trim();
       const topic = $('[data-testid="topic-input"]').value.trim();
-      if (!q) return;
-      if (MSGID_RE.test(q)) openTrace(q, { push: true, fallbackToKey: true });
-      else searchKey(q, { topic, push: true });
+      const range = {
+        from: $('[data-testid="from-input"]').value, to: $('[data-testid="to-input"]').value,
+      };
+      if (!q && !topic) {
+        $('[data-testid="search-input"]').focus();
+        return;
+      }
+      // A msgId or an offsetMsgId (the API resolves either); a 32-hex key is tried next.
+      if (q && MSGID_RE.test(q)) openTrace(q, { push: true, fallbackToKey: true });
+      else if (q) searchKey(q, { topic, ...range, push: true });
+      else searchTopic(topic, { ...range, push: true });
     });
 
     $('[data-testid="token-form"]').addEventListener("submit", (ev) => {
