@@ -264,12 +264,12 @@ class Verifier:
         roles: Callable[[T], frozenset[str]],
         now_ms: int | None = None,
     ) -> tuple[T, Seal | None]:
-        """Check and decode one record: ``(record, seal)`` — ``seal`` is None for an unsigned
-        record accepted because verification is disabled. Raises only :class:`ProtocolError`
-        (replays are the caller's check, :class:`ReplayGuard`)."""
+        """Check and decode one record: ``(record, seal)`` — ``seal`` is None when verification
+        is disabled (nothing was checked, so nothing is for a replay guard to remember). Raises
+        only :class:`ProtocolError` (replays are the caller's check, :class:`ReplayGuard`)."""
         s, body = unseal(data)
         if self.disabled:
-            return decode(body), s
+            return decode(body), None
         role = None if s is None else self.authenticate(s, purpose, now_ms)
         record = decode(body)
         if s is None:
