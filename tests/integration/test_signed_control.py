@@ -22,7 +22,8 @@ from tracemq.protocol import admin as admin_proto
 from tracemq.protocol import control
 from tracemq.protocol.admin import ADMIN_TOPIC
 from tracemq.protocol.signing import seal
-from tracemq.routing import RegistryReader
+from tracemq.routing import RegistryReader, connect
+from tracemq_nameserver.registry import RegistryWriter
 
 from tests.support.metrics import scrape
 from tests.support.signing import sealed
@@ -238,3 +239,21 @@ def test_a_verifier_without_keys_does_not_start(service: str, variable: str) -> 
     )
     assert res.returncode == 2, res.stderr
     assert variable in res.stderr and "TRACEMQ_AUTH_DISABLED" in res.stderr
+
+
+async def test_the_shared_replay_guard_tells_a_re_read_from_a_replay(
+    stack: EmbeddedStack, unique: str
+) -> None:
+    """What lets HA nameservers share one guard: the first reader's coordinates win; the same
+    coordinates again (a re-delivery after a crash or a rebalance, by any nameserver) pass, a
+    copy elsewhere does not; the memory expires with the signature's age."""
+    redis = connect(stack.redis_url)
+    try:
+        writer = RegistryWriter(redis, "tmq:")
+        key = f"kb:{unique}"
+        assert await writer.mark_seen(key, "tracemq.namesrv/1/10", 60_000)
+        assert await writer.mark_seen(key, "tracemq.namesrv/1/10", 60_000)
+        assert not await writer.mark_seen(key, "tracemq.namesrv/2/7", 60_000)
+        assert 0 < await redis.pttl(f"tmq:seen:{key}") <= 60_000
+    finally:
+        await redis.aclose()
