@@ -18,10 +18,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from tracemq.admin import AdminClient
 from tracemq.devstack import EmbeddedStack
 from tracemq.devstack.stack import tracemq_command
+from tracemq.errors import AdminError
 from tracemq.protocol import admin as admin_proto
 from tracemq.protocol import control
 from tracemq.protocol.admin import ADMIN_TOPIC
-from tracemq.protocol.signing import seal
+from tracemq.protocol.signing import Signer, seal
 from tracemq.routing import RegistryReader, connect
 from tracemq_nameserver.registry import RegistryWriter
 
@@ -219,12 +220,17 @@ async def test_bad_admin_records_are_refused_and_counted_around_valid_ones(
         assert victim in listed
         for c in "UFEWB":
             assert f"A{c}_{unique}" not in listed
+    # a real requester holding a client key is told why, not left to time out
+    client_key = Signer(*stack.secrets.signing["client"])
+    async with AdminClient(stack.business_bootstrap, stack.redis_url, signer=client_key) as cli:
+        with pytest.raises(AdminError, match="not authorized: key .* has role 'client'"):
+            await cli.create_topic("broker-a", f"AC_{unique}", wait_route=False)
     assert _delta(before, _rejected(url, counter)) == {
         "unsigned": 1,
         "forged": 1,
         "expired": 1,
         "replayed": 1,
-        "wrong_role": 2,
+        "wrong_role": 3,
     }
 
 

@@ -154,7 +154,14 @@ class AdminClient:
                 if not reply.ok:
                     raise AdminError(f"broker {broker!r} refused {op}: {reply.error}")
                 return reply.body
-        raise AdminTimeoutError(f"no reply from broker {broker!r} to {op} within {self.timeout_s}s")
+        unsigned = (
+            "" if self.signer else " (this request was unsigned: set TRACEMQ_ADMIN_ACCESS_KEY_ID)"
+        )
+        raise AdminTimeoutError(
+            f"no reply from broker {broker!r} to {op} within {self.timeout_s}s{unsigned}; a "
+            "broker ignores unsigned, forged or expired requests (counted in "
+            "tracemq_broker_admin_rejected_total)"
+        )
 
     async def create_topic(
         self,

@@ -42,7 +42,13 @@ from tracemq.protocol import admin as admin_proto
 from tracemq.protocol import control
 from tracemq.protocol._envelope import ProtocolError, show
 from tracemq.protocol.control import PERM_RW, BrokerInfo, TopicConfig
-from tracemq.protocol.signing import ReplayGuard, SignatureError, coordinates, maybe_seal
+from tracemq.protocol.signing import (
+    ReplayGuard,
+    SignatureError,
+    coordinates,
+    maybe_seal,
+    unseal,
+)
 from tracemq.protocol.transaction import TXCHECK_TOPIC
 from tracemq.service import spawn
 from tracemq.transport import ADMIN_TIMEOUT_MS, ensure_topic
@@ -357,7 +363,9 @@ class Broker:
         The loop never waits for a reply to be acknowledged (replies go out from at most
         :data:`ADMIN_REPLIES_MAX` tasks, each bounded by :data:`ADMIN_REPLY_TIMEOUT_S`), and a
         record it cannot act on is counted in ``tracemq_broker_admin_rejected_total{reason}``,
-        logged with its coordinates and skipped."""
+        logged with its coordinates and skipped. Every broker verifies every request it reads
+        (as it decodes every one), so each counts the refused records it saw; only a request
+        that is authentic, fresh, first seen and addressed to this broker is acted on."""
         assert self.admin_consumer is not None
         async for msg in self.admin_consumer:
             where = {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset}
@@ -369,6 +377,10 @@ class Broker:
                     self.replays.check(seal, coordinates(where))
             except SignatureError as exc:
                 self._reject_admin(exc.kind, str(exc), where, key_id=exc.key_id)
+                if exc.kind == "wrong_role":
+                    # a genuine requester holding the wrong kind of key: tell it why (the
+                    # signature checked out, so the request is its own); others get no reply
+                    self._refuse_admin(msg.value, str(exc))
                 continue
             except ProtocolError as exc:
                 self._reject_admin(exc.kind, str(exc), where)
@@ -382,6 +394,20 @@ class Broker:
                     "apply_failed", f"{exc.__class__.__name__}: {exc}", where, exc_info=exc
                 )
                 continue
+            self._send_reply(req, reply)
+
+    def _refuse_admin(self, data: bytes | None, error: str) -> None:
+        try:
+            req = admin_proto.decode_request(unseal(data)[1])
+        except ProtocolError:
+            return
+        if req.broker == self.settings.broker_name:
+            reply = admin_proto.AdminReply(
+                request_id=req.request_id,
+                broker=self.settings.broker_name,
+                ok=False,
+                error=f"not authorized: {error}",
+            )
             self._send_reply(req, reply)
 
     def _reject_admin(self, reason: str, error: str, where: dict[str, Any], **kw: Any) -> None:
