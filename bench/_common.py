@@ -386,6 +386,8 @@ def run_on_stack(
                 f"stack up in {time.monotonic() - wall0:.1f}s: business={stack.business_bootstrap}"
                 f" trace={stack.trace_bootstrap} redis={stack.redis_url}"
             )
+            # the bench's clients and admin requests sign with the stack's generated keys
+            os.environ.update({k: v for k, v in stack.client_env().items() if "KEY" in k})
             result.update(asyncio.run(body(stack, args)))
             say("stopping the stack")
         if not result.get(ok_key, False):

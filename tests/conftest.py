@@ -10,8 +10,12 @@ from pathlib import Path
 import pytest
 from tracemq.devstack import EmbeddedStack, StackConfig
 from tracemq.devstack.process import ManagedProcess
+from tracemq.devstack.secrets import StackSecrets
 
 _SESSION_STACKS: list[EmbeddedStack] = []
+#: One set of generated credentials for every stack of the session, so a client built from the
+#: environment (which :func:`session_signing_env` gives the keys of) reaches any of them.
+SESSION_SECRETS = StackSecrets.generate()
 #: Child processes a session fixture keeps on purpose (the Spark JVM): not leaks.
 SESSION_PIDS: set[int] = set()
 
@@ -26,11 +30,34 @@ TEST_SERVICE_ENV = {
 }
 
 
+def signing_env(secrets: StackSecrets) -> dict[str, str]:
+    """What ``EmbeddedStack.client_env`` gives a client: its client key and the admin key."""
+    ckid, csecret = secrets.signing["client"]
+    akid, asecret = secrets.signing["admin"]
+    return {
+        "TRACEMQ_ACCESS_KEY_ID": ckid,
+        "TRACEMQ_SECRET_KEY": csecret,
+        "TRACEMQ_ADMIN_ACCESS_KEY_ID": akid,
+        "TRACEMQ_ADMIN_SECRET_KEY": asecret,
+    }
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_signing_env() -> Iterator[None]:
+    """Clients and admin clients of the tests sign with the session stacks' keys."""
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in signing_env(SESSION_SECRETS).items():
+            mp.setenv(k, v)
+        yield
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStack]:
     """The embedded stack — the same launcher `make demo` and `tracemq dev up` use."""
     workdir = tmp_path_factory.mktemp("stack")
-    s = EmbeddedStack(StackConfig(workdir=workdir, service_env=dict(TEST_SERVICE_ENV)))
+    s = EmbeddedStack(
+        StackConfig(workdir=workdir, service_env=dict(TEST_SERVICE_ENV), secrets=SESSION_SECRETS)
+    )
     _SESSION_STACKS.append(s)
     s.start()
     try:

@@ -23,7 +23,7 @@ from tracemq.admin import AdminClient
 from tracemq.devstack import EmbeddedStack, StackConfig
 from tracemq.naming import kafka_topic
 
-from tests.conftest import _SESSION_STACKS, TEST_SERVICE_ENV
+from tests.conftest import _SESSION_STACKS, SESSION_SECRETS, TEST_SERVICE_ENV
 from tests.support.waiting import eventually
 
 TRACE_KTOPIC = kafka_topic("trace-broker", "RMQ_SYS_TRACE_TOPIC")
@@ -40,6 +40,7 @@ def durable_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedded
             service_env=dict(TEST_SERVICE_ENV),
             with_collector=True,
             durable=True,
+            secrets=SESSION_SECRETS,
         )
     )
     _SESSION_STACKS.append(s)

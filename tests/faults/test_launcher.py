@@ -19,7 +19,7 @@ from tracemq.devstack.supervisor import ControlChannel, RestartPolicy
 from tracemq.errors import StackError
 from tracemq.transport import wait_until_ready
 
-from tests.conftest import _SESSION_STACKS
+from tests.conftest import _SESSION_STACKS, SESSION_SECRETS
 from tests.support.waiting import eventually_sync
 
 
@@ -130,6 +130,7 @@ def test_a_process_that_keeps_crashing_is_restarted_with_growing_capped_backoff(
             supervise=True,
             restart_policy=policy,
             control_dir=tmp_path / "control",
+            secrets=SESSION_SECRETS,
         )
     )
     _SESSION_STACKS.append(s)

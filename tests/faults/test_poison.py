@@ -31,6 +31,7 @@ from tracemq.routing import RegistryReader, connect
 from tests.support import rocketmq_format as rf
 from tests.support.brokers import read_topic
 from tests.support.metrics import scrape, value
+from tests.support.signing import sealed
 from tests.support.waiting import eventually
 
 CONTROL_TOPIC = "tracemq.namesrv"
@@ -101,10 +102,10 @@ async def test_poison_on_every_topic_is_counted_and_nothing_stops(
                 # huge int: past the int64 the registry's scripts can hold
                 msgpack.packb({"v": 1, "type": "broker.heartbeat", "ts": 2**64 - 1,
                                "broker": a_info, "topics": {}}),
-                # a day ahead, no topics: applied, it would wipe broker-a's routes and shadow
-                # its real heartbeats for a day
-                msgpack.packb({"v": 1, "type": "broker.heartbeat", "ts": now + 86_400_000,
-                               "broker": a_info, "topics": {}}),
+                # a day ahead, no topics, signed by a broker key (a sender with a bad clock):
+                # applied, it would wipe broker-a's routes and shadow its real heartbeats for a day
+                sealed(msgpack.packb({"v": 1, "type": "broker.heartbeat", "ts": now + 86_400_000,
+                                      "broker": a_info, "topics": {}})),
                 msgpack.packb({"v": 1, "type": "client.heartbeat", "ts": "now", "client_id": 7,
                                "group": ["g"], "role": "consumer"}),
             ]  # fmt: skip
@@ -159,7 +160,7 @@ async def test_poison_on_every_topic_is_counted_and_nothing_stops(
                 topics={fake_topic: control.TopicConfig(read_queues=1, write_queues=1)},
             )
             await control_producer.send_and_wait(
-                CONTROL_TOPIC, control.encode(register), key=b"broker-a"
+                CONTROL_TOPIC, sealed(control.encode(register)), key=b"broker-a"
             )
             created = await asyncio.wait_for(
                 admin.create_topic("broker-a", f"Created_{unique}", read_queues=1, write_queues=1),

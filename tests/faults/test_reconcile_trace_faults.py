@@ -34,7 +34,7 @@ from tracemq.admin import AdminClient
 from tracemq.collector_lag import wait_caught_up
 from tracemq.devstack import EmbeddedStack, StackConfig
 
-from tests.conftest import _SESSION_STACKS, TEST_SERVICE_ENV
+from tests.conftest import _SESSION_STACKS, SESSION_SECRETS, TEST_SERVICE_ENV
 from tests.support.reconcile import run_reconcile
 from tests.support.waiting import eventually
 
@@ -58,6 +58,7 @@ def hang_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedSta
             workdir=tmp_path_factory.mktemp("hang"),
             service_env={**TEST_SERVICE_ENV, "TRACEMQ_NAMESRV_EXPIRY_MS": "60000"},
             with_collector=True,
+            secrets=SESSION_SECRETS,
         )
     )
     _SESSION_STACKS.append(s)

@@ -22,6 +22,7 @@ from tracemq.protocol.admin import ADMIN_TOPIC
 from tracemq.routing import RegistryReader
 
 from tests.support.metrics import value
+from tests.support.signing import sealed
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
@@ -131,15 +132,15 @@ async def test_control_topic_garbage_is_counted_and_valid_records_survive(
                 "role": "consumer",
             }
         ),
-        control.encode(_register(f"fake-bad-{unique}", "bad topic name", "x:1")),
+        sealed(control.encode(_register(f"fake-bad-{unique}", "bad topic name", "x:1"))),
         # finding 1 of issue 20: an unhashable type stopped the nameserver for good
         msgpack.packb({"v": 1, "type": [1]}),
         msgpack.packb({"v": 1, "type": {"broker.register": 1}, "ts": now}),
     ]
-    await producer.send_and_wait(stack_control_topic(), control.encode(valid_a), key=key)
+    await producer.send_and_wait(stack_control_topic(), sealed(control.encode(valid_a)), key=key)
     for g in garbage:
         await producer.send_and_wait(stack_control_topic(), g, key=key)
-    await producer.send_and_wait(stack_control_topic(), control.encode(valid_b), key=key)
+    await producer.send_and_wait(stack_control_topic(), sealed(control.encode(valid_b)), key=key)
 
     async def both_routed() -> bool:
         a = await registry.topic_route(f"GA_{unique}")

@@ -50,6 +50,17 @@ def test_commands_find_the_running_stack_from_anywhere(tmp_path: Path) -> None:
         assert route.returncode == 0, route.stderr
         assert json.loads(route.stdout)["brokers"][0]["broker"] == "trace-broker"
 
+        # the admin key the stack generated is in its state file, readable by its owner only:
+        # a topic command from anywhere signs with it (no key in the environment)
+        state_file = launch_dir / ".tracemq" / "dev" / "state.json"
+        assert state_file.stat().st_mode & 0o777 == 0o600
+        created = run(
+            "topic", "create", "FromElsewhere", "--broker", "broker-a", "--json",
+            env=env, cwd=other_dir,
+        )  # fmt: skip
+        assert created.returncode == 0, created.stderr
+        assert json.loads(created.stdout)["created"] is True
+
         # reconcile's default lake is the stack's, not ./data/collector/lake of this directory
         # (the collector writes its lake with the first trace: none was sent, so it is missing)
         rec = run("reconcile", "--from", "-1h", "--to", "now", env=env, cwd=other_dir)

@@ -10,6 +10,7 @@ from tracemq.admin import AdminClient
 from tracemq.devstack import EmbeddedStack
 from tracemq.routing import RegistryReader
 
+from tests.support.metrics import value
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
@@ -101,6 +102,11 @@ async def test_two_nameservers_one_killed(
             )
             # Expiry still runs: broker-a keeps heartbeating and stays registered.
             assert "broker-a" in await registry.brokers()
+            # what the dead peer read and did not commit, the survivor read again at the same
+            # coordinates: a re-read, applied, not refused as a replay (signatures are shared
+            # in Redis with where they were first read)
+            survivor = stack.processes[second].health_url.replace("/healthz", "/metrics")  # type: ignore[union-attr]
+            assert value(survivor, "tracemq_namesrv_control_rejected_total", reason="replayed") == 0
         finally:
             stack.processes[name].stop()
     finally:

@@ -23,10 +23,14 @@ pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 
 @pytest.fixture(scope="module")
 def outage_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStack]:
-    from tests.conftest import _SESSION_STACKS, TEST_SERVICE_ENV
+    from tests.conftest import _SESSION_STACKS, SESSION_SECRETS, TEST_SERVICE_ENV
 
     s = EmbeddedStack(
-        StackConfig(workdir=tmp_path_factory.mktemp("outage"), service_env=dict(TEST_SERVICE_ENV))
+        StackConfig(
+            workdir=tmp_path_factory.mktemp("outage"),
+            service_env=dict(TEST_SERVICE_ENV),
+            secrets=SESSION_SECRETS,
+        )
     )
     _SESSION_STACKS.append(s)
     s.start()

@@ -19,7 +19,7 @@ from aiokafka.structs import ConsumerRecord
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
-from tracemq.protocol import admin, control
+from tracemq.protocol import admin, control, signing
 from tracemq.protocol import transaction as txp
 from tracemq.protocol._envelope import ProtocolError
 from tracemq.trace import CONTENT_SPLITOR, FIELD_SPLITOR, decode, decode_report
@@ -125,11 +125,14 @@ def hostile_bytes(valid: bytes) -> st.SearchStrategy[bytes]:
     return st.one_of(st.binary(max_size=200), cut, flipped)
 
 
+_AUTH_KINDS = {"unsigned", "forged", "expired", "wrong_role"}
+
+
 def _only_protocol_errors(fn: Callable[[bytes], object], data: bytes) -> None:
     try:
         rec = fn(data)
     except ProtocolError as exc:
-        assert exc.kind in {"garbage", "version", "type", "schema", "reply_topic"}
+        assert exc.kind in {"garbage", "version", "type", "schema", "reply_topic", *_AUTH_KINDS}
         assert len(str(exc)) < 1000  # quoted values are cut: a hostile record can be 1 MB
         return
     assert isinstance(rec, BaseModel)
@@ -199,6 +202,64 @@ def test_protocol_decoder_raises_only_protocol_error(
         values.map(_pack),
         *(near_valid(s) for s in seeds),
         *(hostile_bytes(_pack(s)) for s in seeds),
+    )
+
+    @FUZZ
+    @given(inputs)
+    def check(data: bytes) -> None:
+        _only_protocol_errors(fn, data)
+
+    check()
+
+
+# -- signed envelopes (tracemq.protocol.signing) -----------------------------------------------
+_NOW = 1_700_000_000_000
+_KEYS = {"broker": {"kb": "b" * 20}, "client": {"kc": "c" * 20}, "admin": {"ka": "a" * 20}}
+_VERIFIER = signing.Verifier(_KEYS, max_age_ms=300_000)
+
+
+def _sealed(body: bytes, kid: str = "kb", purpose: signing.Purpose = "control") -> bytes:
+    role = next(r for r, ring in _KEYS.items() if kid in ring)
+    return signing.seal(purpose, kid, _KEYS[role][kid], body, ts=_NOW, nonce="0" * 32)
+
+
+SIGNED = [
+    (
+        "signed control",
+        lambda d: _VERIFIER.open(d, "control", control.decode, control.signer_roles, _NOW)[0],
+        [_REGISTER, _HEARTBEAT],
+        "kb",
+        "control",
+    ),
+    (
+        "signed admin",
+        lambda d: _VERIFIER.open(d, "admin", admin.decode_request, admin.signer_roles, _NOW)[0],
+        [_REQUEST],
+        "ka",
+        "admin",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "fn", "seeds", "kid", "purpose"), SIGNED, ids=[p[0] for p in SIGNED]
+)
+def test_signed_envelope_raises_only_protocol_error(
+    name: str,
+    fn: Callable[[bytes], object],
+    seeds: list[dict[str, Any]],
+    kid: str,
+    purpose: signing.Purpose,
+) -> None:
+    """Verifying and decoding a sealed record: any msgpack, near-valid envelopes (any field of
+    the envelope replaced), validly signed near-valid bodies (so the body's validation runs
+    deep behind a good signature), and damaged bytes of sealed records."""
+    envelopes = [msgpack.unpackb(_sealed(_pack(s), kid, purpose)) for s in seeds]
+    inputs = st.one_of(
+        values.map(_pack),
+        *(near_valid(e) for e in envelopes),
+        *(near_valid(s).map(lambda b: _sealed(b, kid, purpose)) for s in seeds),
+        *(hostile_bytes(_sealed(_pack(s), kid, purpose)) for s in seeds),
     )
 
     @FUZZ

@@ -20,19 +20,23 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tracemq._kafka import ProducerPool
+from tracemq.auth import SignerSettings
 from tracemq.errors import ConfigError
 from tracemq.log import get_logger
 from tracemq.message_id import local_ipv4, msgid_zone
 from tracemq.naming import TRACE_TOPIC, validate_topic
 from tracemq.protocol import control
+from tracemq.protocol.signing import maybe_seal
 from tracemq.routing import RouteCache
 from tracemq.settings import ENV_PREFIX
 
 log = get_logger("client")
 
 
-class ClientSettings(BaseSettings):
-    """Where a client finds the stack (``TRACEMQ_*`` variables, or keyword arguments)."""
+class ClientSettings(SignerSettings, BaseSettings):
+    """Where a client finds the stack (``TRACEMQ_*`` variables, or keyword arguments), and the
+    client key its heartbeats are signed with (``TRACEMQ_ACCESS_KEY_ID`` /
+    ``TRACEMQ_SECRET_KEY``; without one the nameserver refuses them, counted as ``unsigned``)."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
@@ -95,6 +99,13 @@ class ClientRuntime:
             refresh_interval_s=settings.route_refresh_interval_ms / 1000,
         )
         self.pool = ProducerPool()
+        self.signer = settings.signer()
+        if self.signer is None:
+            log.warning(
+                "no TRACEMQ_ACCESS_KEY_ID: this client's heartbeats are unsigned and a "
+                "nameserver that verifies signatures refuses them",
+                group=group,
+            )
         self._subscriptions = subscriptions or list
         self._heartbeat_task: asyncio.Task[None] | None = None
         self.enable_msg_trace = enable_msg_trace
@@ -172,7 +183,9 @@ class ClientRuntime:
     async def _send_control(self, record: Any) -> None:
         producer = await self.pool.get(self.settings.control_bootstrap)
         await producer.send_and_wait(
-            self.settings.control_topic, control.encode(record), key=self.client_id.encode()
+            self.settings.control_topic,
+            maybe_seal(self.signer, "control", control.encode(record)),
+            key=self.client_id.encode(),
         )
 
     async def _heartbeat_loop(self) -> None:

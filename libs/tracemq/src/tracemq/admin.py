@@ -1,6 +1,11 @@
 """Admin client: topic create / update / delete / list on a broker, and a consumer group's retry
 and dead-letter topics (``retry.ensure``), over the admin topic.
 
+Requests are sealed (:mod:`tracemq.protocol.signing`) with ``signer``, by default the admin key
+of the environment (``TRACEMQ_ADMIN_ACCESS_KEY_ID`` / ``TRACEMQ_ADMIN_SECRET_KEY``, else
+``TRACEMQ_ACCESS_KEY_ID`` / ``TRACEMQ_SECRET_KEY``); a broker acts only on a request signed by a
+key of the admin role (``retry.ensure``: admin or client).
+
 The target broker must be registered (checked in the routing database first, so a typo gives
 :class:`~tracemq.errors.UnknownBrokerError` at once instead of a time-out).
 
@@ -20,6 +25,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from prometheus_client import Counter
 
 from tracemq import kafka_security
+from tracemq.auth import SignerSettings
 from tracemq.errors import AdminError, AdminTimeoutError, UnknownBrokerError
 from tracemq.log import get_logger
 from tracemq.naming import (
@@ -31,7 +37,9 @@ from tracemq.naming import (
 )
 from tracemq.protocol import admin as proto
 from tracemq.protocol._envelope import ProtocolError
+from tracemq.protocol.signing import Signer, maybe_seal
 from tracemq.routing.registry import RegistryReader, connect
+from tracemq.settings import load_settings
 
 log = get_logger("admin")
 
@@ -52,7 +60,9 @@ class AdminClient:
         *,
         redis_prefix: str = "tmq:",
         timeout_s: float = 15.0,
+        signer: Signer | None = None,
     ) -> None:
+        self.signer = signer if signer is not None else load_settings(SignerSettings).admin_signer()
         self.control_bootstrap = control_bootstrap
         self.redis_url = redis_url
         self.redis_prefix = redis_prefix
@@ -125,7 +135,9 @@ class AdminClient:
             body=body,
         )
         await self._producer.send_and_wait(
-            proto.ADMIN_TOPIC, proto.encode(req), key=broker.encode()
+            proto.ADMIN_TOPIC,
+            maybe_seal(self.signer, "admin", proto.encode(req)),
+            key=broker.encode(),
         )
         deadline = asyncio.get_running_loop().time() + self.timeout_s
         while (left := deadline - asyncio.get_running_loop().time()) > 0:
@@ -149,7 +161,14 @@ class AdminClient:
                 if not reply.ok:
                     raise AdminError(f"broker {broker!r} refused {op}: {reply.error}")
                 return reply.body
-        raise AdminTimeoutError(f"no reply from broker {broker!r} to {op} within {self.timeout_s}s")
+        unsigned = (
+            "" if self.signer else " (this request was unsigned: set TRACEMQ_ADMIN_ACCESS_KEY_ID)"
+        )
+        raise AdminTimeoutError(
+            f"no reply from broker {broker!r} to {op} within {self.timeout_s}s{unsigned}; a "
+            "broker ignores unsigned, forged or expired requests (counted in "
+            "tracemq_broker_admin_rejected_total)"
+        )
 
     async def create_topic(
         self,

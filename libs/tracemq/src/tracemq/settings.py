@@ -40,6 +40,11 @@ class CommonSettings(BaseSettings):
 S = TypeVar("S", bound=BaseSettings)
 
 
+def _is_secret(cls: type[BaseSettings], name: str) -> bool:
+    info = cls.model_fields.get(name)
+    return info is not None and "SecretStr" in str(info.annotation)
+
+
 def load_settings(cls: type[S], **overrides: Any) -> S:
     """Build ``cls`` from the environment; raise :class:`ConfigError` naming the variable."""
     try:
@@ -52,5 +57,7 @@ def load_settings(cls: type[S], **overrides: Any) -> S:
         for err in exc.errors():
             field = ".".join(str(p) for p in err["loc"]) or "?"
             value = err.get("input")
+            if _is_secret(cls, str(err["loc"][0]) if err["loc"] else ""):
+                value = "<redacted>"  # a key or password never reaches an error or a log
             problems.append(f"{prefix}{field.upper()}={value!r}: {err['msg']}")
         raise ConfigError("invalid settings: " + "; ".join(problems)) from None

@@ -12,6 +12,11 @@ created at start, kept in the topic table and registered like any topic, so a pr
 from the route which brokers run the services and how many delay levels each has. Retry and
 dead-letter topics (``%RETRY%<group>``, ``%DLQ%<group>``, one queue each) are created on a
 consumer's ``retry.ensure`` request or when the schedule service first forwards to them.
+
+Registrations, heartbeats and unregistrations are sealed with the broker's key
+(:mod:`tracemq.protocol.signing`); admin requests are acted on only when signed by an admin key
+(``retry.ensure`` also by a client key), fresh and not seen before — anything else is counted in
+``tracemq_broker_admin_rejected_total{reason}`` and never applied.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from tracemq import kafka_security
+from tracemq.errors import ConfigError
 from tracemq.log import get_logger
 from tracemq.naming import (
     DLQ_GROUP_PREFIX,
@@ -37,6 +43,13 @@ from tracemq.protocol import admin as admin_proto
 from tracemq.protocol import control
 from tracemq.protocol._envelope import ProtocolError, show
 from tracemq.protocol.control import PERM_RW, BrokerInfo, TopicConfig
+from tracemq.protocol.signing import (
+    ReplayGuard,
+    SignatureError,
+    coordinates,
+    maybe_seal,
+    unseal,
+)
 from tracemq.protocol.transaction import TXCHECK_TOPIC
 from tracemq.service import spawn
 from tracemq.transport import ADMIN_TIMEOUT_MS, ensure_topic
@@ -67,6 +80,14 @@ class Broker:
         self.settings = settings
         self.name = f"broker:{settings.broker_name}"
         self.table = TopicTable(settings.broker_data_dir / "topics.json")
+        self.verifier = settings.verifier(f"broker {settings.broker_name}", ("admin",))
+        self.replays = ReplayGuard(self.verifier.max_age_ms)
+        self.signer = settings.signer()
+        if self.signer is None and not settings.auth_disabled:
+            raise ConfigError(
+                "a broker signs its registrations: set TRACEMQ_ACCESS_KEY_ID and "
+                "TRACEMQ_SECRET_KEY to a key of the nameserver's TRACEMQ_AUTH_BROKER_KEYS"
+            )
         self.kafka_admin: AIOKafkaAdminClient | None = None
         self.control_admin: AIOKafkaAdminClient | None = None
         self.producer: AIOKafkaProducer | None = None
@@ -312,7 +333,7 @@ class Broker:
         assert self.producer is not None
         await self.producer.send_and_wait(
             self.settings.control_topic,
-            control.encode(rec),
+            maybe_seal(self.signer, "control", control.encode(rec)),
             key=self.settings.broker_name.encode(),
         )
 
@@ -352,12 +373,25 @@ class Broker:
         The loop never waits for a reply to be acknowledged (replies go out from at most
         :data:`ADMIN_REPLIES_MAX` tasks, each bounded by :data:`ADMIN_REPLY_TIMEOUT_S`), and a
         record it cannot act on is counted in ``tracemq_broker_admin_rejected_total{reason}``,
-        logged with its coordinates and skipped."""
+        logged with its coordinates and skipped. Every broker verifies every request it reads
+        (as it decodes every one), so each counts the refused records it saw; only a request
+        that is authentic, fresh, first seen and addressed to this broker is acted on."""
         assert self.admin_consumer is not None
         async for msg in self.admin_consumer:
             where = {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset}
             try:
-                req = admin_proto.decode_request(msg.value)
+                req, seal = self.verifier.open(
+                    msg.value, "admin", admin_proto.decode_request, admin_proto.signer_roles
+                )
+                if seal is not None:
+                    self.replays.check(seal, coordinates(where))
+            except SignatureError as exc:
+                self._reject_admin(exc.kind, str(exc), where, key_id=exc.key_id)
+                if exc.kind == "wrong_role":
+                    # a genuine requester holding the wrong kind of key: tell it why (the
+                    # signature checked out, so the request is its own); others get no reply
+                    self._refuse_admin(msg.value, str(exc))
+                continue
             except ProtocolError as exc:
                 self._reject_admin(exc.kind, str(exc), where)
                 continue
@@ -370,6 +404,20 @@ class Broker:
                     "apply_failed", f"{exc.__class__.__name__}: {exc}", where, exc_info=exc
                 )
                 continue
+            self._send_reply(req, reply)
+
+    def _refuse_admin(self, data: bytes | None, error: str) -> None:
+        try:
+            req = admin_proto.decode_request(unseal(data)[1])
+        except ProtocolError:
+            return
+        if req.broker == self.settings.broker_name:
+            reply = admin_proto.AdminReply(
+                request_id=req.request_id,
+                broker=self.settings.broker_name,
+                ok=False,
+                error=f"not authorized: {error}",
+            )
             self._send_reply(req, reply)
 
     def _reject_admin(self, reason: str, error: str, where: dict[str, Any], **kw: Any) -> None:

@@ -13,7 +13,8 @@ ADMIN_REQUESTS = Counter(
 ADMIN_REJECTED = Counter(
     "tracemq_broker_admin_rejected_total",
     "Admin topic records not acted on: garbage, version, type, schema, reply_topic (a reply "
-    "topic other than tracemq.admin.reply), apply_failed",
+    "topic other than tracemq.admin.reply), unsigned, forged, expired, wrong_role, replayed, "
+    "apply_failed",
     ["reason"],
 )
 ADMIN_REPLIES = Counter(

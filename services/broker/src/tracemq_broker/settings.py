@@ -6,13 +6,18 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
+from tracemq.auth import SignerSettings, VerifierSettings
 from tracemq.naming import TRACE_TOPIC, validate_broker_name
 from tracemq.settings import CommonSettings
 
 from tracemq_broker.delay_levels import DEFAULT_DELAY_LEVELS, parse_delay_levels
 
 
-class BrokerSettings(CommonSettings):
+class BrokerSettings(CommonSettings, VerifierSettings, SignerSettings):
+    """A broker verifies admin requests (``TRACEMQ_AUTH_ADMIN_KEYS``; ``retry.ensure`` also
+    with ``TRACEMQ_AUTH_CLIENT_KEYS``) and signs its registrations with its own broker key
+    (``TRACEMQ_ACCESS_KEY_ID`` / ``TRACEMQ_SECRET_KEY``)."""
+
     broker_name: str = Field("broker-a", description="Unique broker name ([a-zA-Z0-9_-], no dots).")
     broker_role: Literal["business", "trace"] = Field(
         "business", description="business: owns business topics; trace: owns the trace topic."

@@ -5,6 +5,14 @@ topic's partitions; records are keyed by sender, so one sender's records stay in
 are committed only after a batch is applied to Redis: a crash re-applies, and every write is
 idempotent (stale records — older than what Redis holds — are ignored by the scripts).
 
+Every record must be signed (:mod:`tracemq.protocol.signing`): broker records with a key of
+``TRACEMQ_AUTH_BROKER_KEYS``, client records with one of ``TRACEMQ_AUTH_CLIENT_KEYS``. Unsigned,
+forged, expired, wrong-role and replayed records are refused (reasons ``unsigned``, ``forged``,
+``expired``, ``wrong_role``, ``replayed``) and never reach Redis. Replays are checked against
+signatures remembered in Redis for ``TRACEMQ_AUTH_MAX_AGE_MS``, with the coordinates where each
+was first read: every nameserver of an HA group shares them, and the same record read again at
+the same coordinates (a re-delivery after a crash or a rebalance) is applied again, not refused.
+
 A record that cannot be applied — not msgpack, unknown version or type, a bad field, a
 timestamp older than the expiry or further ahead than the allowed clock skew, data Redis
 refuses — is rejected: counted in ``tracemq_namesrv_control_rejected_total{reason}``, logged
@@ -28,6 +36,7 @@ from tracemq.log import get_logger
 from tracemq.offset_reset import KAFKA_AUTO_OFFSET_RESET, OffsetGuard
 from tracemq.protocol import control
 from tracemq.protocol._envelope import ProtocolError
+from tracemq.protocol.signing import SignatureError, coordinates
 from tracemq.routing.registry import connect
 from tracemq.service import spawn
 from tracemq.transport import admin_client, ensure_topic
@@ -57,6 +66,7 @@ class NameServer:
         self.writer = RegistryWriter(
             self.redis, settings.redis_prefix, settings.namesrv_tombstone_ttl_s
         )
+        self.verifier = settings.verifier("nameserver", ("broker", "client"))
         self.consumer: AIOKafkaConsumer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
@@ -175,11 +185,17 @@ class NameServer:
         where: dict[str, Any] | None,
         *,
         exc: BaseException | None = None,
+        key_id: str | None = None,
     ) -> str:
         metrics.CONTROL_REJECTED.labels(reason).inc()
         kw = {"reason": reason, "error": error, **(where or {})}
+        if key_id is not None:
+            kw["key_id"] = key_id
         if exc is not None:
             log.error("control record rejected", exc_info=exc, **kw)
+        elif reason == "expired":
+            # also what a nameserver re-reading an old stretch of the topic meets
+            log.info("control record rejected", **kw)
         elif reason == "stale":
             # normal when a nameserver replays the topic after a restart: counted, not noise
             log.debug("control record rejected", **kw)
@@ -191,11 +207,25 @@ class NameServer:
         """Decode and apply one control record. Returns what happened (for tests and logs).
 
         ``where`` (topic, partition, offset) goes into the log line of a rejected record."""
+        now = _now_ms()
         try:
-            record = control.decode(data)
+            record, seal = self.verifier.open(
+                data, "control", control.decode, control.signer_roles, now
+            )
+        except SignatureError as exc:
+            return self._reject(exc.kind, str(exc), where, key_id=exc.key_id)
         except ProtocolError as exc:
             return self._reject(exc.kind, str(exc), where)
-        now = _now_ms()
+        if seal is not None:
+            first = await self.writer.mark_seen(
+                seal.replay_key,
+                coordinates(where),
+                seal.ts + self.verifier.max_age_ms + 1 - now,
+            )
+            if not first:
+                return self._reject(
+                    "replayed", "signature already seen elsewhere", where, key_id=seal.kid
+                )
         if record.ts < now - self.settings.namesrv_expiry_ms:
             return self._reject("stale", f"ts {record.ts} is older than the expiry", where)
         if record.ts > now + self.settings.namesrv_max_clock_skew_ms:

@@ -7,8 +7,8 @@ CONTROL_RECORDS = Counter(
 )
 CONTROL_REJECTED = Counter(
     "tracemq_namesrv_control_rejected_total",
-    "Control records not applied and committed past: garbage, version, type, schema, stale, "
-    "future, redis_refused, apply_failed",
+    "Control records not applied and committed past: garbage, version, type, schema, unsigned, "
+    "forged, expired, wrong_role, replayed, stale, future, redis_refused, apply_failed",
     ["reason"],
 )
 EXPIRED = Counter("tracemq_namesrv_expired_total", "Brokers and clients expired", ["kind"])

@@ -200,6 +200,14 @@ return ids
 )
 
 
+# A signed record's first sighting wins; the same coordinates again are a re-read, not a replay.
+_MARK_SEEN = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+if redis.call('GET', KEYS[1]) == ARGV[1] then return 1 end
+return 0
+"""
+
+
 class RegistryWriter:
     """Applies control records to Redis. Every method is one atomic script call."""
 
@@ -214,6 +222,15 @@ class RegistryWriter:
         self._client_hb = redis.register_script(_CLIENT_HEARTBEAT)
         self._client_unreg = redis.register_script(_CLIENT_UNREGISTER)
         self._expire_clients = redis.register_script(_EXPIRE_CLIENTS)
+        self._mark_seen = redis.register_script(_MARK_SEEN)
+
+    async def mark_seen(self, replay_key: str, where: str, ttl_ms: int) -> bool:
+        """Remember a signature for ``ttl_ms`` with where it was read; False if it was already
+        seen somewhere else (a replay). Shared by every nameserver on this Redis."""
+        res = await self._mark_seen(
+            keys=[f"{self.prefix}seen:{replay_key}"], args=[where, max(1, ttl_ms)]
+        )
+        return bool(res)
 
     async def register_broker(self, rec: BrokerRegister) -> tuple[str, list[str]]:
         """Returns (``new`` | ``ok`` | ``stale``, topics whose route changed)."""

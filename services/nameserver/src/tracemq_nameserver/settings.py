@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pydantic import Field, ValidationInfo, field_validator
+from tracemq.auth import VerifierSettings
 from tracemq.settings import CommonSettings
 
 
-class NamesrvSettings(CommonSettings):
+class NamesrvSettings(CommonSettings, VerifierSettings):
     namesrv_group: str = Field(
         "tracemq-namesrv", description="Consumer group shared by nameservers."
     )

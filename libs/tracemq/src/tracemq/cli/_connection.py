@@ -1,7 +1,11 @@
 """Where a CLI command finds the stack: options, then ``TRACEMQ_*`` variables, then the running
 stack: ``TRACEMQ_DEV_HOME``'s state file when that variable is set, else the one stack of the
 registry of running stacks (``tracemq dev up`` and ``tracemq demo`` register theirs; with
-several, ``TRACEMQ_STACK=NAME`` picks one), else ``.tracemq/dev``'s state file."""
+several, ``TRACEMQ_STACK=NAME`` picks one), else ``.tracemq/dev``'s state file.
+
+The admin key that signs ``tracemq topic …`` comes the same way: ``TRACEMQ_ADMIN_ACCESS_KEY_ID``
+/ ``TRACEMQ_ADMIN_SECRET_KEY`` (else ``TRACEMQ_ACCESS_KEY_ID`` / ``TRACEMQ_SECRET_KEY``), then
+the running stack's state file (mode 0600), where the dev stack wrote the key it generated."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from typing import Any
 
 from tracemq.cli._errors import UsageError
 from tracemq.cli._registry import running_stacks
+from tracemq.protocol.signing import Signer
 
 
 def dev_home() -> Path:
@@ -72,6 +77,29 @@ class Connection:
     redis_url: str
     control_bootstrap: str
     redis_prefix: str
+    #: signs admin requests; None: none found (brokers will refuse them as ``unsigned``)
+    admin_signer: Signer | None = None
+
+
+def _admin_signer(state: dict[str, Any] | None) -> Signer | None:
+    from tracemq.auth import SignerSettings
+    from tracemq.settings import load_settings
+
+    signer = load_settings(SignerSettings).admin_signer()
+    if signer is not None:
+        return signer
+    if state is None:
+        try:
+            state = dev_state() or {}
+        except UsageError:  # several stacks and explicit settings: no key to pick
+            return None
+    pair = (state.get("signing") or {}).get("admin")
+    if isinstance(pair, list) and len(pair) == 2:
+        try:
+            return Signer(str(pair[0]), str(pair[1]))
+        except ValueError:
+            return None
+    return None
 
 
 def resolve(redis_url: str | None = None, control_bootstrap: str | None = None) -> Connection:
@@ -91,6 +119,7 @@ def resolve(redis_url: str | None = None, control_bootstrap: str | None = None) 
         or env_bootstrap
         or str(state.get("business_bootstrap") or "127.0.0.1:9092"),
         redis_prefix=os.environ.get("TRACEMQ_REDIS_PREFIX", "tmq:"),
+        admin_signer=_admin_signer(state or None),
     )
     if not any(k.startswith("TRACEMQ_KAFKA_") for k in os.environ):
         if not state:

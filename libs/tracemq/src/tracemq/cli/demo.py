@@ -28,15 +28,18 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from pydantic import SecretStr
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from tracemq._client import ClientSettings
 from tracemq.admin import AdminClient
 from tracemq.cli._console import console, fit
 from tracemq.cli.trace import trace_table
 from tracemq.collector_lag import wait_caught_up
 from tracemq.devstack import EmbeddedStack, StackConfig
 from tracemq.devstack.stack import tracemq_command
+from tracemq.protocol.signing import Signer
 from tracemq.routing import RegistryReader, TopicRoute, connect
 
 DEMO_TOPIC = "TopicTest"
@@ -76,9 +79,13 @@ class Workload:
         self.stack = stack
         self.messages = messages
         self.queues = queues
+        kid, secret = stack.secrets.signing["client"]
+        settings = ClientSettings.from_overrides(stack.redis_url, stack.business_bootstrap)
+        # the clients sign their heartbeats with the stack's generated client key
         self.env: dict[str, Any] = {
-            "redis_url": stack.redis_url,
-            "control_bootstrap": stack.business_bootstrap,
+            "settings": settings.model_copy(
+                update={"access_key_id": kid, "secret_key": SecretStr(secret)}
+            )
         }
         self.consumed: dict[str, set[str]] = {g: set() for g in GROUPS}
         #: every listener call's result, per group and msgId: what the reconciliation must
@@ -134,7 +141,11 @@ class Workload:
         return {k: out[k] for k in LISTENER_OUTCOMES}
 
     async def setup(self) -> list[TopicRoute]:
-        async with AdminClient(self.stack.business_bootstrap, self.stack.redis_url) as admin:
+        async with AdminClient(
+            self.stack.business_bootstrap,
+            self.stack.redis_url,
+            signer=Signer(*self.stack.secrets.signing["admin"]),
+        ) as admin:
             await admin.create_topic(
                 "broker-a", DEMO_TOPIC, read_queues=self.queues, write_queues=self.queues
             )

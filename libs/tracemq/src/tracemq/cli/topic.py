@@ -38,7 +38,12 @@ def _call(
     conn = resolve(redis_url, bootstrap)
 
     async def go() -> dict[str, Any]:
-        admin = AdminClient(conn.control_bootstrap, conn.redis_url, redis_prefix=conn.redis_prefix)
+        admin = AdminClient(
+            conn.control_bootstrap,
+            conn.redis_url,
+            redis_prefix=conn.redis_prefix,
+            signer=conn.admin_signer,
+        )
         try:  # close what start() opened even when it fails half-way
             await admin.start()
             return await call(admin)

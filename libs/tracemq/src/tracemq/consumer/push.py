@@ -645,7 +645,11 @@ class PushConsumer:
         s = self.settings
         try:
             async with AdminClient(
-                s.control_bootstrap, s.redis_url, redis_prefix=s.redis_prefix, timeout_s=10
+                s.control_bootstrap,
+                s.redis_url,
+                redis_prefix=s.redis_prefix,
+                timeout_s=10,
+                signer=self._runtime.signer,  # a client key may ask for its retry topics
             ) as admin:
                 for broker in sorted(brokers):
                     try:

@@ -519,9 +519,24 @@ class EmbeddedStack:
             proc.wait_healthy(self.config.startup_timeout_s)
         return proc
 
+    def auth_env(self) -> dict[str, str]:
+        """The verifier keyrings (one generated key per role) every nameserver and broker gets."""
+        return {
+            f"TRACEMQ_AUTH_{role.upper()}_KEYS": f"{kid}:{secret}"
+            for role, (kid, secret) in self.secrets.signing.items()
+        }
+
+    def signing_env(self, role: str, prefix: str = "TRACEMQ_") -> dict[str, str]:
+        """``TRACEMQ_ACCESS_KEY_ID`` / ``TRACEMQ_SECRET_KEY`` of ``role``'s generated key
+        (``prefix="TRACEMQ_ADMIN_"`` for the admin variables)."""
+        kid, secret = self.secrets.signing[role]
+        return {f"{prefix}ACCESS_KEY_ID": kid, f"{prefix}SECRET_KEY": secret}
+
     def start_nameserver(self, name: str = "nameserver", **env: str) -> ManagedProcess:
         port = free_port()
-        return self.spawn_service(name, ["nameserver"], {**self.common_env(port), **env})
+        return self.spawn_service(
+            name, ["nameserver"], {**self.common_env(port), **self.auth_env(), **env}
+        )
 
     def broker_env(self, name: str, role: str, port: int) -> dict[str, str]:
         data_bootstrap = self.trace_bootstrap if role == "trace" else self.business_bootstrap
@@ -533,6 +548,8 @@ class EmbeddedStack:
             "TRACEMQ_BROKER_DATA_BOOTSTRAP": data_bootstrap,
             "TRACEMQ_BROKER_ADDRESS": f"127.0.0.1:{port}",
             "TRACEMQ_BROKER_DATA_DIR": str(self.workdir / "data" / name),
+            **self.auth_env(),
+            **self.signing_env("broker"),
         }
 
     def start_broker(
@@ -609,18 +626,30 @@ class EmbeddedStack:
         }
 
     def client_env(self) -> dict[str, str]:
-        """Variables a client or CLI in another shell needs to reach this stack."""
+        """Variables a client or CLI in another shell needs to reach this stack, with the
+        client key (heartbeats) and the admin key (``tracemq topic …``) to sign with."""
         return {
             "TRACEMQ_REDIS_URL": self.redis_url,
             "TRACEMQ_CONTROL_BOOTSTRAP": self.business_bootstrap,
             **secure.kafka_env(self),
+            **self.signing_env("client"),
+            **self.signing_env("admin", "TRACEMQ_ADMIN_"),
         }
 
     def write_state(self, path: Path, **extra: Any) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         # the launcher's main thread and its supervisor both publish: one temporary file each
         tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        # the CLI's Kafka clients read kafka_client_env (it holds the SASL passwords)
-        state = {**self.endpoints(), "kafka_client_env": secure.kafka_env(self), **extra}
-        tmp.write_text(json.dumps(state, indent=2))
+        # the CLI's Kafka clients read kafka_client_env (SASL passwords) and the signing keys
+        # let the CLI of this user sign admin requests: owner-only file
+        signing = {r: list(self.secrets.signing[r]) for r in ("client", "admin")}
+        state = {
+            **self.endpoints(),
+            "kafka_client_env": secure.kafka_env(self),
+            "signing": signing,
+            **extra,
+        }
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(state, indent=2))
         os.replace(tmp, path)

@@ -1,6 +1,7 @@
 """The broker admin protocol (topic ``tracemq.admin`` on the control cluster, msgpack, v1).
 
-A requester (the CLI) sends an :class:`AdminRequest` keyed by the target broker and waits for an
+A requester (the CLI) sends an :class:`AdminRequest`, sealed with its key
+(:mod:`tracemq.protocol.signing`, purpose ``admin``; see :data:`SIGNER_ROLES`), keyed by the target broker and waits for an
 :class:`AdminReply` with the same ``request_id`` on ``reply_topic``. Every broker reads every
 request and acts only on those addressed to it.
 
@@ -73,6 +74,20 @@ class AdminReply(BaseModel):
 
 
 _OPS = frozenset(get_args(AdminOp))
+
+#: The roles whose keys may sign each operation (:mod:`tracemq.protocol.signing`): topics are
+#: the admin's; a consumer (a client) asks for its own group's retry topics.
+SIGNER_ROLES: dict[str, frozenset[str]] = {
+    op: frozenset({"admin", "client"}) if op == "retry.ensure" else frozenset({"admin"})
+    for op in _OPS
+}
+
+
+def signer_roles(req: AdminRequest) -> frozenset[str]:
+    """Roles whose keys may sign ``req``."""
+    return SIGNER_ROLES[req.type]
+
+
 _REQ = TypeAdapter(AdminRequest)
 _REP = TypeAdapter(AdminReply)
 

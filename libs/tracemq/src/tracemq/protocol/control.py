@@ -2,7 +2,8 @@
 
 Brokers send ``broker.register`` at start, ``broker.heartbeat`` every 30 s and
 ``broker.unregister`` on a graceful stop; clients send ``client.heartbeat`` and
-``client.unregister``. Records are keyed by broker name or client id so that one sender's
+``client.unregister``. Each is sent sealed (:mod:`tracemq.protocol.signing`, purpose
+``control``): broker records with a ``broker`` key, client records with a ``client`` key. Records are keyed by broker name or client id so that one sender's
 records stay in order on one partition. ``ts`` is the sender's clock (epoch ms).
 """
 
@@ -115,6 +116,23 @@ _TYPES = {
 }
 
 
+#: The roles whose keys may sign each record type (:mod:`tracemq.protocol.signing`).
+SIGNER_ROLES: dict[str, frozenset[str]] = {
+    "broker.register": frozenset({"broker"}),
+    "broker.heartbeat": frozenset({"broker"}),
+    "broker.unregister": frozenset({"broker"}),
+    "client.heartbeat": frozenset({"client"}),
+    "client.unregister": frozenset({"client"}),
+}
+
+
+def signer_roles(
+    record: BrokerRegister | BrokerUnregister | ClientHeartbeat | ClientUnregister,
+) -> frozenset[str]:
+    """Roles whose keys may sign ``record``."""
+    return SIGNER_ROLES[record.type]
+
+
 def encode(record: BrokerRegister | BrokerUnregister | ClientHeartbeat | ClientUnregister) -> bytes:
     """msgpack bytes of a control record."""
     return pack(record)
@@ -145,4 +163,5 @@ __all__ = [
     "TopicConfig",
     "decode",
     "encode",
+    "signer_roles",
 ]

@@ -27,6 +27,9 @@ key                                type    content
                                            registration (``tracemq_collector.queries``)
 ``P offset-resets:<group>``        hash    ``<kafka topic>:<partition>`` → JSON {count, last reset}:
                                            the collectors' offset resets (``trace lag`` shows them)
+``P seen:<key id>:<sig hex>``      string  where a signed control record was first read
+                                           (``topic/partition/offset``), TTL: its remaining
+                                           age — the nameservers' shared replay guard
 ``P route-changes``                pubsub  JSON {"topics": [...], "brokers": [...]} on any change
 =================================  ======  ==========================================================
 """
