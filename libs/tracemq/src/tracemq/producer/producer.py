@@ -514,10 +514,12 @@ class Producer:
         h = recall_proto.decode_handle(handle)
         if h.topic != topic:
             raise recall_proto.RecallHandleError(f"it is for topic {h.topic!r}, not {topic!r}")
-        found = await self._service_brokers(SCHEDULE_TOPIC, {h.broker})
         route = await self._runtime.routes.get(SCHEDULE_TOPIC)
         q = next((q for q in route.queues if q.broker == h.broker), None)
-        if not found or q is None:
+        if q is None:  # route changes refresh the cache; only a miss is re-read
+            route = await self._runtime.routes.get(SCHEDULE_TOPIC, refresh=True)
+            q = next((q for q in route.queues if q.broker == h.broker), None)
+        if q is None:
             raise RecallError(
                 f"broker {h.broker!r} (named by the handle) has no routed schedule service"
             )
@@ -534,14 +536,20 @@ class Producer:
                 replies = ReplyListener(self.settings.control_bootstrap)
                 await replies.start()
                 self._replies = replies
-            producer = await self._runtime.pool.get(q.data_bootstrap)
-            fut = await producer.send(
-                kafka_topic(h.broker, SCHEDULE_TOPIC),
-                recall_proto.encode_request(req),
-                partition=h.level - 1,
-                headers=[(recall_proto.RECALL_HEADER, b"1")],
-            )
-            await asyncio.wait_for(fut, timeout)
+            try:
+                producer = await self._runtime.pool.get(q.data_bootstrap)
+                fut = await producer.send(
+                    kafka_topic(h.broker, SCHEDULE_TOPIC),
+                    recall_proto.encode_request(req),
+                    partition=h.level - 1,
+                    headers=[(recall_proto.RECALL_HEADER, b"1")],
+                )
+                await asyncio.wait_for(fut, timeout)
+            except Exception as exc:  # not stored: nothing was recalled
+                raise RecallError(
+                    f"the recall of {h.msg_id} could not be written to broker {h.broker!r}'s "
+                    f"schedule queue (nothing was recalled): {exc!r}"
+                ) from exc
             body = await self._replies.wait(h.broker, req.request_id, timeout)
         if body is None:
             raise RecallTimeoutError(
