@@ -42,7 +42,10 @@ offset, ``INVALID`` for a handle of another broker, topic or level. The answer g
 the admin reply topic (``answer``); counted in ``tracemq_broker_schedule_recalls_total{result}``.
 A recall stored while the broker was down is applied at the restart before anything overdue
 is delivered: each level delivers only once the reader has read what its partition held at
-start (bounded by ``CATCH_UP_S``, and skipped when the level's buffer is full).
+start (bounded by ``CATCH_UP_S``, and skipped when the level's buffer is full). A recall read
+before a full level buffer drains (more than ``BUFFER_HIGH`` records waiting on that level)
+waits behind them and may be answered ``TOO_LATE``. A recall record still ahead of the saved
+progress is read again after a restart and answered again (the same result, applied once).
 
 Accuracy: a message is forwarded within a few milliseconds of its due time at moderate load
 (``bench/delay.py`` measures it). Records of one level are delivered in offset order, so a
@@ -139,6 +142,8 @@ class _Level:
     delivered: set[int] = field(default_factory=set)
     buf: collections.deque[ConsumerRecord[bytes, bytes]] = field(default_factory=collections.deque)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    #: a recall arrived or the catch-up ended: wakes the level even while it waits for a due time
+    poke: asyncio.Event = field(default_factory=asyncio.Event)
     #: progress not yet written (it is written when idle, or with the next intent)
     dirty: bool = False
     #: a forward is under way: its intent on disk must not be overwritten by a stop()
@@ -304,6 +309,7 @@ class ScheduleService:
                 for rec in recs:
                     if rec.headers and any(k == RECALL_HEADER for k, _ in rec.headers):
                         lv.inbox.append(rec)
+                        lv.poke.set()
                     else:
                         lv.buf.append(rec)
                 lv.ready.set()
@@ -330,7 +336,7 @@ class ScheduleService:
                                 "schedule level not read to its end in time", level=lv.level
                             )
                         lv.caught_up = True
-                        lv.ready.set()
+                        lv.poke.set()
 
     # -- delivering ------------------------------------------------------------------------
     async def _save_idle(self, lv: _Level) -> None:
@@ -488,14 +494,20 @@ class ScheduleService:
             timeout = None
             if head_due is not None and len(lv.flights) < MAX_FLIGHTS:
                 timeout = max(0.0, (head_due - LEAD_MS - now) / 1000)
-            # new records, a recall, or the end of the catch-up (the reader sets ready)
-            lv.ready.clear()
-            ready = asyncio.ensure_future(lv.ready.wait())
-            waits.append(ready)
+            ready: asyncio.Future[Any] | None = None
+            if not lv.buf:
+                lv.ready.clear()
+                ready = asyncio.ensure_future(lv.ready.wait())
+                waits.append(ready)
+            lv.poke.clear()
+            poke = asyncio.ensure_future(lv.poke.wait())
+            waits.append(poke)
             try:
                 await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                ready.cancel()
+                poke.cancel()
+                if ready is not None:
+                    ready.cancel()
 
     def _land(self, lv: _Level) -> None:
         """Account for the batches whose forward finished, in offset order."""
