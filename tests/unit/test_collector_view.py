@@ -218,3 +218,15 @@ def test_a_recalled_delayed_message_is_expected_nowhere() -> None:
     # a Recall record alone (its Pub trace lost): still recalled, expected nowhere
     alone = build_view(MSG, [recalled])["delivery"]
     assert (alone["state"], alone["expect_consumers"]) == ("recalled", False)
+
+
+def test_trace_show_lists_the_recalls() -> None:
+    from rich.console import Console
+    from tracemq.cli.trace import trace_table
+
+    pub = ev("Pub", 1000, group_name="PG", topic="Orders", msg_type=3, cost_time=2)
+    recall = ev("Recall", 2000, group_name="PG", topic="Orders", success=True)
+    console = Console(width=160, record=True)
+    console.print(trace_table(build_view(MSG, [pub, recall])))
+    rows = [line for line in console.export_text().splitlines() if "Recall" in line]
+    assert len(rows) == 1 and "PG" in rows[0] and "recalled" in rows[0]

@@ -42,9 +42,9 @@ offset, ``INVALID`` for a handle of another broker, topic or level. The answer g
 the admin reply topic (``answer``); counted in ``tracemq_broker_schedule_recalls_total{result}``.
 A recall stored while the broker was down is applied at the restart before anything overdue
 is delivered: each level delivers only once the reader has read what its partition held at
-start (bounded by ``CATCH_UP_S``, and skipped when the level's buffer is full). A recall read
-before a full level buffer drains (more than ``BUFFER_HIGH`` records waiting on that level)
-waits behind them and may be answered ``TOO_LATE``. A recall record still ahead of the saved
+start (bounded by ``CATCH_UP_S``, and skipped when the level's buffer is full). While a level's
+buffer is full (``BUFFER_HIGH`` records waiting) its partition is not read, so a recall behind
+them is read only as they drain and may be answered ``TOO_LATE``. A recall record still ahead of the saved
 progress is read again after a restart and answered again (the same result, applied once).
 
 Accuracy: a message is forwarded within a few milliseconds of its due time at moderate load
