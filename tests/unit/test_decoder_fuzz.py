@@ -238,7 +238,7 @@ handles = st.one_of(
 )
 
 
-@FUZZ
+@settings(FUZZ, max_examples=1000)
 @given(handles)
 @example(base64.urlsafe_b64encode(b"v1 T b 1 M").decode())  # RocketMQ's five fields
 @example(base64.urlsafe_b64encode(f"v1 T b 1 M 1 {'9' * 4400}".encode()).decode())
