@@ -176,6 +176,8 @@ async def test_reconcile_a_lake_written_by_the_real_services(
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["informational"]["RECALLED"] == 1, summary["informational"]
+    assert "<i>RECALLED (informational)</i></td><td>1<" in (out / "report.html").read_text()
+    assert "RECALLED" in res.stdout  # the console's table of outcomes counted apart
     per_group = {r["group"]: r for r in summary["by_topic_group"] if r["topic"] == topic}
     want = Counter(v for (_, g), v in expected.items() if g == groups["retry"][0])
     assert (
