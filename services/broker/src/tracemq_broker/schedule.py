@@ -42,10 +42,11 @@ offset, ``INVALID`` for a handle of another broker, topic or level. The answer g
 the admin reply topic (``answer``); counted in ``tracemq_broker_schedule_recalls_total{result}``.
 A recall stored while the broker was down is applied at the restart before anything overdue
 is delivered: each level delivers only once the reader has read what its partition held at
-start (bounded by ``CATCH_UP_S``, and skipped when the level's buffer is full). While a level's
-buffer is full (``BUFFER_HIGH`` records waiting) its partition is not read, so a recall behind
-them is read only as they drain and may be answered ``TOO_LATE``. A recall record still ahead of the saved
-progress is read again after a restart and answered again (the same result, applied once).
+start (bounded by ``CATCH_UP_S``, and skipped when the level's buffer is full). While a
+level's buffer is full (``BUFFER_HIGH`` records waiting) its partition is not read, so a recall
+behind them is read only as they drain and may be answered ``TOO_LATE``. A recall record still
+ahead of the saved progress is read again after a restart and answered again (the same result,
+applied once). ``TOO_LATE`` also answers the recall of a record dropped as undeliverable.
 
 Accuracy: a message is forwarded within a few milliseconds of its due time at moderate load
 (``bench/delay.py`` measures it). Records of one level are delivered in offset order, so a
@@ -151,7 +152,7 @@ class _Level:
     flights: collections.deque[_Flight] = field(default_factory=collections.deque)
     #: recalled offsets -> (msgId, request id of the recall that applied it)
     recalled: dict[int, tuple[str, str]] = field(default_factory=dict)
-    #: recall records read and not yet decided: (record, its coordinates for the logs)
+    #: recall request records read and not yet decided
     inbox: collections.deque[ConsumerRecord[bytes, bytes]] = field(
         default_factory=collections.deque
     )

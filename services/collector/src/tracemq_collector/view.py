@@ -1,7 +1,8 @@
 """The trace view of one message, built from its raw events (DESIGN §5): the producer node,
-transaction nodes, recalls (a producer's recall of a delayed message), per consumer group every attempt (SubBefore paired with SubAfter by
-requestId) with its status ``success`` / ``failed`` / ``unknown`` — broker retries are just
-more attempts of the group, with their retry count — and the moves to a dead-letter queue."""
+transaction nodes, recalls (a producer's recall of a delayed message), per consumer group
+every attempt (SubBefore paired with SubAfter by requestId) with its status ``success`` /
+``failed`` / ``unknown`` — broker retries are just more attempts of the group, with their
+retry count — and the moves to a dead-letter queue."""
 
 from __future__ import annotations
 

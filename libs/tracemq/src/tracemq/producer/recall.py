@@ -9,9 +9,9 @@ Errors::
 
     TracemqError
     └── RecallError              the broker refused the recall (unknown message, bad handle)
-        └── RecallTimeoutError   no answer in time (retriable: the request is stored and applies
-                                 if the broker reads it before the message is due; recall again
-                                 with the same handle to learn the outcome)
+        └── RecallTimeoutError   no answer in time (retriable: the request is stored and
+                                 applies if the broker reads it before the message is due;
+                                 recall again with the same handle to learn the outcome)
 
 A handle that cannot be decoded raises :class:`~tracemq.protocol.recall.RecallHandleError`
 (also a ``ValueError``) before anything is sent.
