@@ -1084,6 +1084,22 @@ TRACES[DELAYED_ID] = {
     "events": [_event("Pub", 0, msg_id=DELAYED_ID, timestamp=T0, group_name="order-producer",
                       cost_time=12, success=True, msg_type=3)],
 }  # fmt: skip
+RECALLED_ID = "7F0000010A1B2C3D4E5F012345678E06"
+TRACES[RECALLED_ID] = {
+    **TRACES[DELAYED_ID],
+    "msg_id": RECALLED_ID,
+    "delivery": {"state": "recalled", "expect_consumers": False, "recalled_at": T0 + 300,
+                 "recalled_by": "order-producer", "delay_level": 3, "due_time": T0 + 10_000,
+                 "due_time_basis": "default delay levels"},
+    "recalls": [{"timestamp": T0 + 300, "group": "order-producer", "success": True,
+                 "result": "recalled", "region_id": "DefaultRegion"}],
+    "events": [
+        _event("Pub", 0, msg_id=RECALLED_ID, timestamp=T0, group_name="order-producer",
+               cost_time=12, success=True, msg_type=3),
+        _event("Recall", 1, msg_id=RECALLED_ID, timestamp=T0 + 300,
+               group_name="order-producer", success=True),
+    ],
+}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -1100,8 +1116,11 @@ TRACES[DELAYED_ID] = {
         (DELAYED_ID, "delayed — due 2024-05-31T16:08:47.000+00:00", "delayed",
          "Delayed (level 3): due at 2024-05-31T16:08:47.000+00:00 (with the default delay "
          "levels).", True),
+        (RECALLED_ID, "recalled — expected nowhere", "neutral",
+         "Recalled by order-producer at 2024-05-31T16:08:37.300+00:00, before it was due: no "
+         "consumer group should receive it.", False),
     ],
-    ids=["rolled-back", "committed", "half", "delayed"],
+    ids=["rolled-back", "committed", "half", "delayed", "recalled"],
 )  # fmt: skip
 async def test_the_badge_says_where_a_transactional_or_delayed_message_is_expected(
     browser: BrowserSession,
@@ -1124,6 +1143,16 @@ async def test_the_badge_says_where_a_transactional_or_delayed_message_is_expect
     if msg_id == ROLLED_ID:
         assert not is_green(rgb(await computed(page, '[data-field="status"]', "color")))
         await save_screenshot(page, "viewer-rolled-back")
+    if msg_id == RECALLED_ID:  # the recall has its own row; its bar opens its details
+        assert await page.locator(bar("recall", "success")).count() == 1
+        await page.locator(bar("recall")).click()
+        details = '[data-testid="details"]'
+        await page.wait_for_selector(f"{details}:not([hidden])")
+        assert await field(page, details, "result") == "recalled: not delivered"
+        assert await field(page, details, "group") == "order-producer"
+        highlighted = page.locator('[data-testid="events-table"] tbody tr.highlight')
+        assert await highlighted.evaluate_all("els => els.map(e => e.dataset.index)") == ["1"]
+        await save_screenshot(page, "viewer-recalled")
 
 
 OFFSET_QUERY = {

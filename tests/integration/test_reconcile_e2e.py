@@ -104,6 +104,11 @@ async def test_reconcile_a_lake_written_by_the_real_services(
 
     try:
         await send(0, N // 2)
+        # a delayed message recalled before it is due (RocketMQ 5.3's recall): never delivered,
+        # and the reconciliation says RECALLED (expected nowhere), not NOT_CONSUMED
+        delayed = await producer.send(Message(topic, b"recalled", tags="A", delay_level=3))
+        recall = await producer.recall(topic, delayed.recall_handle or "")
+        assert recall.recalled, recall
         await eventually(half_stopped, timeout=30, what="the stopped group's first half")
         await consumers.pop("stopped").shutdown()
         await send(N // 2, N)
@@ -139,6 +144,9 @@ async def test_reconcile_a_lake_written_by_the_real_services(
     got_rows = {
         (r["msg_id"], r["group"]): r["outcome"] for r in table.to_pylist() if r["topic"] == topic
     }
+    recalled_rows = {k: v for k, v in got_rows.items() if k[0] == delayed.msg_id}
+    assert list(recalled_rows.values()) == ["RECALLED"], recalled_rows
+    got_rows = {k: v for k, v in got_rows.items() if k[0] != delayed.msg_id}
     expected: dict[tuple[str, str], str] = {}
     for i, m in enumerate(sent):
         expected[(m, groups["all"][0])] = "CONSUMED"
@@ -167,6 +175,9 @@ async def test_reconcile_a_lake_written_by_the_real_services(
     assert all(committed[(c["store_addr"], c["queue_id"])] > c["queue_offset"] for c in copies)
 
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["informational"]["RECALLED"] == 1, summary["informational"]
+    assert "<i>RECALLED (informational)</i></td><td>1<" in (out / "report.html").read_text()
+    assert "RECALLED" in res.stdout  # the console's table of outcomes counted apart
     per_group = {r["group"]: r for r in summary["by_topic_group"] if r["topic"] == topic}
     want = Counter(v for (_, g), v in expected.items() if g == groups["retry"][0])
     assert (

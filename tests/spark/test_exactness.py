@@ -84,6 +84,41 @@ def test_classification_equals_ground_truth(spark: Any, lake: Lake, result: Any)
     )
 
 
+def test_only_a_successful_recall_makes_a_message_recalled(
+    spark: Any, lake: Lake, result: Any
+) -> None:
+    """A Recall with success=true (the broker recalled it) makes the message RECALLED, expected
+    nowhere; one with success=false (too late: it was delivered) changes nothing."""
+    _, out = result
+    from pyspark.sql import functions as F
+
+    recalls = (
+        spark.read.parquet(str(lake.path))
+        .where(F.col("trace_type") == "Recall")
+        .select("msg_id", "success")
+        .collect()
+    )
+    ok = {r["msg_id"] for r in recalls if r["success"]}
+    refused = {r["msg_id"] for r in recalls if not r["success"]}
+    assert ok and refused and not ok & refused
+    rows = (
+        spark.read.parquet(str(Path(out) / "classified"))
+        .where(F.col("msg_id").isin(sorted(ok | refused)))
+        .select("msg_id", "`group`", "outcome")
+        .collect()
+    )
+    by_msg: dict[str, set[str]] = collections.defaultdict(set)
+    for r in rows:
+        by_msg[r["msg_id"]].add(r["outcome"])
+    # every recalled message of the window is RECALLED and nothing else (no NOT_CONSUMED)
+    assert {m: o for m, o in by_msg.items() if m in ok} == {
+        m: {"RECALLED"} for m in ok if m in by_msg
+    }
+    assert sum(1 for m in ok if m in by_msg) == lake.gen.informational["RECALLED"]
+    refused_outcomes = set().union(*(o for m, o in by_msg.items() if m in refused))
+    assert "RECALLED" not in refused_outcomes and "CONSUMED" in refused_outcomes
+
+
 def test_summary_counts_match_truth(lake: Lake, result: Any) -> None:
     res, _ = result
     expected = collections.Counter(lake.gen.truth.column("outcome").to_pylist())

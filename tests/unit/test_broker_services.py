@@ -4,6 +4,7 @@ the transaction protocol, and the transaction service's bookkeeping of half and 
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -396,3 +397,64 @@ async def test_schedule_level_delivers_in_order_never_early(tmp_path: Path) -> N
     assert len(fake.intents) >= 2  # several batches
     state = read_json(tmp_path / "level-1.json")
     assert state is not None and state["next"] == 40 and state["intent"] is None
+
+
+def _sched_record(offset: int, value: bytes, headers: list[tuple[str, bytes]]) -> Any:
+    return ConsumerRecord(
+        topic="b.SCHEDULE_TOPIC_XXXX", partition=1, offset=offset, timestamp=1000,
+        timestamp_type=0, key=None, value=value, checksum=None, serialized_key_size=0,
+        serialized_value_size=len(value), headers=tuple(headers),
+    )  # fmt: skip
+
+
+async def test_recall_decisions_and_journal(tmp_path: Path) -> None:
+    """The schedule service's recall bookkeeping on one level (no Kafka): every result, the
+    journal written before the answers, a replayed request answered the same."""
+    from tracemq.protocol import recall as rcp
+    from tracemq_broker.schedule import ScheduleService, _Flight
+
+    async def resolve(topic: str, qid: int) -> tuple[str, int] | None:
+        return None
+
+    answers: list[tuple[str, dict[str, Any]]] = []
+    svc = ScheduleService(
+        broker_name="b", bootstrap="unused:9", delays_ms=[100, 5000], state_dir=tmp_path,
+        resolve=resolve, answer=lambda rid, body: answers.append((rid, body)),
+    )  # fmt: skip
+    lv = svc.levels[1]
+    msg = [("UNIQ_KEY", b"M10"), ("REAL_TOPIC", b"T"), ("REAL_QID", b"0"), ("DELAY", b"2")]
+    lv.next = 5
+    lv.buf.extend([_sched_record(10, b"x", msg), _sched_record(11, b"y", [("UNIQ_KEY", b"M11")])])
+    lv.flights.append(_Flight(next=8, items=[], intent=None))  # offsets 5..7 are being sent
+
+    def recall(offset: int, at: int, rid: str, **kw: Any) -> None:
+        h = rcp.RecallHandle(kw.pop("topic", "T"), kw.pop("broker", "b"), 1, kw.pop("msg", "M10"),
+                             kw.pop("level", 2), offset)  # fmt: skip
+        req = rcp.RecallRequest(request_id=rid, handle=h.encode(), topic="T", group="g")
+        lv.inbox.append(_sched_record(at, rcp.encode_request(req), [(rcp.RECALL_HEADER, b"1")]))
+
+    recall(10, 20, "r1")
+    recall(10, 21, "r2")  # a repeat
+    recall(6, 22, "r3", msg="M6")  # in flight
+    recall(3, 23, "r4", msg="M3")  # delivered
+    recall(11, 24, "r5")  # another message there
+    recall(30, 25, "r6")  # after the recall itself
+    recall(10, 26, "r7", broker="other")
+    recall(10, 27, "r8", level=1)
+    lv.inbox.append(_sched_record(28, b"garbage", [(rcp.RECALL_HEADER, b"1")]))
+    await svc._recalls(lv)
+    got = {rid: body["result"] for rid, body in answers}
+    assert got == {
+        "r1": "RECALLED", "r2": "ALREADY_RECALLED", "r3": "TOO_LATE", "r4": "TOO_LATE",
+        "r5": "UNKNOWN", "r6": "UNKNOWN", "r7": "INVALID", "r8": "INVALID",
+    }  # fmt: skip
+    assert "holds message M11" in dict(answers)["r5"]["detail"]
+    assert "broker 'other'" in dict(answers)["r7"]["detail"]
+    state = await asyncio.to_thread(read_json, lv.path)
+    assert state is not None and state["recalled"] == [[10, "M10", "r1"]]
+
+    # after a restart the same request is read again: the same answer, nothing applied twice
+    answers.clear()
+    recall(10, 20, "r1")
+    await svc._recalls(lv)
+    assert answers[0][1]["result"] == "RECALLED" and lv.recalled == {10: ("M10", "r1")}

@@ -193,3 +193,40 @@ def test_an_old_sub_after_without_timestamp_ends_at_begin_plus_cost() -> None:
         del r["record"]
     (cg,) = build_view(MSG, rows)["consumers"]
     assert [a["end"] for a in cg["attempts"]] == [begin + 11, begin + 20]
+
+
+def test_a_recalled_delayed_message_is_expected_nowhere() -> None:
+    where = encode_offset_msg_id("10.0.0.1:10911", 2, 77)
+    pub = ev("Pub", 1000, group_name="PG", topic="Orders", msg_type=3, offset_msg_id=where)
+    refused = ev("Recall", 1500, group_name="PG", topic="Orders", success=False)
+    # a refused recall (too late, unknown) changes nothing: still delayed, expected
+    view = build_view(MSG, [pub, refused])
+    assert view["delivery"]["state"] == "delayed"
+    assert view["recalls"] == [
+        {"timestamp": 1500, "group": "PG", "success": False, "result": "not recalled",
+         "region_id": "DefaultRegion"},
+    ]  # fmt: skip
+    recalled = ev("Recall", 2000, group_name="PG", topic="Orders", success=True)
+    repeat = ev("Recall", 2500, group_name="PG", topic="Orders", success=True)
+    view = build_view(MSG, [pub, refused, recalled, repeat])
+    assert view["delivery"] == {
+        "state": "recalled", "expect_consumers": False, "recalled_at": 2000,
+        "recalled_by": "PG", "delay_level": 3, "due_time": 11_000,
+        "due_time_basis": "default delay levels",
+    }  # fmt: skip
+    assert [r["result"] for r in view["recalls"]] == ["not recalled", "recalled", "recalled"]
+    # a Recall record alone (its Pub trace lost): still recalled, expected nowhere
+    alone = build_view(MSG, [recalled])["delivery"]
+    assert (alone["state"], alone["expect_consumers"]) == ("recalled", False)
+
+
+def test_trace_show_lists_the_recalls() -> None:
+    from rich.console import Console
+    from tracemq.cli.trace import trace_table
+
+    pub = ev("Pub", 1000, group_name="PG", topic="Orders", msg_type=3, cost_time=2)
+    recall = ev("Recall", 2000, group_name="PG", topic="Orders", success=True)
+    console = Console(width=160, record=True)
+    console.print(trace_table(build_view(MSG, [pub, recall])))
+    rows = [line for line in console.export_text().splitlines() if "Recall" in line]
+    assert len(rows) == 1 and "PG" in rows[0] and "recalled" in rows[0]

@@ -10,6 +10,7 @@ on the control topic (``TypeError: unhashable type: 'list'``); finding 8 a ``Val
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 from tracemq.protocol import admin, control, signing
+from tracemq.protocol import recall as rcp
 from tracemq.protocol import transaction as txp
 from tracemq.protocol._envelope import ProtocolError
 from tracemq.trace import CONTENT_SPLITOR, FIELD_SPLITOR, decode, decode_report
@@ -170,12 +172,18 @@ _CHECK = txp.CheckRequest(
     body=b"x", properties={"KEYS": "k"},
 ).model_dump()  # fmt: skip
 
+_HANDLE = rcp.RecallHandle("T", "b", 1, "C0A8000100002A9F0000000000000001", 2, 7).encode()
+_RECALL = rcp.RecallRequest(request_id="r", handle=_HANDLE, topic="T", group="g").model_dump(
+    mode="json"
+)
+
 PROTOCOLS: list[tuple[str, Callable[[bytes], object], list[dict[str, Any]]]] = [
     ("control", control.decode, [_REGISTER, _HEARTBEAT, _UNREGISTER, _CLIENT_UNREG]),
     ("admin request", admin.decode_request, [_REQUEST]),
     ("admin reply", admin.decode_reply, [_REPLY]),
     ("tx end", txp.decode_end, [_END]),
     ("tx check", txp.decode_check, [_CHECK]),
+    ("schedule recall", rcp.decode_request, [_RECALL]),
 ]
 
 
@@ -268,6 +276,58 @@ def test_signed_envelope_raises_only_protocol_error(
         _only_protocol_errors(fn, data)
 
     check()
+
+
+# -- recall handles (tracemq.protocol.recall) -------------------------------------------------
+_HANDLE_TEXT = base64.urlsafe_b64decode(_HANDLE).decode()
+handle_pieces = st.sampled_from(
+    ["v1", "v2", " ", "T", "b", "-1", "0", "1" * 25, "9" * 4400, "\x00", "é", "%RETRY%g"]
+)
+handle_texts = st.one_of(
+    st.text(max_size=60),
+    st.lists(handle_pieces, max_size=10).map("".join),
+    st.lists(st.one_of(handle_pieces, st.text(max_size=6)), min_size=1, max_size=8).map(" ".join),
+    st.integers(0, len(_HANDLE_TEXT)).map(lambda n: _HANDLE_TEXT[:n]),
+)
+handles = st.one_of(
+    st.text(max_size=80),
+    handle_texts.map(lambda t: base64.urlsafe_b64encode(t.encode()).decode()),
+    handle_texts.map(lambda t: base64.urlsafe_b64encode(t.encode()).decode().rstrip("=")),
+    st.integers(0, len(_HANDLE)).map(lambda n: _HANDLE[:n]),
+    st.builds(lambda n: "A" * n, st.integers(0, 3000)),
+    st.one_of(st.none(), st.integers(), st.binary(max_size=10)),
+)
+
+
+@settings(FUZZ, max_examples=1000)
+@given(handles)
+@example(base64.urlsafe_b64encode(b"v1 T b 1 M").decode())  # RocketMQ's five fields
+@example(base64.urlsafe_b64encode(f"v1 T b 1 M 1 {'9' * 4400}".encode()).decode())
+def test_recall_handle_decoder_raises_only_its_error(handle: object) -> None:
+    try:
+        h = rcp.decode_handle(handle)
+    except rcp.RecallHandleError as exc:
+        assert exc.kind == "handle"
+        assert str(exc).startswith("invalid recall handle: ") and len(str(exc)) < 1000
+    else:
+        assert h.level >= 1 and h.offset >= 0 and h.msg_id and " " not in h.msg_id
+        assert rcp.decode_handle(h.encode()) == h
+
+
+def test_recall_handle_round_trip_and_rocketmq_layout() -> None:
+    h = rcp.decode_handle(_HANDLE)
+    assert h == rcp.RecallHandle("T", "b", 1, "C0A8000100002A9F0000000000000001", 2, 7)
+    # RocketMQ's HandleV1 reads the first five space-separated fields of the same text
+    assert _HANDLE_TEXT.split(" ")[:5] == ["v1", "T", "b", "1", h.msg_id]
+    assert rcp.decode_handle(_HANDLE.rstrip("=")) == h  # padding optional, as in Java
+    rocketmq = base64.urlsafe_b64encode(b"v1 T b 1700000000000 M").decode()
+    with pytest.raises(rcp.RecallHandleError, match="no schedule coordinates"):
+        rcp.decode_handle(rocketmq)
+    with pytest.raises(rcp.RecallHandleError, match="it is empty"):
+        rcp.decode_handle("")
+    bad_level = base64.urlsafe_b64encode(b"v1 T b 1 M 0 3").decode()
+    with pytest.raises(rcp.RecallHandleError, match="level 0 is out of range"):
+        rcp.decode_handle(bad_level)
 
 
 # -- forwarding headers (the schedule and transaction services) ------------------------------

@@ -16,7 +16,7 @@ The world it simulates (see :func:`topology`):
   ``G_rogue`` (no subscription at all, consumes now and then: UNEXPECTED_GROUP); one consumer
   host of ``G_all_A`` runs 8 s behind (clock skew);
 * messages: normal, ordered, delayed (RocketMQ's delay levels up to ``max_delay``; some
-  recalled), transactional (committed, rolled back, unresolved), failed sends, send retries;
+  recalled, some with a recall refused as too late: classified as if never recalled), transactional (committed, rolled back, unresolved), failed sends, send retries;
 * per (message, expected group[, broadcasting client]) a behaviour: consumed, consumed after
   retries, failed, dead-lettered (17 failed attempts), in flight, consumed twice, consumed with
   its trace records written two or three times (a trace send retried), consumed with an
@@ -615,6 +615,9 @@ class _Gen:
         levels = DELAY_LEVELS_MS[DELAY_LEVELS_MS <= sc.max_delay_ms]
         delay = np.where(delayed, rng.choice(levels, n), 0)
         recalled = delayed & (rng.random(n) < 0.1)
+        # recalls the broker refused (too late: already delivered): traced with success=false,
+        # they change nothing (r2 only decides half messages, so no new draw shifts the stream)
+        refused = delayed & ~recalled & (r2 < 0.1)
         # send outcome: 0 ok, 1 failed then ok (send retry), 2 failed only (PUB_FAILED)
         r3 = rng.random(n)
         send = np.zeros(n, dtype=np.int8)
@@ -746,6 +749,22 @@ class _Gen:
                     topic=topic_col.filter(s),
                     msg_id=ids.filter(s),
                     success=True,
+                )
+            )
+
+        refused &= ok  # a send that failed was never delivered, nor recalled
+        if refused.any():
+            s = pa.array(refused)
+            events.append(
+                _frame(
+                    int(refused.sum()),
+                    trace_type="Recall",
+                    timestamp=pub_ts[refused] + delay[refused] + 2000,
+                    region_id=REGION,
+                    group_name=pgroup.filter(s),
+                    topic=topic_col.filter(s),
+                    msg_id=ids.filter(s),
+                    success=False,
                 )
             )
 

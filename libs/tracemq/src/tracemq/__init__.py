@@ -33,6 +33,13 @@ if TYPE_CHECKING:
         TransactionProducer,
         TransactionSendResult,
     )
+    from tracemq.producer.recall import (
+        RecallError,
+        RecallResult,
+        RecallStatus,
+        RecallTimeoutError,
+    )
+    from tracemq.protocol.recall import RecallHandleError
 
 #: where each public name lives: imported on first use, so that ``tracemq.cli`` (which
 #: imports this package) does not pay a second for the client it may never use
@@ -65,6 +72,11 @@ _LAZY = {
         ),
         "tracemq.producer",
     ),
+    **dict.fromkeys(
+        ("RecallError", "RecallResult", "RecallStatus", "RecallTimeoutError"),
+        "tracemq.producer.recall",
+    ),
+    "RecallHandleError": "tracemq.protocol.recall",
 }
 
 
@@ -96,6 +108,11 @@ __all__ = [
     "MessageQueue",
     "Producer",
     "PushConsumer",
+    "RecallError",
+    "RecallHandleError",
+    "RecallResult",
+    "RecallStatus",
+    "RecallTimeoutError",
     "SendError",
     "SendResult",
     "SendStatus",

@@ -158,6 +158,8 @@ class SendResult:
     region_id: str
     trace_on: bool
     store_timestamp: int = 0
+    #: a delayed message's handle for :meth:`tracemq.Producer.recall` (None otherwise)
+    recall_handle: str | None = None
 
 
 @dataclass(slots=True)

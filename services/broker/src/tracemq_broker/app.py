@@ -171,6 +171,7 @@ class Broker:
                 delays_ms=levels,
                 state_dir=s.broker_data_dir / "schedule",
                 resolve=self.resolve_target,
+                answer=self._answer_recall,
             )
             await self.schedule.start()
         if s.runs_transactions:
@@ -456,20 +457,34 @@ class Broker:
             log.error("admin request failed", op=req.type, error=repr(exc))
         return reply
 
+    def _answer_recall(self, request_id: str, body: dict[str, Any]) -> None:
+        """The schedule service's answer to a recall (``tracemq.protocol.recall``): an admin
+        reply, so it goes where a requester already listens, by the same bounded path."""
+        reply = admin_proto.AdminReply(
+            request_id=request_id,
+            broker=self.settings.broker_name,
+            ok=True,
+            body={**body, "region_id": self.settings.broker_region_id},
+        )
+        self._send_reply_to(admin_proto.ADMIN_REPLY_TOPIC, request_id, reply)
+
     def _send_reply(self, req: admin_proto.AdminRequest, reply: admin_proto.AdminReply) -> None:
+        self._send_reply_to(req.reply_topic, req.request_id, reply)
+
+    def _send_reply_to(self, topic: str, request_id: str, reply: admin_proto.AdminReply) -> None:
         """Send ``reply`` from a task of its own; with too many in flight (the control cluster
         is not answering) it is dropped and counted: the requester times out and may retry."""
         if len(self._replies) >= ADMIN_REPLIES_MAX:
             metrics.ADMIN_REPLIES.labels("dropped").inc()
             log.warning(
                 "admin reply dropped: too many in flight",
-                request_id=req.request_id,
+                request_id=request_id,
                 in_flight=len(self._replies),
             )
             return
         task = asyncio.create_task(
-            self._reply(req.reply_topic, req.request_id, admin_proto.encode(reply)),
-            name=f"admin-reply-{req.request_id[:16]}",
+            self._reply(topic, request_id, admin_proto.encode(reply)),
+            name=f"admin-reply-{request_id[:16]}",
         )
         self._replies.add(task)
         task.add_done_callback(self._replies.discard)

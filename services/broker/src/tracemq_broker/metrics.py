@@ -72,3 +72,14 @@ TX_RECOVERED = Counter(
     "tracemq_broker_transaction_recovered_total",
     "Commit forwards found already delivered after a restart (not delivered again)",
 )
+SCHEDULE_RECALLS = Counter(
+    "tracemq_broker_schedule_recalls_total",
+    "Recall requests decided: recalled (applied), already_recalled (a repeat), too_late (already "
+    "delivered or being delivered), unknown (no such message at the handle's offset), invalid "
+    "(a handle of another broker, topic or level, or undecodable)",
+    ["result"],
+)
+SCHEDULE_RECALL_SKIPPED = Counter(
+    "tracemq_broker_schedule_recall_skipped_total",
+    "Recalled delayed messages skipped when they came due (not delivered)",
+)

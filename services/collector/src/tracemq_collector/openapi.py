@@ -84,15 +84,26 @@ _VIEW = {
         "delivery": {
             "type": "object",
             "description": (
-                "where the message is expected: rolled_back (nowhere), committed, half (an "
+                "where the message is expected: recalled (a successful Recall: nowhere), "
+                "rolled_back (nowhere), committed, half (an "
                 "unresolved transaction, held back), delayed (held until due_time, computed "
                 "with the default delay levels), normal, unknown (no send trace)"
             ),
             "required": ["state", "expect_consumers"],
             "properties": {
                 "state": {
-                    "enum": ["rolled_back", "committed", "half", "delayed", "normal", "unknown"]
+                    "enum": [
+                        "recalled",
+                        "rolled_back",
+                        "committed",
+                        "half",
+                        "delayed",
+                        "normal",
+                        "unknown",
+                    ]
                 },
+                "recalled_at": {"type": ["integer", "null"], "description": "epoch ms"},
+                "recalled_by": {"type": ["string", "null"], "description": "producer group"},
                 "expect_consumers": {"type": ["boolean", "null"]},
                 "decided_at": {"type": ["integer", "null"]},
                 "from_transaction_check": {"type": ["boolean", "null"]},
@@ -116,6 +127,20 @@ _VIEW = {
             },
         },
         "transactions": {"type": "array", "items": {"type": "object"}},
+        "recalls": {
+            "type": "array",
+            "description": "Recall records: a producer's recall of a delayed message",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "timestamp": {"type": "integer"},
+                    "group": {"type": ["string", "null"]},
+                    "success": {"type": "boolean"},
+                    "result": {"enum": ["recalled", "not recalled"]},
+                    "region_id": {"type": ["string", "null"]},
+                },
+            },
+        },
         "consumers": {
             "type": "array",
             "items": {

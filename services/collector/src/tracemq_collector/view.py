@@ -1,7 +1,8 @@
 """The trace view of one message, built from its raw events (DESIGN §5): the producer node,
-transaction nodes, per consumer group every attempt (SubBefore paired with SubAfter by
-requestId) with its status ``success`` / ``failed`` / ``unknown`` — broker retries are just
-more attempts of the group, with their retry count — and the moves to a dead-letter queue."""
+transaction nodes, recalls (a producer's recall of a delayed message), per consumer group
+every attempt (SubBefore paired with SubAfter by requestId) with its status ``success`` /
+``failed`` / ``unknown`` — broker retries are just more attempts of the group, with their
+retry count — and the moves to a dead-letter queue."""
 
 from __future__ import annotations
 
@@ -129,6 +130,18 @@ def build_view(msg_id: str, events: list[dict[str, Any]]) -> dict[str, Any]:
         for e in events
         if e["trace_type"] == "EndTransaction"
     ]
+    # RocketMQ's Recall record: success=true means the broker recalled it (it is not delivered)
+    recalls = [
+        {
+            "timestamp": e["timestamp"],
+            "group": e["group_name"],
+            "success": e["success"],
+            "result": "recalled" if e["success"] else "not recalled",
+            "region_id": e.get("region_id"),
+        }
+        for e in events
+        if e["trace_type"] == "Recall"
+    ]
     groups: dict[str, dict[str, Any]] = {}
     # Old SubAfter records (6-8 fields) carry no group: pair them by requestId alone.
     afters: dict[str | None, list[dict[str, Any]]] = {}
@@ -166,9 +179,10 @@ def build_view(msg_id: str, events: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "msg_id": msg_id,
         "topic": topic,
-        "delivery": delivery(producer, transactions),
+        "delivery": delivery(producer, transactions, recalls),
         "producer": producer,
         "transactions": transactions,
+        "recalls": recalls,
         "consumers": consumers,
         "dead_letters": dead_letters,
         "events": events,
@@ -216,10 +230,15 @@ def _attempt(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dic
     }
 
 
-def delivery(producer: dict[str, Any] | None, transactions: list[dict[str, Any]]) -> dict[str, Any]:
+def delivery(
+    producer: dict[str, Any] | None,
+    transactions: list[dict[str, Any]],
+    recalls: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """Where the message is expected, so that no consumer trace reads right or wrong.
 
-    ``state`` is ``rolled_back`` (expected nowhere), ``committed``, ``half`` (a transaction not
+    ``state`` is ``recalled`` (a successful Recall: expected nowhere, ``recalled_at`` /
+    ``recalled_by``), ``rolled_back`` (expected nowhere), ``committed``, ``half`` (a transaction not
     yet resolved: held back from consumers), ``delayed`` (held until ``due_time``), ``normal``
     or ``unknown`` (no send trace); ``expect_consumers`` says whether consumers should see it.
     """
@@ -231,7 +250,18 @@ def delivery(producer: dict[str, Any] | None, transactions: list[dict[str, Any]]
     last = max(decided, key=lambda t: t["timestamp"] or 0) if decided else None
     msg_type = producer.get("msg_type") if producer else None
     out: dict[str, Any] = {"state": "normal", "expect_consumers": True}
-    if last is not None:
+    recalled = [r for r in recalls or () if r.get("success")]
+    if recalled:
+        first = min(recalled, key=lambda r: r["timestamp"] or 0)
+        out = {
+            "state": "recalled",
+            "expect_consumers": False,
+            "recalled_at": first["timestamp"],
+            "recalled_by": first["group"],
+        }
+        if producer is not None and msg_type == MessageType.Delay_Msg:
+            out.update(_due(producer))
+    elif last is not None:
         rolled_back = last["transaction_state"] == "ROLLBACK_MESSAGE"
         out = {
             "state": "rolled_back" if rolled_back else "committed",

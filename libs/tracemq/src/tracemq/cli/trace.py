@@ -111,6 +111,16 @@ def trace_table(view: dict[str, Any]) -> Table:
             "-",
             t["transaction_state"] or "-",
         )
+    for r in view.get("recalls", []):
+        table.add_row(
+            "Recall",
+            r["group"] or "-",
+            "-",
+            _ts(r["timestamp"]),
+            "-",
+            "-",
+            "recalled" if r["success"] else "not recalled",
+        )
     for c in view.get("consumers", []):
         table.add_section()
         for a in c["attempts"]:

@@ -29,6 +29,18 @@ queueId is ``level - 1``): ``queue`` is ``SCHEDULE_TOPIC_XXXX@<broker>#<level-1>
 ``queue_offset`` / ``offset_msg_id`` are that record's; where it will be delivered is
 ``(msg.topic, queue.broker, REAL_QID)``. Batches cannot be delayed (as in RocketMQ).
 
+Recall (RocketMQ 5.3): a delayed send's result carries ``recall_handle``;
+``await producer.recall(topic, handle)`` asks the broker not to deliver the message. The
+request is a record on the message's own schedule queue (so it is durable on the broker's data
+cluster and always read after its target); the broker answers on ``tracemq.admin.reply``. It
+returns a :class:`~tracemq.producer.recall.RecallResult`: ``RECALLED``, ``ALREADY_RECALLED``
+(a repeat is one recall) or ``TOO_LATE`` (delivered, or its delivery started); it raises
+:class:`~tracemq.protocol.recall.RecallHandleError` for a handle it cannot decode or of another
+topic, :class:`~tracemq.producer.recall.RecallError` when the broker knows no such message, and
+:class:`~tracemq.producer.recall.RecallTimeoutError` without an answer. With message trace, each
+answer is traced as a Recall record (``success`` = the message is recalled), as RocketMQ's
+recall trace hook does.
+
 Half messages of :class:`~tracemq.producer.transaction.TransactionProducer` take the same path
 to ``RMQ_SYS_TRANS_HALF_TOPIC`` (queue 0) with ``TRAN_MSG=true``; see that module.
 """
@@ -36,6 +48,7 @@ to ``RMQ_SYS_TRANS_HALF_TOPIC`` (queue 0) with ``TRAN_MSG=true``; see that modul
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -58,8 +71,16 @@ from tracemq.message import (
 from tracemq.message_id import encode_offset_msg_id, new_msg_id
 from tracemq.naming import HALF_TOPIC, SCHEDULE_TOPIC, kafka_topic, validate_group
 from tracemq.producer._fault import FaultTolerance
+from tracemq.producer.recall import (
+    RecallError,
+    RecallResult,
+    RecallStatus,
+    RecallTimeoutError,
+    ReplyListener,
+)
+from tracemq.protocol import recall as recall_proto
 from tracemq.routing import QueueRoute, TopicRoute
-from tracemq.trace import MessageType
+from tracemq.trace import MessageType, TraceBean, TraceContext, TraceType
 
 log = get_logger("producer")
 
@@ -151,6 +172,8 @@ class Producer:
         self._hooks: list[SendMessageHook] = []
         self._rr = 0
         self._state = "created"
+        self._replies: ReplyListener | None = None
+        self._recall_lock = asyncio.Lock()
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -177,6 +200,8 @@ class Producer:
             self._state = "shutdown"
             return
         self._state = "shutdown"
+        if self._replies is not None:
+            await self._replies.stop()
         for p in list(self._runtime.pool._producers.values()):
             await p.flush()
         await self._runtime.stop(trace_timeout_s)
@@ -200,11 +225,14 @@ class Producer:
         return self._runtime.dispatcher
 
     # -- sending ---------------------------------------------------------------------------
-    def _check(self, msg: object) -> Message:
+    def _check_running(self) -> None:
         if self._state != "running":
             if self._state == "shutdown":
                 raise ClientStateError(f"producer {self.group!r} has been shut down")
             raise ClientStateError(f"producer {self.group!r} is not started; call start() first")
+
+    def _check(self, msg: object) -> Message:
+        self._check_running()
         if not isinstance(msg, Message):
             raise InvalidMessageError(f"expected a tracemq.Message, got {type(msg).__name__}")
         if len(msg.body) > self.max_message_size:  # early and cheap: the record is larger still
@@ -363,6 +391,17 @@ class Producer:
         store_host = await self._runtime.store_host(q.address)
         # Kafka LogAppendTime (type 1) is the broker's store time; otherwise the ack time.
         store_ts = md.timestamp if md.timestamp_type == 1 else now_ms()
+        handle = None
+        if place.queue.topic == SCHEDULE_TOPIC:
+            real = dict(place.headers)[MessageConst.REAL_TOPIC].decode()
+            handle = recall_proto.RecallHandle(
+                topic=real,
+                broker=q.broker,
+                timestamp_ms=md.timestamp if md.timestamp > 0 else store_ts,
+                msg_id=msg_id,
+                level=place.partition + 1,
+                offset=md.offset,
+            ).encode()
         return SendResult(
             send_status=SendStatus.SEND_OK,
             msg_id=msg_id,
@@ -372,6 +411,7 @@ class Producer:
             region_id=q.region_id,
             trace_on=q.trace_on,
             store_timestamp=store_ts,
+            recall_handle=handle,
         )
 
     async def send(
@@ -465,6 +505,80 @@ class Producer:
         raise SendError(
             f"sending {msg_id} to {msg.topic!r} failed after {made} attempt(s): {last!r}"
         ) from last
+
+    async def recall(self, topic: str, handle: str, *, timeout: float = 10.0) -> RecallResult:
+        """Ask the broker not to deliver a delayed message (RocketMQ 5.3's ``recallMessage``);
+        ``handle`` is the ``recall_handle`` of its :class:`SendResult`. See the module
+        docstring for the results and errors; ``timeout`` (s) bounds the wait for the answer."""
+        self._check_running()
+        h = recall_proto.decode_handle(handle)
+        if h.topic != topic:
+            raise recall_proto.RecallHandleError(f"it is for topic {h.topic!r}, not {topic!r}")
+        route = await self._runtime.routes.get(SCHEDULE_TOPIC)
+        q = next((q for q in route.queues if q.broker == h.broker), None)
+        if q is None:  # route changes refresh the cache; only a miss is re-read
+            route = await self._runtime.routes.get(SCHEDULE_TOPIC, refresh=True)
+            q = next((q for q in route.queues if q.broker == h.broker), None)
+        if q is None:
+            raise RecallError(
+                f"broker {h.broker!r} (named by the handle) has no routed schedule service"
+            )
+        req = recall_proto.RecallRequest(
+            request_id=uuid.uuid4().hex,
+            handle=handle,
+            topic=topic,
+            group=self.group,
+            client_id=self.client_id,
+            ts=now_ms(),
+        )
+        async with self._recall_lock:  # one reply reader, one wait at a time
+            if self._replies is None:
+                replies = ReplyListener(self.settings.control_bootstrap)
+                await replies.start()
+                self._replies = replies
+            try:
+                producer = await self._runtime.pool.get(q.data_bootstrap)
+                fut = await producer.send(
+                    kafka_topic(h.broker, SCHEDULE_TOPIC),
+                    recall_proto.encode_request(req),
+                    partition=h.level - 1,
+                    headers=[(recall_proto.RECALL_HEADER, b"1")],
+                )
+                await asyncio.wait_for(fut, timeout)
+            except Exception as exc:  # not stored: nothing was recalled
+                raise RecallError(
+                    f"the recall of {h.msg_id} could not be written to broker {h.broker!r}'s "
+                    f"schedule queue (nothing was recalled): {exc!r}"
+                ) from exc
+            body = await self._replies.wait(h.broker, req.request_id, timeout)
+        if body is None:
+            raise RecallTimeoutError(
+                f"no answer from broker {h.broker!r} to the recall of {h.msg_id} within "
+                f"{timeout}s; the request is stored and applies if the broker reads it before "
+                "the message is due: recall again with the same handle to learn the outcome"
+            )
+        result = str(body.get("result"))
+        detail = str(body.get("detail") or "")
+        self._trace_recall(topic, h.msg_id, body.get("region_id"), result)
+        log.info("recall", topic=topic, msg_id=h.msg_id, broker=h.broker, result=result)
+        if result not in RecallStatus.__members__:
+            raise RecallError(f"broker {h.broker!r} did not recall {h.msg_id}: {result}: {detail}")
+        return RecallResult(RecallStatus(result), h.msg_id, h.broker, detail)
+
+    def _trace_recall(self, topic: str, msg_id: str, region_id: object, result: str) -> None:
+        dispatcher = self._runtime.dispatcher
+        if dispatcher is None:
+            return
+        dispatcher.append(
+            TraceContext(
+                trace_type=TraceType.Recall,
+                timestamp=now_ms(),
+                region_id=region_id if isinstance(region_id, str) else None,
+                group_name=self.group,
+                success=result in recall_proto.RECALLED_RESULTS,
+                trace_beans=[TraceBean(topic=topic, msg_id=msg_id)],
+            )
+        )
 
     def _select(
         self,

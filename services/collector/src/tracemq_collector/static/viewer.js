@@ -154,6 +154,7 @@
     const consumers = Array.isArray(trace && trace.consumers) ? trace.consumers : [];
     const events = Array.isArray(trace && trace.events) ? trace.events : [];
     const deadLetters = Array.isArray(trace && trace.dead_letters) ? trace.dead_letters : [];
+    const recalls = Array.isArray(trace && trace.recalls) ? trace.recalls : [];
 
     let origin = producer ? toNum(producer.timestamp) : null;
     let originLabel = "the send (Pub timestamp)";
@@ -196,6 +197,18 @@
           id: `bar-${seq++}`, kind: "transaction", row: "transaction",
           status: statusFromTransaction(t.transaction_state), start, end: start, open: false,
           retry: null, group: t.group, data: t,
+        }],
+      });
+    }
+    // A producer's recall of a delayed message (RocketMQ's Recall record): one row per recall,
+    // green when the broker recalled it, red when it refused (too late, unknown message).
+    for (const r of recalls) {
+      const start = rel(r.timestamp) ?? 0;
+      rows.push({
+        key: "recall", role: "RECALL", name: r.group || "(no group)",
+        bars: [{
+          id: `bar-${seq++}`, kind: "recall", row: "recall", status: statusFromSuccess(r.success),
+          start, end: start, open: false, retry: null, group: r.group, data: r,
         }],
       });
     }
@@ -836,6 +849,7 @@
   function deliveryBadge(dv) {
     switch (dv.state) {
       case "rolled_back": return { kind: "neutral", text: "rolled back — expected nowhere" };
+      case "recalled": return { kind: "neutral", text: "recalled — expected nowhere" };
       case "half": return { kind: "unknown", text: "half message — not committed or rolled back yet" };
       case "committed": return { kind: "success", text: "committed" };
       case "delayed":
@@ -846,6 +860,8 @@
 
   function deliverySentence(dv) {
     switch (dv.state) {
+      case "recalled":
+        return `Recalled by ${dash(dv.recalled_by)} at ${fmtIsoLocal(dv.recalled_at)}, before it was due: no consumer group should receive it.`;
       case "rolled_back":
         return `Rolled back${dv.from_transaction_check ? " on the broker's check-back" : ""} at ${fmtIsoLocal(dv.decided_at)}: no consumer group should receive it.`;
       case "half":
@@ -871,6 +887,7 @@
     if (b.kind === "deadletter") {
       return d.success === false ? "dead-letter write failed" : "dead-lettered";
     }
+    if (b.kind === "recall") return d.success ? "recalled" : "recall refused";
     const retry = b.retry ? ` · retry ${b.retry}` : "";
     if (b.status === "unknown") {
       return b.open ? `started${retry} · no result traced` : `unknown${retry}`;
@@ -892,6 +909,9 @@
     }
     if (b.kind === "deadletter") {
       return `${dash(d.group)} gave up: moved to ${dash(d.topic)}\n${fmtIsoLocal(d.timestamp)}`;
+    }
+    if (b.kind === "recall") {
+      return `Recall by ${dash(d.group)} · ${d.success ? "recalled" : "refused"}\n${fmtIsoLocal(d.timestamp)}`;
     }
     const code = contextCodeName(d.context_code, d.context_code_name);
     return `${dash(b.group)} · retry ${b.retry ?? "—"} · ${b.status}` +
@@ -1117,6 +1137,13 @@
       item("status", "Status", statusText(b.status));
       item("fromCheck", "From broker check-back", d.from_transaction_check === true ? "yes" : d.from_transaction_check === false ? "no" : null);
       item("msgType", "Message type", msgTypeName(d.msg_type, d.msg_type_name));
+    } else if (b.kind === "recall") {
+      $(".details-title", panel).textContent = `Recall · ${dash(d.group)}`;
+      item("group", "Producer group", dash(d.group));
+      item("begin", "Time", timeWithRel(d.timestamp));
+      item("result", "Result", d.success ? "recalled: not delivered" : "refused (too late, or no such message)");
+      item("status", "Status", statusText(b.status));
+      item("region", "Region", present(d.region_id) ? d.region_id : null);
     } else if (b.kind === "deadletter") {
       $(".details-title", panel).textContent = `Dead-lettered · ${dash(d.group)}`;
       item("group", "Consumer group", dash(d.group));
@@ -1148,6 +1175,7 @@
     if (!b || !e) return false;
     if (b.kind === "producer") return e.trace_type === "Pub" && !String(e.topic || "").startsWith("%DLQ%");
     if (b.kind === "deadletter") return e.trace_type === "Pub" && e.topic === b.data.topic;
+    if (b.kind === "recall") return e.trace_type === "Recall" && toNum(e.timestamp) === toNum(b.data.timestamp);
     if (b.kind === "transaction") {
       return e.trace_type === "EndTransaction" &&
         (present(b.data.transaction_id) ? e.transaction_id === b.data.transaction_id : toNum(e.timestamp) === toNum(b.data.timestamp));
