@@ -163,6 +163,28 @@ async def test_end_to_end_views_are_complete(
     assert sorted(got) == sorted(ids) and len(set(got)) == 30
 
 
+@pytest.mark.timeout(90)
+async def test_collector_follows_a_new_customized_trace_topic(
+    stack: EmbeddedStack, collector: ManagedProcess, admin: AdminClient, unique: str
+) -> None:
+    """Issue 22, point 2: a trace topic created on the trace broker while the collector runs
+    (default settings) is followed; its traces are found, not a 404."""
+    trace_topic = f"FeatTrace_{unique}"
+    await admin.create_topic("trace-broker", trace_topic, read_queues=1, write_queues=1)
+    topic = f"Feat_{unique}"
+    await admin.create_topic("broker-a", topic, read_queues=1, write_queues=1)
+    env = {"redis_url": stack.redis_url, "control_bootstrap": stack.business_bootstrap}
+    async with Producer(f"PG_{unique}", enable_msg_trace=True, trace_topic=trace_topic, **env) as p:
+        msg_id = (await p.send(Message(topic, b"feat", keys=[f"k-{unique}"]))).msg_id
+    base = api(collector)
+    view = await _view(base, msg_id, lambda v: v.get("producer") is not None)
+    assert view["producer"]["group"] == f"PG_{unique}" and view["topic"] == topic
+    status, health = http(f"{base}/healthz")
+    followed = {t for ts in health["trace_topics"].values() for t in ts}
+    assert kafka_topic("trace-broker", trace_topic) in followed
+    assert kafka_topic("trace-broker", "RMQ_SYS_TRACE_TOPIC") in followed
+
+
 async def _done(groups: dict[str, set[str]], n: int) -> bool:
     return all(len(s) == n for s in groups.values())
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
 import multiprocessing
 import time
 from collections import defaultdict
@@ -36,6 +37,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import ConsumerRecord
+from redis.exceptions import RedisError
 from tracemq.collector_lag import record_reset
 from tracemq.log import get_logger
 from tracemq.naming import kafka_topic
@@ -218,6 +220,10 @@ class _LakeBuffer:
 class Ingestor:
     """Follows every broker hosting the configured trace topics and ingests them.
 
+    Which topics: ``collector_trace_topics`` names, plus the topics of trace-enabled brokers
+    that match its patterns (by default every one), checked on every route change and at least
+    every 5 s: a trace topic created while the collector runs is read from its beginning.
+
     The write path is a pipeline (see the module docstring): trace messages are cut into
     chunks of about :data:`CHUNK_BYTES`; a decode thread turns each chunk into the store's
     rows and the lake's Arrow batches; an ingest worker process stores the chunks, in order,
@@ -242,6 +248,7 @@ class Ingestor:
         self.routes = routes
         self.writer = writer
         self.clusters: dict[str, _ClusterIngest] = {}
+        self._discovered: set[str] = set()  # trace topics last found on trace brokers
         self._watch: asyncio.Task[None] | None = None
         self.events_stored = 0
         self.last_batch_ms = 0
@@ -335,9 +342,34 @@ class Ingestor:
             c.task is not None and not c.task.done() for c in self.clusters.values()
         )
 
+    async def trace_topics(self) -> list[str]:
+        """The trace topics to follow now: the configured names, and the topics of every
+        trace-enabled broker that match a configured pattern (so a customized trace topic
+        created on a trace broker is followed from its first route, without a restart)."""
+        s = self.settings
+        topics = set(s.topic_names())
+        patterns = s.topic_patterns()
+        if patterns:
+            try:
+                brokers = await self.routes.reader.brokers()
+            except (RedisError, OSError) as exc:
+                # Redis is away: keep following what was found (the route cache does the same)
+                log.warning("trace brokers unreadable; keeping the known topics", error=repr(exc))
+                return sorted(topics | self._discovered)
+            found = {
+                t
+                for info in brokers.values()
+                if info.get("trace_topic_enable") or info.get("role") == "trace"
+                for t in info.get("topics", ())
+                if any(fnmatch.fnmatchcase(t, pat) for pat in patterns)
+            }
+            self._discovered = found
+            topics |= found
+        return sorted(topics)
+
     async def sync_clusters(self) -> None:
         wanted: dict[str, set[str]] = defaultdict(set)
-        for topic in self.settings.collector_trace_topics:
+        for topic in await self.trace_topics():
             route = await self.routes.get(topic)
             for q in route.queues:
                 wanted[q.data_bootstrap].add(kafka_topic(q.broker, topic))
@@ -349,6 +381,8 @@ class Ingestor:
                 await c.start()
                 log.info("following trace topics", bootstrap=bootstrap, topics=sorted(topics))
             else:
+                if topics != c.topics:
+                    log.info("following trace topics", bootstrap=bootstrap, topics=sorted(topics))
                 c.resubscribe(topics)
 
     async def _watch_routes(self) -> None:
