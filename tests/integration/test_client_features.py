@@ -170,9 +170,79 @@ async def test_broadcasting_delivers_to_every_instance(
             timeout=30,
             what="every instance got every message",
         )
+        # A second running instance named inst0 in this process would split inst0's messages:
+        # refused (issue 22, point 1).
+        twin = PushConsumer(
+            f"CG_{unique}",
+            message_model=MessageModel.BROADCASTING,
+            settings=ClientSettings.from_overrides(**env).model_copy(
+                update={"instance_name": "inst0"}
+            ),
+        )
+        twin.subscribe(topic)
+        twin.register_message_listener(listener)
+        with pytest.raises(ClientStateError, match="instance name 'inst0' is already used"):
+            await twin.start()
+        # In another process on this host the same name is the same Kafka group: each instance
+        # gets part of the queues, which is reported.
+        await _shared_identity_is_reported(stack, consumers[1], topic)
     finally:
         for c in consumers:
             await c.shutdown()
+
+
+async def _shared_identity_is_reported(
+    stack: EmbeddedStack, consumer: PushConsumer, topic: str
+) -> None:
+    import os
+    import sys
+
+    from prometheus_client import REGISTRY
+
+    def shared() -> float:
+        return (
+            REGISTRY.get_sample_value(
+                "tracemq_consumer_broadcast_identity_shared_total", {"group": consumer.group}
+            )
+            or 0.0
+        )
+
+    before = shared()
+    script = (
+        "import asyncio, os\n"
+        "from tracemq import ConsumeConcurrentlyStatus, MessageModel, PushConsumer\n"
+        "async def main():\n"
+        "    c = PushConsumer(os.environ['GROUP'], message_model=MessageModel.BROADCASTING)\n"
+        "    c.subscribe(os.environ['TOPIC'])\n"
+        "    c.register_message_listener(lambda m, x: ConsumeConcurrentlyStatus.CONSUME_SUCCESS)\n"
+        "    await c.start()\n"
+        "    await c.wait_assigned()\n"
+        "    print('assigned', flush=True)\n"
+        "    await asyncio.sleep(120)\n"  # held until the test kills it
+        "asyncio.run(main())\n"
+    )
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        script,
+        env={
+            **os.environ,
+            "TRACEMQ_REDIS_URL": stack.redis_url,
+            "TRACEMQ_CONTROL_BOOTSTRAP": stack.business_bootstrap,
+            "TRACEMQ_INSTANCE_NAME": consumer.instance_name,
+            "GROUP": consumer.group,
+            "TOPIC": topic,
+        },
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        await eventually(
+            lambda: _async(shared() > before), timeout=40, what="shared identity reported"
+        )
+    finally:
+        child.kill()
+        await child.wait()
 
 
 async def test_rebalance_hands_queues_over_without_duplicates(
@@ -439,7 +509,12 @@ async def test_lite_pull_cost_modes(
         last: list[MessageExt] = []
         try:
 
-            async def consumed(c: LitePullConsumer = c, group: str = group) -> bool:
+            async def consumed(
+                c: LitePullConsumer = c,
+                group: str = group,
+                mode: str = mode,
+                last: list[MessageExt] = last,
+            ) -> bool:
                 polled = await c.poll(1.0)
                 if polled:
                     batches[group].append([m.msg_id for m in polled])

@@ -623,13 +623,19 @@ def _segments(
 
 def _chunks(
     data: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]],
-) -> list[list[tuple[str, int, list[tuple[int, bytes | None, str | None, str | None]]]]]:
+) -> list[
+    list[tuple[str, int, list[tuple[int, bytes | None, str | None, str | None, str | None]]]]
+]:
     """A fetch → chunks of about CHUNK_BYTES of trace messages (a partition's in order)."""
-    chunks: list[list[tuple[str, int, list[tuple[int, bytes | None, str | None, str | None]]]]] = []
-    current: list[tuple[str, int, list[tuple[int, bytes | None, str | None, str | None]]]] = []
+    chunks: list[
+        list[tuple[str, int, list[tuple[int, bytes | None, str | None, str | None, str | None]]]]
+    ] = []
+    current: list[
+        tuple[str, int, list[tuple[int, bytes | None, str | None, str | None, str | None]]]
+    ] = []
     size = 0
     for tp, records in data.items():
-        recs: list[tuple[int, bytes | None, str | None, str | None]] = []
+        recs: list[tuple[int, bytes | None, str | None, str | None, str | None]] = []
         current.append((tp.topic, tp.partition, recs))
         for rec in records:
             if size >= CHUNK_BYTES and recs:
@@ -674,6 +680,8 @@ def release_free_memory() -> None:
 
 #: Longest idempotency key taken from a trace message (tracemq's are 32 characters).
 MAX_IDEMPOTENCY_KEY_CHARS = 128
+#: Longest client id taken from a trace message (``<host>@<instance name>[@pid][#n]``).
+MAX_CLIENT_ID_CHARS = 256
 
 
 def _header_text(value: Any) -> str | None:
@@ -683,11 +691,13 @@ def _header_text(value: Any) -> str | None:
         return None
 
 
-def _trace_headers(headers: Any) -> tuple[str | None, str | None]:
-    """``(born host, idempotency key)`` of a trace message; None for a missing or unusable
-    one (an unusable key only means the message is not deduplicated)."""
+def _trace_headers(headers: Any) -> tuple[str | None, str | None, str | None]:
+    """``(born host, idempotency key, client id)`` of a trace message; None for a missing or
+    unusable one (an unusable key only means the message is not deduplicated, an unusable
+    client id that the view names no client)."""
     born: str | None = None
     key: str | None = None
+    client_id: str | None = None
     for k, v in headers or ():
         if k == "BORN_HOST":
             born = _header_text(v)
@@ -695,7 +705,11 @@ def _trace_headers(headers: Any) -> tuple[str | None, str | None]:
             key = _header_text(v)
             if key is not None and not 0 < len(key) <= MAX_IDEMPOTENCY_KEY_CHARS:
                 key = None
-    return born, key
+        elif k == "CLIENT_ID":
+            client_id = _header_text(v)
+            if client_id is not None and not 0 < len(client_id) <= MAX_CLIENT_ID_CHARS:
+                client_id = None
+    return born, key, client_id
 
 
 def _reason_label(reason: str) -> str:
