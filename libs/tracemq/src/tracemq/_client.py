@@ -52,7 +52,9 @@ class ClientSettings(BaseSettings):
     control_topic: str = "tracemq.namesrv"
     client_heartbeat_interval_ms: int = Field(default=30_000, ge=100)
     route_refresh_interval_ms: int = Field(default=30_000, ge=100)
-    instance_name: str = "DEFAULT"
+    #: RocketMQ's instanceName: ``DEFAULT`` means the process id (+ ``#n``), see the module
+    #: docstring; a stable name lets a BROADCASTING consumer resume after a restart
+    instance_name: str = Field(default="DEFAULT", min_length=1, max_length=128)
 
     @classmethod
     def from_overrides(

@@ -142,6 +142,11 @@ class _ClusterIngest:
             if nxt is not None:  # the store is the truth of what we hold
                 starts[tp] = nxt - self.bases.get(key, 0)
         self.assigned.update(assigned)
+        log.info(
+            "trace partitions assigned",
+            bootstrap=self.bootstrap,
+            partitions=sorted(f"{tp.topic}/{tp.partition}" for tp in assigned),
+        )
         await self.guard.assigned(assigned, starts)
 
     async def _from_beginning(self, tps: list[TopicPartition]) -> None:
