@@ -88,6 +88,7 @@ def _attempt(
         "context_code": code,
         "context_code_name": None if code is None else names[code],
         "client_host": client,
+        "client_id": f"{client}@{4000 + retry}",
     }
 
 
@@ -685,6 +686,7 @@ async def test_clicking_a_bar_shows_its_details(browser: BrowserSession, site: s
     assert await field(page, details, "status") == "failed"
     assert await field(page, details, "contextCode") == "FAILED"
     assert await field(page, details, "clientHost") == "10.0.0.21"
+    assert await field(page, details, "clientId") == "10.0.0.21@4000"  # which client it was
     # The attempt's two raw events are highlighted in the table.
     highlighted = page.locator('[data-testid="events-table"] tbody tr.highlight')
     assert await highlighted.evaluate_all("els => els.map(e => e.dataset.type)") == [

@@ -7,10 +7,13 @@ import json
 import os
 import re
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
 from tracemq.devstack.stack import tracemq_command
+
+from tests.support.waiting import eventually_sync
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 
@@ -42,7 +45,29 @@ def _pids_alive(pids: list[int]) -> list[int]:
 
 def test_dev_up_detach_status_down(tmp_path: Path) -> None:
     env = {"TRACEMQ_DEV_HOME": str(tmp_path / "dev")}
-    up = run("dev", "up", "--detach", env=env)
+    # Service settings pass through (issue 22, point 2): --env wins over the env file.
+    settings = tmp_path / "stack.env"
+    settings.write_text(
+        "# the collector follows only some trace topics\n"
+        "collector:TRACEMQ_COLLECTOR_TRACE_TOPICS=Other*\n"
+    )
+    for bad, why in (
+        (["--env", "nosuch:TRACEMQ_X=1"], "unknown service 'nosuch'"),
+        (["--env", "collector:TRACEMQ_X"], "is not [SERVICE:]NAME=VALUE"),
+        (["--env-file", str(tmp_path / "missing.env")], "cannot read it"),
+    ):
+        refused = run("dev", "up", "--detach", *bad, env=env, timeout=30)
+        assert refused.returncode == 2 and why in refused.stderr, refused.stderr
+    up = run(
+        "dev",
+        "up",
+        "--detach",
+        "--env-file",
+        str(settings),
+        "--env",
+        "collector:TRACEMQ_COLLECTOR_TRACE_TOPICS=RMQ_SYS_TRACE_TOPIC,Narrow*",
+        env=env,
+    )
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         status = run("dev", "status", "--json", env=env)
@@ -68,6 +93,22 @@ def test_dev_up_detach_status_down(tmp_path: Path) -> None:
         # Commands find the running stack through its state file.
         route = run("route", "show", "RMQ_SYS_TRACE_TOPIC", "--json", env=env)
         assert json.loads(route.stdout)["brokers"][0]["broker"] == "trace-broker"
+        # The collector follows trace topics created on the trace broker while it runs, as
+        # far as its settings let it: NarrowTrace1 (created last) yes, OtherTrace1 no.
+        for topic in ("OtherTrace1", "NarrowTrace1"):
+            made = run("topic", "create", topic, "--broker", "trace-broker", "-r", "1", "-w", "1",
+                       env=env)  # fmt: skip
+            assert made.returncode == 0, made.stderr
+        health_url = info["services"]["collector"]["health_url"]
+
+        def followed() -> set[str]:
+            with urllib.request.urlopen(health_url, timeout=10) as resp:
+                return {t for ts in json.loads(resp.read())["trace_topics"].values() for t in ts}
+
+        eventually_sync(
+            lambda: "trace-broker.NarrowTrace1" in followed(), timeout=30, what="NarrowTrace1"
+        )
+        assert followed() == {"trace-broker.RMQ_SYS_TRACE_TOPIC", "trace-broker.NarrowTrace1"}
     finally:
         down = run("dev", "down", env=env)
     assert down.returncode == 0 and "stopped" in down.stdout

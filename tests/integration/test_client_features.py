@@ -170,9 +170,79 @@ async def test_broadcasting_delivers_to_every_instance(
             timeout=30,
             what="every instance got every message",
         )
+        # A second running instance named inst0 in this process would split inst0's messages:
+        # refused (issue 22, point 1).
+        twin = PushConsumer(
+            f"CG_{unique}",
+            message_model=MessageModel.BROADCASTING,
+            settings=ClientSettings.from_overrides(**env).model_copy(
+                update={"instance_name": "inst0"}
+            ),
+        )
+        twin.subscribe(topic)
+        twin.register_message_listener(listener)
+        with pytest.raises(ClientStateError, match="instance name 'inst0' is already used"):
+            await twin.start()
+        # In another process on this host the same name is the same Kafka group: each instance
+        # gets part of the queues, which is reported.
+        await _shared_identity_is_reported(stack, consumers[1], topic)
     finally:
         for c in consumers:
             await c.shutdown()
+
+
+async def _shared_identity_is_reported(
+    stack: EmbeddedStack, consumer: PushConsumer, topic: str
+) -> None:
+    import os
+    import sys
+
+    from prometheus_client import REGISTRY
+
+    def shared() -> float:
+        return (
+            REGISTRY.get_sample_value(
+                "tracemq_consumer_broadcast_identity_shared_total", {"group": consumer.group}
+            )
+            or 0.0
+        )
+
+    before = shared()
+    script = (
+        "import asyncio, os\n"
+        "from tracemq import ConsumeConcurrentlyStatus, MessageModel, PushConsumer\n"
+        "async def main():\n"
+        "    c = PushConsumer(os.environ['GROUP'], message_model=MessageModel.BROADCASTING)\n"
+        "    c.subscribe(os.environ['TOPIC'])\n"
+        "    c.register_message_listener(lambda m, x: ConsumeConcurrentlyStatus.CONSUME_SUCCESS)\n"
+        "    await c.start()\n"
+        "    await c.wait_assigned()\n"
+        "    print('assigned', flush=True)\n"
+        "    await asyncio.sleep(120)\n"  # held until the test kills it
+        "asyncio.run(main())\n"
+    )
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        script,
+        env={
+            **os.environ,
+            "TRACEMQ_REDIS_URL": stack.redis_url,
+            "TRACEMQ_CONTROL_BOOTSTRAP": stack.business_bootstrap,
+            "TRACEMQ_INSTANCE_NAME": consumer.instance_name,
+            "GROUP": consumer.group,
+            "TOPIC": topic,
+        },
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        await eventually(
+            lambda: _async(shared() > before), timeout=40, what="shared identity reported"
+        )
+    finally:
+        child.kill()
+        await child.wait()
 
 
 async def test_rebalance_hands_queues_over_without_duplicates(
@@ -408,3 +478,95 @@ async def test_lite_pull_consumer_traces_and_acks(
         and c.trace_beans[0].msg_id == m3
     )
     assert retries == [0, 1]
+
+
+@pytest.mark.timeout(90)
+async def test_lite_pull_cost_modes(
+    stack: EmbeddedStack, admin: AdminClient, env: dict[str, str], unique: str
+) -> None:
+    """What a LitePullConsumer's SubAfter cost measures in each mode (README: LitePullConsumer):
+    0 by default (traced at poll, as RocketMQ); poll → ack with ack_mode, so a message waits
+    behind the rest of its batch; begin → ack with per_message_cost, its own processing only."""
+    topic = await _topic(admin, f"Cost_{unique}", queues=1)
+    async with Producer(f"PG_{unique}", **env) as p:
+        ids = {(await p.send(Message(topic, f"c{i}".encode()))).msg_id for i in range(3)}
+    work_s = 0.3  # the application's processing of one message (not a synchronisation)
+    batches: dict[str, list[list[str]]] = {}
+    for mode in ("poll", "ack", "own"):
+        group = f"CG{mode}_{unique}"
+        c = LitePullConsumer(
+            group,
+            consume_from=ConsumeFromWhere.FIRST_OFFSET,
+            enable_msg_trace=True,
+            auto_commit=False,
+            ack_mode=mode != "poll",
+            per_message_cost=mode == "own",
+            **env,
+        )
+        c.subscribe(topic)
+        await c.start()
+        batches[group] = []
+        last: list[MessageExt] = []
+        try:
+
+            async def consumed(
+                c: LitePullConsumer = c,
+                group: str = group,
+                mode: str = mode,
+                last: list[MessageExt] = last,
+            ) -> bool:
+                polled = await c.poll(1.0)
+                if polled:
+                    batches[group].append([m.msg_id for m in polled])
+                last[:] = polled[-1:] or last
+                for m in polled:
+                    if mode == "own":
+                        with c.processing(m):
+                            await asyncio.sleep(work_s)
+                    else:
+                        await asyncio.sleep(work_s)
+                        if mode == "ack":
+                            c.ack(m)
+                return sum(map(len, batches[group])) >= 3
+
+            await eventually(consumed, timeout=30, what=f"{mode} mode consumed")
+            if mode == "own":
+                with pytest.raises(ClientStateError, match="not waiting to begin"):
+                    c.begin(last[0])  # acknowledged already
+        finally:
+            await c.shutdown()  # flushes its traces
+
+    def attempts(group: str) -> dict[str, tuple[int, int, int]]:
+        """msgId → (SubBefore timestamp, SubAfter timestamp, SubAfter cost)."""
+        before = {
+            x.trace_beans[0].msg_id: x.timestamp
+            for x in ctxs
+            if x.group_name == group and x.trace_type == TraceType.SubBefore
+        }
+        return {
+            x.trace_beans[0].msg_id: (before[x.trace_beans[0].msg_id], x.timestamp, x.cost_time)
+            for x in ctxs
+            if x.group_name == group and x.trace_type == TraceType.SubAfter
+        }
+
+    ctxs: list[Any] = []
+
+    async def traced() -> bool:
+        ctxs[:] = await _traces(stack, ids)
+        return all(len(attempts(g)) == 3 for g in batches)
+
+    await eventually(traced, timeout=30, what="every mode's traces")
+    work_ms = int(work_s * 1000)
+    poll_mode = attempts(f"CGpoll_{unique}")
+    assert {cost for _, _, cost in poll_mode.values()} == {0}
+    ack_mode = attempts(f"CGack_{unique}")
+    for batch in batches[f"CGack_{unique}"]:
+        for k, msg_id in enumerate(batch):  # the k-th waited behind k others: (k + 1) × work
+            assert ack_mode[msg_id][2] >= (k + 1) * work_ms - 5, (k, ack_mode[msg_id])
+    own = attempts(f"CGown_{unique}")
+    for batch in batches[f"CGown_{unique}"]:
+        for k, msg_id in enumerate(batch):
+            begin, end, cost = own[msg_id]
+            assert cost == end - begin and cost >= work_ms - 5, own[msg_id]
+            if k:  # begun only once the previous one was acknowledged: no waiting counted
+                assert begin >= own[batch[k - 1]][1], (k, own)

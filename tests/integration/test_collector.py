@@ -163,6 +163,141 @@ async def test_end_to_end_views_are_complete(
     assert sorted(got) == sorted(ids) and len(set(got)) == 30
 
 
+@pytest.mark.timeout(90)
+async def test_collector_follows_a_new_customized_trace_topic(
+    stack: EmbeddedStack, collector: ManagedProcess, admin: AdminClient, unique: str
+) -> None:
+    """Issue 22, point 2: a trace topic created on the trace broker while the collector runs
+    (default settings) is followed; its traces are found, not a 404."""
+    trace_topic = f"FeatTrace_{unique}"
+    await admin.create_topic("trace-broker", trace_topic, read_queues=1, write_queues=1)
+    topic = f"Feat_{unique}"
+    await admin.create_topic("broker-a", topic, read_queues=1, write_queues=1)
+    env = {"redis_url": stack.redis_url, "control_bootstrap": stack.business_bootstrap}
+    async with Producer(f"PG_{unique}", enable_msg_trace=True, trace_topic=trace_topic, **env) as p:
+        msg_id = (await p.send(Message(topic, b"feat", keys=[f"k-{unique}"]))).msg_id
+    base = api(collector)
+    view = await _view(base, msg_id, lambda v: v.get("producer") is not None)
+    assert view["producer"]["group"] == f"PG_{unique}" and view["topic"] == topic
+    status, health = http(f"{base}/healthz")
+    followed = {t for ts in health["trace_topics"].values() for t in ts}
+    assert kafka_topic("trace-broker", trace_topic) in followed
+    assert kafka_topic("trace-broker", "RMQ_SYS_TRACE_TOPIC") in followed
+
+
+#: A BROADCASTING consumer with default settings in a process of its own (issue 22, point 1).
+_BROADCAST_CHILD = """
+import asyncio, json, os
+from tracemq import ConsumeConcurrentlyStatus, ConsumeFromWhere, MessageModel, PushConsumer
+
+async def main():
+    got, done = set(), asyncio.Event()
+
+    async def listener(msgs, ctx):
+        got.update(m.msg_id for m in msgs)
+        if len(got) >= int(os.environ["N"]):
+            done.set()
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    c = PushConsumer(os.environ["GROUP"], message_model=MessageModel.BROADCASTING,
+                     consume_from=ConsumeFromWhere.FIRST_OFFSET, enable_msg_trace=True)
+    c.subscribe(os.environ["TOPIC"])
+    c.register_message_listener(listener)
+    await c.start()
+    try:
+        await asyncio.wait_for(done.wait(), 60)
+    finally:
+        await c.shutdown()
+    print(json.dumps({"client_id": c.client_id, "got": sorted(got)}))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.timeout(150)
+async def test_broadcasting_instances_with_default_settings_are_distinct_clients(
+    stack: EmbeddedStack, collector: ManagedProcess, admin: AdminClient, unique: str
+) -> None:
+    """Issue 22, point 1: two BROADCASTING consumers of one group in this process and one in
+    another process, all with default settings, each consume every message, and the trace view
+    shows one attempt per client, each named by its client id."""
+    import re
+    import sys
+
+    topic = f"Bcast_{unique}"
+    await admin.create_topic("broker-a", topic, read_queues=2, write_queues=2)
+    group = f"CGbc_{unique}"
+    env = {"redis_url": stack.redis_url, "control_bootstrap": stack.business_bootstrap}
+    async with Producer(f"PG_{unique}", enable_msg_trace=True, **env) as p:
+        ids = [(await p.send(Message(topic, f"m{i}".encode()))).msg_id for i in range(10)]
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _BROADCAST_CHILD,
+        env={
+            **os.environ,
+            "TRACEMQ_REDIS_URL": stack.redis_url,
+            "TRACEMQ_CONTROL_BOOTSTRAP": stack.business_bootstrap,
+            "GROUP": group,
+            "TOPIC": topic,
+            "N": "10",
+        },
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    got: dict[int, set[str]] = {0: set(), 1: set()}
+    consumers = []
+    try:
+        for n in (0, 1):
+
+            async def listener(msgs: list[MessageExt], ctx: Any, n: int = n) -> Any:
+                got[n].update(m.msg_id for m in msgs)
+                return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+            c = PushConsumer(
+                group,
+                message_model="BROADCASTING",
+                consume_from=ConsumeFromWhere.FIRST_OFFSET,
+                enable_msg_trace=True,
+                **env,
+            )
+            c.subscribe(topic)
+            c.register_message_listener(listener)
+            await c.start()
+            consumers.append(c)
+        await eventually(
+            lambda: _async(all(len(s) == 10 for s in got.values())),
+            timeout=60,
+            what="both in-process instances got every message",
+        )
+        out, _ = await asyncio.wait_for(child.communicate(), 90)
+    finally:
+        for c in consumers:
+            await c.shutdown()
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
+    assert child.returncode == 0
+    other = json.loads(out.decode().strip().splitlines()[-1])
+    assert sorted(other["got"]) == sorted(ids), "the other process missed messages"
+    pid = os.getpid()
+    mine = [c.client_id for c in consumers]
+    assert all(re.fullmatch(rf"[0-9.]+@{pid}(#\d+)?", cid) for cid in mine), mine
+    assert len({*mine, other["client_id"]}) == 3 and f"@{pid}" not in other["client_id"]
+    base = api(collector)
+    for msg_id in ids:
+        view = await _view(
+            base,
+            msg_id,
+            lambda v: sum(len(c["attempts"]) for c in v["consumers"] if c["group"] == group) == 3,
+        )
+        [node] = [c for c in view["consumers"] if c["group"] == group]
+        assert sorted(a["client_id"] for a in node["attempts"]) == sorted(
+            [*mine, other["client_id"]]
+        )
+        assert all(a["status"] == "success" for a in node["attempts"])
+
+
 async def _done(groups: dict[str, set[str]], n: int) -> bool:
     return all(len(s) == n for s in groups.values())
 

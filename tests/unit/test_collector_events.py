@@ -121,6 +121,7 @@ def test_pub_row_has_every_lake_column_and_its_partition() -> None:
         "date": "2024-01-02",
         "hour": 3,
         "record": pub()[:-1],
+        "client_id": None,  # a trace message header, not in the record
     }
 
 
@@ -548,6 +549,19 @@ def test_decode_message_fills_the_client_host_where_the_record_has_none() -> Non
     rows, _ = ev.decode_message(TOPIC, 0, 1, (pub() + old).encode(), INGEST, "10.9.9.9")
     hosts = [dict(zip(ev.ROW_NAMES, r, strict=True))["client_host"] for r in rows]
     assert hosts == ["10.9.9.9", "10.1.1.1"]
+
+
+def test_decode_message_gives_every_event_the_client_id_of_its_message() -> None:
+    # a fast-path Pub and a general-path old SubBefore (9 fields) alike
+    old = record("SubBefore", str(TS), "R", "cg", "r", MSG_ID, "0", "k", "10.1.1.1")
+    value = (pub() + old).encode()
+    rows, _ = ev.decode_message(TOPIC, 0, 1, value, INGEST, "10.9.9.9", "10.9.9.9@77#2")
+    assert [dict(zip(ev.ROW_NAMES, r, strict=True))["client_id"] for r in rows] == [
+        "10.9.9.9@77#2",
+        "10.9.9.9@77#2",
+    ]
+    rows, _ = ev.decode_message(TOPIC, 0, 1, value, INGEST, "10.9.9.9")
+    assert [dict(zip(ev.ROW_NAMES, r, strict=True))["client_id"] for r in rows] == [None, None]
 
 
 def test_the_lake_columns_written_out_agree_with_the_lake_schema() -> None:

@@ -27,8 +27,8 @@ def test_a_fetch_is_cut_into_chunks_in_order_with_born_hosts() -> None:
     assert len(chunks) == 3
     assert all(sum(len(v or b"") for _, _, rs in c for _, v, *_ in rs) <= CHUNK_BYTES + len(big)
                for c in chunks)  # fmt: skip
-    assert chunks[0][0][2][0] == (0, big, "10.0.0.7", None)
-    assert chunks[-1][-1][2] == [(7, None, None, None), (8, b"y", "10.0.0.7", None)]
+    assert chunks[0][0][2][0] == (0, big, "10.0.0.7", None, None)
+    assert chunks[-1][-1][2] == [(7, None, None, None, None), (8, b"y", "10.0.0.7", None, None)]
     assert _chunks({}) == []
 
 
@@ -40,12 +40,23 @@ def test_the_idempotency_key_is_taken_from_the_headers_and_bounded() -> None:
         Rec(3, b"d", (("IDEMPOTENCY_KEY", b""),)),
     ]
     (chunk,) = _chunks({TopicPartition("t", 0): recs})  # type: ignore[dict-item]
-    assert [r[2:] for r in chunk[0][2]] == [
+    assert [r[2:4] for r in chunk[0][2]] == [
         ("10.0.0.7", "K1"),
         (None, None),
         (None, None),
         (None, None),
     ]
+
+
+def test_the_client_id_is_taken_from_the_headers_and_bounded() -> None:
+    recs = [
+        Rec(0, b"a", (("CLIENT_ID", b"10.0.0.7@4242#2"), ("BORN_HOST", b"10.0.0.7"))),
+        Rec(1, b"b", (("CLIENT_ID", b"\xff\xfe"),)),  # not UTF-8: no client id, kept
+        Rec(2, b"c", (("CLIENT_ID", b"x" * 257),)),  # too long
+        Rec(3, b"d", (("CLIENT_ID", b""),)),
+    ]
+    (chunk,) = _chunks({TopicPartition("t", 0): recs})  # type: ignore[dict-item]
+    assert [r[4] for r in chunk[0][2]] == ["10.0.0.7@4242#2", None, None, None]
 
 
 def test_buffered_chunks_become_segments_of_bounded_size() -> None:

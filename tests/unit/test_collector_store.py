@@ -93,7 +93,8 @@ def key_rows(path: Path) -> int:
 
 
 def lake_only(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: row[k] for k in lake_schema.COLUMN_NAMES}
+    """What a look-up returns of an event: the lake columns and the client id."""
+    return {**{k: row[k] for k in lake_schema.COLUMN_NAMES}, "client_id": row.get("client_id")}
 
 
 # ---------------------------------------------------------------------------- writing
@@ -676,6 +677,22 @@ def test_the_dedupe_window_is_bounded_per_partition(
     assert kept == [(n,) for n in range(20, 30)]
     # Older than the window: stored again (the documented bound).
     assert store.write_rows(_keyed([(0, 30, value, "K0"), (0, 31, value, "K29")]))[::2] == (1, 1)
+
+
+def test_a_version_3_file_is_migrated_to_keep_client_ids(tmp_path: Path) -> None:
+    path = tmp_path / "v3.db"
+    value = encode_many([pub_ctx(1, T0)]).data.encode()
+    with TraceStore(path) as s:
+        s.write_rows(decode_chunk([(TOPIC, 0, [(0, value, None)])], INGEST).store)
+    with sqlite3.connect(path) as conn:  # version 3: events without client_id
+        conn.execute("ALTER TABLE events DROP COLUMN client_id")
+        conn.execute("UPDATE meta SET value = 3 WHERE key = 'schema_version'")
+    with TraceStore(path) as s:
+        chunk = decode_chunk([(TOPIC, 0, [(1, value, None, "K", "10.0.0.1@42#2")])], INGEST)
+        s.write_rows(chunk.store)
+        events = s.by_msg_id(msg_id(1))
+        assert sorted(str(e["client_id"]) for e in events) == ["10.0.0.1@42#2", "None"]
+    assert table(path, "SELECT value FROM meta WHERE key = 'schema_version'") == [(SCHEMA_VERSION,)]
 
 
 def test_a_version_2_file_is_migrated_to_keep_idempotency_keys(tmp_path: Path) -> None:

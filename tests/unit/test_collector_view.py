@@ -65,7 +65,7 @@ def test_retries_are_attempts_of_one_group_and_the_dlq_move_is_not_the_producer(
     assert view["producer"]["group"] == "PG" and view["producer"]["send_attempts"] == 1
     assert view["dead_letters"] == [
         {"timestamp": 41020, "group": "CG", "topic": "%DLQ%CG", "success": True,
-         "client_host": "10.0.0.2"}
+         "client_host": "10.0.0.2", "client_id": None}
     ]  # fmt: skip
     cg, other = view["consumers"]
     assert (cg["group"], cg["dead_lettered"]) == ("CG", True)

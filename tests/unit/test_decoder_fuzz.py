@@ -468,3 +468,21 @@ def test_peer_group_activity_raises_only_validation_error(answer: Any) -> None:
     act = Activity()
     act.add(part)  # what validates sums without raising, counts stay non-negative
     assert all(v >= 0 for c in act.buckets.values() for v in c.values())
+
+
+@settings(FUZZ, max_examples=300)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["BORN_HOST", "IDEMPOTENCY_KEY", "CLIENT_ID", "X"]),
+            st.one_of(st.binary(max_size=300), st.none()),
+        ),
+        max_size=6,
+    )
+)
+def test_trace_message_headers_never_raise(headers: list[tuple[str, bytes | None]]) -> None:
+    from tracemq_collector.ingest import MAX_CLIENT_ID_CHARS, _trace_headers
+
+    born, key, client_id = _trace_headers(headers)
+    assert client_id is None or 0 < len(client_id) <= MAX_CLIENT_ID_CHARS
+    decode_chunk([("T", 0, [(7, b"x", born, key, client_id)])], 1_700_000_000_000)

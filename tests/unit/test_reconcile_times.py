@@ -37,3 +37,20 @@ def test_durations() -> None:
     assert parse_duration("500ms", "--horizon") == 500
     with pytest.raises(ReconcileError, match="--horizon: 'soon'"):
         parse_duration("soon", "--horizon")
+
+
+def test_broadcast_offsets_are_one_row_per_client_host() -> None:
+    """Several broadcasting instances on one host (issue 22, point 1: pid-named instances)
+    give the reconciliation one offset per host: the furthest."""
+    from tracemq_spark.inputs import per_client_host
+
+    def row(host: str, committed: int | None, queue: int = 0) -> dict:
+        return {"group": "G", "topic": "T", "broker": "b", "store_addr": "1.2.3.4:1",
+                "queue_id": queue, "committed": committed, "client_host": host}  # fmt: skip
+
+    rows = [row("10.0.0.1", 5), row("10.0.0.1", None), row("10.0.0.1", 9), row("10.0.0.2", 1),
+            row("10.0.0.1", 2, queue=1), {**row("", 7), "client_host": None}]  # fmt: skip
+    assert sorted((r["client_host"], r["queue_id"], r["committed"]) for r in per_client_host(rows)
+                  if r["client_host"]) == [("10.0.0.1", 0, 9), ("10.0.0.1", 1, 2),
+                                           ("10.0.0.2", 0, 1)]  # fmt: skip
+    assert sum(1 for r in per_client_host(rows) if not r["client_host"]) == 1

@@ -139,7 +139,28 @@ async def export_offsets(
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(consumer.stop(), timeout_s)
-    return rows
+    return per_client_host(rows)
+
+
+def _offset(committed: int | None) -> int:
+    return -1 if committed is None else committed
+
+
+def per_client_host(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One offset row per (group, queue, client host): a host may hold several broadcasting
+    instances of a group (two in one process, or the pid-named instance of each restart, each
+    its own Kafka group), and the reconciliation knows broadcasting clients by host only — the
+    furthest offset of that host's instances stands for it."""
+    out: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in rows:
+        if not row.get("client_host"):
+            out[(id(row),)] = row
+            continue
+        key = tuple(row[k] for k in ("group", "topic", "broker", "queue_id", "client_host"))
+        have = out.get(key)
+        if have is None or _offset(row["committed"]) > _offset(have["committed"]):
+            out[key] = row
+    return list(out.values())
 
 
 async def _broadcast_group_ids(

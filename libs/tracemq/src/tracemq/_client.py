@@ -3,6 +3,16 @@ nameserver, and — when message trace is on — its own trace dispatcher.
 
 Each client owns its own runtime (no process-wide singleton), so several producers and consumers
 in one process are all traced independently (a RocketMQ bug once traced only one of them).
+
+Identity (RocketMQ's ``instanceName`` and ``clientId``): a client's *instance name* is
+``ClientSettings.instance_name`` (``TRACEMQ_INSTANCE_NAME``) when set; its default, ``DEFAULT``,
+stands for the process id — as RocketMQ — plus ``#2``, ``#3``, … for the second, third client
+alive in the same process, so two clients of one process are never one identity. The *client
+id* is ``<client host>@<instance name>`` (an explicit name also gets ``@<pid>``, and ``#n`` when
+the process already runs a client of that id): unique on its host, registered with the
+nameserver, and carried by every trace message the client sends (header ``CLIENT_ID``) so the
+trace view names the client of each attempt. A BROADCASTING consumer's identity is its instance
+name (see :mod:`tracemq.consumer.push`).
 """
 
 from __future__ import annotations
@@ -12,7 +22,7 @@ import contextlib
 import os
 import socket
 import time
-import uuid
+import weakref
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -46,7 +56,9 @@ class ClientSettings(SignerSettings, BaseSettings):
     control_topic: str = "tracemq.namesrv"
     client_heartbeat_interval_ms: int = Field(default=30_000, ge=100)
     route_refresh_interval_ms: int = Field(default=30_000, ge=100)
-    instance_name: str = "DEFAULT"
+    #: RocketMQ's instanceName: ``DEFAULT`` means the process id (+ ``#n``), see the module
+    #: docstring; a stable name lets a BROADCASTING consumer resume after a restart
+    instance_name: str = Field(default="DEFAULT", min_length=1, max_length=128)
 
     @classmethod
     def from_overrides(
@@ -64,6 +76,29 @@ class ClientSettings(SignerSettings, BaseSettings):
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+#: ``ClientSettings.instance_name`` that asks for the process-derived default (RocketMQ's value)
+DEFAULT_INSTANCE_NAME = "DEFAULT"
+# Instance names and client ids held by the live clients of this process (released at stop,
+# or when a client that never stopped is collected).
+_LIVE_INSTANCES: set[str] = set()
+_LIVE_CLIENT_IDS: set[str] = set()
+
+
+def _first_free(base: str, taken: set[str]) -> str:
+    if base not in taken:
+        return base
+    n = 2
+    while f"{base}#{n}" in taken:
+        n += 1
+    return f"{base}#{n}"
+
+
+def _release(instance: str | None, client_id: str) -> None:
+    if instance is not None:
+        _LIVE_INSTANCES.discard(instance)
+    _LIVE_CLIENT_IDS.discard(client_id)
 
 
 class ClientRuntime:
@@ -89,8 +124,20 @@ class ClientRuntime:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         self.client_host = local_ipv4()
-        self.client_id = (
-            f"{self.client_host}@{os.getpid()}#{settings.instance_name}#{uuid.uuid4().hex[:8]}"
+        pid = str(os.getpid())
+        #: the instance name was derived from the process (not set): see the module docstring
+        self.default_identity = settings.instance_name == DEFAULT_INSTANCE_NAME
+        if self.default_identity:
+            self.instance_name = _first_free(pid, _LIVE_INSTANCES)
+            _LIVE_INSTANCES.add(self.instance_name)
+            base_id = f"{self.client_host}@{self.instance_name}"
+        else:
+            self.instance_name = settings.instance_name
+            base_id = f"{self.client_host}@{self.instance_name}@{pid}"
+        self.client_id = _first_free(base_id, _LIVE_CLIENT_IDS)
+        _LIVE_CLIENT_IDS.add(self.client_id)
+        self._release = weakref.finalize(
+            self, _release, self.instance_name if self.default_identity else None, self.client_id
         )
         self.message_model = message_model
         self.routes = RouteCache(
@@ -125,6 +172,7 @@ class ClientRuntime:
                 route_cache=self.routes,
                 trace_topic=self.trace_topic,
                 customized=self._trace_customized,
+                client_id=self.client_id,
                 **self._trace_options,
             )
             await self.dispatcher.start()
@@ -146,6 +194,7 @@ class ClientRuntime:
             )
         await self.pool.close()
         await self.routes.stop()
+        self._release()  # the identity is free for a new client of this process
 
     async def store_host(self, address: str) -> str:
         """A broker address as IPv4:port (offsetMsgId needs an IPv4), resolved once."""

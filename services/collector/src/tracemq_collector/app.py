@@ -117,6 +117,8 @@ class Collector:
             "events_stored": self.ingestor.events_stored,
             "last_batch_ms": self.ingestor.last_batch_ms,
             "clusters": sorted(self.ingestor.clusters),
+            # the Kafka topics (<broker>.<trace topic>) being followed, per trace cluster
+            "trace_topics": {b: sorted(c.topics) for b, c in self.ingestor.clusters.items()},
             "api": self.settings.api_url,
             # a reset recovered from a lost log (ok stays true), but the operator must see it
             "offset_resets": self.ingestor.offset_resets(),

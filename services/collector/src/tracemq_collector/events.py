@@ -4,10 +4,11 @@ A trace message (one Kafka record of the trace topic) holds records in RocketMQ'
 (DESIGN §3). :func:`rows_from_record` turns it into
 
 * **event rows**: one per good record, a dict with every column of
-  :data:`tracemq.lake_schema.COLUMNS` (:data:`LAKE_COLUMNS`) plus three keys that are not lake columns: ``date``
-  (``YYYY-MM-DD``) and ``hour`` (0-23), the UTC Hive partition of the event, and ``record``, the
+  :data:`tracemq.lake_schema.COLUMNS` (:data:`LAKE_COLUMNS`) plus four keys that are not lake columns: ``date``
+  (``YYYY-MM-DD``) and ``hour`` (0-23), the UTC Hive partition of the event, ``record``, the
   record's text (without its ``\\x02``), which the trace store keeps instead of thirty columns
-  and decodes again with :func:`event_from_stored`;
+  and decodes again with :func:`event_from_stored`, and ``client_id``, the writing client's id
+  (the trace message's ``CLIENT_ID`` header; the store keeps it, the lake does not);
 * **quarantine rows**: one per record that cannot become an event, with its coordinates, the
   reason and its raw bytes, so nothing is dropped silently.
 
@@ -121,7 +122,7 @@ LAKE_COLUMNS: tuple[str, ...] = (
 LAKE_SCHEMA_VERSION = 1
 
 #: Keys an event row has on top of the lake columns.
-EXTRA_KEYS = ("date", "hour", "record")
+EXTRA_KEYS = ("date", "hour", "record", "client_id")
 #: Keys of a quarantine row.
 QUARANTINE_KEYS = (
     "trace_topic",
@@ -244,6 +245,9 @@ def _event_row(
         "trace_offset": offset,
         "trace_index": index,
         "ingest_ts": ingest_ts,
+        # the writing client's id: a header of the trace message, not in the record (ingest
+        # fills it; the store keeps it)
+        "client_id": None,
         "store_addr": store_addr,
         "queue_id": queue_id,
         "queue_offset": queue_offset,
@@ -340,6 +344,7 @@ STORE_ROW = (
     "store_time",
     "ingest_ts",
     "record",
+    "client_id",
 )
 #: Keys of an event row, in the order of the tuples :func:`decode_message` produces: the
 #: store's columns (:data:`STORE_ROW`, so that a slice is the store's row), then the other
@@ -407,10 +412,12 @@ def _fast_row(
     index: int,
     ingest_ts: int,
     client_host: str | None,
+    client_id: str | None = None,
 ) -> tuple[Any, ...] | None:
     """The event tuple of a common record, or None to let the general path decide.
 
-    ``client_host`` fills the column (the three shapes decoded here never carry one).
+    ``client_host`` fills the column (the three shapes decoded here never carry one), and
+    ``client_id`` its own.
     """
     if len(text) > MAX_FIELD_CHARS or FIELD_SPLITOR in text:
         return None
@@ -433,6 +440,7 @@ def _fast_row(
         return (
             trace_topic, partition, offset, index, "SubAfter", timestamp,
             None if v2 == "null" else v2, None, client_host, 0, ingest_ts, text,
+            client_id,
             None, None if v8 == "null" else v8, None if v1 == "null" else v1, cost,
             f[4].lower() == "true", code, None, None, None if v5 == "null" else v5, None,
             0, 0, None, None, None, False, None, None, None, _SCHEMA_VERSION, date, hour,
@@ -450,6 +458,7 @@ def _fast_row(
         return (
             trace_topic, partition, offset, index, "SubBefore", timestamp,
             None if v5 == "null" else v5, None, client_host, 0, ingest_ts, text,
+            client_id,
             None if v2 == "null" else v2, None if v3 == "null" else v3,
             None if v4 == "null" else v4, 0, True, 0, None, None,
             None if v7 == "null" else v7, None,
@@ -473,6 +482,7 @@ def _fast_row(
             trace_topic, partition, offset, index, "Pub", timestamp,
             None if v5 == "null" else v5, None if v4 == "null" else v4, client_host, 0,
             ingest_ts, text,
+            client_id,
             None if v2 == "null" else v2, None if v3 == "null" else v3, None, cost,
             f[13].lower() == "true", 0, offset_msg_id,
             None if v6 == "null" else v6, None if v7 == "null" else v7,
@@ -483,9 +493,12 @@ def _fast_row(
     return None
 
 
-def _as_tuple(row: dict[str, Any], client_host: str | None) -> tuple[Any, ...]:
+def _as_tuple(
+    row: dict[str, Any], client_host: str | None, client_id: str | None = None
+) -> tuple[Any, ...]:
     if client_host and not row["client_host"]:
         row["client_host"] = client_host
+    row["client_id"] = client_id
     return tuple([row[name] for name in ROW_NAMES])
 
 
@@ -518,11 +531,13 @@ def decode_message(
     value: bytes | None,
     ingest_ts: int,
     client_host: str | None = None,
+    client_id: str | None = None,
 ) -> tuple[list[tuple[Any, ...]], list[dict[str, Any]]]:
     """:func:`rows_from_record` with each event row as a tuple in :data:`ROW_NAMES` order.
 
     ``client_host`` (the trace message's born host) fills the column of every event whose
-    record names no client host. Never raises.
+    record names no client host; ``client_id`` (its ``CLIENT_ID`` header: tracemq clients
+    send one) fills ``client_id``. Never raises.
     """
     events: list[tuple[Any, ...]] = []
     quarantine: list[dict[str, Any]] = []
@@ -537,14 +552,14 @@ def decode_message(
                 fast = None
             else:
                 fast = _fast_row(
-                    text, trace_topic, partition, offset, index, ingest_ts, client_host
+                    text, trace_topic, partition, offset, index, ingest_ts, client_host, client_id
                 )
             if fast is not None:
                 events.append(fast)
                 continue
             slow: list[dict[str, Any]] = []
             _decode_piece(piece, trace_topic, partition, offset, index, ingest_ts, slow, quarantine)
-            events.extend(_as_tuple(row, client_host) for row in slow)
+            events.extend(_as_tuple(row, client_host, client_id) for row in slow)
         except Exception as exc:  # noqa: BLE001 - one record must never stop ingest
             quarantine.append(
                 _quarantine(
@@ -712,8 +727,12 @@ def lake_batch(rows: list[tuple[Any, ...]]) -> Any:
 
 
 #: A trace message as ingest hands it over: ``(offset, value, born_host)``, optionally followed
-#: by its idempotency key.
-Received = tuple[int, bytes | None, str | None] | tuple[int, bytes | None, str | None, str | None]
+#: by its idempotency key and its client id.
+Received = (
+    tuple[int, bytes | None, str | None]
+    | tuple[int, bytes | None, str | None, str | None]
+    | tuple[int, bytes | None, str | None, str | None, str | None]
+)
 
 
 def decode_chunk(
@@ -725,10 +744,10 @@ def decode_chunk(
     """Decode trace messages for ``TraceStore.write_rows`` and the lake.
 
     Args:
-        messages: ``(trace_topic, partition, [(offset, value, born_host[, key]), ...])``,
-            offsets increasing within a partition. ``born_host`` fills ``client_host`` where
-            the record has none; ``key``, the message's idempotency key, goes to
-            :attr:`StoreRows.message_keys`.
+        messages: ``(trace_topic, partition, [(offset, value, born_host[, key[,
+            client_id]]), ...])``, offsets increasing within a partition. ``born_host`` fills
+            ``client_host`` where the record has none; ``key``, the message's idempotency key,
+            goes to :attr:`StoreRows.message_keys`; ``client_id`` fills ``client_id``.
         ingest_ts: when the collector read them, epoch ms.
         with_lake: also build the lake's Arrow batches (:attr:`PartitionChunk.lake`).
 
@@ -753,7 +772,8 @@ def decode_chunk(
             if offset <= last:
                 ordered = False
             last = offset
-            r, q = decode_message(trace_topic, partition, offset, value, ingest_ts, born)
+            client_id = rec[4] if len(rec) > 4 else None  # type: ignore[misc]
+            r, q = decode_message(trace_topic, partition, offset, value, ingest_ts, born, client_id)
             rows.extend(r)
             quarantine.extend(q)
         records += len(recs)

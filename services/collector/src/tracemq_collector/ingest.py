@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fnmatch
 import multiprocessing
 import time
 from collections import defaultdict
@@ -36,6 +37,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import ConsumerRecord
+from redis.exceptions import RedisError
 from tracemq import kafka_security
 from tracemq.collector_lag import record_reset
 from tracemq.log import get_logger
@@ -142,6 +144,11 @@ class _ClusterIngest:
             if nxt is not None:  # the store is the truth of what we hold
                 starts[tp] = nxt - self.bases.get(key, 0)
         self.assigned.update(assigned)
+        log.info(
+            "trace partitions assigned",
+            bootstrap=self.bootstrap,
+            partitions=sorted(f"{tp.topic}/{tp.partition}" for tp in assigned),
+        )
         await self.guard.assigned(assigned, starts)
 
     async def _from_beginning(self, tps: list[TopicPartition]) -> None:
@@ -220,6 +227,10 @@ class _LakeBuffer:
 class Ingestor:
     """Follows every broker hosting the configured trace topics and ingests them.
 
+    Which topics: ``collector_trace_topics`` names, plus the topics of trace-enabled brokers
+    that match its patterns (by default every one), checked on every route change and at least
+    every 5 s: a trace topic created while the collector runs is read from its beginning.
+
     The write path is a pipeline (see the module docstring): trace messages are cut into
     chunks of about :data:`CHUNK_BYTES`; a decode thread turns each chunk into the store's
     rows and the lake's Arrow batches; an ingest worker process stores the chunks, in order,
@@ -244,6 +255,7 @@ class Ingestor:
         self.routes = routes
         self.writer = writer
         self.clusters: dict[str, _ClusterIngest] = {}
+        self._discovered: set[str] = set()  # trace topics last found on trace brokers
         self._watch: asyncio.Task[None] | None = None
         self.events_stored = 0
         self.last_batch_ms = 0
@@ -337,9 +349,34 @@ class Ingestor:
             c.task is not None and not c.task.done() for c in self.clusters.values()
         )
 
+    async def trace_topics(self) -> list[str]:
+        """The trace topics to follow now: the configured names, and the topics of every
+        trace-enabled broker that match a configured pattern (so a customized trace topic
+        created on a trace broker is followed from its first route, without a restart)."""
+        s = self.settings
+        topics = set(s.topic_names())
+        patterns = s.topic_patterns()
+        if patterns:
+            try:
+                brokers = await self.routes.reader.brokers()
+            except (RedisError, OSError) as exc:
+                # Redis is away: keep following what was found (the route cache does the same)
+                log.warning("trace brokers unreadable; keeping the known topics", error=repr(exc))
+                return sorted(topics | self._discovered)
+            found = {
+                t
+                for info in brokers.values()
+                if info.get("trace_topic_enable") or info.get("role") == "trace"
+                for t in info.get("topics", ())
+                if any(fnmatch.fnmatchcase(t, pat) for pat in patterns)
+            }
+            self._discovered = found
+            topics |= found
+        return sorted(topics)
+
     async def sync_clusters(self) -> None:
         wanted: dict[str, set[str]] = defaultdict(set)
-        for topic in self.settings.collector_trace_topics:
+        for topic in await self.trace_topics():
             route = await self.routes.get(topic)
             for q in route.queues:
                 wanted[q.data_bootstrap].add(kafka_topic(q.broker, topic))
@@ -351,6 +388,8 @@ class Ingestor:
                 await c.start()
                 log.info("following trace topics", bootstrap=bootstrap, topics=sorted(topics))
             else:
+                if topics != c.topics:
+                    log.info("following trace topics", bootstrap=bootstrap, topics=sorted(topics))
                 c.resubscribe(topics)
 
     async def _watch_routes(self) -> None:
@@ -591,13 +630,19 @@ def _segments(
 
 def _chunks(
     data: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]],
-) -> list[list[tuple[str, int, list[tuple[int, bytes | None, str | None, str | None]]]]]:
+) -> list[
+    list[tuple[str, int, list[tuple[int, bytes | None, str | None, str | None, str | None]]]]
+]:
     """A fetch → chunks of about CHUNK_BYTES of trace messages (a partition's in order)."""
-    chunks: list[list[tuple[str, int, list[tuple[int, bytes | None, str | None, str | None]]]]] = []
-    current: list[tuple[str, int, list[tuple[int, bytes | None, str | None, str | None]]]] = []
+    chunks: list[
+        list[tuple[str, int, list[tuple[int, bytes | None, str | None, str | None, str | None]]]]
+    ] = []
+    current: list[
+        tuple[str, int, list[tuple[int, bytes | None, str | None, str | None, str | None]]]
+    ] = []
     size = 0
     for tp, records in data.items():
-        recs: list[tuple[int, bytes | None, str | None, str | None]] = []
+        recs: list[tuple[int, bytes | None, str | None, str | None, str | None]] = []
         current.append((tp.topic, tp.partition, recs))
         for rec in records:
             if size >= CHUNK_BYTES and recs:
@@ -642,6 +687,8 @@ def release_free_memory() -> None:
 
 #: Longest idempotency key taken from a trace message (tracemq's are 32 characters).
 MAX_IDEMPOTENCY_KEY_CHARS = 128
+#: Longest client id taken from a trace message (``<host>@<instance name>[@pid][#n]``).
+MAX_CLIENT_ID_CHARS = 256
 
 
 def _header_text(value: Any) -> str | None:
@@ -651,11 +698,13 @@ def _header_text(value: Any) -> str | None:
         return None
 
 
-def _trace_headers(headers: Any) -> tuple[str | None, str | None]:
-    """``(born host, idempotency key)`` of a trace message; None for a missing or unusable
-    one (an unusable key only means the message is not deduplicated)."""
+def _trace_headers(headers: Any) -> tuple[str | None, str | None, str | None]:
+    """``(born host, idempotency key, client id)`` of a trace message; None for a missing or
+    unusable one (an unusable key only means the message is not deduplicated, an unusable
+    client id that the view names no client)."""
     born: str | None = None
     key: str | None = None
+    client_id: str | None = None
     for k, v in headers or ():
         if k == "BORN_HOST":
             born = _header_text(v)
@@ -663,7 +712,11 @@ def _trace_headers(headers: Any) -> tuple[str | None, str | None]:
             key = _header_text(v)
             if key is not None and not 0 < len(key) <= MAX_IDEMPOTENCY_KEY_CHARS:
                 key = None
-    return born, key
+        elif k == "CLIENT_ID":
+            client_id = _header_text(v)
+            if client_id is not None and not 0 < len(client_id) <= MAX_CLIENT_ID_CHARS:
+                client_id = None
+    return born, key, client_id
 
 
 def _reason_label(reason: str) -> str:

@@ -50,6 +50,10 @@ _ATTEMPT = {
         "context_code": {"type": ["integer", "null"]},
         "context_code_name": {"type": ["string", "null"]},
         "client_host": {"type": ["string", "null"]},
+        "client_id": {
+            "type": ["string", "null"],
+            "description": "<host>@<instance name> of the consumer client that made the attempt",
+        },
     },
 }
 _VIEW = {
@@ -166,6 +170,7 @@ _VIEW = {
                     "topic": {"type": "string"},
                     "success": {"type": "boolean"},
                     "client_host": {"type": ["string", "null"]},
+                    "client_id": {"type": ["string", "null"]},
                 },
             },
         },

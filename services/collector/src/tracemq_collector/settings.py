@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +11,14 @@ from pydantic_settings import NoDecode
 from tracemq.naming import TRACE_TOPIC, validate_topic
 from tracemq.offset_reset import OffsetResetPolicy
 from tracemq.settings import CommonSettings
+
+_PATTERN_CHARS = re.compile(r"[A-Za-z0-9%|_\-*?\[\]!]")
+
+
+def is_topic_pattern(entry: str) -> bool:
+    """True if a ``collector_trace_topics`` entry is a glob pattern (topic names have no
+    ``*``, ``?`` or ``[``)."""
+    return any(c in entry for c in "*?[")
 
 
 class CollectorSettings(CommonSettings):
@@ -20,8 +29,11 @@ class CollectorSettings(CommonSettings):
         "tracemq-collector", description="Kafka consumer group shared by all collectors."
     )
     collector_trace_topics: Annotated[list[str], NoDecode] = Field(
-        default_factory=lambda: [TRACE_TOPIC],
-        description="Trace topics to collect (JSON list or comma-separated).",
+        default_factory=lambda: [TRACE_TOPIC, "*"],
+        description="Trace topics to collect (JSON list or comma-separated): a name is followed "
+        "wherever it is routed; a glob pattern (*, ?, [..]) matches the topics that "
+        "trace-enabled brokers host, new ones included. Default: RMQ_SYS_TRACE_TOPIC and every "
+        "topic of a trace broker; a list narrows it.",
     )
     collector_advertised_url: str | None = Field(
         None, description="URL other collectors use to reach this API (default http host:port)."
@@ -83,8 +95,24 @@ class CollectorSettings(CommonSettings):
         if not v:
             raise ValueError("at least one trace topic is needed")
         for t in v:
-            validate_topic(t)
+            if is_topic_pattern(t):
+                bad = sorted({c for c in t if not _PATTERN_CHARS.match(c)})
+                if bad:
+                    raise ValueError(
+                        f"trace topic pattern {t!r} contains illegal characters {''.join(bad)!r}; "
+                        "allowed: topic characters and the wildcards * ? [ ] !"
+                    )
+            else:
+                validate_topic(t)
         return v
+
+    def topic_names(self) -> list[str]:
+        """The configured trace topics that are names, not patterns."""
+        return [t for t in self.collector_trace_topics if not is_topic_pattern(t)]
+
+    def topic_patterns(self) -> list[str]:
+        """The configured glob patterns, matched against trace brokers' topics."""
+        return [t for t in self.collector_trace_topics if is_topic_pattern(t)]
 
     @property
     def api_url(self) -> str:

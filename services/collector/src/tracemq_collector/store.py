@@ -11,8 +11,9 @@ Tables
     One row per trace event: the coordinates (``trace_topic, trace_partition, trace_offset,
     trace_index``, UNIQUE: replays are ignored), the columns queries filter on (``trace_type,
     timestamp, msg_id, topic``), the two lake columns the wire format may lack and ingest may
-    fill in (``client_host``, ``store_time``), ``ingest_ts``, and ``record``, the record's own
-    text. The other lake columns are not stored: they are decoded again from ``record`` when
+    fill in (``client_host``, ``store_time``), ``ingest_ts``, ``record``, the record's own
+    text, and ``client_id``, the writing client's id (not a lake column; schema version 4, added
+    to older files on open). The other lake columns are not stored: they are decoded again from ``record`` when
     read (:func:`tracemq_collector.events.event_from_stored`, the code ingest used), and the
     stored columns override what that decode says. So a change a caller makes to a row before
     :meth:`TraceStore.write_batch` is kept for those stored columns only. (Binding thirty
@@ -115,7 +116,7 @@ __all__ = [
 ]
 
 #: Version of this file's table layout; a file of another version is refused, not misread.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: Trace offsets per partition whose idempotency keys are kept (see ``message_keys``): about
 #: 100 bytes each. A repeat arriving later than this many trace messages after the first copy
 #: in its partition is stored again.
@@ -157,6 +158,7 @@ CREATE TABLE events (
     store_time INTEGER NOT NULL,
     ingest_ts INTEGER NOT NULL,
     record TEXT NOT NULL,
+    client_id TEXT,
     UNIQUE (trace_topic, trace_partition, trace_offset, trace_index)
 );
 CREATE INDEX events_msg_id ON events (msg_id);
@@ -226,6 +228,7 @@ _STORED_COLUMNS = (
     "topic",
     "client_host",
     "store_time",
+    "client_id",
 )
 _STORED = ", ".join(_STORED_COLUMNS)
 _STORED_AS_E = ", ".join(f"e.{c}" for c in _STORED_COLUMNS)
@@ -255,6 +258,11 @@ _MIGRATE_2_TO_3 = (
     "CREATE INDEX IF NOT EXISTS message_keys_offset "
     "ON message_keys (trace_topic, trace_partition, trace_offset)",
     "UPDATE meta SET value = 3 WHERE key = 'schema_version'",
+)
+# Version 3 → 4: the writing client's id per event (trace message header CLIENT_ID).
+_MIGRATE_3_TO_4 = (
+    "ALTER TABLE events ADD COLUMN client_id TEXT",
+    "UPDATE meta SET value = 4 WHERE key = 'schema_version'",
 )
 _KNOWN_KEYS = """
 SELECT key, trace_topic, trace_partition, trace_offset FROM message_keys
@@ -352,8 +360,12 @@ def _decoded(values: Sequence[Any]) -> dict[str, Any]:
 
 
 def _lake_row(values: Sequence[Any]) -> dict[str, Any]:
+    """A stored event as look-ups return it: the lake columns, and the client id (which the
+    lake does not keep)."""
     row = _decoded(values)
-    return {name: row[name] for name in _LAKE_COLUMNS}
+    out = {name: row[name] for name in _LAKE_COLUMNS}
+    out["client_id"] = row["client_id"]
+    return out
 
 
 class TraceStore:
@@ -439,6 +451,14 @@ class TraceStore:
             if version == 2:
                 log.warning("migrating the trace store to schema version 3", path=str(self.path))
                 for statement in _MIGRATE_2_TO_3:
+                    c.execute(statement)
+                version = self._meta(c, "schema_version")
+            if version == 3:
+                log.warning("migrating the trace store to schema version 4", path=str(self.path))
+                have = {r[1] for r in c.execute("PRAGMA table_info(events)")}
+                for statement in _MIGRATE_3_TO_4:
+                    if "ADD COLUMN client_id" in statement and "client_id" in have:
+                        continue
                     c.execute(statement)
                 version = self._meta(c, "schema_version")
             if version != SCHEMA_VERSION:
@@ -574,7 +594,11 @@ class TraceStore:
             ValueError: a row lacks the ``record`` text; nothing of the batch is stored.
         """
         try:
-            tuples = [tuple([row[name] for name in ROW_NAMES]) for row in rows]
+            # client_id is optional: rows built by hand may have none
+            tuples = [
+                tuple([row[name] if name != "client_id" else row.get(name) for name in ROW_NAMES])
+                for row in rows
+            ]
         except KeyError as exc:
             raise ValueError(
                 f"event row without {exc.args[0]!r}: rows must come from rows_from_record"
@@ -787,7 +811,8 @@ class TraceStore:
     # ------------------------------------------------------------------ queries
 
     def by_msg_id(self, msg_id: str) -> list[dict[str, Any]]:
-        """Every event of a message (all lake columns), by timestamp, trace offset and index."""
+        """Every event of a message (all lake columns and ``client_id``), by timestamp, trace
+        offset and index."""
         cursor = self._reader().execute(
             f"SELECT {_STORED} FROM events WHERE msg_id = ? "  # noqa: S608
             "ORDER BY timestamp, trace_offset, trace_index",
@@ -1144,7 +1169,7 @@ class TraceStore:
         rows = []
         for values in cursor:
             row = _decoded(values)
-            del row["record"]
+            del row["record"], row["client_id"]  # not lake columns
             rows.append(row)
         return rows
 

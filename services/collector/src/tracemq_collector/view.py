@@ -93,6 +93,7 @@ def build_view(msg_id: str, events: list[dict[str, Any]]) -> dict[str, Any]:
             "topic": e["topic"],
             "success": e["success"],
             "client_host": e.get("client_host"),
+            "client_id": e.get("client_id"),
         }
         for e in all_pubs
         if (e.get("topic") or "").startswith(DLQ_PREFIX)
@@ -115,6 +116,7 @@ def build_view(msg_id: str, events: list[dict[str, Any]]) -> dict[str, Any]:
             "offset_msg_id": pub["offset_msg_id"],
             "region_id": pub["region_id"],
             "client_host": pub.get("client_host"),
+            "client_id": pub.get("client_id"),
             "send_attempts": len(pubs),  # the producer writes one Pub per attempt
         }
     transactions = [
@@ -227,6 +229,8 @@ def _attempt(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dic
         "context_code": code,
         "context_code_name": _name(ConsumeReturnType, code),
         "client_host": src.get("client_host"),
+        # which client made the attempt: two clients of one host differ here only
+        "client_id": (before or {}).get("client_id") or (after or {}).get("client_id"),
     }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -20,6 +21,7 @@ from rich.table import Table
 
 from tracemq.cli._connection import dev_home, dev_state, home_state
 from tracemq.cli._console import console, fit
+from tracemq.cli._errors import UsageError
 from tracemq.cli._registry import pid_alive, register_stack, unregister_stack
 from tracemq.errors import StackError
 
@@ -65,6 +67,49 @@ def _print_endpoints(ep: dict[str, Any]) -> None:
 
 _alive = pid_alive
 
+#: the processes `dev up` starts that take settings (`--env SERVICE:NAME=VALUE`)
+DEV_SERVICES = ("nameserver", "broker-a", "trace-broker", "collector")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def parse_service_env(
+    entries: list[str], files: list[Path]
+) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """``[SERVICE:]NAME=VALUE`` settings (from ``--env-file`` lines, then ``--env``, later
+    ones winning) → (variables for every service, variables per service).
+
+    Raises:
+        UsageError: a malformed entry, an unknown service, an unreadable file — named.
+    """
+    every: dict[str, str] = {}
+    per: dict[str, dict[str, str]] = {}
+
+    def add(entry: str, where: str) -> None:
+        target, eq, value = entry.partition("=")
+        if not eq:
+            raise UsageError(f"{where}: {entry!r} is not [SERVICE:]NAME=VALUE")
+        service, colon, name = target.strip().rpartition(":")
+        if colon and service not in DEV_SERVICES:
+            raise UsageError(
+                f"{where}: unknown service {service!r}; one of {', '.join(DEV_SERVICES)}"
+            )
+        if not _ENV_NAME.match(name):
+            raise UsageError(f"{where}: {name!r} is not an environment variable name")
+        (per.setdefault(service, {}) if colon else every)[name] = value
+
+    for path in files:
+        try:
+            lines = path.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"--env-file {path}: cannot read it ({exc})") from None
+        for number, line in enumerate(lines, 1):
+            text = line.strip()
+            if text and not text.startswith("#"):
+                add(text.removeprefix("export "), f"{path}:{number}")
+    for entry in entries:
+        add(entry, "--env")
+    return every, per
+
 
 @app.command("up")
 def up(
@@ -84,6 +129,19 @@ def up(
         help="Both Kafka clusters behind TLS (a throw-away CA) and SASL/SCRAM (generated users); "
         "every service and the CLI connect that way.",
     ),
+    env: list[str] = typer.Option(  # noqa: B008 - typer's way
+        [],
+        "--env",
+        "-e",
+        help="A setting for the services: SERVICE:NAME=VALUE for one of nameserver, broker-a, "
+        "trace-broker, collector; NAME=VALUE for all (repeatable; the shell's TRACEMQ_* "
+        "variables are not passed on).",
+    ),
+    env_file: list[Path] = typer.Option(  # noqa: B008 - typer's way
+        [],
+        "--env-file",
+        help="A file of [SERVICE:]NAME=VALUE lines (# comments); --env wins over it.",
+    ),
 ) -> None:
     """Start the stack; in the foreground it runs until Ctrl-C or SIGTERM.
 
@@ -94,9 +152,10 @@ def up(
         raise StackError(
             f"a stack is already running (pid {state['launcher_pid']}); `tracemq dev down` first"
         )
+    every, per = parse_service_env(env, env_file)
     home.mkdir(parents=True, exist_ok=True)
     if detach:
-        _up_detached(home, collector, durable, secure)
+        _up_detached(home, collector, durable, secure, every, per)
         return
     (home / "state.json").unlink(missing_ok=True)
     shutil.rmtree(home / "stack", ignore_errors=True)
@@ -114,6 +173,8 @@ def up(
             control_dir=home / "control",
             durable=durable,
             secure=secure,
+            service_env=every,
+            process_env=per,
         )
     )
     state_path = home / "state.json"
@@ -150,7 +211,14 @@ def up(
         state_path.unlink(missing_ok=True)
 
 
-def _up_detached(home: Path, collector: bool, durable: bool, secure: bool = False) -> None:
+def _up_detached(
+    home: Path,
+    collector: bool,
+    durable: bool,
+    secure: bool,
+    every: dict[str, str],
+    per: dict[str, dict[str, str]],
+) -> None:
     from tracemq.devstack.stack import tracemq_command
 
     log = open(home / "launcher.log", "wb")  # noqa: SIM115 - handed to the child
@@ -159,6 +227,12 @@ def _up_detached(home: Path, collector: bool, durable: bool, secure: bool = Fals
         argv.append("--durable")
     if secure:
         argv.append("--secure")
+    for name, value in every.items():
+        argv += ["--env", f"{name}={value}"]
+    for service, variables in per.items():
+        argv += [
+            x for name, value in variables.items() for x in ("--env", f"{service}:{name}={value}")
+        ]
     proc = subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,

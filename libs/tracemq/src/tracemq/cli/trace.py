@@ -88,14 +88,15 @@ def trace_table(view: dict[str, Any]) -> Table:
     from rich.table import Table
 
     table = Table(title=f"trace of {view['msg_id']} (topic {view['topic']})")
-    for col in ("type", "group", "client host", "time (UTC)", "cost ms", "retry", "status"):
+    # "client": the client id (host@instance) where the trace names it, else the host
+    for col in ("type", "group", "client", "time (UTC)", "cost ms", "retry", "status"):
         table.add_column(col)
     p = view.get("producer")
     if p:
         table.add_row(
             "Pub",
             p["group"] or "-",
-            p.get("client_host") or "-",
+            p.get("client_id") or p.get("client_host") or "-",
             _ts(p["timestamp"]),
             str(p["cost_time"]),
             "-",
@@ -127,7 +128,7 @@ def trace_table(view: dict[str, Any]) -> Table:
             table.add_row(
                 "Sub",
                 c["group"] or "-",
-                a.get("client_host") or "-",
+                a.get("client_id") or a.get("client_host") or "-",
                 _ts(a["begin"]),
                 "-" if a["cost_time"] is None else str(a["cost_time"]),
                 "-" if a["retry_times"] is None else str(a["retry_times"]),

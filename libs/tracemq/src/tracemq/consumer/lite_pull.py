@@ -1,10 +1,19 @@
 """LitePullConsumer: the application polls; tracemq traces what it polled.
 
-Traced at least as RocketMQ does (SubBefore + SubAfter at poll time, cost 0) — and better with
-``ack_mode=True``: SubBefore at poll, SubAfter when the application calls :meth:`ack` or
-:meth:`nack`, with the real processing time and result. In ack mode only acknowledged offsets are
-committed (the lowest unacknowledged offset of a queue bounds its commit), and a nacked message is
-returned again by a later poll with its reconsume count increased.
+Three ways to trace, by what a consume attempt's cost measures:
+
+* default: SubBefore + SubAfter at poll time, cost 0 — as RocketMQ does (it writes SubAfter
+  before the application has processed anything; RocketMQ #4606);
+* ``ack_mode=True``: SubBefore at poll, SubAfter when the application calls :meth:`ack` or
+  :meth:`nack`, with the real result; the cost runs from poll to ack, so it includes the time a
+  message waited behind the rest of its batch;
+* ``ack_mode=True, per_message_cost=True``: nothing at poll; SubBefore when the application
+  calls :meth:`begin` on a message, SubAfter at its ack/nack: the cost is that message's own
+  processing time (:meth:`processing` wraps the three calls around a block).
+
+In ack mode only acknowledged offsets are committed (the lowest unacknowledged offset of a queue
+bounds its commit), and a nacked message is returned again by a later poll with its reconsume
+count increased.
 
 Offsets outside a queue's log are reset to ``offset_reset`` and counted, as in
 :class:`~tracemq.consumer.PushConsumer` (:mod:`tracemq.offset_reset`), and a queue taken away by
@@ -17,6 +26,7 @@ import asyncio
 import contextlib
 import functools
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -74,6 +84,7 @@ class LitePullConsumer:
         auto_commit_interval_ms: int = 5000,
         pull_batch_size: int = 32,
         ack_mode: bool = False,
+        per_message_cost: bool = False,
         fetch_max_wait_ms: int = FETCH_MAX_WAIT_MS,
         offset_reset: OffsetResetPolicy | str = OffsetResetPolicy.EARLIEST,
         offset_check_interval_ms: int = int(IDLE_CHECK_S * 1000),
@@ -88,6 +99,10 @@ class LitePullConsumer:
         self.auto_commit_interval_ms = auto_commit_interval_ms
         self.pull_batch_size = pull_batch_size
         self.ack_mode = ack_mode
+        if per_message_cost and not ack_mode:
+            raise ValueError("per_message_cost=True needs ack_mode=True (its end mark is ack/nack)")
+        #: SubBefore at begin(msg), not at poll: the cost is the message's own processing time
+        self.per_message_cost = per_message_cost
         if fetch_max_wait_ms < 0:
             raise ValueError(f"fetch_max_wait_ms must be >= 0, got {fetch_max_wait_ms}")
         self.fetch_max_wait_ms = fetch_max_wait_ms
@@ -121,6 +136,8 @@ class LitePullConsumer:
         self._pqs: dict[tuple[str, TopicPartition], ProcessQueue] = defaultdict(ProcessQueue)
         self._pending: dict[str, tuple[ConsumeMessageContext | None, str, TopicPartition]] = {}
         self._redeliver: list[MessageExt] = []
+        #: msgIds polled and not yet begun (per_message_cost)
+        self._unbegun: set[str] = set()
         self._commit_task: asyncio.Task[None] | None = None
         self._state = "created"
 
@@ -356,6 +373,9 @@ class LitePullConsumer:
         )
 
     def _trace_polled(self, msg: MessageExt) -> None:
+        if self.per_message_cost:
+            self._unbegun.add(msg.msg_id)  # SubBefore waits for begin(msg)
+            return
         ctx = self._hook_ctx(msg)
         call_hooks(self._hooks, "consume_message_before", ctx)
         _, bootstrap, tp = self._pending[msg.msg_id]
@@ -365,6 +385,31 @@ class LitePullConsumer:
         del self._pending[msg.msg_id]
         ctx.end_timestamp, ctx.success, ctx.context_code = ctx.begin_timestamp, True, 0
         call_hooks(self._hooks, "consume_message_after", ctx)
+
+    def begin(self, msg: MessageExt) -> None:
+        """The application starts processing ``msg`` (``per_message_cost=True``): its SubBefore
+        is written now, and its ack/nack's SubAfter measures from here."""
+        if not self.per_message_cost:
+            raise ClientStateError("begin() needs per_message_cost=True")
+        if msg.msg_id not in self._unbegun:
+            raise ClientStateError(f"message {msg.msg_id} is not waiting to begin (begun twice?)")
+        self._unbegun.discard(msg.msg_id)
+        _, bootstrap, tp = self._pending[msg.msg_id]
+        ctx = self._hook_ctx(msg)
+        call_hooks(self._hooks, "consume_message_before", ctx)
+        self._pending[msg.msg_id] = (ctx, bootstrap, tp)
+
+    @contextlib.contextmanager
+    def processing(self, msg: MessageExt) -> Iterator[MessageExt]:
+        """``begin(msg)``, then ``ack(msg)`` when the block ends, ``nack(msg)`` if it raises
+        (the exception goes on). Works in ``async`` code too: the marks are plain calls."""
+        self.begin(msg)
+        try:
+            yield msg
+        except BaseException:
+            self.nack(msg)
+            raise
+        self.ack(msg)
 
     def ack(self, msg: MessageExt) -> None:
         """The application processed ``msg`` successfully (ack mode)."""
@@ -381,6 +426,11 @@ class LitePullConsumer:
         if entry is None:
             raise ClientStateError(f"message {msg.msg_id} is not pending (already acked?)")
         ctx, bootstrap, tp = entry
+        if msg.msg_id in self._unbegun:
+            self._pending[msg.msg_id] = entry
+            raise ClientStateError(
+                f"message {msg.msg_id}: call begin(msg) before ack/nack (per_message_cost=True)"
+            )
         if ctx is None:
             raise ClientStateError(f"message {msg.msg_id} is waiting for redelivery, not pending")
         ctx.end_timestamp = now_ms()

@@ -2,7 +2,20 @@
 
 One Kafka consumer per data cluster (group id = the consumer group in CLUSTERING mode; a
 per-instance group in BROADCASTING mode, so every instance gets every message and keeps its own
-offsets). Offsets are committed only after the listener's result: the committed offset of a
+offsets).
+
+BROADCASTING identity: the Kafka group is ``<group>.broadcast.<client host>.<instance name>``
+and holds the instance's committed offsets (RocketMQ keeps them in a local file per client id).
+The default instance name is the process id (``#2``, ``#3``, … for further clients of the
+process, :mod:`tracemq._client`), so two instances in one process or on one host are distinct
+and each gets every message — and a restarted process is a new instance that starts where
+``consume_from`` says (LAST_OFFSET: what was sent while it was down is not consumed), as with
+RocketMQ's pid default. An instance that must resume where it stopped sets a stable
+``instance_name`` (``TRACEMQ_INSTANCE_NAME``): a restart then joins the same Kafka group and
+resumes at its committed offsets. Two running instances of a group with one explicit name
+collide: in one process ``start()`` refuses the second (``ClientStateError``); across
+processes the shared Kafka group gives each only part of the queues, which is logged as a
+warning and counted in ``tracemq_consumer_broadcast_identity_shared_total``. Offsets are committed only after the listener's result: the committed offset of a
 queue is the lowest offset still in flight. A rebalance hands a revoked queue over cleanly: no
 listener call starts on it any more, the running ones finish (up to
 ``revoke_drain_timeout_ms``), their offsets are committed, and the next owner starts after
@@ -131,6 +144,14 @@ OFFSET_RESETS = Counter(
     "Queue offsets found outside their log and reset to the offset_reset policy",
     ["group", "topic", "partition"],
 )
+BROADCAST_SHARED = Counter(
+    "tracemq_consumer_broadcast_identity_shared_total",
+    "BROADCASTING consumers given only part of their queues: another running instance (e.g. "
+    "another process on this host with the same instance_name) shares their Kafka group",
+    ["group"],
+)
+#: Kafka group ids of the BROADCASTING consumers running in this process
+_RUNNING_BROADCAST_GROUPS: set[str] = set()
 DEAD_LETTERED = Counter(
     "tracemq_consumer_dead_lettered_total",
     "Messages moved to %DLQ%<group> after max_reconsume_times retries",
@@ -165,11 +186,7 @@ class _ClusterConsumer:
         self.pqs: dict[TopicPartition, ProcessQueue] = {}
         self.paused: set[TopicPartition] = set()
         p = parent
-        group_id = (
-            p.group
-            if p.message_model == MessageModel.CLUSTERING
-            else f"{p.group}.broadcast.{p._runtime.client_host}.{p.settings.instance_name}"
-        )
+        group_id = p.group if p.message_model == MessageModel.CLUSTERING else p.broadcast_group_id
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap,
             **kafka_security.client_kwargs(bootstrap),
@@ -226,10 +243,31 @@ class _ClusterConsumer:
     async def on_assigned(self, assigned: list[TopicPartition]) -> None:
         for tp in assigned:
             self.pqs[tp] = ProcessQueue()
+        if self.parent.message_model == MessageModel.BROADCASTING:
+            self._check_whole(assigned)
         try:
             await self.guard.assigned(assigned)
         finally:
             self.joined.set()
+
+    def _check_whole(self, assigned: list[TopicPartition]) -> None:
+        """A BROADCASTING instance is the only member of its Kafka group and gets every queue;
+        fewer means another instance shares its identity and each sees part of the messages."""
+        p = self.parent
+        known = {t: self.consumer.partitions_for_topic(t) for t in self.topics}
+        total = sum(len(parts) for parts in known.values() if parts)
+        mine = sum(1 for tp in assigned if known.get(tp.topic))
+        if mine < total:
+            BROADCAST_SHARED.labels(p.group).inc()
+            log.warning(
+                "BROADCASTING consumer shares its identity with another running instance: each "
+                "gets only part of the messages; give each instance its own instance_name",
+                group=p.group,
+                kafka_group=p.broadcast_group_id,
+                client_id=p.client_id,
+                queues_assigned=mine,
+                queues_total=total,
+            )
 
     async def _position_fresh(self, tps: list[TopicPartition]) -> None:
         """Queues the group never committed: where consume_from says."""
@@ -463,6 +501,7 @@ class PushConsumer:
         self._retry_ready: set[str] = set()
         self._retry_asked: dict[str, float] = {}  # broker -> loop time of the last request
         self._dlq_trace: Any = None
+        self._holds_broadcast_group = False  # its broadcast group id is in the running set
 
     # -- configuration ---------------------------------------------------------------------
     def subscribe(self, topic: str, expression: str = "*") -> None:
@@ -500,7 +539,18 @@ class PushConsumer:
 
     @property
     def client_id(self) -> str:
+        """``<client host>@<instance name>`` (see :mod:`tracemq._client`); in the traces."""
         return self._runtime.client_id
+
+    @property
+    def instance_name(self) -> str:
+        """The instance name in use: the configured one, or the process-derived default."""
+        return self._runtime.instance_name
+
+    @property
+    def broadcast_group_id(self) -> str:
+        """The Kafka group of this instance in BROADCASTING mode (where its offsets live)."""
+        return f"{self.group}.broadcast.{self._runtime.client_host}.{self.instance_name}"
 
     def offset_resets(self) -> dict[str, Any]:
         """The queue offsets reset since start (found outside their log), per queue."""
@@ -525,6 +575,16 @@ class PushConsumer:
         if self._retry_topic is not None:
             validate_topic(self._retry_topic)  # a group too long for its retry topic fails here
             validate_topic(dlq_topic(self.group))
+        if self.message_model == MessageModel.BROADCASTING:
+            if self.broadcast_group_id in _RUNNING_BROADCAST_GROUPS:
+                raise ClientStateError(
+                    f"BROADCASTING consumer {self.group!r}: instance name "
+                    f"{self.instance_name!r} is already used by a running consumer of this "
+                    "group in this process (the two would split the messages); give each its "
+                    "own instance_name (ClientSettings / TRACEMQ_INSTANCE_NAME) or leave it unset"
+                )
+            _RUNNING_BROADCAST_GROUPS.add(self.broadcast_group_id)
+            self._holds_broadcast_group = True
         self._state = "starting"
         try:
             await self._runtime.start()
@@ -577,6 +637,9 @@ class PushConsumer:
         for cc in self._clusters.values():
             await cc.stop()
         self._clusters.clear()
+        if self._holds_broadcast_group:
+            self._holds_broadcast_group = False
+            _RUNNING_BROADCAST_GROUPS.discard(self.broadcast_group_id)
         await self._runtime.stop()
 
     async def __aenter__(self) -> PushConsumer:

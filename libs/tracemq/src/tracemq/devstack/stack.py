@@ -105,7 +105,9 @@ def tracemq_command() -> list[str]:
 @dataclass
 class StackConfig:
     """How to lay out the stack. ``service_env`` adds variables to every service (tests use it
-    for short heartbeat and expiry times).
+    for short heartbeat and expiry times); ``process_env`` adds variables to one service by its
+    process name (``{"collector": {...}}``), over ``service_env``. The stack's own wiring
+    (addresses, ports, data directories) wins over both.
 
     ``supervise`` restarts a crashed process with backoff (``restart_policy``; see
     :mod:`tracemq.devstack.supervisor`). ``tracemq dev up`` turns it on; it is off by default
@@ -124,6 +126,7 @@ class StackConfig:
 
     workdir: Path | None = None
     service_env: dict[str, str] = field(default_factory=dict)
+    process_env: dict[str, dict[str, str]] = field(default_factory=dict)
     start_services: bool = True
     with_collector: bool = False
     startup_timeout_s: float = 60.0
@@ -503,7 +506,13 @@ class EmbeddedStack:
             for k, v in os.environ.items()
             if not k.startswith("TRACEMQ_") or k.startswith("TRACEMQ_DEV_")
         }
-        full_env = {**base, "TRACEMQ_LOG_LEVEL": "INFO", **self.config.service_env, **env}
+        full_env = {
+            **base,
+            "TRACEMQ_LOG_LEVEL": "INFO",
+            **self.config.service_env,
+            **self.config.process_env.get(name, {}),
+            **env,
+        }
         proc = ManagedProcess(
             name=name,
             argv=[*tracemq_command(), *args],

@@ -804,6 +804,7 @@
     if (pub && present(pub.tags)) fact("tags", "Tags", pub.tags);
     if (pub && present(pub.keys)) fact("keys", "Keys", pub.keys, true);
     if (p && present(p.client_host)) fact("clientHost", "Producer client", p.client_host, true);
+    if (p && present(p.client_id)) fact("clientId", "Producer client id", p.client_id, true);
 
     // One-line summary of what happened to the message.
     const summary = $('[data-testid="summary"]');
@@ -1128,6 +1129,7 @@
       item("offsetMsgId", "offsetMsgId", present(d.offset_msg_id) ? d.offset_msg_id : null, true);
       item("region", "Region", present(d.region_id) ? d.region_id : null);
       item("clientHost", "Client host", present(d.client_host) ? d.client_host : null, true);
+      item("clientId", "Client id", present(d.client_id) ? d.client_id : null, true);
     } else if (b.kind === "transaction") {
       $(".details-title", panel).textContent = `Transaction end · ${dash(d.group)}`;
       item("group", "Producer group", dash(d.group));
@@ -1151,6 +1153,7 @@
       item("begin", "Moved at", timeWithRel(d.timestamp));
       item("status", "Status", statusText(b.status));
       item("clientHost", "Client host", present(d.client_host) ? d.client_host : null, true);
+      item("clientId", "Client id", present(d.client_id) ? d.client_id : null, true);
     } else {
       $(".details-title", panel).textContent = `Consume attempt · ${dash(b.group)}`;
       item("group", "Consumer group", dash(b.group));
@@ -1163,6 +1166,7 @@
       const code = contextCodeName(d.context_code, d.context_code_name);
       item("contextCode", "Context code", code);
       item("clientHost", "Client host", present(d.client_host) ? d.client_host : null, true);
+      item("clientId", "Client id", present(d.client_id) ? d.client_id : null, true);
     }
     panel.hidden = false;
   }
