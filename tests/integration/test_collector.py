@@ -543,6 +543,18 @@ async def test_fan_out_with_two_collectors(
         f"collector-b-{unique}", TRACEMQ_COLLECTOR_DATA_DIR=str(tmp_path / "b"), **env
     )
     try:
+        fan = kafka_topic("trace-broker", trace_topic)
+
+        async def one_partition_each() -> bool:
+            owned = [
+                [p for p in http(f"{api(c)}/healthz")[1].get("assigned", []) if p.startswith(fan)]
+                for c in (a, b)
+            ]
+            return all(len(o) == 1 for o in owned)
+
+        # healthy is not assigned: a message sent before the group settles may land on the
+        # member that held both partitions a moment before
+        await eventually(one_partition_each, timeout=60, what="the two collectors split the topic")
         now = int(time.time() * 1000)
         ids = [new_msg_id() for _ in range(2)]
         for part, mid in enumerate(ids):

@@ -119,6 +119,12 @@ class Collector:
             "clusters": sorted(self.ingestor.clusters),
             # the Kafka topics (<broker>.<trace topic>) being followed, per trace cluster
             "trace_topics": {b: sorted(c.topics) for b, c in self.ingestor.clusters.items()},
+            # the trace partitions this member of the collector group owns now
+            "assigned": sorted(
+                f"{tp.topic}/{tp.partition}"
+                for c in self.ingestor.clusters.values()
+                for tp in c.assigned
+            ),
             "api": self.settings.api_url,
             # a reset recovered from a lost log (ok stays true), but the operator must see it
             "offset_resets": self.ingestor.offset_resets(),

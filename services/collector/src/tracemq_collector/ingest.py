@@ -82,6 +82,8 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         await self.owner.ingestor.flush_and_commit(self.owner, revoked)
+        # what this member owns now (health's "assigned", the flush at stop)
+        self.owner.assigned.difference_update(revoked)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         await self.owner.on_assigned(assigned)
