@@ -10,10 +10,15 @@ from pathlib import Path
 import pytest
 from tracemq.devstack import EmbeddedStack, StackConfig
 from tracemq.devstack.process import ManagedProcess
+from tracemq.devstack.secrets import StackSecrets
 
 _SESSION_STACKS: list[EmbeddedStack] = []
 #: Child processes a session fixture keeps on purpose (the Spark JVM): not leaks.
 SESSION_PIDS: set[int] = set()
+
+#: One set of generated credentials for every stack of the session (the Redis password in each
+#: stack's URL, the collector token tests send through tests/support/collector_api.py).
+TEST_SECRETS = StackSecrets.generate()
 
 #: Fast timings so expiry and failover are observable within a test.
 TEST_SERVICE_ENV = {
@@ -30,7 +35,9 @@ TEST_SERVICE_ENV = {
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStack]:
     """The embedded stack — the same launcher `make demo` and `tracemq dev up` use."""
     workdir = tmp_path_factory.mktemp("stack")
-    s = EmbeddedStack(StackConfig(workdir=workdir, service_env=dict(TEST_SERVICE_ENV)))
+    s = EmbeddedStack(
+        StackConfig(workdir=workdir, service_env=dict(TEST_SERVICE_ENV), secrets=TEST_SECRETS)
+    )
     _SESSION_STACKS.append(s)
     s.start()
     try:

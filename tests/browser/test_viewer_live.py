@@ -4,8 +4,6 @@ client library on the embedded stack (a failing first attempt, then a retry)."""
 from __future__ import annotations
 
 import asyncio
-import json
-import urllib.request
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,6 +14,7 @@ from tracemq.devstack import EmbeddedStack
 from tracemq.devstack.process import ManagedProcess
 
 from tests.support.browser import BrowserSession, chromium, save_screenshot
+from tests.support.collector_api import http as _get
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.browser, pytest.mark.stack]
@@ -25,14 +24,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.stack]
 async def browser() -> AsyncIterator[BrowserSession]:
     async with chromium() as session:
         yield session
-
-
-def _get(url: str) -> tuple[int, Any]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, None
 
 
 @pytest.mark.timeout(180)

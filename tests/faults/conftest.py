@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from tracemq.devstack import EmbeddedStack, StackConfig
 
-from tests.conftest import _SESSION_STACKS, TEST_SERVICE_ENV
+from tests.conftest import _SESSION_STACKS, TEST_SECRETS, TEST_SERVICE_ENV
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -29,6 +29,7 @@ def fault_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedSt
             workdir=tmp_path_factory.mktemp("fault"),
             service_env=dict(TEST_SERVICE_ENV),
             with_collector=True,
+            secrets=TEST_SECRETS,
         )
     )
     _SESSION_STACKS.append(s)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from tracemq.errors import NoRouteError, RoutingUnavailableError
+from tracemq.redis_url import redact as _redacted
 from tracemq.routing import RouteCache
-from tracemq.routing.cache import _redacted
 from tracemq.routing.model import QueueRoute, TopicRoute
 
 
