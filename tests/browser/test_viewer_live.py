@@ -14,6 +14,7 @@ from tracemq.devstack import EmbeddedStack
 from tracemq.devstack.process import ManagedProcess
 
 from tests.support.browser import BrowserSession, chromium, save_screenshot
+from tests.support.collector_api import TOKEN
 from tests.support.collector_api import http as _get
 from tests.support.waiting import eventually
 
@@ -76,6 +77,16 @@ async def test_real_trace_in_the_browser(
     await eventually(complete, timeout=20, what="complete trace in the collector")
     page = browser.page
     await page.goto(f"{base}/?msgId={msg_id}")
+    # the stack's collector wants its token: the page asks for it, a wrong one is refused
+    await page.wait_for_selector("body[data-state='auth']", timeout=15_000)
+    await page.locator("[data-testid='token-input']").fill(TOKEN + "x")
+    await page.locator("[data-testid='token-input']").press("Enter")
+    await page.wait_for_selector("[data-testid='token-error']", timeout=15_000)
+    await page.locator("[data-testid='token-input']").fill(TOKEN)
+    await page.locator("[data-testid='token-submit']").click()
+    await page.wait_for_selector("body[data-state='trace']", timeout=15_000)
+    # kept for the tab's session: a reload goes straight to the trace
+    await page.reload()
     await page.wait_for_selector("body[data-state='trace']", timeout=15_000)
     bars = page.locator("[data-testid='bar'][data-kind='attempt']")
     assert await bars.count() == 2
