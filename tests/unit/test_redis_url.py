@@ -94,3 +94,22 @@ def test_redact_never_shows_a_password(password: str) -> None:
     shown = redact(f"redis://u:{secret}@h:1/0")
     if password:
         assert shown == "redis://u:***@h:1/0"
+
+
+@given(st.text(max_size=200))
+def test_any_url_is_accepted_or_refused_with_value_error(url: str) -> None:
+    try:
+        split(url)
+    except ValueError:
+        pass
+    shown = redact(url)
+    assert isinstance(shown, str)
+
+
+@given(st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=80))
+def test_any_query_is_accepted_or_refused_with_value_error(query: str) -> None:
+    for scheme in ("redis", "rediss"):
+        try:
+            split(f"{scheme}://h:6379/0?{query}")
+        except ValueError:
+            pass
