@@ -428,3 +428,16 @@ async def test_the_token_guard(
     # liveness and the page shell stay open
     assert (await client.get("/healthz")).status != 401  # (served by the service, not here)
     assert (await client.get("/")).status == 200
+
+
+@pytest.mark.parametrize("token", ["", "   ", " padded"])
+def test_an_empty_or_padded_token_is_a_config_error(
+    token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tracemq.errors import ConfigError
+    from tracemq.settings import load_settings
+    from tracemq_collector.settings import CollectorSettings
+
+    monkeypatch.setenv("TRACEMQ_COLLECTOR_API_TOKEN", token)
+    with pytest.raises(ConfigError, match="TRACEMQ_COLLECTOR_API_TOKEN='\\*\\*\\*'"):
+        load_settings(CollectorSettings)

@@ -73,7 +73,7 @@ def split(url: str) -> tuple[str, dict[str, Any]]:
                 if value.lower() not in _BOOLS:
                     raise ValueError(f"ssl_check_hostname={value!r}: true or false")
                 options[key] = _BOOLS[value.lower()]
-        elif key == "db" or (parts.scheme == "unix" and key == "password"):
+        elif key == "db":  # (a password only in the user part: that is what redact hides)
             kept.append((key, value))
         else:
             raise ValueError(f"unknown Redis URL option {key!r}")
