@@ -46,28 +46,41 @@ def test_redis_wants_the_password_and_a_wrong_one_is_one_clear_line(
     wrong = _with_password(stack.redis_url, wrong_pw)
     shown = _with_password(stack.redis_url, "***")
 
-    # A service with a wrong password exits at start, its log naming the Redis and the cause.
-    port = free_port()
-    proc = stack.spawn_service(
-        f"ns-badpw-{unique}",
-        ["nameserver"],
-        {
-            **stack.common_env(port),
-            "TRACEMQ_REDIS_URL": wrong,
-            "TRACEMQ_NAMESRV_GROUP": f"badpw-{unique}",
-        },
-        wait=False,
-    )
+    # A service with a wrong password exits at start, its log naming the Redis and the cause
+    # (the collector rides a Redis outage out, but not a refused login).
+    procs = []
+    for service in ("nameserver", "collector"):
+        port = free_port()
+        procs.append(
+            stack.spawn_service(
+                f"{service}-badpw-{unique}",
+                [service],
+                {
+                    **stack.common_env(port),
+                    "TRACEMQ_REDIS_URL": wrong,
+                    "TRACEMQ_NAMESRV_GROUP": f"badpw-{unique}",
+                    "TRACEMQ_COLLECTOR_GROUP": f"badpw-{unique}",
+                    "TRACEMQ_COLLECTOR_DATA_DIR": str(stack.workdir / "data" / f"badpw-{unique}"),
+                },
+                wait=False,
+            )
+        )
     try:
-        eventually_sync(lambda: not proc.alive(), timeout=60, what="the nameserver exits")
-        assert proc.popen is not None and proc.popen.returncode == 1
-        log = proc.log_path.read_text()
-        assert f"Redis at {shown} refused the login" in log, log[-2000:]
-        assert "TRACEMQ_REDIS_URL" in log
-        assert wrong_pw not in log
+        for proc in procs:
+            eventually_sync(
+                lambda p=proc: not p.alive(),
+                timeout=60,
+                what=f"{proc.name} exits",
+            )
+            assert proc.popen is not None and proc.popen.returncode == 1, proc.name
+            log = proc.log_path.read_text()
+            assert f"Redis at {shown} refused the login" in log, log[-2000:]
+            assert "TRACEMQ_REDIS_URL" in log
+            assert wrong_pw not in log
     finally:
-        proc.stop()
-        stack.processes.pop(proc.name, None)
+        for proc in procs:
+            proc.stop()
+            stack.processes.pop(proc.name, None)
 
     # The CLI: one line, exit 1, the password hidden; without any password the same.
     env = {**os.environ, "TRACEMQ_DEV_HOME": "/nonexistent"}
