@@ -528,7 +528,10 @@ def demo(
             con.print(f"[red]the trace of {sample} did not reach the collector in time[/]")
             raise typer.Exit(1)
         con.print(trace_table(view))
-        con.print(f"trace viewer: [link]{api}/?msgId={sample}[/link]")
+        con.print(
+            f"trace viewer: [link]{api}/?msgId={sample}[/link] "
+            f"(it asks for the stack's token: {stack.secrets.collector_api_token})"
+        )
         con.print(f"(same from a shell: tracemq trace show {sample} --url {api})")
         with con.status("waiting for the collector to make every trace durable in its lake…"):
             asyncio.run(wait_caught_up(stack.redis_url, timeout_s=60))
