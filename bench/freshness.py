@@ -83,7 +83,10 @@ async def bench(stack: EmbeddedStack, args: argparse.Namespace) -> dict[str, Any
     incomplete: list[str] = []
     consumed = 0
     tasks: set[asyncio.Task[None]] = set()
-    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+    session = aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=10),
+        headers={"Authorization": f"Bearer {stack.secrets.collector_api_token}"},
+    )
     poll_slots = asyncio.Semaphore(args.max_pollers)
 
     async def poll(msg_id: str, returned_at: float) -> None:

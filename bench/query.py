@@ -160,7 +160,7 @@ def _check_key(status: int, body: Any, exists: bool) -> bool:
 
 
 async def api_lookups(
-    base: str, kind: str, ids: list[tuple[str, bool]], concurrency: int
+    base: str, kind: str, ids: list[tuple[str, bool]], concurrency: int, token: str
 ) -> tuple[list[float], int, float]:
     """Latencies (ms) of GETs for ``ids``; wrong answers; wall seconds."""
     import aiohttp
@@ -170,7 +170,9 @@ async def api_lookups(
     sem = asyncio.Semaphore(concurrency)
     timeout = aiohttp.ClientTimeout(total=30)
     async with aiohttp.ClientSession(
-        timeout=timeout, connector=aiohttp.TCPConnector(limit=concurrency)
+        timeout=timeout,
+        connector=aiohttp.TCPConnector(limit=concurrency),
+        headers={"Authorization": f"Bearer {token}"},  # the stack's collector wants its token
     ) as session:
 
         async def one(value: str, exists: bool) -> None:
@@ -250,7 +252,9 @@ async def bench(stack: EmbeddedStack, args: argparse.Namespace) -> dict[str, Any
     try:
         for name, ids in sets.items():
             kind = "msg_id" if name.startswith("msg_id") else "key"
-            lat, wrong, wall = await api_lookups(base, kind, ids, args.concurrency)
+            lat, wrong, wall = await api_lookups(
+                base, kind, ids, args.concurrency, stack.secrets.collector_api_token
+            )
             wrong_total += wrong
             results["api"][name] = {
                 **percentiles(lat),

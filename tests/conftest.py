@@ -14,7 +14,9 @@ from tracemq.devstack.secrets import StackSecrets
 
 _SESSION_STACKS: list[EmbeddedStack] = []
 #: One set of generated credentials for every stack of the session, so a client built from the
-#: environment (which :func:`session_signing_env` gives the keys of) reaches any of them.
+#: environment (which :func:`session_signing_env` gives the keys of) reaches any of them; the
+#: Redis password is in each stack's URL, the collector token is what
+#: tests/support/collector_api.py sends.
 SESSION_SECRETS = StackSecrets.generate()
 #: Child processes a session fixture keeps on purpose (the Spark JVM): not leaks.
 SESSION_PIDS: set[int] = set()

@@ -4,8 +4,6 @@ client library on the embedded stack (a failing first attempt, then a retry)."""
 from __future__ import annotations
 
 import asyncio
-import json
-import urllib.request
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,6 +14,8 @@ from tracemq.devstack import EmbeddedStack
 from tracemq.devstack.process import ManagedProcess
 
 from tests.support.browser import BrowserSession, chromium, save_screenshot
+from tests.support.collector_api import TOKEN
+from tests.support.collector_api import http as _get
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.browser, pytest.mark.stack]
@@ -25,14 +25,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.stack]
 async def browser() -> AsyncIterator[BrowserSession]:
     async with chromium() as session:
         yield session
-
-
-def _get(url: str) -> tuple[int, Any]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, None
 
 
 @pytest.mark.timeout(180)
@@ -85,6 +77,16 @@ async def test_real_trace_in_the_browser(
     await eventually(complete, timeout=20, what="complete trace in the collector")
     page = browser.page
     await page.goto(f"{base}/?msgId={msg_id}")
+    # the stack's collector wants its token: the page asks for it, a wrong one is refused
+    await page.wait_for_selector("body[data-state='auth']", timeout=15_000)
+    await page.locator("[data-testid='token-input']").fill(TOKEN + "x")
+    await page.locator("[data-testid='token-input']").press("Enter")
+    await page.wait_for_selector("[data-testid='token-error']", timeout=15_000)
+    await page.locator("[data-testid='token-input']").fill(TOKEN)
+    await page.locator("[data-testid='token-submit']").click()
+    await page.wait_for_selector("body[data-state='trace']", timeout=15_000)
+    # kept for the tab's session: a reload goes straight to the trace
+    await page.reload()
     await page.wait_for_selector("body[data-state='trace']", timeout=15_000)
     bars = page.locator("[data-testid='bar'][data-kind='attempt']")
     assert await bars.count() == 2

@@ -129,7 +129,8 @@ async def test_forged_peers_get_nothing_and_broken_or_slow_peers_cost_only_their
 ) -> None:
     stack = fault_stack
     token = f"s3cret-{unique}"
-    # Only collectors with the token here: the stack's own has none (it would be "unsigned").
+    # Only collectors with this token here: the stack's own has another (its registration
+    # would be unproven).
     stack.processes["collector"].stop()
     env = {
         "TRACEMQ_COLLECTOR_API_TOKEN": token,

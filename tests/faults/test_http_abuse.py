@@ -19,6 +19,8 @@ from tracemq.devstack import EmbeddedStack
 from tracemq.devstack.process import ManagedProcess
 from yarl import URL
 
+from tests.support.collector_api import headers
+
 MSG_ID = "7F0000010000000000000000000000AA"
 HUGE = "9" * 5000
 
@@ -119,7 +121,9 @@ async def test_abuse_on_every_route_is_a_400_naming_the_parameter_never_a_5xx(
 ) -> None:
     base = api(collector)
     wrong: list[tuple[str, Any, Any]] = []
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15)) as session:
+    async with aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=15), headers=headers()
+    ) as session:
         for path, parameter in PARAMETER_ABUSE:
             status, body = await _status(session, base + path)
             named = body.get("parameter") if isinstance(body, dict) else None
@@ -153,8 +157,9 @@ def test_schemathesis_finds_no_5xx_and_no_answer_contradicting_the_document(
     )
 
     token = f"tok-{unique}"
-    # A second collector with a token: the stack's own (no token, so an unproven registration)
-    # shows up in its answers' peers_failed, which the document must describe too.
+    # A second collector with a token of its own: the stack's collector (another token, so an
+    # unproven registration) shows up in its answers' peers_failed, which the document must
+    # describe too.
     proc = fault_stack.start_collector("collector-2", TRACEMQ_COLLECTOR_API_TOKEN=token)
     base = api(proc)
     auth = {"Authorization": f"Bearer {token}"}

@@ -9,11 +9,8 @@ nameserver's consume loop (TypeError), so routes stopped changing and every brok
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 import msgpack
@@ -30,6 +27,7 @@ from tracemq.routing import RegistryReader, connect
 
 from tests.support import rocketmq_format as rf
 from tests.support.brokers import read_topic
+from tests.support.collector_api import http as _get
 from tests.support.metrics import scrape, value
 from tests.support.signing import sealed
 from tests.support.waiting import eventually
@@ -40,14 +38,6 @@ SERVICES = ("nameserver", "broker-a", "trace-broker", "collector")
 
 def _metrics_url(proc: ManagedProcess) -> str:
     return f"http://127.0.0.1:{proc.env['TRACEMQ_HTTP_PORT']}/metrics"
-
-
-def _get(url: str) -> tuple[int, Any]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, None
 
 
 def _counts(url: str, name: str) -> dict[str, float]:

@@ -13,7 +13,6 @@ import signal
 import sqlite3
 import statistics
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from tracemq import Message, Producer
 from tracemq.admin import AdminClient
 from tracemq.devstack import EmbeddedStack
 
+from tests.support.collector_api import get_json
 from tests.support.lake import read_lake_as_spark
 from tests.support.metrics import value
 from tests.support.waiting import eventually
@@ -53,10 +53,7 @@ def _lake_pubs(root: Path, topic: str) -> dict[str, int]:
 
 
 def _view(base: str, msg_id: str) -> dict[str, Any]:
-    import json
-
-    with urllib.request.urlopen(f"{base}/api/v1/traces/{msg_id}", timeout=10) as resp:
-        return json.loads(resp.read())  # type: ignore[no-any-return]
+    return get_json(f"{base}/api/v1/traces/{msg_id}")  # type: ignore[no-any-return]
 
 
 def _pct(values: list[float], q: float) -> float:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from tracemq.devstack.stack import tracemq_command
 
+from tests.support.collector_api import http
 from tests.support.waiting import eventually_sync
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
@@ -75,7 +76,12 @@ def test_dev_up_detach_status_down(tmp_path: Path) -> None:
         info = json.loads(status.stdout)
         assert info["running"] and info["healthy"]
         assert info["business_bootstrap"] != info["trace_bootstrap"]
-        assert info["redis_url"].startswith("redis://127.0.0.1:")
+        # generated credentials: Redis's password in its URL, the collector's token, both in
+        # a state file only its owner reads
+        assert re.fullmatch(r"redis://:[\w-]{20,}@127\.0\.0\.1:\d+/0", info["redis_url"])
+        token = info["collector_api_token"]
+        assert len(token) >= 20
+        assert (tmp_path / "dev" / "state.json").stat().st_mode & 0o777 == 0o600
         assert set(info["services"]) == {"nameserver", "broker-a", "trace-broker", "collector"}
         assert info["collector_api"].startswith("http://127.0.0.1:")
         assert all(s["healthy"] for s in info["services"].values())
@@ -90,7 +96,7 @@ def test_dev_up_detach_status_down(tmp_path: Path) -> None:
         # A second `up` refuses instead of starting a clashing stack.
         again = run("dev", "up", "--detach", env=env)
         assert again.returncode == 2 and "already running" in again.stderr
-        # Commands find the running stack through its state file.
+        # Commands find the running stack through its state file, credentials included.
         route = run("route", "show", "RMQ_SYS_TRACE_TOPIC", "--json", env=env)
         assert json.loads(route.stdout)["brokers"][0]["broker"] == "trace-broker"
         # The collector follows trace topics created on the trace broker while it runs, as
@@ -109,6 +115,13 @@ def test_dev_up_detach_status_down(tmp_path: Path) -> None:
             lambda: "trace-broker.NarrowTrace1" in followed(), timeout=30, what="NarrowTrace1"
         )
         assert followed() == {"trace-broker.RMQ_SYS_TRACE_TOPIC", "trace-broker.NarrowTrace1"}
+        found = run("trace", "find", "--key", "nothing-here", "--json", env=env)
+        assert found.returncode == 0 and json.loads(found.stdout)["items"] == [], found.stderr
+        api = info["collector_api"]
+        assert http(f"{api}/api/v1/quarantine", token=None)[0] == 401
+        assert http(f"{api}/api/v1/quarantine", token=token)[0] == 200
+        shown = run("dev", "status", env={**env, "COLUMNS": "300"})
+        assert token in shown.stdout and f"TRACEMQ_COLLECTOR_API_TOKEN={token}" in shown.stdout
     finally:
         down = run("dev", "down", env=env)
     assert down.returncode == 0 and "stopped" in down.stdout

@@ -1,7 +1,8 @@
 """compose.yaml is valid, every long-running tracemq command in it becomes healthy on the
 embedded stack with compose's own environment (host names mapped to loopback, volumes to
-directories), and the one-shot reconcile job runs with its compose command over the lake the
-compose collector wrote."""
+directories) and its credentials (`.env.example`'s: the embedded Redis gets its password, the
+collector wants its token), and the one-shot reconcile job runs with its compose command over
+the lake the compose collector wrote."""
 
 from __future__ import annotations
 
@@ -28,26 +29,68 @@ from tracemq import (
 from tracemq.admin import AdminClient
 from tracemq.collector_lag import wait_caught_up
 from tracemq.devstack import EmbeddedStack, StackConfig, free_port
+from tracemq.devstack.secrets import StackSecrets
 from tracemq.devstack.stack import tracemq_command
 from tracemq.routing import RegistryReader, connect
 from tracemq_broker.settings import BrokerSettings
 from tracemq_collector.settings import CollectorSettings
 from tracemq_nameserver.settings import NamesrvSettings
 
+from tests.support.collector_api import http
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.compose, pytest.mark.stack]
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = {"nameserver": NamesrvSettings, "broker": BrokerSettings, "collector": CollectorSettings}
+#: compose variables of the Kafka security and record signing work, merged separately; they are
+#: ignored here until their settings exist (delete this set at that merge)
+PENDING_SETTINGS = {
+    "TRACEMQ_KAFKA_SECURITY_PROTOCOL",
+    "TRACEMQ_KAFKA_SASL_MECHANISM",
+    "TRACEMQ_KAFKA_SASL_USERNAME",
+    "TRACEMQ_KAFKA_SASL_PASSWORD",
+    "TRACEMQ_ACCESS_KEY_ID",
+    "TRACEMQ_SECRET_KEY",
+    "TRACEMQ_AUTH_BROKER_KEYS",
+    "TRACEMQ_AUTH_CLIENT_KEYS",
+    "TRACEMQ_AUTH_ADMIN_KEYS",
+}
+
+
+def env_example() -> dict[str, str]:
+    """``.env.example``: the placeholders compose is validated and run with here."""
+    out = {}
+    for line in (ROOT / ".env.example").read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.strip()
+    return out
+
+
+def test_env_example_holds_no_real_secret() -> None:
+    """Every secret in the committed file is an obvious placeholder."""
+    for key, value in env_example().items():
+        if any(w in key for w in ("PASSWORD", "SECRET", "TOKEN")):
+            assert value.startswith("change-me"), f".env.example {key} is not a placeholder"
 
 
 @pytest.fixture(scope="module")
 def compose() -> dict[str, Any]:
     exe = shutil.which("docker-compose")
     assert exe, "docker-compose is missing: `make test` installs it (Debian package docker-compose)"
-    res = subprocess.run(
+    bare = subprocess.run(
         [exe, "-f", str(ROOT / "compose.yaml"), "config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT / "docker",  # no .env there: nothing but the environment
+        env={k: v for k, v in os.environ.items() if k not in env_example()},
+    )
+    # without the secrets compose refuses to start, naming what to set
+    assert bare.returncode != 0 and "in .env" in bare.stderr, bare.stderr
+    res = subprocess.run(
+        [exe, "--env-file", str(ROOT / ".env.example"), "-f", str(ROOT / "compose.yaml"), "config"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -97,15 +140,18 @@ def test_compose_lists_every_service(compose: dict[str, Any]) -> None:
         assert svc["command"][1] in SETTINGS, name
         assert "tracemq" in svc["healthcheck"]["test"], name
         for dep, cond in svc.get("depends_on", {}).items():
-            assert cond["condition"] == "service_healthy", (name, dep)
+            want = "service_completed_successfully" if dep.endswith("-init") else "service_healthy"
+            assert cond["condition"] == want, (name, dep)
         assert svc["build"]["target"] == svc["command"][1], name
 
 
 def test_every_long_running_service_restarts_when_it_dies(compose: dict[str, Any]) -> None:
     """A dead service comes back (what `tracemq dev up` does on the embedded stack); the
     one-shot job is never restarted."""
-    one_shot = {n for n, s in compose["services"].items() if s.get("profiles")}
-    assert one_shot == {"reconcile"}
+    one_shot = {
+        n for n, s in compose["services"].items() if s.get("profiles") or n.endswith("-init")
+    }
+    assert one_shot == {"reconcile", "redpanda-business-init", "redpanda-trace-init"}
     for name, svc in compose["services"].items():
         want = "no" if name in one_shot else "unless-stopped"
         assert svc.get("restart") == want, f"{name}: restart is {svc.get('restart')!r}"
@@ -115,13 +161,31 @@ def test_compose_variables_are_real_settings(compose: dict[str, Any]) -> None:
     """A misspelt variable would be ignored silently at run time; catch it here."""
     for name, svc in _ours(compose).items():
         fields = {f"TRACEMQ_{f.upper()}" for f in SETTINGS[svc["command"][1]].model_fields}
-        unknown = set(svc["environment"]) - fields
+        unknown = set(svc["environment"]) - fields - PENDING_SETTINGS
         assert not unknown, f"{name}: not settings of `tracemq {svc['command'][1]}`: {unknown}"
 
 
 @pytest.fixture(scope="module")
 def infra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStack]:
-    s = EmbeddedStack(StackConfig(workdir=tmp_path_factory.mktemp("parity"), start_services=False))
+    example = env_example()
+    # the embedded stack with compose's credentials, so compose's URLs and tokens work as written
+    secrets = StackSecrets(
+        redis_password=example["REDIS_PASSWORD"],
+        collector_api_token=example["COLLECTOR_API_TOKEN"],
+        signing={
+            role: (example[f"{role.upper()}_ACCESS_KEY_ID"], example[f"{role.upper()}_SECRET_KEY"])
+            for role in ("broker", "client", "admin")
+        },
+        kafka_users={
+            c: (example["KAFKA_SASL_USERNAME"], example["KAFKA_SASL_PASSWORD"])
+            for c in ("business", "trace")
+        },
+    )
+    s = EmbeddedStack(
+        StackConfig(
+            workdir=tmp_path_factory.mktemp("parity"), start_services=False, secrets=secrets
+        )
+    )
     from tests.conftest import _SESSION_STACKS
 
     _SESSION_STACKS.append(s)
@@ -141,7 +205,7 @@ def test_every_compose_service_runs_healthy_on_the_embedded_stack(
     services = _ours(compose)
     ports = {n: free_port() for n in services}
     hosts = {
-        "redis:6379": infra.redis_url.split("//")[1].split("/")[0],
+        "redis:6379": infra.redis_url.split("@")[1].split("/")[0],
         "redpanda-business:9092": infra.business_bootstrap,
         "redpanda-trace:9092": infra.trace_bootstrap,
         **{f"{n}:8080": f"127.0.0.1:{p}" for n, p in ports.items()},
@@ -184,6 +248,11 @@ def test_every_compose_service_runs_healthy_on_the_embedded_stack(
             await r.aclose()
 
     asyncio.run(eventually(wired, timeout=20, what="compose brokers registered"))
+
+    # the compose collector wants .env.example's token
+    collector = f"http://127.0.0.1:{ports['collector']}/api/v1/quarantine"
+    assert http(collector, token=None)[0] == 401
+    assert http(collector, token=env_example()["COLLECTOR_API_TOKEN"])[0] == 200
 
     # the one-shot reconcile job, with compose's command, environment and volume, over the lake
     # the compose collector wrote from a traced workload

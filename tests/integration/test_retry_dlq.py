@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import time
-import urllib.error
-import urllib.request
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -43,6 +40,7 @@ from tests.support.brokers import (
     read_topic,
     start_fast_broker,
 )
+from tests.support.collector_api import http as _http
 from tests.support.traces import read_trace_topic
 from tests.support.waiting import eventually
 
@@ -53,14 +51,6 @@ pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 def broker(stack: EmbeddedStack) -> Iterator[str]:
     with fast_broker(stack, "brd") as name:
         yield name
-
-
-def _http(url: str) -> tuple[int, Any]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, None
 
 
 class Attempts:

@@ -1,15 +1,15 @@
-"""Read a Prometheus counter from a service's /metrics."""
+"""Read a Prometheus counter from a service's /metrics (with the session's collector token:
+a collector's /metrics needs it, the other services ignore it)."""
 
 from __future__ import annotations
 
-import urllib.request
-
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.collector_api import get_text
 
 
 def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        text = resp.read().decode()
+    text = get_text(url, timeout=5)
     out = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:

@@ -396,3 +396,48 @@ async def test_a_trace_is_found_by_a_lower_case_msg_id_and_by_its_offset_msg_id(
     # The same host and queue at another offset is another message: not found.
     other = encode_offset_msg_id("[fd00::9]:10911", 3, 42)
     assert (await client.get(f"/api/v1/traces/{other}")).status == 404
+
+
+@pytest.mark.parametrize(
+    ("header", "status"),
+    [
+        (None, 401),
+        ("Bearer s3cret", 200),
+        ("bearer s3cret", 200),  # RFC 6750: the scheme is case-insensitive
+        ("BEARER s3cret", 200),
+        ("  BeArEr   s3cret  ", 200),
+        ("Bearer S3CRET", 401),  # the token is not
+        ("Bearer s3cret2", 401),
+        ("Bearers3cret", 401),
+        ("Basic s3cret", 401),
+        ("Bearer", 401),
+        ("s3cret", 401),
+    ],
+)
+async def test_the_token_guard(
+    make_client: Callable[..., Any], header: str | None, status: int
+) -> None:
+    client = await make_client(token="s3cret")
+    headers = {"Authorization": header} if header is not None else {}
+    for path in ("/api/v1/traces?key=k", "/api/v1/quarantine", "/api/v1/openapi.json"):
+        resp = await client.get(path, headers=headers)
+        assert resp.status == status, (path, header)
+        if status == 401:
+            assert resp.headers["WWW-Authenticate"] == "Bearer"
+            assert "token" in (await resp.json())["error"]
+    # liveness and the page shell stay open
+    assert (await client.get("/healthz")).status != 401  # (served by the service, not here)
+    assert (await client.get("/")).status == 200
+
+
+@pytest.mark.parametrize("token", ["", "   ", " padded"])
+def test_an_empty_or_padded_token_is_a_config_error(
+    token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tracemq.errors import ConfigError
+    from tracemq.settings import load_settings
+    from tracemq_collector.settings import CollectorSettings
+
+    monkeypatch.setenv("TRACEMQ_COLLECTOR_API_TOKEN", token)
+    with pytest.raises(ConfigError, match="TRACEMQ_COLLECTOR_API_TOKEN='\\*\\*\\*'"):
+        load_settings(CollectorSettings)

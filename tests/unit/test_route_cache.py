@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import pytest
+from redis.exceptions import AuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from tracemq.errors import NoRouteError, RoutingUnavailableError
+from tracemq.redis_url import redact as _redacted
 from tracemq.routing import RouteCache
-from tracemq.routing.cache import _redacted
 from tracemq.routing.model import QueueRoute, TopicRoute
 
 
 class _Reader:
     def __init__(self) -> None:
         self.route: TopicRoute | None = None
+        self.error: Exception = RedisConnectionError("Connection refused")
 
     async def topic_route(self, topic: str) -> TopicRoute:
         if self.route is None:
-            raise RedisConnectionError("Connection refused")
+            raise self.error
         return self.route
 
 
@@ -35,6 +37,17 @@ async def test_no_cached_route_and_redis_down_names_redis_without_the_password()
     assert "Redis at redis://:***@10.1.2.3:6380/0" in text and "Connection refused" in text
     assert "s3cret" not in text
     assert isinstance(err.value, NoRouteError) and err.value.retriable
+    await cache.stop()
+
+
+async def test_a_refused_login_says_so() -> None:
+    cache, reader = _cache()
+    reader.error = AuthenticationError("invalid username-password pair or user is disabled.")
+    with pytest.raises(RoutingUnavailableError) as err:
+        await cache.require("T")
+    text = str(err.value)
+    assert "Redis at redis://:***@10.1.2.3:6380/0 refused the login" in text
+    assert "TRACEMQ_REDIS_URL" in text and "s3cret" not in text
     await cache.stop()
 
 

@@ -212,12 +212,13 @@ def _run(console: Any, **kw: Any) -> int:
     tmp: tempfile.TemporaryDirectory[str] | None = None
     if not params.subscriptions or not params.offsets:
         from tracemq.cli._connection import resolve
+        from tracemq.redis_url import redact
 
         from tracemq_spark import inputs
 
         conn = resolve(kw["redis_url"], kw["control_bootstrap"])
         tmp = tempfile.TemporaryDirectory(prefix="tracemq-reconcile-")
-        say(f"exporting the subscription history and committed offsets ({conn.redis_url})")
+        say(f"exporting the subscription history and committed offsets ({redact(conn.redis_url)})")
         try:
             subs, offs = inputs.export(
                 conn.redis_url,
@@ -227,7 +228,7 @@ def _run(console: Any, **kw: Any) -> int:
             )
         except Exception as exc:
             raise ReconcileError(
-                f"cannot export the inputs from Redis/Kafka ({conn.redis_url}): {exc!r}; "
+                f"cannot export the inputs from Redis/Kafka ({redact(conn.redis_url)}): {exc!r}; "
                 "pass --subscriptions and --offsets to run without them"
             ) from None
         params = job.Params(

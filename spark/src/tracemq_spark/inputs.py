@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tracemq.redis_url import redact
+
 
 def _store_addr(address: str) -> str:
     host, _, port = address.rpartition(":")
@@ -309,7 +311,9 @@ def export(
     subs = directory / "subscriptions.json"
     offs = directory / "offsets.json"
     subs.write_text(
-        json.dumps({"exported_at": taken, "source": redis_url, "subscriptions": history}, indent=1)
+        json.dumps(
+            {"exported_at": taken, "source": redact(redis_url), "subscriptions": history}, indent=1
+        )
     )
     offs.write_text(json.dumps({"taken_at": taken, "offsets": offsets, "copies": copies}, indent=1))
     return subs, offs

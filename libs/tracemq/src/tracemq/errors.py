@@ -15,6 +15,7 @@ Tree::
     ├── NotSupportedByTransportError
     │                            the Kafka-compatible transport lacks a feature (e.g. CreatePartitions)
     ├── StackError               the embedded stack could not start or stop cleanly
+    ├── RedisUnavailableError    the routing database refused the login or did not answer at start
     └── ClientStateError         a client used before start() or after shutdown()
 """
 
@@ -25,6 +26,11 @@ class TracemqError(Exception):
     """Root of every exception this package raises on purpose."""
 
     retriable: bool = False
+
+
+class RedisUnavailableError(TracemqError):
+    """Redis refused the login (wrong password or ACL user) or did not answer at start; the
+    message names the Redis with its password hidden."""
 
 
 class ConfigError(TracemqError):

@@ -9,12 +9,31 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from tracemq.errors import ConfigError
+from tracemq.redis_url import redact, split
 
 ENV_PREFIX = "TRACEMQ_"
+
+#: settings whose values never go into an error message (URLs lose only their password)
+_SECRET_WORDS = ("password", "token", "secret", "key")
+
+
+def check_redis_url(cls: type, v: str) -> str:
+    """Validator: a Redis URL tracemq can connect with (see :mod:`tracemq.redis_url`)."""
+    split(v)  # ValueError names the problem
+    return v
+
+
+def shown_value(field: str, value: object) -> object:
+    """``value`` as an error message may show it: secrets hidden, URLs without their password."""
+    if any(w in field.lower() for w in _SECRET_WORDS):
+        return "***"
+    if isinstance(value, str) and "://" in value:
+        return redact(value)
+    return value
 
 
 class CommonSettings(BaseSettings):
@@ -36,6 +55,8 @@ class CommonSettings(BaseSettings):
         10_000, ge=0, description="How long a graceful stop may take before tasks are cancelled."
     )
 
+    _redis = field_validator("redis_url")(check_redis_url)
+
 
 S = TypeVar("S", bound=BaseSettings)
 
@@ -56,7 +77,7 @@ def load_settings(cls: type[S], **overrides: Any) -> S:
         problems = []
         for err in exc.errors():
             field = ".".join(str(p) for p in err["loc"]) or "?"
-            value = err.get("input")
+            value = shown_value(field, err.get("input"))
             if _is_secret(cls, str(err["loc"][0]) if err["loc"] else ""):
                 value = "<redacted>"  # a key or password never reaches an error or a log
             problems.append(f"{prefix}{field.upper()}={value!r}: {err['msg']}")

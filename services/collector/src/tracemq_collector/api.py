@@ -4,9 +4,11 @@ Bad parameters answer 400 with ``{"error": ..., "parameter": ...}``; an unknown 
 Every query parameter goes through one parser (below): numbers are ASCII decimal integers in
 range, text has no control characters or invalid UTF-8, so no input reaches SQLite or int()
 in a shape that raises. Fan-out answers carry ``peers_failed`` (see :mod:`queries`).
-With ``TRACEMQ_COLLECTOR_API_TOKEN`` set, every data endpoint and /metrics need
-``Authorization: Bearer <token>``; /healthz and the page's static shell stay open (they hold no
-trace data; the page asks for the token when the API answers 401).
+With ``TRACEMQ_COLLECTOR_API_TOKEN`` set (the dev stack and compose always set one), every data
+endpoint and /metrics need ``Authorization: Bearer <token>`` (the scheme in any case), else 401
+with ``WWW-Authenticate: Bearer``; /healthz and the page's static shell stay open (they hold no
+trace data; the page asks for the token when the API answers 401). Without a token the API is
+open and the collector warns at start.
 """
 
 from __future__ import annotations
@@ -151,6 +153,15 @@ async def errors_middleware(
         return _error(400, str(exc), exc.parameter)
 
 
+def bearer_matches(header: str, token: str) -> bool:
+    """``Authorization: Bearer <token>``: the scheme in any case (RFC 6750 via RFC 7235), the
+    token compared in constant time."""
+    scheme, _, given = header.strip().partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        given.strip().encode(), token.encode()
+    )
+
+
 def auth_middleware(token: str | None) -> Any:
     @web.middleware
     async def guard(
@@ -164,10 +175,7 @@ def auth_middleware(token: str | None) -> Any:
             or path.startswith("/static/")
         ):
             return await handler(request)
-        given = request.headers.get("Authorization", "")
-        if not given.startswith("Bearer ") or not hmac.compare_digest(
-            given[7:].encode(), token.encode()
-        ):
+        if not bearer_matches(request.headers.get("Authorization", ""), token):
             return web.json_response(
                 {"error": "missing or wrong bearer token"},
                 status=401,

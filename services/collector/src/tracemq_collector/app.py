@@ -15,6 +15,7 @@ from redis.exceptions import RedisError
 from tracemq.log import get_logger
 from tracemq.routing import RouteCache, connect
 from tracemq.routing.keys import RedisKeys
+from tracemq.routing.registry import check_reachable
 from tracemq.service import spawn
 
 from tracemq_collector import metrics
@@ -79,6 +80,15 @@ class Collector:
         recovered = await self._run(self.lake.recover)
         if recovered:
             log.warning("rewrote lake segments interrupted by a crash", files=len(recovered))
+        down = await check_reachable(self.redis, self.settings.redis_url, tolerate_down=True)
+        if down:
+            log.warning("routing database down at start; retrying in the background", error=down)
+        if self.settings.collector_api_token is None:
+            log.warning(
+                "no TRACEMQ_COLLECTOR_API_TOKEN: the API and /metrics answer anyone who can reach "
+                "them (every trace, the quarantined raw records)",
+                api=self.settings.api_url,
+            )
         await self.routes.start()
         await self.ingestor.start()
         await self._register()

@@ -77,6 +77,14 @@ class CollectorSettings(CommonSettings):
         5000, ge=100, description="An idle trace partition's offset is checked against its log."
     )
 
+    @field_validator("collector_api_token")
+    @classmethod
+    def _token(cls, v: str | None) -> str | None:
+        # an empty token would let "Authorization: Bearer" with nothing after it in
+        if v is not None and (not v.strip() or v != v.strip()):
+            raise ValueError("empty or padded with spaces: unset it (open API) or set a token")
+        return v
+
     @field_validator("collector_trace_topics", mode="before")
     @classmethod
     def _topics(cls, v: object) -> object:

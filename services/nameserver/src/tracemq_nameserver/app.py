@@ -37,7 +37,7 @@ from tracemq.offset_reset import KAFKA_AUTO_OFFSET_RESET, OffsetGuard
 from tracemq.protocol import control
 from tracemq.protocol._envelope import ProtocolError
 from tracemq.protocol.signing import SignatureError, coordinates
-from tracemq.routing.registry import connect
+from tracemq.routing.registry import check_reachable, connect
 from tracemq.service import spawn
 from tracemq.transport import admin_client, ensure_topic
 
@@ -78,7 +78,7 @@ class NameServer:
             await ensure_topic(
                 admin, self.settings.control_topic, self.settings.namesrv_control_partitions
             )
-        await self.redis.ping()
+        await check_reachable(self.redis, self.settings.redis_url)
         self.consumer = AIOKafkaConsumer(
             self.settings.control_topic,
             bootstrap_servers=self.settings.control_bootstrap,

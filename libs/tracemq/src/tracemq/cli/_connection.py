@@ -19,6 +19,8 @@ from typing import Any
 from tracemq.cli._errors import UsageError
 from tracemq.cli._registry import running_stacks
 from tracemq.protocol.signing import Signer
+from tracemq.redis_url import redact
+from tracemq.redis_url import split as split_redis_url
 
 
 def dev_home() -> Path:
@@ -111,10 +113,14 @@ def resolve(redis_url: str | None = None, control_bootstrap: str | None = None) 
     )
     if state is None:
         state = dev_state() or {}
+    url = redis_url or env_redis or str(state.get("redis_url") or "redis://127.0.0.1:6379/0")
+    try:
+        split_redis_url(url)
+    except ValueError as exc:
+        where = "--redis-url" if redis_url else "TRACEMQ_REDIS_URL" if env_redis else "the stack's"
+        raise UsageError(f"{where} {redact(url)}: {exc}") from None
     conn = Connection(
-        redis_url=redis_url
-        or env_redis
-        or str(state.get("redis_url") or "redis://127.0.0.1:6379/0"),
+        redis_url=url,
         control_bootstrap=control_bootstrap
         or env_bootstrap
         or str(state.get("business_bootstrap") or "127.0.0.1:9092"),

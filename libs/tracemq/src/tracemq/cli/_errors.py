@@ -55,7 +55,8 @@ def short(exc: BaseException) -> str:
 
 @contextmanager
 def reaching(what: str, where: str, hint: str) -> Iterator[None]:
-    """Turn a transport failure while talking to ``what`` at ``where`` into one line."""
+    """Turn a transport failure while talking to ``what`` at ``where`` into one line; a URL's
+    password never shows, and a refused login (Redis's wrong password or ACL user) says so."""
     from tracemq.kafka_security import KafkaConnectError
 
     try:
@@ -67,4 +68,13 @@ def reaching(what: str, where: str, hint: str) -> Iterator[None]:
     except Exception as exc:
         if not is_transport_error(exc):
             raise
-        raise Unreachable(f"{what} at {where} did not answer ({short(exc)}); {hint}") from exc
+        from tracemq.redis_url import redact
+        from tracemq.routing.registry import is_auth_failure
+
+        shown = redact(where)
+        if is_auth_failure(exc):
+            raise Unreachable(
+                f"{what} at {shown} refused the login ({short(exc)}); check the user and "
+                f"password in the URL; {hint}"
+            ) from exc
+        raise Unreachable(f"{what} at {shown} did not answer ({short(exc)}); {hint}") from exc

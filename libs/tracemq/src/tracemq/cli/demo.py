@@ -40,6 +40,7 @@ from tracemq.collector_lag import wait_caught_up
 from tracemq.devstack import EmbeddedStack, StackConfig
 from tracemq.devstack.stack import tracemq_command
 from tracemq.protocol.signing import Signer
+from tracemq.redis_url import redact
 from tracemq.routing import RegistryReader, TopicRoute, connect
 
 DEMO_TOPIC = "TopicTest"
@@ -309,16 +310,19 @@ class Workload:
             self.trace_stats[name] = client.trace_dispatcher.stats()
 
 
-def _get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - our own collector
+def _get(url: str, token: str) -> Any:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})  # noqa: S310
+    with urllib.request.urlopen(req, timeout=5) as resp:  # noqa: S310 - our own collector
         return json.loads(resp.read())
 
 
-def _wait_trace(api: str, msg_id: str, groups: int, timeout: float = 30) -> dict[str, Any] | None:
+def _wait_trace(
+    api: str, token: str, msg_id: str, groups: int, timeout: float = 30
+) -> dict[str, Any] | None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            view = _get(f"{api}/api/v1/traces/{msg_id}")
+            view = _get(f"{api}/api/v1/traces/{msg_id}", token)
             if view["producer"] and len(view["consumers"]) >= groups:
                 return view  # type: ignore[no-any-return]
         except (OSError, ValueError):
@@ -490,7 +494,7 @@ def demo(
         register_stack(name, state_file, os.getpid(), kind="demo")
         con.print(
             f"[green]stack up[/] — business Kafka {stack.business_bootstrap}, "
-            f"trace Kafka {stack.trace_bootstrap}, Redis {stack.redis_url}"
+            f"trace Kafka {stack.trace_bootstrap}, Redis {redact(stack.redis_url)}"
         )
         con.print(
             f"trace lake: {lake} "
@@ -530,12 +534,15 @@ def demo(
             f"{t_discarded} discarded, {t_failed} failed"
         )
         sample = next(iter(sorted(workload.failed_first)), None) or workload.sent[0]
-        view = _wait_trace(api, sample, groups=2)
+        view = _wait_trace(api, stack.secrets.collector_api_token, sample, groups=2)
         if view is None:
             con.print(f"[red]the trace of {sample} did not reach the collector in time[/]")
             raise typer.Exit(1)
         con.print(trace_table(view))
-        con.print(f"trace viewer: [link]{api}/?msgId={sample}[/link]")
+        con.print(
+            f"trace viewer: [link]{api}/?msgId={sample}[/link] "
+            f"(it asks for the stack's token: {stack.secrets.collector_api_token})"
+        )
         con.print(f"(same from a shell: tracemq trace show {sample} --url {api})")
         with con.status("waiting for the collector to make every trace durable in its lake…"):
             asyncio.run(wait_caught_up(stack.redis_url, timeout_s=60))

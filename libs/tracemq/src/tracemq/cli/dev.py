@@ -51,11 +51,15 @@ def _print_endpoints(ep: dict[str, Any]) -> None:
         table.add_row(name, svc["health_url"])
     if ep.get("collector_api"):
         table.add_row("collector API / viewer", ep["collector_api"])
+    if ep.get("collector_api_token"):
+        table.add_row("collector API token (Bearer)", ep["collector_api_token"])
     table.add_row("logs", str(Path(ep["workdir"]) / "logs"))
     console().print(fit(table))
+    token = ep.get("collector_api_token")
     typer.echo(
         f"export TRACEMQ_REDIS_URL={ep['redis_url']} "
         f"TRACEMQ_CONTROL_BOOTSTRAP={ep['business_bootstrap']}"
+        + (f" TRACEMQ_COLLECTOR_API_TOKEN={token}" if token else "")
     )
     if ep.get("secure"):
         # the passwords are not printed: tracemq commands read them from the state file
@@ -300,6 +304,7 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
                     "trace_bootstrap",
                     "redis_url",
                     "collector_api",
+                    "collector_api_token",
                     "workdir",
                     "durable",
                     "secure",

@@ -12,6 +12,7 @@ import typer
 from tracemq.cli._connection import resolve
 from tracemq.cli._console import console, fit
 from tracemq.cli._errors import reaching
+from tracemq.redis_url import redact
 
 if TYPE_CHECKING:
     from tracemq.admin import AdminClient
@@ -50,7 +51,7 @@ def _call(
         finally:
             await admin.close()
 
-    where = f"{conn.control_bootstrap} (Redis {conn.redis_url})"
+    where = f"{conn.control_bootstrap} (Redis {redact(conn.redis_url)})"
     with reaching("the control Kafka", where, _HINT):
         return asyncio.run(go())
 

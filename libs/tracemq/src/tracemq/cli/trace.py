@@ -51,11 +51,27 @@ def collector_url(url: str | None) -> str:
     return found
 
 
+def collector_token(url: str) -> str | None:
+    """``TRACEMQ_COLLECTOR_API_TOKEN``, else the running stack's when ``url`` is its collector
+    (``tracemq dev up`` generates one and keeps it in its 0600 state file; it is never sent to
+    another URL), else none."""
+    env = os.environ.get("TRACEMQ_COLLECTOR_API_TOKEN")
+    if env:
+        return env
+    try:
+        state = dev_state() or {}
+    except UsageError:  # several stacks and none picked: no token to guess
+        return None
+    if str(state.get("collector_api") or "").rstrip("/") == url:
+        return str(state.get("collector_api_token") or "") or None
+    return None
+
+
 def get_json(url: str, path: str, params: dict[str, Any] | None = None) -> Any:
     """The one place the CLI builds a request to the collector API (its bearer token too)."""
     query = urllib.parse.urlencode({k: v for k, v in (params or {}).items() if v is not None})
     req = urllib.request.Request(f"{url}{path}" + (f"?{query}" if query else ""))  # noqa: S310
-    token = os.environ.get("TRACEMQ_COLLECTOR_API_TOKEN")
+    token = collector_token(url)
     if token:
         req.add_header("Authorization", f"Bearer {token}")
     try:
@@ -66,6 +82,11 @@ def get_json(url: str, path: str, params: dict[str, Any] | None = None) -> Any:
             detail = json.loads(exc.read()).get("error")
         except ValueError:
             detail = exc.reason
+        if exc.code == 401:
+            raise LookupError_(
+                f"the collector at {url} refused the token ({detail}); set "
+                "TRACEMQ_COLLECTOR_API_TOKEN (`tracemq dev status` shows the dev stack's)"
+            ) from None
         raise LookupError_(f"the collector at {url} answered {exc.code}: {detail}") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)

@@ -28,6 +28,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from tracemq.devstack import secure
 from tracemq.devstack.binaries import kafka_broker_bin, redis_server_bin, s3_server_bin
@@ -35,6 +36,7 @@ from tracemq.devstack.process import ManagedProcess
 from tracemq.devstack.secrets import StackSecrets
 from tracemq.devstack.supervisor import RestartPolicy, Supervisor
 from tracemq.errors import StackError
+from tracemq.redis_url import redact
 
 BUSINESS_CLUSTER = "business"
 TRACE_CLUSTER = "trace"
@@ -346,13 +348,22 @@ class EmbeddedStack:
         return f"127.0.0.1:{port}"
 
     def _start_redis(self) -> str:
+        """Redis on loopback with the stack's generated password (``requirepass``), which every
+        ``TRACEMQ_REDIS_URL`` of the stack carries. The password is in a 0600 config file, not
+        on the command line (``ps`` shows a command line to every local user)."""
         port = free_port()
         data = self.workdir / "redis"
         data.mkdir(parents=True, exist_ok=True)
+        password = self.secrets.redis_password
+        conf = data / "auth.conf"
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f'requirepass "{password}"\n')
         proc = ManagedProcess(
             name="redis",
             argv=[
                 redis_server_bin(),
+                str(conf),
                 "--port",
                 str(port),
                 "--bind",
@@ -376,7 +387,7 @@ class EmbeddedStack:
         proc.extra["address"] = f"127.0.0.1:{port}"
         proc.start(tie_to_parent=self.config.tie_to_parent)
         self.processes["redis"] = proc
-        return f"redis://127.0.0.1:{port}/0"
+        return f"redis://:{quote(password, safe='')}@127.0.0.1:{port}/0"
 
     def _wait_infra(self) -> None:
         from tracemq.transport import wait_until_ready
@@ -402,7 +413,9 @@ class EmbeddedStack:
                         return
                 except redis.RedisError:
                     time.sleep(0.1)
-            raise StackError(f"Redis at {self.redis_url} did not answer PING within {timeout}s")
+            raise StackError(
+                f"Redis at {redact(self.redis_url)} did not answer PING within {timeout}s"
+            )
         finally:
             client.close()
 
@@ -572,6 +585,7 @@ class EmbeddedStack:
         )
 
     def start_collector(self, name: str = "collector", **env: str) -> ManagedProcess:
+        """A collector whose API and /metrics need the stack's token (``env`` may override it)."""
         port = free_port()
         return self.spawn_service(
             name,
@@ -579,6 +593,7 @@ class EmbeddedStack:
             {
                 **self.common_env(port),
                 "TRACEMQ_COLLECTOR_DATA_DIR": str(self.workdir / "data" / name),
+                "TRACEMQ_COLLECTOR_API_TOKEN": self.secrets.collector_api_token,
                 **env,
             },
         )
@@ -630,6 +645,7 @@ class EmbeddedStack:
             "infra": infra,
             "processes": {n: p.pid for n, p in self.processes.items()},
             "collector_api": api,
+            "collector_api_token": self.secrets.collector_api_token,
             "lake": lake,
             "workdir": str(self.workdir),
         }
@@ -643,9 +659,12 @@ class EmbeddedStack:
             **secure.kafka_env(self),
             **self.signing_env("client"),
             **self.signing_env("admin", "TRACEMQ_ADMIN_"),
+            "TRACEMQ_COLLECTOR_API_TOKEN": self.secrets.collector_api_token,
         }
 
     def write_state(self, path: Path, **extra: Any) -> None:
+        """The stack's endpoints and credentials (the Redis password in its URL, the collector
+        token) as JSON, readable by its owner only (mode 0600, from the first byte)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         # the launcher's main thread and its supervisor both publish: one temporary file each
         tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from prometheus_client import Counter
@@ -21,7 +20,7 @@ from tracemq.errors import NoRouteError, RoutingUnavailableError
 from tracemq.log import get_logger
 from tracemq.routing.keys import RedisKeys
 from tracemq.routing.model import TopicRoute
-from tracemq.routing.registry import RegistryReader, connect
+from tracemq.routing.registry import RegistryReader, connect, describe_failure
 
 ROUTE_REFRESH_ERRORS = Counter(
     "tracemq_route_refresh_errors_total",
@@ -56,7 +55,7 @@ class RouteCache:
         self._tasks: list[asyncio.Task[None]] = []
         self._inflight: dict[str, asyncio.Future[TopicRoute]] = {}
         self._listeners: list[asyncio.Queue[str]] = []
-        self._redis_where = _redacted(redis_url)
+        self._redis_url = redis_url
         #: topics whose last look-up failed on Redis with no cached route to fall back on
         self._unreachable: dict[str, str] = {}
         self.last_error: str | None = None
@@ -113,8 +112,7 @@ class RouteCache:
         cause = self._unreachable.get(topic)
         if cause is not None:
             return RoutingUnavailableError(
-                f"no route for topic {topic!r}: the routing database (Redis at "
-                f"{self._redis_where}) did not answer and no route is cached: {cause}"
+                f"no route for topic {topic!r} (the routing database; none cached): {cause}"
             )
         return NoRouteError(f"no route for topic {topic!r}: no live broker hosts it")
 
@@ -146,7 +144,7 @@ class RouteCache:
             )
             if topic in self._routes:
                 return self._routes[topic]
-            self._unreachable[topic] = self.last_error
+            self._unreachable[topic] = describe_failure(exc, self._redis_url)
             return TopicRoute(topic=topic)
         ROUTE_REFRESHES.inc()
         self.last_error = None
@@ -208,17 +206,3 @@ class RouteCache:
         targets = [t for t in topics if t in self._routes] if topics else list(self._routes)
         for topic in targets:
             await self._refresh(topic)
-
-
-def _redacted(url: str) -> str:
-    """``url`` without its password, fit for an error message."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        user = parts.username or ""
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port else ""
-        return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
-    except ValueError:
-        return "(unparsable URL)"

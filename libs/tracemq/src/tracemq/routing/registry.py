@@ -9,9 +9,17 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import (
+    AuthenticationError,
+    AuthorizationError,
+    RedisError,
+    ResponseError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from tracemq.errors import ConfigError, RedisUnavailableError
+from tracemq.redis_url import redact, split
 from tracemq.routing.keys import RedisKeys
 from tracemq.routing.model import QueueRoute, TopicRoute
 
@@ -21,17 +29,64 @@ def now_ms() -> int:
 
 
 def connect(url: str) -> aioredis.Redis:
-    """A Redis client for the routing database (strings in, strings out)."""
+    """A Redis client for the routing database (strings in, strings out).
+
+    ``url`` carries the password or ACL user and, with ``rediss://``, the TLS options (see
+    :mod:`tracemq.redis_url`); a malformed URL raises :class:`ConfigError` here, not later."""
+    try:
+        base, tls = split(url)
+    except ValueError as exc:
+        raise ConfigError(f"Redis URL {redact(url)}: {exc}") from None
     # A pooled connection dies with a Redis restart; retry once or twice on a fresh one.
     return aioredis.Redis.from_url(
-        url,
+        base,
         decode_responses=True,
         socket_connect_timeout=2,
         socket_timeout=5,
         health_check_interval=15,
         retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
         retry_on_error=[RedisConnectionError, RedisTimeoutError],
+        **tls,
     )
+
+
+def describe_failure(exc: BaseException, url: str) -> str:
+    """One line for a failed Redis call: which Redis (password hidden) and what went wrong;
+    a refused login says so, since retrying will not fix it."""
+    where = redact(url)
+    detail = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+    if is_auth_failure(exc):
+        return (
+            f"Redis at {where} refused the login ({detail}); check the user and password in "
+            "TRACEMQ_REDIS_URL"
+        )
+    return f"Redis at {where} did not answer ({detail})"
+
+
+def is_auth_failure(exc: BaseException) -> bool:
+    """A wrong or missing password or ACL user (``NOAUTH``, ``WRONGPASS``, ``NOPERM``)."""
+    if isinstance(exc, (AuthenticationError, AuthorizationError)):
+        return True
+    text = str(exc)
+    return isinstance(exc, ResponseError) and text.startswith(("NOAUTH", "WRONGPASS", "NOPERM"))
+
+
+async def check_reachable(
+    redis: aioredis.Redis, url: str, *, tolerate_down: bool = False
+) -> str | None:
+    """PING at service start; raise :class:`RedisUnavailableError` with :func:`describe_failure`'s
+    line, so a wrong password stops the service with a message that names the Redis.
+
+    With ``tolerate_down`` a Redis that does not answer is returned as that line (the service
+    rides the outage out), but a refused login still raises: retrying cannot fix it."""
+    try:
+        await redis.ping()
+    except (RedisError, OSError) as exc:
+        line = describe_failure(exc, url)
+        if tolerate_down and not is_auth_failure(exc):
+            return line
+        raise RedisUnavailableError(line) from exc
+    return None
 
 
 class RegistryReader:
