@@ -31,6 +31,7 @@ from tracemq.collector_lag import wait_caught_up
 from tracemq.devstack import EmbeddedStack, StackConfig, free_port
 from tracemq.devstack.secrets import StackSecrets
 from tracemq.devstack.stack import tracemq_command
+from tracemq.kafka_security import KafkaSecuritySettings
 from tracemq.routing import RegistryReader, connect
 from tracemq_broker.settings import BrokerSettings
 from tracemq_collector.settings import CollectorSettings
@@ -43,19 +44,6 @@ pytestmark = [pytest.mark.compose, pytest.mark.stack]
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = {"nameserver": NamesrvSettings, "broker": BrokerSettings, "collector": CollectorSettings}
-#: compose variables of the Kafka security and record signing work, merged separately; they are
-#: ignored here until their settings exist (delete this set at that merge)
-PENDING_SETTINGS = {
-    "TRACEMQ_KAFKA_SECURITY_PROTOCOL",
-    "TRACEMQ_KAFKA_SASL_MECHANISM",
-    "TRACEMQ_KAFKA_SASL_USERNAME",
-    "TRACEMQ_KAFKA_SASL_PASSWORD",
-    "TRACEMQ_ACCESS_KEY_ID",
-    "TRACEMQ_SECRET_KEY",
-    "TRACEMQ_AUTH_BROKER_KEYS",
-    "TRACEMQ_AUTH_CLIENT_KEYS",
-    "TRACEMQ_AUTH_ADMIN_KEYS",
-}
 
 
 def env_example() -> dict[str, str]:
@@ -161,7 +149,8 @@ def test_compose_variables_are_real_settings(compose: dict[str, Any]) -> None:
     """A misspelt variable would be ignored silently at run time; catch it here."""
     for name, svc in _ours(compose).items():
         fields = {f"TRACEMQ_{f.upper()}" for f in SETTINGS[svc["command"][1]].model_fields}
-        unknown = set(svc["environment"]) - fields - PENDING_SETTINGS
+        fields |= {f"TRACEMQ_KAFKA_{f.upper()}" for f in KafkaSecuritySettings.model_fields}
+        unknown = set(svc["environment"]) - fields
         assert not unknown, f"{name}: not settings of `tracemq {svc['command'][1]}`: {unknown}"
 
 
@@ -183,7 +172,10 @@ def infra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStack]:
     )
     s = EmbeddedStack(
         StackConfig(
-            workdir=tmp_path_factory.mktemp("parity"), start_services=False, secrets=secrets
+            workdir=tmp_path_factory.mktemp("parity"),
+            start_services=False,
+            secrets=secrets,
+            secure=True,  # SASL as compose's Redpanda (with TLS on top: see _embedded_kafka)
         )
     )
     from tests.conftest import _SESSION_STACKS
@@ -223,7 +215,9 @@ def test_every_compose_service_runs_healthy_on_the_embedded_stack(
     started = []
     for name in _order(services):
         svc = services[name]
-        env = {k: mapped(name, str(v)) for k, v in svc["environment"].items()}
+        env = _embedded_kafka(
+            infra, {k: mapped(name, str(v)) for k, v in svc["environment"].items()}
+        )
         env["TRACEMQ_HTTP_PORT"] = str(ports[name])
         started.append(infra.spawn_service(f"compose-{name}", svc["command"][1:], env))
     assert len(started) == len(services) >= 4
@@ -256,7 +250,13 @@ def test_every_compose_service_runs_healthy_on_the_embedded_stack(
 
     # the one-shot reconcile job, with compose's command, environment and volume, over the lake
     # the compose collector wrote from a traced workload
-    group = asyncio.run(_traced_workload(infra, tmp_path))
+    example = env_example()
+    with pytest.MonkeyPatch.context() as mp:  # this process's clients sign with compose's keys
+        mp.setenv("TRACEMQ_ACCESS_KEY_ID", example["CLIENT_ACCESS_KEY_ID"])
+        mp.setenv("TRACEMQ_SECRET_KEY", example["CLIENT_SECRET_KEY"])
+        mp.setenv("TRACEMQ_ADMIN_ACCESS_KEY_ID", example["ADMIN_ACCESS_KEY_ID"])
+        mp.setenv("TRACEMQ_ADMIN_SECRET_KEY", example["ADMIN_SECRET_KEY"])
+        group = asyncio.run(_traced_workload(infra, tmp_path))
     job = compose["services"]["reconcile"]
     assert job["build"]["target"] == "reconcile" and job["restart"] == "no"
     assert _data_volume(job) == _data_volume(compose["services"]["collector"])
@@ -266,7 +266,9 @@ def test_every_compose_service_runs_healthy_on_the_embedded_stack(
         [*tracemq_command(), *entrypoint[1:], *(mapped("reconcile", a) for a in job["command"])],
         env={
             **os.environ,
-            **{k: mapped("reconcile", str(v)) for k, v in job["environment"].items()},
+            **_embedded_kafka(
+                infra, {k: mapped("reconcile", str(v)) for k, v in job["environment"].items()}
+            ),
         },
         capture_output=True,
         text=True,
@@ -283,6 +285,20 @@ def test_every_compose_service_runs_healthy_on_the_embedded_stack(
 
 
 WORKLOAD = 12
+
+
+def _embedded_kafka(infra: EmbeddedStack, env: dict[str, str]) -> dict[str, str]:
+    """compose's Kafka settings on the embedded clusters: the same SASL users and mechanism;
+    compose's Redpanda listens SASL_PLAINTEXT on its private network, the embedded stack's SASL
+    gateway always adds TLS, so the protocol gains SSL and the stack's CA."""
+    if env.get("TRACEMQ_KAFKA_SECURITY_PROTOCOL") == "SASL_PLAINTEXT":
+        assert infra.tls is not None
+        env = {
+            **env,
+            "TRACEMQ_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+            "TRACEMQ_KAFKA_SSL_CAFILE": str(infra.tls.ca),
+        }
+    return env
 
 
 def _data_volume(service: dict[str, Any]) -> str:
