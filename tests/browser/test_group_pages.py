@@ -6,6 +6,7 @@ here."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 
@@ -15,6 +16,7 @@ from tracemq.devstack.process import ManagedProcess
 
 from tests.support.brokers import fast_broker
 from tests.support.browser import BrowserSession, chromium, save_screenshot
+from tests.support.collector_api import TOKEN
 from tests.support.groups import (
     FIRST,
     collector_base,
@@ -75,6 +77,10 @@ async def test_group_page_and_search_page(
         await eventually(settled, timeout=60, interval=0.5, what="both groups settled")
         base = collector_base(collector)
         page = wide.page
+        # the collector wants the session's token: the page finds it where it keeps an entered one
+        await page.add_init_script(
+            f"sessionStorage.setItem('tracemq.viewer.token', {json.dumps(TOKEN)})"
+        )
 
         # -- point 13: every group at once; the stopped one's lag and its age, the flaky one's
         # failures and dead letters; an hour's trend per (group, topic)

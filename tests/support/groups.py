@@ -1,5 +1,6 @@
 """Consumer groups in known states for the group-health tests (issue 15, points 13 and 14), and
-the one place tests reach the collector API or point the CLI at it (add the token here).
+the one place the group-health tests reach the collector API (with the session's token) or
+point the CLI at it.
 
 :func:`flaky_and_stopped` leaves, on a fast broker's topic:
 
@@ -36,6 +37,7 @@ from tracemq.admin import AdminClient
 from tracemq.devstack import EmbeddedStack
 from tracemq.devstack.process import ManagedProcess
 
+from tests.support.collector_api import headers
 from tests.support.waiting import eventually
 
 
@@ -47,7 +49,8 @@ def collector_get(collector: ManagedProcess, path: str, **params: Any) -> tuple[
     """GET ``path`` of the collector API: (status, JSON body or None)."""
     query = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
     req = urllib.request.Request(  # noqa: S310 - a local test URL
-        collector_base(collector) + path + (f"?{query}" if query else "")
+        collector_base(collector) + path + (f"?{query}" if query else ""),
+        headers=headers(),  # the session's collector token
     )
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310
