@@ -19,6 +19,14 @@ from tests.support.waiting import eventually_sync
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 
 
+SESSION_SIGNING = (
+    "TRACEMQ_ACCESS_KEY_ID",
+    "TRACEMQ_SECRET_KEY",
+    "TRACEMQ_ADMIN_ACCESS_KEY_ID",
+    "TRACEMQ_ADMIN_SECRET_KEY",
+)
+
+
 def run(
     *args: str, env: dict[str, str] | None = None, timeout: float = 180, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
@@ -27,7 +35,9 @@ def run(
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, **(env or {})},
+        # the shell's signing keys are the test session's: a `dev up` stack has its own, which
+        # the CLI finds in the stack's state file when the environment names none
+        env={**{k: v for k, v in os.environ.items() if k not in SESSION_SIGNING}, **(env or {})},
         cwd=cwd,
     )
 

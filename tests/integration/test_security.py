@@ -57,6 +57,7 @@ def test_redis_wants_the_password_and_a_wrong_one_is_one_clear_line(
                 [service],
                 {
                     **stack.common_env(port),
+                    **stack.auth_env(),  # the nameserver's keyrings: it must get as far as Redis
                     "TRACEMQ_REDIS_URL": wrong,
                     "TRACEMQ_NAMESRV_GROUP": f"badpw-{unique}",
                     "TRACEMQ_COLLECTOR_GROUP": f"badpw-{unique}",
