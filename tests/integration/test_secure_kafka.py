@@ -12,7 +12,6 @@ import asyncio
 import json
 import os
 import subprocess
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from tracemq.collector_lag import wait_caught_up
 from tracemq.devstack.stack import tracemq_command
 from tracemq_spark.inputs import export
 
+from tests.support.collector_api import http
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
@@ -138,17 +138,13 @@ async def test_send_consume_trace_collector_and_offsets_over_tls_and_sasl(
         await producer.shutdown()  # flushes its traces
 
     # the trace went producer → trace cluster (SASL_SSL) → collector (SASL_SSL) → its API
-    def lookup(msg_id: str) -> dict[str, Any]:
+    def lookup(msg_id: str) -> tuple[int, Any]:
         url = f"{state['collector_api']}/api/v1/traces/{msg_id}"
-        with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - loopback
-            return dict(json.loads(resp.read()))
+        return http(url, token=state["collector_api_token"])  # this stack's own token
 
     async def traced() -> dict[str, Any] | None:
-        try:
-            view = await asyncio.to_thread(lookup, sent[-1])
-        except OSError:
-            return None
-        return view if group in json.dumps(view) else None
+        status, view = await asyncio.to_thread(lookup, sent[-1])
+        return view if status == 200 and group in json.dumps(view) else None
 
     await eventually(traced, timeout=60, what="the collector finds the Pub and the Sub traces")
     # the collector's lag reader (its committed offsets on the trace cluster) over SASL_SSL
@@ -260,3 +256,61 @@ async def test_clients_without_the_right_credentials_or_ca_are_refused_naming_th
     assert ns.returncode == 1, ns.stdout[-2000:] + ns.stderr[-2000:]
     assert "service failed to start" in ns.stdout + ns.stderr
     assert "Kafka cluster 'business'" in ns.stdout + ns.stderr
+
+
+@pytest.mark.timeout(120)
+async def test_the_secure_stacks_redis_speaks_tls_only(secure: dict[str, Any]) -> None:
+    """Redis of a secure stack: rediss:// with the stack's CA in the URL (every service and the
+    CLI above used it); without the CA, with a plain redis:// URL or with another CA a client
+    is refused with one line naming the Redis, its password hidden."""
+    from tracemq.routing import RegistryReader, connect
+    from tracemq.routing.registry import describe_failure
+
+    state = secure["state"]
+    url = state["redis_url"]
+    assert state["redis_tls"] is True and url.startswith("rediss://"), url
+    assert "ssl_ca_certs=" in url
+    r = connect(url)
+    try:
+        assert await r.ping()
+        assert "broker-a" in await RegistryReader(r).brokers()
+    finally:
+        await r.aclose()
+
+    base = url.split("?")[0]
+    other_ca = secure["home"] / "other-ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(other_ca))
+    password = base.split("@")[0].split(":")[-1]
+    for case, bad in (
+        ("system trust store", base),
+        ("other CA", f"{base}?ssl_ca_certs={other_ca}"),
+        ("plain", "redis://" + base.removeprefix("rediss://")),
+    ):
+        r = connect(bad)
+        try:
+            with pytest.raises(Exception) as err:  # noqa: PT011 - any client error; the line matters
+                await r.ping()
+        finally:
+            await r.aclose()
+        line = describe_failure(err.value, bad)
+        assert "\n" not in line and "Redis at" in line, (case, line)
+        if case != "plain":
+            assert "TLS handshake failed" in line and "ssl_ca_certs" in line, (case, line)
+        assert password not in line, (case, line)
+
+    # the CLI with the wrong CA: one line, exit 1
+    res = await asyncio.to_thread(
+        run,
+        "route",
+        "show",
+        "Anything",
+        env={
+            **secure["env"],
+            "TRACEMQ_REDIS_URL": f"{base}?ssl_ca_certs={other_ca}",
+            "TRACEMQ_CONTROL_BOOTSTRAP": state["business_bootstrap"],
+        },
+        timeout=60,
+    )
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "Redis" in res.stderr, res.stderr
+    assert password not in res.stderr

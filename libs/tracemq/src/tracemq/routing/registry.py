@@ -60,6 +60,12 @@ def describe_failure(exc: BaseException, url: str) -> str:
             f"Redis at {where} refused the login ({detail}); check the user and password in "
             "TRACEMQ_REDIS_URL"
         )
+    low = detail.lower()
+    if "certificate" in low or "ssl" in low or "tls" in low:
+        return (
+            f"Redis at {where}: the TLS handshake failed ({detail}); check rediss:// and "
+            "ssl_ca_certs (the CA that signed the server's certificate) in TRACEMQ_REDIS_URL"
+        )
     return f"Redis at {where} did not answer ({detail})"
 
 
