@@ -132,6 +132,9 @@ def test_dev_up_detach_status_down(tmp_path: Path) -> None:
         assert http(f"{api}/api/v1/quarantine", token=token)[0] == 200
         shown = run("dev", "status", env={**env, "COLUMNS": "300"})
         assert token in shown.stdout and f"TRACEMQ_COLLECTOR_API_TOKEN={token}" in shown.stdout
+        # the export line is all a client in another shell needs: its heartbeats are signed
+        ckid, csecret = state["signing"]["client"]
+        assert f"TRACEMQ_ACCESS_KEY_ID={ckid} TRACEMQ_SECRET_KEY={csecret}" in shown.stdout
     finally:
         down = run("dev", "down", env=env)
     assert down.returncode == 0 and "stopped" in down.stdout

@@ -1,5 +1,5 @@
-"""Every `tracemq ...` command shown in the README parses against the real CLI: no stale
-sub-command or option (what they do is exercised by the integration tests)."""
+"""Every `tracemq ...` command shown in the README and in docs/*.md parses against the real CLI:
+no stale sub-command or option (what they do is exercised by the integration tests)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,18 @@ from pathlib import Path
 import pytest
 from tracemq.cli import app
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def _commands() -> list[str]:
     out = []
-    for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S):
-        for line in block.splitlines():
-            line = line.split("#", 1)[0].strip()
-            if line.startswith("tracemq "):
-                out.append(line)
+    for page in PAGES:
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.S):
+            for line in block.splitlines():
+                line = line.split("#", 1)[0].strip()
+                if line.startswith("tracemq "):
+                    out.append(line)
     return out
 
 
@@ -27,7 +29,7 @@ COMMANDS = _commands()
 
 
 def test_readme_shows_commands() -> None:
-    assert len(COMMANDS) >= 10
+    assert len(COMMANDS) >= 30
 
 
 @pytest.mark.parametrize("line", COMMANDS)

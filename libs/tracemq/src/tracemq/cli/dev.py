@@ -56,10 +56,18 @@ def _print_endpoints(ep: dict[str, Any]) -> None:
     table.add_row("logs", str(Path(ep["workdir"]) / "logs"))
     console().print(fit(table))
     token = ep.get("collector_api_token")
+    # the client key: without it the nameserver refuses a client's heartbeats (its
+    # subscriptions go unrecorded), so a client started from this line must carry it
+    client_key = (ep.get("signing") or {}).get("client")
     typer.echo(
         f"export TRACEMQ_REDIS_URL={ep['redis_url']} "
         f"TRACEMQ_CONTROL_BOOTSTRAP={ep['business_bootstrap']}"
         + (f" TRACEMQ_COLLECTOR_API_TOKEN={token}" if token else "")
+        + (
+            f" TRACEMQ_ACCESS_KEY_ID={client_key[0]} TRACEMQ_SECRET_KEY={client_key[1]}"
+            if client_key
+            else ""
+        )
     )
     if ep.get("secure"):
         # the passwords are not printed: tracemq commands read them from the state file
@@ -201,7 +209,9 @@ def up(
         ready = True
         publish()
         register_stack(name, state_path, os.getpid(), kind="dev")
-        _print_endpoints(stack.endpoints())
+        _print_endpoints(
+            {**stack.endpoints(), "signing": {"client": stack.secrets.signing["client"]}}
+        )
         typer.echo("stack is up; Ctrl-C stops it")
         while True:
             # the supervisor thread restarts what dies; this thread only waits for a signal
