@@ -526,8 +526,11 @@ class PushConsumer:
     async def wait_assigned(self, timeout_s: float = 30.0) -> bool:
         """Wait until this consumer has joined its group on every data cluster and been given
         its queues (possibly none, when the group has more members than queues). A new group's
-        first assignment takes seconds (about 5 s on Tansu): messages sent meanwhile are not
-        lost, only delivered after it. True if that happened within ``timeout_s``."""
+        first assignment takes seconds (about 5 s on Tansu). A group that never committed starts
+        where ``consume_from`` says *at that assignment*: with FIRST_OFFSET or TIMESTAMP what
+        was sent meanwhile is delivered after it; with LAST_OFFSET (the default) it starts at
+        the queue's end then, so send only after this returns. True if that happened within
+        ``timeout_s``."""
         if self._state != "running":
             raise ClientStateError(f"consumer {self.group!r} is {self._state}, not running")
         waits = [cc.joined.wait() for cc in self._clusters.values()]
