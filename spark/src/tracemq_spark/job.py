@@ -38,15 +38,11 @@ Semantics (DESIGN §6; the documented choices are in the package README and in `
 from __future__ import annotations
 
 import json
-import re
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any, NamedTuple
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -54,6 +50,36 @@ from pyspark.sql import types as T
 from tracemq import lake_schema
 
 from tracemq_spark import latency
+from tracemq_spark.input_files import (
+    SubRow,
+    last_deliveries,
+    parse_copies,
+    parse_offsets,
+    parse_subscriptions,
+)
+from tracemq_spark.params import (
+    _DLQ_PREFIX,
+    _MSG_DELAY,
+    _MSG_HALF,
+    _TX_COMMIT,
+    _TX_ROLLBACK,
+    BROADCAST_IDS_MAX,
+    DAY_MS,
+    HOUR_MS,
+    INFORMATIONAL,
+    KNOWN_SCHEMA_VERSIONS,
+    METRICS,
+    MINUTE_MS,
+    OUTCOMES,
+    PERCENTILES,
+    SKEW_LIMIT_MS,
+    Params,
+    ReconcileError,
+    RunResult,
+    _iso,
+    _window_label,
+)
+from tracemq_spark.session import _RUNTIME_CONF, build_session, spark_schema
 
 __all__ = [
     "INFORMATIONAL",
@@ -70,400 +96,6 @@ __all__ = [
     "parse_subscriptions",
     "run",
 ]
-
-HOUR_MS = 3_600_000
-DAY_MS = 86_400_000
-MINUTE_MS = 60_000
-
-OUTCOMES = [
-    "CONSUMED",
-    "CONSUMED_AFTER_RETRY",
-    "FAILED",
-    "DEAD_LETTERED",
-    "IN_FLIGHT",
-    "PENDING",
-    "NOT_CONSUMED",
-    "TRACE_LOST",
-    "TRACE_INCOMPLETE",
-    "DUPLICATE",
-    "ORPHAN_CONSUME",
-    "UNEXPECTED_GROUP",
-    "PUB_FAILED",
-]
-#: message-level facts that are not outcomes (no group expected them)
-INFORMATIONAL = ["ROLLED_BACK", "TX_UNRESOLVED", "RECALLED", "NO_EXPECTED_GROUP"]
-#: latency figures: column name, meaning
-METRICS = {
-    "send_cost_ms": "send cost (Pub cost_time)",
-    "store_to_consume_ms": "store to first consume start (first SubBefore - store time)",
-    "consume_cost_ms": "consume cost (successful SubAfter cost_time)",
-    "end_to_end_ms": "end to end (successful SubAfter - Pub timestamp)",
-}
-#: a latency outside [0, SKEW_LIMIT_MS] is a clock-skew suspect: flagged, not in percentiles
-SKEW_LIMIT_MS = DAY_MS
-KNOWN_SCHEMA_VERSIONS = frozenset({1})
-#: up to this many anomalies, their msgIds' hashes are broadcast to fetch their Pub details
-#: (8 bytes each in the driver and every executor); beyond, the look-up shuffles both sides
-BROADCAST_IDS_MAX = 20_000_000
-PERCENTILES = (0.5, 0.9, 0.99)
-
-_TX_COMMIT = "COMMIT_MESSAGE"
-_DLQ_PREFIX = "%DLQ%"
-_RETRY_PREFIX = "%RETRY%"
-_TX_ROLLBACK = "ROLLBACK_MESSAGE"
-_MSG_HALF = 1
-_MSG_DELAY = 3
-
-
-class ReconcileError(Exception):
-    """Bad input or a run that cannot proceed: one clear message, the output left untouched."""
-
-
-# ----------------------------------------------------------------------------- parameters
-
-
-@dataclass(frozen=True)
-class Params:
-    """Everything one run needs. Times are epoch milliseconds (UTC)."""
-
-    lake: str
-    out: str
-    from_ms: int
-    to_ms: int
-    subscriptions: str  # URI of the subscription-history JSON
-    offsets: str  # URI of the committed-offsets JSON
-    horizon_ms: int = 30 * MINUTE_MS
-    window_ms: int = 10 * MINUTE_MS
-    max_reconsume_times: int = 16
-    max_delay_ms: int = 2 * HOUR_MS
-    subscription_grace_ms: int = 2 * MINUTE_MS
-    #: "now" for PENDING (cutoff = min(to + horizon, now)); None: the time the run starts
-    now_ms: int | None = None
-    #: also publish ``classified/``: one row per (message, group[, client]) incl. CONSUMED
-    keep_classified: bool = False
-    run_id: str | None = None
-    #: for tests: raise at this checkpoint (see ``_checkpoint``)
-    fail_at: str | None = None
-    #: the producers' zone (IANA name): msgIds count from a month start in it. The lake has no
-    #: zone per message, so all are read in this one. UTC by default so that a run's result
-    #: does not depend on the host it runs on (Spark hosts are usually UTC; producers default
-    #: to their host's zone, as RocketMQ's do, or to TRACEMQ_MSGID_TIMEZONE)
-    msgid_timezone: str = "UTC"
-
-    def validate(self) -> None:
-        if self.to_ms <= self.from_ms:
-            raise ReconcileError(
-                f"--to ({_iso(self.to_ms)}) must be after --from ({_iso(self.from_ms)})"
-            )
-        if self.window_ms < MINUTE_MS or self.window_ms % MINUTE_MS:
-            raise ReconcileError(
-                f"--window must be a whole number of minutes (at least 1m), got {self.window_ms} ms"
-            )
-        if self.horizon_ms < 0:
-            raise ReconcileError("--horizon must not be negative")
-        if self.max_delay_ms < 0:
-            raise ReconcileError("--max-delay must not be negative")
-        if self.max_reconsume_times < 1:
-            raise ReconcileError("--max-reconsume-times must be at least 1")
-        if self.from_ms < 0:
-            raise ReconcileError("--from is before 1970")
-        try:
-            ZoneInfo(self.msgid_timezone)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ReconcileError(
-                f"--msgid-timezone: unknown time zone {self.msgid_timezone!r} "
-                "(an IANA name such as 'Asia/Shanghai' or 'UTC')"
-            ) from None
-
-
-@dataclass
-class RunResult:
-    run_id: str
-    out: str
-    from_ms: int
-    to_ms: int
-    summary: dict[str, Any]
-    elapsed_s: float
-    stages: dict[str, float] = field(default_factory=dict)
-
-
-def _iso(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat().replace("+00:00", "Z")
-
-
-def _window_label(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y%m%dT%H%MZ")
-
-
-# ----------------------------------------------------------------------------- inputs
-
-
-@dataclass(frozen=True)
-class SubRow:
-    group: str
-    topic: str
-    tag: str | None  # None: every tag ("*")
-    first_seen: int
-    last_seen: int
-    broadcasting: bool
-
-
-def _doc_rows(doc: Any, key: str, what: str) -> list[dict[str, Any]]:
-    rows = doc.get(key) if isinstance(doc, dict) else doc
-    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-        raise ReconcileError(f"{what}: expected a JSON list of objects (or {{{key!r}: [...]}})")
-    return rows
-
-
-def parse_subscriptions(text: str, source: str = "subscriptions") -> list[SubRow]:
-    """The subscription history (``RegistryReader.subscription_history()`` rows) as rows with
-    one tag each; retry and dead-letter topics are dropped."""
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise ReconcileError(f"{source}: not valid JSON: {exc}") from None
-    out: list[SubRow] = []
-    for i, r in enumerate(_doc_rows(doc, "subscriptions", source)):
-        try:
-            group, topic = str(r["group"]), str(r["topic"])
-            expression = r.get("expression")
-            model = str(r.get("message_model") or "CLUSTERING").upper()
-            first, last = int(r["first_seen"]), int(r["last_seen"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ReconcileError(f"{source}: row {i} is malformed ({exc!r}): {r}") from None
-        if topic.startswith(("%RETRY%", "%DLQ%")):
-            continue
-        expr = (expression or "").strip() if isinstance(expression, str) else ""
-        tags: list[str | None] = (
-            [None] if expr in ("", "*") else [t.strip() for t in expr.split("||") if t.strip()]
-        )
-        out.extend(SubRow(group, topic, tag, first, last, model == "BROADCASTING") for tag in tags)
-    return out
-
-
-@dataclass(frozen=True)
-class OffsetRow:
-    group: str
-    topic: str
-    store_addr: str
-    queue_id: int
-    client: str  # "" for clustering groups
-    committed: int
-
-
-def parse_offsets(text: str, source: str = "offsets") -> list[OffsetRow]:
-    """The committed-offsets snapshot: one row per (group, topic, store_addr, queue[, client]);
-    rows without a committed offset are dropped, duplicates keep the highest offset."""
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise ReconcileError(f"{source}: not valid JSON: {exc}") from None
-    best: dict[tuple[str, str, str, int, str], int] = {}
-    for i, r in enumerate(_doc_rows(doc, "offsets", source)):
-        try:
-            committed = r.get("committed")
-            if committed is None:
-                continue
-            key = (
-                str(r["group"]),
-                str(r["topic"]),
-                str(r["store_addr"]),
-                int(r["queue_id"]),
-                str(r.get("client_host") or ""),
-            )
-            committed = int(committed)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ReconcileError(f"{source}: row {i} is malformed ({exc!r}): {r}") from None
-        best[key] = max(committed, best.get(key, committed))
-    return [OffsetRow(*k, v) for k, v in sorted(best.items())]
-
-
-class CopyRow(NamedTuple):
-    """A consumer's copy of a message in ``%RETRY%<group>`` or ``%DLQ%<group>``, read from the
-    queue itself when the snapshot was taken (so no trace loss can hide it). (A tuple: millions
-    of them are read on a bad day.)"""
-
-    group: str
-    topic: str
-    store_addr: str
-    queue_id: int
-    queue_offset: int
-    msg_id: str
-    reconsume_times: int
-
-
-def parse_copies(text: str, source: str = "offsets") -> list[CopyRow]:
-    """The ``copies`` list of the committed-offsets snapshot (absent: none known, e.g. a
-    snapshot of a RocketMQ cluster); rows without a msgId are dropped."""
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise ReconcileError(f"{source}: not valid JSON: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("copies") is None:
-        return []
-    out: set[CopyRow] = set()
-    for i, r in enumerate(_doc_rows(doc, "copies", f"{source} (copies)")):
-        try:
-            topic = str(r["topic"])
-            if not topic.startswith((_RETRY_PREFIX, _DLQ_PREFIX)):
-                raise ValueError(f"topic {topic!r} is not a %RETRY% or %DLQ% topic")
-            prefix = _RETRY_PREFIX if topic.startswith(_RETRY_PREFIX) else _DLQ_PREFIX
-            msg_id = r.get("msg_id")
-            if not msg_id:
-                continue
-            out.add(
-                CopyRow(
-                    str(r.get("group") or topic[len(prefix) :]),
-                    topic,
-                    str(r["store_addr"]),
-                    int(r["queue_id"]),
-                    int(r["queue_offset"]),
-                    str(msg_id),
-                    int(r.get("reconsume_times") or 0),
-                )
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ReconcileError(f"{source}: copies row {i} is malformed ({exc!r}): {r}") from None
-    return list(out)
-
-
-class DeliveryRow(NamedTuple):
-    """Per (msgId, group): the last retry copy (highest reconsume count) with its queue's
-    committed offset, and the dead-letter copy, if any."""
-
-    msg_id: str
-    group: str
-    retry_reconsume: int | None
-    retry_queue_offset: int | None
-    retry_committed: int | None
-    dlq_queue_offset: int | None
-
-
-def last_deliveries(copies: list[CopyRow], offsets: list[OffsetRow]) -> list[DeliveryRow]:
-    """The retry chain of every (msgId, group) reduced to what decides it: a message sent back
-    k times was delivered k + 1 times, and only the last delivery's queue says whether the
-    group is done with it; a dead-letter copy ends the chain."""
-    committed = {
-        (o.group, o.topic, o.store_addr, o.queue_id): o.committed for o in offsets if not o.client
-    }
-    last: dict[tuple[str, str], CopyRow] = {}
-    dlq: dict[tuple[str, str], int] = {}
-    for c in copies:
-        key = (c.msg_id, c.group)
-        if c.topic.startswith(_DLQ_PREFIX):
-            dlq[key] = min(c.queue_offset, dlq.get(key, c.queue_offset))
-            continue
-        prev = last.get(key)
-        if prev is None or (c.reconsume_times, c.queue_offset) > (
-            prev.reconsume_times,
-            prev.queue_offset,
-        ):
-            last[key] = c
-    out = []
-    for key in set(last) | set(dlq):
-        c = last.get(key)
-        out.append(
-            DeliveryRow(
-                key[0],
-                key[1],
-                None if c is None else c.reconsume_times,
-                None if c is None else c.queue_offset,
-                None if c is None else committed.get((c.group, c.topic, c.store_addr, c.queue_id)),
-                dlq.get(key),
-            )
-        )
-    return out
-
-
-# ----------------------------------------------------------------------------- session
-
-
-def build_session(
-    master: str | None = "local[*]",
-    *,
-    app_name: str = "tracemq-reconcile",
-    driver_memory: str | None = None,
-    shuffle_partitions: int | None = None,
-    extra: dict[str, str] | None = None,
-) -> SparkSession:
-    """A SparkSession for the job. ``master=None`` leaves it to spark-submit."""
-    b = SparkSession.builder.appName(app_name)
-    if master:
-        b = b.master(master)
-    if driver_memory:
-        b = b.config("spark.driver.memory", driver_memory)
-    conf = {
-        "spark.ui.showConsoleProgress": "false",
-        "spark.sql.session.timeZone": "UTC",
-        "spark.sql.adaptive.enabled": "true",
-        "spark.sql.shuffle.partitions": str(shuffle_partitions or 16),
-        "spark.sql.sources.partitionOverwriteMode": "dynamic",
-        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-        "spark.sql.requireAllClusterKeysForCoPartition": "false",
-    }
-    conf.update(extra or {})
-    # Spark's startup warnings (hostname, native Hadoop, default log4j profile) are noise on
-    # the console of a one-shot job: a quiet log4j2 configuration unless one is given
-    quiet = f"-Dlog4j2.configurationFile={Path(__file__).with_name('log4j2.properties').as_uri()}"
-    java_opts = conf.get("spark.driver.extraJavaOptions", "")
-    if "log4j2.configurationFile" not in java_opts:
-        java_opts = f"{java_opts} {quiet}"
-    # whole-stage code generation makes methods far over HotSpot's 8 000-byte JIT limit for
-    # the classification's wide CASE and aggregates: left interpreted, they made its reduce
-    # side about 1.6 times slower (2M messages, warm: 25-28 s without, 15-16 s with)
-    conf["spark.driver.extraJavaOptions"] = _with_jvm_flags(java_opts)
-    conf["spark.executor.extraJavaOptions"] = _with_jvm_flags(
-        conf.get("spark.executor.extraJavaOptions", "")
-    )
-    for k, v in conf.items():
-        b = b.config(k, v)
-    spark = b.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
-
-
-#: HotSpot flag: JIT-compile methods over 8 000 bytes of bytecode (Spark's generated code)
-_JIT_HUGE = "-XX:-DontCompileHugeMethods"
-#: the throughput collector for a batch job (Java 17's default is G1): the whole job at 10M
-#: messages on local[2], same lake, back to back: 156.4 s with G1, 147.5 s with it (and
-#: 175.8 / 160.1 s in a noisier pair). Left out when the options already choose a collector.
-_PARALLEL_GC = "-XX:+UseParallelGC"
-
-
-def _with_jvm_flags(opts: str) -> str:
-    """``opts`` plus the job's JVM flags (each unless already decided there)."""
-    out = opts
-    if _JIT_HUGE not in out:
-        out = f"{out} {_JIT_HUGE}"
-    if not re.search(r"-XX:[+]Use\w*GC\b", out):
-        out = f"{out} {_PARALLEL_GC}"
-    return out.strip()
-
-
-#: runtime SQL settings the job relies on (set on whatever session it is given)
-_RUNTIME_CONF = {
-    "spark.sql.session.timeZone": "UTC",
-    "spark.sql.adaptive.enabled": "true",
-    "spark.sql.requireAllClusterKeysForCoPartition": "false",
-    "spark.sql.sources.partitionOverwriteMode": "dynamic",
-    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-}
-
-
-def spark_schema() -> T.StructType:
-    """The lake schema (:mod:`tracemq.lake_schema`) as a Spark schema."""
-    mapping = {
-        "string": T.StringType(),
-        "int64": T.LongType(),
-        "int32": T.IntegerType(),
-        "bool": T.BooleanType(),
-    }
-    return T.StructType(
-        [
-            T.StructField(name, mapping[str(typ)], nullable)
-            for name, typ, nullable, _ in lake_schema.COLUMNS
-        ]
-    )
 
 
 # ----------------------------------------------------------------------------- the run
