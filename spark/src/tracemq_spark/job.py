@@ -50,6 +50,7 @@ from pyspark.sql import types as T
 from tracemq import lake_schema
 
 from tracemq_spark import latency
+from tracemq_spark.commit import Staging, checkpoint, cleanup, commit, validate_staging
 from tracemq_spark.input_files import (
     SubRow,
     last_deliveries,
@@ -103,26 +104,6 @@ __all__ = [
 Progress = Callable[[str], None]
 
 
-class _Staging:
-    """Paths of one run: everything is written under ``<out>/_staging/<run id>`` first."""
-
-    def __init__(self, out: str, run_id: str) -> None:
-        self.out = out.rstrip("/")
-        self.root = f"{self.out}/_staging/{run_id}"
-        self.previous = f"{self.root}/_previous"
-
-    def path(self, *parts: str) -> str:
-        return "/".join([self.root, *parts])
-
-    def final(self, *parts: str) -> str:
-        return "/".join([self.out, *parts])
-
-
-def _checkpoint(params: Params, name: str) -> None:
-    if params.fail_at == name:
-        raise RuntimeError(f"injected failure at {name!r}")
-
-
 def run(spark: SparkSession, params: Params, progress: Progress | None = None) -> RunResult:
     """Run the reconciliation; on any failure the previous output is left as it was."""
     from tracemq_spark.fs import HadoopFS
@@ -147,7 +128,7 @@ def run(spark: SparkSession, params: Params, progress: Progress | None = None) -
     if not fs.is_dir(lake):
         raise ReconcileError(f"trace lake not found: {params.lake} ({lake} is not a directory)")
     out_existed = fs.exists(out)
-    stage = _Staging(out, run_id)
+    stage = Staging(out, run_id)
     stages: dict[str, float] = {}
     last = [time.monotonic()]
 
@@ -167,36 +148,26 @@ def run(spark: SparkSession, params: Params, progress: Progress | None = None) -
         done("pre-flight scan")
         ctx.classify()
         done("classification")
-        _checkpoint(params, "after_classified")
+        checkpoint(params, "after_classified")
         ctx.publish_tables()
         done("anomalies and summary")
-        _checkpoint(params, "after_tables")
+        checkpoint(params, "after_tables")
         summary = ctx.summarize(stages)
         done("summary.json")
         ctx.report(summary)
         done("report")
-        _checkpoint(params, "after_report")
-        ctx.validate_staging(summary)
-        ctx.commit()
+        checkpoint(params, "after_report")
+        validate_staging(fs, stage, params.keep_classified, summary)
+        commit(fs, stage, params, ctx.windows, say)
         done("commit")
     except BaseException:
-        _cleanup(fs, stage, out, out_existed)
+        cleanup(fs, stage, out, out_existed)
         raise
-    _cleanup(fs, stage, out, True)
+    cleanup(fs, stage, out, True)
     elapsed = time.monotonic() - t_start
     summary["run"]["elapsed_s"] = round(elapsed, 3)
     summary["run"]["stages_s"] = stages
     return RunResult(run_id, out, f_ms, t_ms, summary, elapsed, stages)
-
-
-def _cleanup(fs: Any, stage: _Staging, out: str, out_existed: bool) -> None:
-    try:
-        fs.delete(stage.root)
-        fs.delete_if_empty(f"{stage.out}/_staging")
-        if not out_existed:
-            fs.delete_if_empty(out)
-    except Exception:  # noqa: S110 - cleaning up must not hide the real error
-        pass
 
 
 class _Context:
@@ -206,7 +177,7 @@ class _Context:
         fs: Any,
         params: Params,
         lake: str,
-        stage: _Staging,
+        stage: Staging,
         f_ms: int,
         t_ms: int,
         now_ms: int,
@@ -1190,75 +1161,6 @@ class _Context:
         html, png = report.render(summary)
         self.fs.write_text(self.stage.path("report.html"), html)
         self.fs.write_bytes(self.stage.path("report.png"), png)
-
-    def validate_staging(self, summary: dict[str, Any]) -> None:
-        """The staged output is whole: every dataset committed, summary.json readable."""
-        fs, st = self.fs, self.stage
-        for ds in ("anomalies", "summary") + (("classified",) if self.p.keep_classified else ()):
-            if not fs.exists(st.path(ds, "_SUCCESS")):
-                raise RuntimeError(f"staged {ds} is incomplete (no _SUCCESS)")
-        staged = json.loads(fs.read_text(st.path("summary.json")))
-        if staged.get("outcomes") != summary["outcomes"]:
-            raise RuntimeError("staged summary.json does not match the computed summary")
-        labels = set(summary["run"]["windows"])
-        for ds in ("anomalies", "summary"):
-            for name, is_dir, _ in fs.list(st.path(ds)):
-                if is_dir and name.startswith("window=") and name[7:] not in labels:
-                    raise RuntimeError(f"staged {ds} has a window outside the run: {name}")
-
-    # -- commit: per-window swap --------------------------------------------------------
-    def commit(self) -> None:
-        """Replace exactly this run's windows of every dataset, and the run files.
-
-        Each target is first moved to ``<staging>/_previous``, then the staged one moved in;
-        a failure on the way moves everything back. A window with no rows any more loses its
-        old partition (which Spark's own dynamic overwrite would leave behind).
-        """
-        fs, st, p = self.fs, self.stage, self.p
-        moves: list[tuple[str, str | None, str | None]] = []  # (target, backup, staged)
-        datasets = ["anomalies", "summary"] + (["classified"] if p.keep_classified else [])
-        for ds in datasets:
-            for start in self.windows:
-                part = f"window={_window_label(start)}"
-                moves.append(
-                    (st.final(ds, part), st.path("_previous", ds, part), st.path(ds, part))
-                )
-        moves.extend(
-            (st.final(name), st.path("_previous", name), st.path(name))
-            for name in (
-                "summary.json",
-                "report.html",
-                "report.png",
-                "inputs/subscriptions.json",
-                "inputs/offsets.json",
-            )
-        )
-        done: list[tuple[str, str | None, str | None, bool, bool]] = []
-        try:
-            for target, backup, staged in moves:
-                had_old = fs.exists(target)
-                has_new = staged is not None and fs.exists(staged)
-                if not had_old and not has_new:
-                    continue
-                if had_old and backup is not None:
-                    fs.rename(target, backup)
-                done.append((target, backup, staged, had_old, False))
-                _checkpoint(p, "during_commit")
-                if has_new and staged is not None:
-                    fs.rename(staged, target)
-                    done[-1] = (target, backup, staged, had_old, True)
-            for ds in datasets:  # readers of the dataset root expect a _SUCCESS marker
-                fs.write_text(st.final(ds, "_SUCCESS"), "")
-        except BaseException:
-            for target, backup, staged, had_old, moved_in in reversed(done):
-                try:
-                    if moved_in and staged is not None:
-                        fs.rename(target, staged)
-                    if had_old and backup is not None:
-                        fs.rename(backup, target)
-                except Exception as exc:  # pragma: no cover - reported, never hidden
-                    self.say(f"ROLLBACK FAILED for {target}: {exc!r}; previous copy in {backup}")
-            raise
 
 
 # ----------------------------------------------------------------------------- helpers

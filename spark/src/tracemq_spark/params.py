@@ -83,7 +83,7 @@ class Params:
     #: also publish ``classified/``: one row per (message, group[, client]) incl. CONSUMED
     keep_classified: bool = False
     run_id: str | None = None
-    #: for tests: raise at this checkpoint (see ``_checkpoint``)
+    #: for tests: raise at this checkpoint (see ``commit.checkpoint``)
     fail_at: str | None = None
     #: the producers' zone (IANA name): msgIds count from a month start in it. The lake has no
     #: zone per message, so all are read in this one. UTC by default so that a run's result
