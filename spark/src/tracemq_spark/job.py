@@ -47,7 +47,6 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from tracemq import lake_schema
 
 from tracemq_spark import latency
 from tracemq_spark.commit import Staging, checkpoint, cleanup, commit, validate_staging
@@ -58,6 +57,7 @@ from tracemq_spark.input_files import (
     parse_offsets,
     parse_subscriptions,
 )
+from tracemq_spark.lake_scan import LakeScan, _maybe_corrupt
 from tracemq_spark.params import (
     _DLQ_PREFIX,
     _MSG_DELAY,
@@ -66,7 +66,6 @@ from tracemq_spark.params import (
     _TX_ROLLBACK,
     BROADCAST_IDS_MAX,
     DAY_MS,
-    HOUR_MS,
     INFORMATIONAL,
     KNOWN_SCHEMA_VERSIONS,
     METRICS,
@@ -80,7 +79,7 @@ from tracemq_spark.params import (
     _iso,
     _window_label,
 )
-from tracemq_spark.session import _RUNTIME_CONF, build_session, spark_schema
+from tracemq_spark.session import _RUNTIME_CONF, build_session
 
 __all__ = [
     "INFORMATIONAL",
@@ -199,9 +198,9 @@ class _Context:
         self.read_hi = t_ms + h
         self.cutoff = min(t_ms + h, now_ms)
         self.windows = list(range(f_ms, t_ms, params.window_ms))
-        self.files: list[str] = []
-        self.superseded = 0
-        self.stats: dict[str, Any] = {}
+        self.scan = LakeScan(
+            spark, fs, lake, params.lake, f_ms, t_ms, self.read_lo, self.read_hi, say
+        )
         self.started = datetime.now(tz=UTC)
 
     # -- inputs -----------------------------------------------------------------------
@@ -228,150 +227,10 @@ class _Context:
 
     # -- the lake ---------------------------------------------------------------------
     def discover(self) -> None:
-        """The Parquet files of the hour partitions that overlap the read range, and their
-        schema version (footer metadata)."""
-        fs = self.fs
-        first_hour = self.read_lo // HOUR_MS
-        last_hour = (self.read_hi - 1) // HOUR_MS
-        wanted: dict[str, set[int]] = {}
-        for hour in range(first_hour, last_hour + 1):
-            day = datetime.fromtimestamp(hour * 3600, tz=UTC).strftime("%Y-%m-%d")
-            wanted.setdefault(day, set()).add(hour % 24)
-        files: list[str] = []
-        for day, hours in sorted(wanted.items()):
-            day_dir = fs.join(self.lake, f"date={day}")
-            for name, is_dir, _ in fs.list(day_dir):
-                if not is_dir or not name.startswith("hour="):
-                    continue
-                try:
-                    hour = int(name[5:])
-                except ValueError:
-                    continue
-                if hour in hours:
-                    files.extend(fs.data_files(fs.join(day_dir, name)))
-        if not files:
-            raise ReconcileError(
-                f"empty window: the lake {self.p.lake} has no data files for "
-                f"[{_iso(self.read_lo)}, {_iso(self.read_hi)}) (window [{_iso(self.f_ms)}, "
-                f"{_iso(self.t_ms)}) plus the horizon)"
-            )
-        version_key = lake_schema.METADATA_KEY.decode()
-        compacted_key = lake_schema.COMPACTED_FROM_KEY.decode()
-        try:
-            meta = fs.parquet_metadata(files, (version_key, compacted_key))
-        except Exception as exc:
-            raise ReconcileError(_corrupt_message(exc, files)) from None
-        files, self.superseded = _live_files(meta, compacted_key)
-        if self.superseded:  # a compaction's leftovers (it deletes them after the rename)
-            self.say(f"{self.superseded} file(s) superseded by compacted files: skipped")
-        versions = {f: meta[f][version_key] for f in files}
-        bad = {f: v for f, v in versions.items() if v is None or not _known_version(v)}
-        if bad:
-            f, v = sorted(bad.items())[0]
-            raise ReconcileError(
-                f"unknown lake schema version {v!r} in {f} ({len(bad)} file(s)); this job "
-                f"reads version(s) {sorted(KNOWN_SCHEMA_VERSIONS)}"
-            )
-        self.files = sorted(files)
-        self.say(f"{len(files)} lake files in [{_iso(self.read_lo)}, {_iso(self.read_hi)})")
-
-    def events(self, *columns: str) -> DataFrame:
-        df = self.spark.read.schema(spark_schema()).parquet(*self.files)
-        ts = F.col("timestamp")
-        return df.where((ts >= self.read_lo) & (ts < self.read_hi)).select(*columns)
+        self.scan.discover()
 
     def preflight(self) -> None:
-        """One scan of a few columns: every row's schema version, the row counts (an empty
-        window is an error), the strings of the hashed columns (group, topic, client host)
-        and the consuming clients of broadcasting groups."""
-        col = F.col
-        ts = col("timestamp")
-        in_window = ((ts >= self.f_ms) & (ts < self.t_ms)).cast("long")
-        try:
-            rows = (
-                self.events(
-                    "timestamp",
-                    "schema_version",
-                    "trace_type",
-                    "group_name",
-                    "topic",
-                    "client_host",
-                )
-                .groupBy("trace_type", "schema_version", "group_name", "topic", "client_host")
-                .agg(F.count(F.lit(1)).alias("n"), F.sum(in_window).alias("in_window"))
-                .collect()
-            )
-        except Exception as exc:
-            raise ReconcileError(_corrupt_message(exc, self.files)) from None
-        unknown = sorted({r["schema_version"] for r in rows} - KNOWN_SCHEMA_VERSIONS, key=str)
-        if unknown:
-            raise ReconcileError(
-                f"unknown lake schema version {unknown[0]!r} in the rows of the read range; "
-                f"this job reads version(s) {sorted(KNOWN_SCHEMA_VERSIONS)}"
-            )
-        total = sum(r["n"] for r in rows)
-        in_window_n = sum(r["in_window"] or 0 for r in rows)
-        by_type: dict[str, int] = {}
-        for r in rows:
-            by_type[r["trace_type"]] = by_type.get(r["trace_type"], 0) + r["n"]
-        self.stats = {
-            "events_read": total,
-            "events_in_window": in_window_n,
-            "events_by_type": dict(sorted(by_type.items())),
-            "files": len(self.files),
-            "files_superseded": self.superseded,
-        }
-        if in_window_n == 0:
-            raise ReconcileError(
-                f"empty window: no trace events in [{_iso(self.f_ms)}, {_iso(self.t_ms)}) in "
-                f"the lake {self.p.lake} ({total} events in the surrounding horizon)"
-            )
-        strings = {s.group for s in self.subs} | {s.topic for s in self.subs}
-        strings |= {s.tag for s in self.subs if s.tag is not None}
-        strings |= {o.group for o in self.offsets} | {o.topic for o in self.offsets}
-        strings |= {o.store_addr for o in self.offsets} | {o.client for o in self.offsets}
-        for r in rows:
-            strings |= {r["group_name"], r["topic"], r["client_host"]}
-        strings.discard(None)
-        strings.discard("")
-        self._build_dictionary(sorted(strings))
-        bset = set(self.bgroups)
-        self.broadcast_clients = sorted(
-            {
-                (r["group_name"], r["topic"], r["client_host"] or "")
-                for r in rows
-                if r["trace_type"] == "SubBefore"
-                and r["group_name"] in bset
-                and r["topic"] is not None
-                and not r["topic"].startswith("%")
-            }
-        )
-        self.say(
-            f"{total:,} events in the read range, {in_window_n:,} in the window; "
-            f"{len(self.broadcast_clients)} broadcasting client(s)"
-        )
-
-    def _build_dictionary(self, strings: list[str]) -> None:
-        """xxhash64 → string for every string the hot path hashes (computed by Spark, so it
-        is the same hash); a collision (never seen in practice) stops the run."""
-        schema = T.StructType([T.StructField("s", T.StringType(), False)])
-        d = self.spark.createDataFrame([(x,) for x in strings], schema).select(
-            F.xxhash64("s").alias("h"), "s"
-        )
-        pairs = [(r["h"], r["s"]) for r in d.collect()]
-        table: dict[int, str] = {}
-        for h, v in pairs:
-            if h in table and table[h] != v:
-                raise RuntimeError(f"xxhash64 collision between {table[h]!r} and {v!r}")
-            table[h] = v
-        self.dictionary = table
-        self.hash_of = {v: h for h, v in pairs}
-        self.dict_df = self.spark.createDataFrame(
-            sorted(table.items()),
-            T.StructType(
-                [T.StructField("h", T.LongType(), False), T.StructField("s", T.StringType(), False)]
-            ),
-        )
+        self.scan.preflight(self.subs, self.offsets, self.bgroups)
 
     # -- classification ---------------------------------------------------------------
     def classify(self) -> None:
@@ -385,13 +244,13 @@ class _Context:
                 "parquet.enable.dictionary", "false"
             ).parquet(self.stage.path("_classified"))
         except Exception as exc:
-            raise _maybe_corrupt(exc, self.files) from None
+            raise _maybe_corrupt(exc, self.scan.files) from None
 
     def classified_frame(self) -> DataFrame:
         spark, p = self.spark, self.p
         n_parts = int(spark.conf.get("spark.sql.shuffle.partitions") or 16)
         col = F.col
-        ev = self.events(
+        ev = self.scan.events(
             "trace_type",
             "timestamp",
             "group_name",
@@ -607,7 +466,7 @@ class _Context:
                 F.coalesce(col("cb"), col("ca")).alias("client_h"),
             )
         )
-        bh = [self.hash_of[g] for g in self.bgroups if g in self.hash_of]
+        bh = [self.scan.hash_of[g] for g in self.bgroups if g in self.scan.hash_of]
         is_bc = col("group_h").isin(bh) if bh else F.lit(False)
         att = att.withColumn(
             "ck",
@@ -896,7 +755,7 @@ class _Context:
             ]
         )
         c = F.col
-        return self.spark.createDataFrame(self.broadcast_clients, schema).select(
+        return self.spark.createDataFrame(self.scan.broadcast_clients, schema).select(
             _h(c("group")).alias("c_group_h"),
             _h(c("topic")).alias("c_topic_h"),
             F.coalesce(_h(F.when(c("client") != "", c("client"))), F.lit(0))
@@ -909,7 +768,7 @@ class _Context:
         """Hashed columns back to their strings (broadcast joins with the dictionary)."""
         for hcol, name in pairs:
             d = F.broadcast(
-                self.dict_df.select(F.col("h").alias(f"_{hcol}"), F.col("s").alias(name))
+                self.scan.dict_df.select(F.col("h").alias(f"_{hcol}"), F.col("s").alias(name))
             )
             df = df.join(d, F.col(hcol) == F.col(f"_{hcol}"), "left").drop(f"_{hcol}", hcol)
         return df
@@ -955,7 +814,7 @@ class _Context:
         against them before any shuffle (a hash collision only lets an extra row through: the
         join on the msgId itself decides); otherwise both sides are shuffled."""
         col = F.col
-        ev = self.events(
+        ev = self.scan.events(
             "trace_type",
             "msg_id",
             "timestamp",
@@ -1044,7 +903,7 @@ class _Context:
         col = F.col
         names = OUTCOMES + INFORMATIONAL
         g = self.spark.read.parquet(self.stage.path("_grouped")).collect()
-        dec = self.dictionary
+        dec = self.scan.dictionary
 
         def name_of(h: int | None) -> str | None:
             return None if h is None else dec.get(h, f"#{h}")
@@ -1120,10 +979,10 @@ class _Context:
                 "windows": [_window_label(x) for x in self.windows],
             },
             "input": {
-                **self.stats,
+                **self.scan.stats,
                 "subscription_rows": len(self.subs),
                 "offset_rows": len(self.offsets),
-                "broadcasting_clients": [list(c) for c in self.broadcast_clients],
+                "broadcasting_clients": [list(c) for c in self.scan.broadcast_clients],
             },
             "outcomes": {o: overall.get(o, 0) for o in OUTCOMES},
             "informational": {o: overall.get(o, 0) for o in INFORMATIONAL},
@@ -1164,13 +1023,6 @@ class _Context:
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _known_version(v: str) -> bool:
-    try:
-        return int(v) in KNOWN_SCHEMA_VERSIONS
-    except ValueError:
-        return False
 
 
 def _zone_month_start(ts_ms: Column, zone: str) -> Column:
@@ -1390,54 +1242,3 @@ def _evidence() -> Column:
         )
         .when(o == "PUB_FAILED", F.lit("every send attempt failed"))
     )
-
-
-def _live_files(
-    meta: dict[str, dict[str, str | None]], compacted_key: str
-) -> tuple[list[str], int]:
-    """The lake's compaction rule (``tracemq_collector.lake``): a file named in the
-    ``compacted_from`` list of a file in the same directory is superseded by it — read only the
-    compacted file, or its rows would be read twice. Returns (live files, superseded count)."""
-    superseded: set[str] = set()
-    for uri, kv in meta.items():
-        raw = kv.get(compacted_key)
-        if raw is None:
-            continue
-        parent = uri.rsplit("/", 1)[0]
-        try:
-            names = json.loads(raw)
-        except ValueError:
-            raise ReconcileError(f"unreadable {compacted_key} metadata in {uri}") from None
-        superseded.update(f"{parent}/{n}" for n in names if f"{parent}/{n}" != uri)
-    live = [f for f in meta if f not in superseded]
-    return live, len(meta) - len(live)
-
-
-def _corrupt_message(exc: BaseException, files: list[str]) -> str:
-    text = str(exc)
-    path = None
-    for f in files:
-        name = f.rsplit("/", 1)[-1]
-        if name in text:
-            path = f
-            break
-    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), repr(exc))
-    reason = (
-        "not a Parquet file or damaged"
-        if (
-            "magic" in text.lower()
-            or "footer" in text.lower()
-            or "corrupt" in text.lower()
-            or "not a parquet" in text.lower()
-        )
-        else first[:300]
-    )
-    where = path or "one of the lake files"
-    return f"corrupt Parquet file in the lake: {where}: {reason}"
-
-
-def _maybe_corrupt(exc: BaseException, files: list[str]) -> BaseException:
-    text = str(exc).lower()
-    if any(k in text for k in ("parquet", "magic", "footer", "corrupt", "failed_read_file")):
-        return ReconcileError(_corrupt_message(exc, files))
-    return exc
