@@ -46,12 +46,10 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
-from tracemq_spark import latency
+from tracemq_spark import classify, latency
 from tracemq_spark.commit import Staging, checkpoint, cleanup, commit, validate_staging
 from tracemq_spark.input_files import (
-    SubRow,
     last_deliveries,
     parse_copies,
     parse_offsets,
@@ -59,13 +57,9 @@ from tracemq_spark.input_files import (
 )
 from tracemq_spark.lake_scan import LakeScan, _maybe_corrupt
 from tracemq_spark.params import (
-    _DLQ_PREFIX,
     _MSG_DELAY,
     _MSG_HALF,
-    _TX_COMMIT,
-    _TX_ROLLBACK,
     BROADCAST_IDS_MAX,
-    DAY_MS,
     INFORMATIONAL,
     KNOWN_SCHEMA_VERSIONS,
     METRICS,
@@ -247,9 +241,10 @@ class _Context:
             raise _maybe_corrupt(exc, self.scan.files) from None
 
     def classified_frame(self) -> DataFrame:
+        """The classification's steps (:mod:`tracemq_spark.classify`) over this run's lake
+        read and inputs."""
         spark, p = self.spark, self.p
         n_parts = int(spark.conf.get("spark.sql.shuffle.partitions") or 16)
-        col = F.col
         ev = self.scan.events(
             "trace_type",
             "timestamp",
@@ -269,498 +264,29 @@ class _Context:
             "queue_id",
             "queue_offset",
         )
-        tt = col("trace_type")
-        base = self.read_lo  # every timestamp read is >= base: (ts - base) fits 62 bits
-
-        # a consumer's move of a message to %DLQ%<group> is traced as a Pub of the group: it
-        # belongs to the consume side, not to the message's send
-        dlq_move = (tt == "Pub") & col("topic").startswith(_DLQ_PREFIX)
-
-        # ---- producer side: one row per msgId (the first successful Pub wins) -----------
-        is_pub = tt == "Pub"
-        order = F.when(
-            is_pub,
-            F.shiftleft(F.when(col("success"), 0).otherwise(1).cast("long"), 62)
-            + (col("timestamp") - base),
-        )
-        prod = (
-            ev.where(
-                tt.isin("Pub", "EndTransaction", "Recall")
-                & ~F.coalesce(dlq_move, F.lit(False))
-                & col("msg_id").isNotNull()
-                & (col("msg_id") != "")
-            )
-            .select(
-                col("msg_id").alias("pkey"),
-                order.alias("o"),
-                "timestamp",
-                "cost_time",
-                "store_time",
-                "msg_type",
-                "queue_id",
-                "queue_offset",
-                _h(col("topic")).alias("topic_h"),
-                _h(col("tags")).alias("tags_h"),
-                _h(col("store_addr")).alias("store_h"),
-                ((tt == "EndTransaction") & (col("transaction_state") == _TX_COMMIT))
-                .cast("int")
-                .alias("is_commit"),
-                ((tt == "EndTransaction") & (col("transaction_state") == _TX_ROLLBACK))
-                .cast("int")
-                .alias("is_rollback"),
-                ((tt == "Recall") & col("success")).cast("int").alias("is_recall"),
-            )
-            .repartition(n_parts, "pkey")
-        )
-        firsts = [
-            "timestamp",
-            "cost_time",
-            "store_time",
-            "msg_type",
-            "queue_id",
-            "queue_offset",
-            "topic_h",
-            "tags_h",
-            "store_h",
-        ]
-        pubs = (
-            prod.groupBy("pkey")
-            .agg(
-                F.min("o").alias("o"),
-                *[F.min_by(c, "o").alias(c) for c in firsts],
-                F.max("is_commit").alias("tx_commit"),
-                F.max("is_rollback").alias("tx_rollback"),
-                F.max("is_recall").alias("recalled"),
-            )
-            .where(col("o").isNotNull())
-            .select(
-                "pkey",
-                col("timestamp").alias("pub_ts"),
-                (F.shiftright(col("o"), 62) == 0).alias("pub_ok"),
-                "topic_h",
-                "tags_h",
-                col("cost_time").alias("send_cost"),
-                "store_time",
-                "msg_type",
-                "store_h",
-                "queue_id",
-                "queue_offset",
-                "tx_commit",
-                "tx_rollback",
-                "recalled",
-            )
-        )
-        pubs = pubs.withColumn(
-            "in_window", (col("pub_ts") >= self.f_ms) & (col("pub_ts") < self.t_ms)
-        ).withColumn(
-            "expected_anywhere",
-            col("pub_ok")
-            & (col("recalled") == 0)
-            & ((F.coalesce(col("msg_type"), F.lit(0)) != _MSG_HALF) | (col("tx_commit") == 1)),
-        )
-        pub_cols = [
-            "pub_ts",
-            "pub_ok",
-            "topic_h",
-            "tags_h",
-            "send_cost",
-            "store_time",
-            "msg_type",
-            "store_h",
-            "queue_id",
-            "queue_offset",
-            "tx_commit",
-            "tx_rollback",
-            "recalled",
-            "in_window",
-        ]
-
-        # ---- expected (message, group[, client]) rows ------------------------------------
-        # subscription segments are disjoint per (group, topic): a message matches a group
-        # through at most one row, so no deduplication is needed
-        s = F.broadcast(self._subs_frame())
-        cond = (
-            (col("topic_h") == col("s_topic_h"))
-            & (col("s_tag_h").isNull() | (col("s_tag_h") == col("tags_h")))
-            & (col("s_start") <= col("pub_ts"))
-            & (col("pub_ts") < col("s_end"))
-            & col("expected_anywhere")
-        )
-        exp = (
-            pubs.where(col("in_window"))
-            .join(s, cond, "left")
-            .join(
-                F.broadcast(self._clients_frame()),
-                (col("s_group_h") == col("c_group_h")) & (col("topic_h") == col("c_topic_h")),
-                "left",
-            )
-            .select(
-                "pkey",
-                col("s_group_h").alias("group_h"),
-                F.when(
-                    F.coalesce(col("s_bcast"), F.lit(False)),
-                    F.coalesce(col("c_client_h"), F.lit(0)),
-                )
-                .otherwise(F.lit(0))
-                .cast("long")
-                .alias("ck"),
-                F.lit(True).alias("expected"),
-                *[col(c).alias(f"e_{c}") for c in pub_cols],
-            )
-        )
-
-        # ---- consume side: attempts (paired by requestId), then per (msg, group, client) --
-        mid = F.when(col("msg_id") == "", F.lit(None)).otherwise(col("msg_id"))
-        rid = F.coalesce(
-            col("request_id"), F.concat(F.lit("\u0001"), F.coalesce(col("group_name"), F.lit("")))
-        )
-        before = tt == "SubBefore"
-        moved = F.coalesce(dlq_move & col("success"), F.lit(False))
-        cons = (
-            ev.where(tt.isin("SubBefore", "SubAfter") | moved)
-            .select(
-                F.coalesce(mid, F.concat(F.lit("\u0000"), rid)).alias("pkey"),
-                # a DLQ move is an "attempt" of its own (its rid), counted apart below
-                F.xxhash64(
-                    F.when(
-                        moved,
-                        F.concat(F.lit("\u0002dlq"), F.coalesce(col("group_name"), F.lit(""))),
-                    ).otherwise(rid)
-                ).alias("rid"),
-                before.alias("b"),
-                moved.alias("d"),
-                _h(col("group_name")).alias("gh"),
-                _h(F.when(col("client_host") != "", col("client_host"))).alias("ch"),
-                F.when(before, _h(col("topic"))).alias("th"),
-                "timestamp",
-                "cost_time",
-                "success",
-                "retry_times",
-            )
-            .repartition(n_parts, "pkey")
-        )
-        b, a = col("b"), ~col("b") & ~col("d")
-        ok_ts = F.when(a & col("success"), col("timestamp"))
-        att = (
-            cons.groupBy("pkey", "rid")
-            .agg(
-                F.max(F.when(b, col("gh"))).alias("gb"),
-                F.max(F.when(~b, col("gh"))).alias("ga"),
-                F.max(F.when(b, col("ch"))).alias("cb"),
-                F.max(F.when(~b, col("ch"))).alias("ca"),
-                F.max("th").alias("th"),
-                F.max(b.cast("int")).alias("has_before"),
-                F.max(a.cast("int")).alias("has_after"),
-                F.min(F.when(b, col("timestamp"))).alias("before_ts"),
-                F.max(F.when(b, col("retry_times"))).alias("retry"),
-                F.max((a & col("success")).cast("int")).alias("ok"),
-                F.max(col("d").cast("int")).alias("dlq"),
-                F.min(ok_ts).alias("succ_ts"),
-                F.min_by("cost_time", ok_ts).alias("succ_cost"),
-                F.min(F.when(a, col("timestamp"))).alias("after_ts"),
-                F.count(F.lit(1)).alias("n"),
-            )
-            .select(
-                "*",
-                F.coalesce(col("gb"), col("ga")).alias("group_h"),
-                F.coalesce(col("cb"), col("ca")).alias("client_h"),
-            )
+        # every timestamp read is >= read_lo: (ts - base) fits 62 bits
+        pubs = classify.pubs(ev, f_ms=self.f_ms, t_ms=self.t_ms, base=self.read_lo, n_parts=n_parts)
+        exp = classify.expected_deliveries(
+            pubs,
+            classify.subs_frame(spark, self.subs, p.subscription_grace_ms),
+            classify.clients_frame(spark, self.scan.broadcast_clients),
         )
         bh = [self.scan.hash_of[g] for g in self.bgroups if g in self.scan.hash_of]
-        is_bc = col("group_h").isin(bh) if bh else F.lit(False)
-        att = att.withColumn(
-            "ck",
-            F.when(is_bc, F.coalesce(col("client_h"), F.lit(0))).otherwise(F.lit(0)).cast("long"),
+        att = classify.attempts(ev, bh=bh, n_parts=n_parts)
+        agg = classify.consumed(att, pubs)
+        deliveries = classify.deliveries_frame(
+            spark, self.fs, self.stage.path("_deliveries"), self.deliveries
         )
-        done_ok = col("ok") == 1
-        first_ok = F.when(done_ok, col("succ_ts"))
-        agg = att.groupBy("pkey", "group_h", "ck").agg(
-            F.sum(1 - col("dlq")).alias("attempts"),
-            F.max("dlq").alias("dead_lettered"),
-            F.sum("ok").alias("successes"),
-            F.sum(((col("has_after") == 1) & ~done_ok).cast("int")).alias("failed_attempts"),
-            F.sum(((col("has_before") == 1) & (col("has_after") == 0)).cast("int")).alias(
-                "in_flight_attempts"
-            ),
-            F.max("retry").alias("max_retry_times"),
-            # the highest delivery a traced failure belongs to (a SubAfter whose SubBefore was
-            # lost: the first one)
-            F.max(
-                F.when((col("has_after") == 1) & ~done_ok, F.coalesce(col("retry"), F.lit(0)))
-            ).alias("max_failed_retry"),
-            F.min("before_ts").alias("first_before_ts"),
-            F.min(F.least(col("before_ts"), col("after_ts"))).alias("first_consume_ts"),
-            F.min(first_ok).alias("success_ts"),
-            F.min_by("succ_cost", first_ok).alias("success_cost"),
-            F.min_by(F.coalesce(col("retry"), F.lit(0)), first_ok).alias("success_retry"),
-            F.max("th").alias("c_topic_h"),
-            F.sum("n").alias("consume_events"),
-        )
-        # pub facts for consumes nobody expected (UNEXPECTED_GROUP / ORPHAN_CONSUME)
-        agg = agg.join(
-            pubs.select("pkey", *[col(c).alias(f"a_{c}") for c in pub_cols]).hint("shuffle_hash"),
-            "pkey",
-            "left",
-        )
-
-        # ---- meet: expected ⟗ consumed (co-partitioned by msgId: no shuffle) -------------
-        j = exp.hint("shuffle_hash").join(agg, ["pkey", "group_h", "ck"], "full_outer")
-
-        def pub(c: str) -> Column:
-            return F.coalesce(col(f"e_{c}"), col(f"a_{c}"))
-
-        expected = F.coalesce(col("expected"), F.lit(False)) & col("group_h").isNotNull()
-        msg_level = F.coalesce(col("expected"), F.lit(False)) & col("group_h").isNull()
-        has_consume = col("attempts").isNotNull()
-        pub_ts = pub("pub_ts")
-        msg_type = F.coalesce(pub("msg_type"), F.lit(0))
-        due = pub_ts + F.when(
-            msg_type == _MSG_DELAY, F.lit(max(p.max_delay_ms, p.horizon_ms))
-        ).otherwise(p.horizon_ms)
-        j = j.join(
-            F.broadcast(self._offsets_frame()),
-            (col("group_h") == col("o_group_h"))
-            & (col("e_topic_h") == col("o_topic_h"))
-            & (col("e_store_h") == col("o_store_h"))
-            & (col("e_queue_id") == col("o_queue_id"))
-            & (col("ck") == col("o_client_h")),
-            "left",
-        )
-        j = self._with_deliveries(j)
-        committed = col("o_committed")
-        offset_applicable = ~msg_type.isin(_MSG_HALF, _MSG_DELAY)
-        passed = offset_applicable & committed.isNotNull() & (committed > pub("queue_offset"))
-        # The offsets' word on the message: its last delivery (the last retry copy, else the
-        # original queue) is behind the group's committed offset — the listener returned and
-        # nothing was sent back after it — and no dead-letter copy exists. Traces can be lost
-        # in part (a SubAfter, a retry's records); offsets cannot, so they overrule a trace
-        # that says FAILED or IN_FLIGHT. A traced failure of that last delivery (or a later
-        # one) keeps the message unconsumed: it went back once more.
-        has_copy = col("retry_reconsume").isNotNull()
-        in_dlq = col("dlq_queue_offset").isNotNull()
-        last_passed = F.when(
-            has_copy, F.coalesce(col("retry_committed") > col("retry_queue_offset"), F.lit(False))
-        ).otherwise(passed)
-        offsets_consumed = last_passed & ~in_dlq
-        failed_last = F.coalesce(
-            col("max_failed_retry") >= F.coalesce(col("retry_reconsume"), F.lit(0)), F.lit(False)
-        )
-        dead_traced = (col("dead_lettered") == 1) | (
-            col("max_retry_times") >= p.max_reconsume_times
-        )
-        after_retry = (col("attempts") > 1) | (col("success_retry") > 0)
-        first_ts = col("first_consume_ts")
-        real_id = ~col("pkey").startswith("\u0000")
-        created = _msg_id_created(col("pkey"), first_ts, p.msgid_timezone)
-        orphan_ok = (
-            (first_ts >= self.f_ms)
-            & (first_ts < self.t_ms)
-            & (~real_id | created.isNull() | (created >= self.read_lo))
-        )
-        is_half = msg_type == _MSG_HALF
-        outcome = (
-            F.when(msg_level & ~pub("pub_ok"), F.lit("PUB_FAILED"))
-            .when(msg_level & (pub("recalled") == 1), F.lit("RECALLED"))
-            .when(
-                msg_level & is_half & (pub("tx_rollback") == 1) & (pub("tx_commit") == 0),
-                F.lit("ROLLED_BACK"),
-            )
-            .when(msg_level & is_half & (pub("tx_commit") == 0), F.lit("TX_UNRESOLVED"))
-            .when(msg_level, F.lit("NO_EXPECTED_GROUP"))
-            .when(expected & has_consume & (col("successes") > 1), F.lit("DUPLICATE"))
-            .when(
-                expected & has_consume & (col("successes") == 1) & after_retry,
-                F.lit("CONSUMED_AFTER_RETRY"),
-            )
-            .when(expected & has_consume & (col("successes") == 1), F.lit("CONSUMED"))
-            .when(expected & in_dlq, F.lit("DEAD_LETTERED"))
-            .when(
-                expected
-                & has_consume
-                & offsets_consumed
-                & ~F.coalesce(dead_traced, F.lit(False))
-                & ~failed_last,
-                F.lit("TRACE_INCOMPLETE"),
-            )
-            .when(expected & has_consume & (col("in_flight_attempts") > 0), F.lit("IN_FLIGHT"))
-            .when(expected & has_consume & dead_traced, F.lit("DEAD_LETTERED"))
-            .when(expected & has_consume, F.lit("FAILED"))
-            # consumed by the offsets, no trace (so far): even inside the horizon it is not
-            # "pending" — the trace is what is missing
-            .when(expected & offsets_consumed, F.lit("TRACE_LOST"))
-            .when(expected & (due > self.cutoff), F.lit("PENDING"))
-            .when(expected, F.lit("NOT_CONSUMED"))
-            # consumes nobody expected
-            .when(
-                col("a_pub_ts").isNotNull(),
-                F.when(col("a_pub_ok") & col("a_in_window"), F.lit("UNEXPECTED_GROUP")),
-            )
-            .when(orphan_ok, F.lit("ORPHAN_CONSUME"))
-        )
-        # the rows that get an outcome (the same as "outcome is not null", but cheap: the
-        # optimizer would otherwise evaluate the whole CASE twice)
-        keep = (
-            F.coalesce(col("expected"), F.lit(False))
-            | (col("a_pub_ts").isNotNull() & col("a_pub_ok") & col("a_in_window"))
-            | (col("a_pub_ts").isNull() & orphan_ok)
-        )
-        store_ref = F.when(pub("store_time") > 0, pub("store_time")).otherwise(
-            pub_ts + pub("send_cost")
-        )
-        event_ts = F.when(pub_ts.isNotNull(), pub_ts).otherwise(first_ts)
-        window_start = F.floor(event_ts / p.window_ms).cast("long") * p.window_ms
-        keep_id = F.lit(True) if p.keep_classified else col("outcome") != "CONSUMED"
-        df = (
-            j.where(keep)
-            .select(
-                outcome.alias("outcome"),
-                "pkey",
-                real_id.alias("real_id"),
-                window_start.alias("window_start_ms"),
-                F.coalesce(pub("topic_h"), col("c_topic_h")).alias("topic_h"),
-                "group_h",
-                F.when(col("ck") != 0, col("ck")).alias("client_h"),
-                pub_ts.alias("pub_ts"),
-                pub("msg_type").alias("msg_type"),
-                # (kept so that both uses of the Pub shuffle read the same columns: reused)
-                pub("tags_h").alias("tags_h"),
-                pub("store_h").alias("store_h"),
-                pub("queue_id").alias("queue_id"),
-                pub("queue_offset").alias("queue_offset"),
-                committed.alias("committed_offset"),
-                "retry_reconsume",
-                "retry_queue_offset",
-                "retry_committed",
-                "dlq_queue_offset",
-                due.alias("due_ts"),
-                F.coalesce(col("attempts"), F.lit(0)).alias("attempts"),
-                F.coalesce(col("successes"), F.lit(0)).alias("successes"),
-                F.coalesce(col("failed_attempts"), F.lit(0)).alias("failed_attempts"),
-                F.coalesce(col("in_flight_attempts"), F.lit(0)).alias("in_flight_attempts"),
-                "max_retry_times",
-                "max_failed_retry",
-                F.coalesce(col("consume_events"), F.lit(0)).alias("consume_events"),
-                first_ts.alias("first_consume_ts"),
-                "success_ts",
-                pub("send_cost").alias("send_cost_ms"),
-                (col("first_before_ts") - store_ref).alias("store_to_consume_ms"),
-                col("success_cost").alias("consume_cost_ms"),
-                (col("success_ts") - pub_ts).alias("end_to_end_ms"),
-            )
-            .withColumn("msg_id", F.when(col("real_id") & keep_id, col("pkey")))
-            .drop("pkey", "real_id")
-        )
-        if p.keep_classified:
-            return df
-        # CONSUMED rows (most of them) only feed the tally: their evidence columns are left
-        # null, which Parquet stores for next to nothing
-        tallied = {"outcome", "window_start_ms", "topic_h", "group_h", *METRICS}
-        return df.select(
-            *[col(c) if c in tallied else F.when(keep_id, col(c)).alias(c) for c in df.columns]
-        )
-
-    def _with_deliveries(self, j: DataFrame) -> DataFrame:
-        """``j`` with the last retry copy and dead-letter copy of each (message, group) from
-        the snapshot (broadcast: retried messages are few); null columns when none is known."""
-        names = ["retry_reconsume", "retry_queue_offset", "retry_committed", "dlq_queue_offset"]
-        if not self.deliveries:
-            return j.select(
-                "*",
-                F.lit(None).cast("int").alias("retry_reconsume"),
-                *[F.lit(None).cast("long").alias(n) for n in names[1:]],
-            )
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        # through a Parquet file, not createDataFrame: a million rows cross py4j in a second
-        # that way, instead of minutes
-        cols = list(zip(*self.deliveries, strict=True))
-        table = pa.table(
-            {
-                "d_pkey": pa.array(cols[0], pa.string()),
-                "group": pa.array(cols[1], pa.string()),
-                "retry_reconsume": pa.array(cols[2], pa.int32()),
-                **{n: pa.array(cols[i + 3], pa.int64()) for i, n in enumerate(names[1:])},
-            }
-        )
-        buf = pa.BufferOutputStream()
-        pq.write_table(table, buf)
-        target = self.stage.path("_deliveries")  # (a file named "_…" Spark would skip)
-        self.fs.write_bytes(f"{target}/deliveries.parquet", buf.getvalue().to_pybytes())
-        d = self.spark.read.parquet(target).select(
-            "d_pkey", _h(F.col("group")).alias("d_group_h"), *names
-        )
-        c = F.col
-        return j.join(
-            F.broadcast(d),
-            (c("pkey") == c("d_pkey")) & (c("group_h") == c("d_group_h")),
-            "left",
-        ).drop("d_pkey", "d_group_h")
-
-    def _subs_frame(self) -> DataFrame:
-        schema = T.StructType(
-            [
-                T.StructField("group", T.StringType()),
-                T.StructField("topic", T.StringType()),
-                T.StructField("s_start", T.LongType()),
-                T.StructField("s_end", T.LongType()),
-                T.StructField("tag", T.StringType()),
-                T.StructField("s_bcast", T.BooleanType()),
-            ]
-        )
-        rows = subscription_segments(self.subs, self.p.subscription_grace_ms)
-        return self.spark.createDataFrame(rows, schema).select(
-            _h(F.col("group")).alias("s_group_h"),
-            _h(F.col("topic")).alias("s_topic_h"),
-            _h(F.col("tag")).alias("s_tag_h"),
-            "s_start",
-            "s_end",
-            "s_bcast",
-        )
-
-    def _offsets_frame(self) -> DataFrame:
-        schema = T.StructType(
-            [
-                T.StructField("group", T.StringType()),
-                T.StructField("topic", T.StringType()),
-                T.StructField("store_addr", T.StringType()),
-                T.StructField("o_queue_id", T.IntegerType()),
-                T.StructField("client", T.StringType()),
-                T.StructField("o_committed", T.LongType()),
-            ]
-        )
-        rows = [
-            (o.group, o.topic, o.store_addr, o.queue_id, o.client, o.committed)
-            for o in self.offsets
-        ]
-        c = F.col
-        return self.spark.createDataFrame(rows, schema).select(
-            _h(c("group")).alias("o_group_h"),
-            _h(c("topic")).alias("o_topic_h"),
-            _h(c("store_addr")).alias("o_store_h"),
-            "o_queue_id",
-            F.coalesce(_h(F.when(c("client") != "", c("client"))), F.lit(0))
-            .cast("long")
-            .alias("o_client_h"),
-            "o_committed",
-        )
-
-    def _clients_frame(self) -> DataFrame:
-        """Consuming clients of broadcasting groups: (group, topic, client host), hashed."""
-        schema = T.StructType(
-            [
-                T.StructField("group", T.StringType()),
-                T.StructField("topic", T.StringType()),
-                T.StructField("client", T.StringType()),
-            ]
-        )
-        c = F.col
-        return self.spark.createDataFrame(self.scan.broadcast_clients, schema).select(
-            _h(c("group")).alias("c_group_h"),
-            _h(c("topic")).alias("c_topic_h"),
-            F.coalesce(_h(F.when(c("client") != "", c("client"))), F.lit(0))
-            .cast("long")
-            .alias("c_client_h"),
+        return classify.meet(
+            exp,
+            agg,
+            classify.offsets_frame(spark, self.offsets),
+            deliveries,
+            p,
+            f_ms=self.f_ms,
+            t_ms=self.t_ms,
+            read_lo=self.read_lo,
+            cutoff=self.cutoff,
         )
 
     # -- outputs ----------------------------------------------------------------------
@@ -1025,37 +551,6 @@ class _Context:
 # ----------------------------------------------------------------------------- helpers
 
 
-def _zone_month_start(ts_ms: Column, zone: str) -> Column:
-    """Epoch ms of local midnight on the 1st of the month (in ``zone``) containing ``ts_ms``.
-
-    Independent of the session time zone: from_utc_timestamp gives the zone's wall clock as
-    if it were UTC, the month is truncated on that, and to_utc_timestamp turns the wall clock
-    back into an instant. A midnight skipped by a DST gap gets the offset before the change
-    and a repeated one its first occurrence (java.time's rule), as ``zoneinfo`` with fold=0
-    and Java's lenient Calendar."""
-    wall = F.unix_millis(F.from_utc_timestamp(F.timestamp_millis(ts_ms), zone))
-    first = F.trunc(F.date_from_unix_date(F.floor(wall / DAY_MS).cast("int")), "month")
-    first_wall = F.timestamp_millis(F.unix_date(first).cast("long") * DAY_MS)
-    return F.unix_millis(F.to_utc_timestamp(first_wall, zone))
-
-
-def _msg_id_created(msg_id: Column, ref_ts: Column, zone: str = "UTC") -> Column:
-    """Epoch ms a RocketMQ msgId was created at, read at ``ref_ts`` with the producer's
-    ``zone``; null if it is not 32 or 56 hex digits (56: an IPv6 client address).
-
-    The same rule as ``tracemq.message_id.msg_id_created_ms`` (the tests compare the two): the
-    id's time field is ms since the start of a month in ``zone``; the month is the one of
-    ``ref_ts``, or the one before if that would put the creation more than a day after
-    ``ref_ts`` (a day of clock skew allowed)."""
-    valid = msg_id.rlike("^([0-9A-Fa-f]{32}|[0-9A-Fa-f]{56})$")
-    # the time field is the 8 hex digits before the 4-digit counter, whatever the address size
-    offset = F.conv(F.substring(msg_id, -12, 8), 16, 10).cast("long")
-    month = _zone_month_start(ref_ts, zone)
-    prev = _zone_month_start(month - 1, zone)
-    created = F.when(month + offset > ref_ts + DAY_MS, prev + offset).otherwise(month + offset)
-    return F.when(valid, created)
-
-
 def _flatten_percentiles(df: DataFrame) -> DataFrame:
     for m in METRICS:
         df = df.select(
@@ -1066,51 +561,6 @@ def _flatten_percentiles(df: DataFrame) -> DataFrame:
             ],
         ).drop(f"{m}_pct")
     return df
-
-
-def _h(c: Column) -> Column:
-    """xxhash64 of a string column; null stays null."""
-    return F.when(c.isNotNull(), F.xxhash64(c))
-
-
-def subscription_segments(
-    subs: list[SubRow], grace_ms: int
-) -> list[tuple[str, str, int, int, str | None, bool]]:
-    """Subscription rows as disjoint time segments per (group, topic):
-    (group, topic, start, end, tag or None for every tag, broadcasting), end exclusive.
-
-    A row covers ``[first_seen, last_seen + grace]``. Where rows of one (group, topic)
-    overlap, the segment accepts the union of their tags (every tag if one is ``*``), so a
-    message matches a group through at most one segment row.
-    """
-    by_key: dict[tuple[str, str], list[SubRow]] = {}
-    for s in subs:
-        by_key.setdefault((s.group, s.topic), []).append(s)
-    out: list[tuple[str, str, int, int, str | None, bool]] = []
-    for (group, topic), rows in sorted(by_key.items()):
-        bcast = any(r.broadcasting for r in rows)
-        spans = [(r.first_seen, r.last_seen + grace_ms + 1, r.tag) for r in rows]
-        cuts = sorted({x for a, b, _ in spans for x in (a, b)})
-        segments: list[tuple[int, int, frozenset[str] | None]] = []
-        for lo, hi in zip(cuts, cuts[1:], strict=False):
-            cover = [t for a, b, t in spans if a <= lo and b >= hi]
-            if not cover:
-                continue
-            tags = (
-                None
-                if any(t is None for t in cover)
-                else frozenset(t for t in cover if t is not None)
-            )
-            if segments and segments[-1][1] == lo and segments[-1][2] == tags:
-                segments[-1] = (segments[-1][0], hi, tags)
-            else:
-                segments.append((lo, hi, tags))
-        for lo, hi, tags in segments:
-            if tags is None:
-                out.append((group, topic, lo, hi, None, bcast))
-            else:
-                out.extend((group, topic, lo, hi, t, bcast) for t in sorted(tags))
-    return out
 
 
 def _latency(r: Any) -> dict[str, Any]:
