@@ -4,6 +4,19 @@ Pure PySpark (DataFrame API, no Python UDFs); it imports nothing of tracemq but 
 :func:`run` is the whole job; the CLI (``tracemq reconcile``) and ``submit.py`` (spark-submit)
 only parse arguments, build the session and call it.
 
+Where things live — :func:`run` orchestrates the stages, one module each (this module keeps
+the run's state, ``_Context``, and re-exports the public names callers import from it):
+
+* :mod:`~tracemq_spark.params` — :class:`Params`, the constants, :class:`ReconcileError`;
+* :mod:`~tracemq_spark.session` — :func:`build_session`, the runtime settings, the lake schema;
+* :mod:`~tracemq_spark.input_files` — the subscription and offsets files, parsed;
+* :mod:`~tracemq_spark.lake_scan` — the lake files of the read range, the pre-flight scan;
+* :mod:`~tracemq_spark.classify` — the classification, one pure ``DataFrame -> DataFrame``
+  function per step (pubs, expected deliveries, attempts, consumed, meet);
+* :mod:`~tracemq_spark.outputs` — anomalies, summary (and classified) datasets, summary.json,
+  the report;
+* :mod:`~tracemq_spark.commit` — staging and the atomic per-window commit.
+
 Semantics (DESIGN §6; the documented choices are in the package README and in ``--help``):
 
 * Read range: lake events with ``from - horizon <= timestamp < to + horizon`` (hour partitions
@@ -158,6 +171,8 @@ def run(spark: SparkSession, params: Params, progress: Progress | None = None) -
 
 
 class _Context:
+    """One run's state: its range, inputs and lake scan, handed from stage to stage."""
+
     def __init__(
         self,
         spark: SparkSession,
