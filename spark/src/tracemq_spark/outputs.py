@@ -333,60 +333,63 @@ def _evidence() -> Column:
     c = F.col
     o = c("outcome")
 
-    def s(x: Column) -> Column:
-        return F.coalesce(x.cast("string"), F.lit("?"))
+    def text(*parts: str | Column) -> Column:
+        """The parts joined: strings as they are, columns as strings ("?" when null)."""
+        return F.concat(
+            *[
+                F.lit(x) if isinstance(x, str) else F.coalesce(x.cast("string"), F.lit("?"))
+                for x in parts
+            ]
+        )
 
     # where the offsets say the group is done with the message: its last retry copy, or the
     # original queue
     done_at = F.when(
         c("retry_reconsume").isNotNull(),
-        F.concat(
-            F.lit("retry copy #"),
-            s(c("retry_reconsume")),
-            F.lit(" in %RETRY%"),
-            s(c("group")),
-            F.lit(" at offset "),
-            s(c("retry_queue_offset")),
-            F.lit(" is behind the committed offset "),
-            s(c("retry_committed")),
+        text(
+            "retry copy #",
+            c("retry_reconsume"),
+            " in %RETRY%",
+            c("group"),
+            " at offset ",
+            c("retry_queue_offset"),
+            " is behind the committed offset ",
+            c("retry_committed"),
         ),
     ).otherwise(
-        F.concat(
-            F.lit("the committed offset "),
-            s(c("committed_offset")),
-            F.lit(" is past queue offset "),
-            s(c("queue_offset")),
+        text(
+            "the committed offset ",
+            c("committed_offset"),
+            " is past queue offset ",
+            c("queue_offset"),
         )
     )
     return (
-        F.when(
-            o == "TRACE_LOST",
-            F.concat(F.lit("no consume trace, but "), done_at),
-        )
+        F.when(o == "TRACE_LOST", text("no consume trace, but ", done_at))
         .when(
             o == "TRACE_INCOMPLETE",
-            F.concat(
-                F.lit("consumed by the offsets, trace incomplete: "),
+            text(
+                "consumed by the offsets, trace incomplete: ",
                 done_at,
-                F.lit("; traced "),
-                s(c("attempts")),
-                F.lit(" attempt(s), "),
-                s(c("failed_attempts")),
-                F.lit(" failed, "),
-                s(c("in_flight_attempts")),
-                F.lit(" without end, none successful"),
+                "; traced ",
+                c("attempts"),
+                " attempt(s), ",
+                c("failed_attempts"),
+                " failed, ",
+                c("in_flight_attempts"),
+                " without end, none successful",
             ),
         )
         .when(
             (o == "DEAD_LETTERED") & c("dlq_queue_offset").isNotNull(),
-            F.concat(
-                F.lit("copy in %DLQ%"),
-                s(c("group")),
-                F.lit(" at offset "),
-                s(c("dlq_queue_offset")),
-                F.lit("; "),
-                s(c("failed_attempts")),
-                F.lit(" failed attempt(s) traced"),
+            text(
+                "copy in %DLQ%",
+                c("group"),
+                " at offset ",
+                c("dlq_queue_offset"),
+                "; ",
+                c("failed_attempts"),
+                " failed attempt(s) traced",
             ),
         )
         .when(
@@ -398,47 +401,40 @@ def _evidence() -> Column:
                     "comparable)"
                 ),
             ).otherwise(
-                F.concat(
-                    F.lit("no consume trace past the horizon; committed offset "),
-                    s(c("committed_offset")),
-                    F.lit(" <= queue offset "),
-                    s(c("queue_offset")),
+                text(
+                    "no consume trace past the horizon; committed offset ",
+                    c("committed_offset"),
+                    " <= queue offset ",
+                    c("queue_offset"),
                 )
             ),
         )
         .when(
             o == "PENDING",
-            F.concat(F.lit("no consume trace yet; due until "), s(F.timestamp_millis(c("due_ts")))),
+            text("no consume trace yet; due until ", F.timestamp_millis(c("due_ts"))),
         )
-        .when(
-            o == "IN_FLIGHT",
-            F.concat(s(c("in_flight_attempts")), F.lit(" attempt(s) began without ending")),
-        )
+        .when(o == "IN_FLIGHT", text(c("in_flight_attempts"), " attempt(s) began without ending"))
         .when(
             o.isin("FAILED", "DEAD_LETTERED"),
-            F.concat(
-                s(c("failed_attempts")),
-                F.lit(" failed attempt(s), highest retry "),
-                s(c("max_retry_times")),
-            ),
+            text(c("failed_attempts"), " failed attempt(s), highest retry ", c("max_retry_times")),
         )
         .when(
             o == "CONSUMED_AFTER_RETRY",
-            F.concat(F.lit("consumed after "), s(c("attempts") - 1), F.lit(" earlier attempt(s)")),
+            text("consumed after ", c("attempts") - 1, " earlier attempt(s)"),
         )
-        .when(o == "DUPLICATE", F.concat(s(c("successes")), F.lit(" successful consumptions")))
+        .when(o == "DUPLICATE", text(c("successes"), " successful consumptions"))
         .when(
             o == "UNEXPECTED_GROUP",
-            F.concat(
-                F.lit("group has no matching subscription at "),
-                s(F.timestamp_millis(c("pub_ts"))),
-                F.lit(" for tag "),
-                s(c("tags")),
+            text(
+                "group has no matching subscription at ",
+                F.timestamp_millis(c("pub_ts")),
+                " for tag ",
+                c("tags"),
             ),
         )
         .when(
             o == "ORPHAN_CONSUME",
-            F.concat(s(c("consume_events")), F.lit(" consume event(s), no Pub found")),
+            text(c("consume_events"), " consume event(s), no Pub found"),
         )
         .when(o == "PUB_FAILED", F.lit("every send attempt failed"))
     )
