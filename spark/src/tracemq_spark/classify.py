@@ -23,7 +23,6 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from tracemq_spark.input_files import DeliveryRow, OffsetRow, SubRow
 from tracemq_spark.params import (
@@ -40,19 +39,15 @@ from tracemq_spark.params import (
 # ---- the classification's small inputs ---------------------------------------------------
 
 
+def _client_h(client: Column) -> Column:
+    """A client host's hash; 0 for none (clustering groups)."""
+    return F.coalesce(_h(F.when(client != "", client)), F.lit(0)).cast("long")
+
+
 def subs_frame(spark: SparkSession, subs: list[SubRow], grace_ms: int) -> DataFrame:
     """The subscription segments (:func:`subscription_segments`), hashed: ``s_group_h``,
     ``s_topic_h``, ``s_tag_h`` (null: every tag), ``s_start``, ``s_end``, ``s_bcast``."""
-    schema = T.StructType(
-        [
-            T.StructField("group", T.StringType()),
-            T.StructField("topic", T.StringType()),
-            T.StructField("s_start", T.LongType()),
-            T.StructField("s_end", T.LongType()),
-            T.StructField("tag", T.StringType()),
-            T.StructField("s_bcast", T.BooleanType()),
-        ]
-    )
+    schema = "group string, topic string, s_start bigint, s_end bigint, tag string, s_bcast boolean"
     rows = subscription_segments(subs, grace_ms)
     return spark.createDataFrame(rows, schema).select(
         _h(F.col("group")).alias("s_group_h"),
@@ -66,15 +61,9 @@ def subs_frame(spark: SparkSession, subs: list[SubRow], grace_ms: int) -> DataFr
 
 def offsets_frame(spark: SparkSession, offsets: list[OffsetRow]) -> DataFrame:
     """The committed offsets, hashed (``o_*`` columns; ``o_client_h`` 0: not broadcasting)."""
-    schema = T.StructType(
-        [
-            T.StructField("group", T.StringType()),
-            T.StructField("topic", T.StringType()),
-            T.StructField("store_addr", T.StringType()),
-            T.StructField("o_queue_id", T.IntegerType()),
-            T.StructField("client", T.StringType()),
-            T.StructField("o_committed", T.LongType()),
-        ]
+    schema = (
+        "group string, topic string, store_addr string, o_queue_id int, client string, "
+        "o_committed bigint"
     )
     rows = [(o.group, o.topic, o.store_addr, o.queue_id, o.client, o.committed) for o in offsets]
     c = F.col
@@ -83,29 +72,19 @@ def offsets_frame(spark: SparkSession, offsets: list[OffsetRow]) -> DataFrame:
         _h(c("topic")).alias("o_topic_h"),
         _h(c("store_addr")).alias("o_store_h"),
         "o_queue_id",
-        F.coalesce(_h(F.when(c("client") != "", c("client"))), F.lit(0))
-        .cast("long")
-        .alias("o_client_h"),
+        _client_h(c("client")).alias("o_client_h"),
         "o_committed",
     )
 
 
 def clients_frame(spark: SparkSession, clients: list[tuple[str, str, str]]) -> DataFrame:
     """Consuming clients of broadcasting groups: (group, topic, client host), hashed."""
-    schema = T.StructType(
-        [
-            T.StructField("group", T.StringType()),
-            T.StructField("topic", T.StringType()),
-            T.StructField("client", T.StringType()),
-        ]
-    )
+    schema = "group string, topic string, client string"
     c = F.col
     return spark.createDataFrame(clients, schema).select(
         _h(c("group")).alias("c_group_h"),
         _h(c("topic")).alias("c_topic_h"),
-        F.coalesce(_h(F.when(c("client") != "", c("client"))), F.lit(0))
-        .cast("long")
-        .alias("c_client_h"),
+        _client_h(c("client")).alias("c_client_h"),
     )
 
 
@@ -260,6 +239,8 @@ def pubs(ev: DataFrame, *, f_ms: int, t_ms: int, base: int, n_parts: int) -> Dat
         F.shiftleft(F.when(col("success"), 0).otherwise(1).cast("long"), 62)
         + (col("timestamp") - base),
     )
+    raw = ["timestamp", "cost_time", "store_time", "msg_type", "queue_id", "queue_offset"]
+    hashed = {"topic_h": "topic", "tags_h": "tags", "store_h": "store_addr"}
     prod = (
         ev.where(
             tt.isin("Pub", "EndTransaction", "Recall")
@@ -270,15 +251,8 @@ def pubs(ev: DataFrame, *, f_ms: int, t_ms: int, base: int, n_parts: int) -> Dat
         .select(
             col("msg_id").alias("pkey"),
             order.alias("o"),
-            "timestamp",
-            "cost_time",
-            "store_time",
-            "msg_type",
-            "queue_id",
-            "queue_offset",
-            _h(col("topic")).alias("topic_h"),
-            _h(col("tags")).alias("tags_h"),
-            _h(col("store_addr")).alias("store_h"),
+            *raw,
+            *[_h(col(name)).alias(h) for h, name in hashed.items()],
             ((tt == "EndTransaction") & (col("transaction_state") == _TX_COMMIT))
             .cast("int")
             .alias("is_commit"),
@@ -289,17 +263,14 @@ def pubs(ev: DataFrame, *, f_ms: int, t_ms: int, base: int, n_parts: int) -> Dat
         )
         .repartition(n_parts, "pkey")
     )
-    firsts = [
-        "timestamp",
-        "cost_time",
-        "store_time",
-        "msg_type",
-        "queue_id",
-        "queue_offset",
-        "topic_h",
-        "tags_h",
-        "store_h",
-    ]
+    # the first successful Pub's (min_by o)
+    firsts = [*raw, *hashed]
+    # PUB_COLS but in_window (added below), some under their lake names
+    renamed = {
+        "pub_ts": col("timestamp"),
+        "pub_ok": F.shiftright(col("o"), 62) == 0,
+        "send_cost": col("cost_time"),
+    }
     pubs = (
         prod.groupBy("pkey")
         .agg(
@@ -310,22 +281,7 @@ def pubs(ev: DataFrame, *, f_ms: int, t_ms: int, base: int, n_parts: int) -> Dat
             F.max("is_recall").alias("recalled"),
         )
         .where(col("o").isNotNull())
-        .select(
-            "pkey",
-            col("timestamp").alias("pub_ts"),
-            (F.shiftright(col("o"), 62) == 0).alias("pub_ok"),
-            "topic_h",
-            "tags_h",
-            col("cost_time").alias("send_cost"),
-            "store_time",
-            "msg_type",
-            "store_h",
-            "queue_id",
-            "queue_offset",
-            "tx_commit",
-            "tx_rollback",
-            "recalled",
-        )
+        .select("pkey", *[renamed.get(c, col(c)).alias(c) for c in PUB_COLS[:-1]])
     )
     pubs = pubs.withColumn(
         "in_window", (col("pub_ts") >= f_ms) & (col("pub_ts") < t_ms)
