@@ -32,6 +32,11 @@ The world it simulates (see :func:`topology`):
   published before the window (in the look-back, and long before), messages published after
   the window.
 
+Where things live: the simulated world's constants, behaviours and groups in
+:mod:`~tracemq_spark.gen_world`; the columnar id/string/table builders in
+:mod:`~tracemq_spark.gen_columns`; here the scenario, the chunked event generation (``_Gen``)
+and the ground truth.
+
 The ground truth (:attr:`GeneratedLake.truth`) is the outcome the reconciliation must find for
 each (window, msgId, group, client) — what each behaviour means, given which events fall inside
 the job's read range ``[from - horizon, to + horizon)``, the committed offsets and the cutoff.
@@ -40,357 +45,63 @@ the job's read range ``[from - horizon, to + horizon)``, the committed offsets a
 from __future__ import annotations
 
 import datetime as _dt
-import ipaddress
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from zoneinfo import ZoneInfo
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from tracemq import lake_schema
 
-SEC = 1000
-MIN = 60 * SEC
-HOUR = 60 * MIN
-DAY = 24 * HOUR
-
-TRACE_TOPIC = "RMQ_SYS_TRACE_TOPIC"
-TRACE_PARTITIONS = 4
-REGION = "DefaultRegion"
-
-#: RocketMQ's 18 delay levels
-DELAY_LEVELS_MS = (
-    np.array(
-        [1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200],
-        dtype=np.int64,
-    )
-    * SEC
+from tracemq_spark.gen_columns import (
+    _COLS,
+    _frame,
+    _keys,
+    _offset_msg_ids,
+    _request_ids,
+    _take,
+    msg_ids,
 )
-
-# ----------------------------------------------------------------------------- topology
-
-BROKERS = [("broker-a", "10.0.0.1:10911"), ("broker-b", "10.0.0.2:10911")]
-QUEUES = 4
-TOPICS = ["TopicA", "TopicB", "TopicC"]
-TOPIC_P = np.array([0.55, 0.12, 0.33])
-#: tags per topic (None = no tag) and their probabilities
-TAGS: list[list[str | None]] = [["TagA", "TagB", "TagC"], [None, "x"], ["TagX", "TagY", "TagZ"]]
-TAG_P = [np.array([0.4, 0.4, 0.2]), np.array([0.5, 0.5]), np.array([0.48, 0.48, 0.04])]
-#: (group, host, clock skew ms, msgId time zone, msgId address): the producers write their
-#: msgIds in different zones (RocketMQ's month start is the producer's local one), and one
-#: has an IPv6 address (56-hex msgIds)
-PRODUCERS = [
-    ("PG_orders", "10.0.3.1", 0, "Asia/Shanghai", "10.0.3.1"),
-    ("PG_billing", "10.0.3.2", 400, "Europe/Berlin", "fd00::3:2"),
-]
-
-# behaviours of an expected (message, group[, client]) pair
-OK, RETRY_OK, FAILED, DLQ, IN_FLIGHT, DUPLICATE, DUP_TRACE, OLDFMT = range(8)
-TRACE_LOST, NOT_CONSUMED, LATE_IN, LATE_PAST = range(8, 12)
-AFTER_LOST, RETRY_LOST = range(12, 14)
-BEHAVIOURS = [
-    "ok",
-    "retry_ok",
-    "failed",
-    "dlq",
-    "in_flight",
-    "duplicate",
-    "dup_trace",
-    "oldfmt",
-    "trace_lost",
-    "not_consumed",
-    "late_in_horizon",
-    "late_past_horizon",
-    "after_lost",
-    "retry_trace_lost",
-]
-NO_TRACE = (TRACE_LOST, NOT_CONSUMED, LATE_PAST)
-#: (probability for clustering groups, for broadcasting clients)
-_BEHAVIOUR_P = np.array(
-    [
-        [0.80, 0.90],  # ok
-        [0.04, 0.0],  # retry_ok
-        [0.02, 0.02],  # failed
-        [0.01, 0.0],  # dlq
-        [0.015, 0.01],  # in_flight (only late in the window)
-        [0.015, 0.03],  # duplicate
-        [0.02, 0.0],  # dup_trace
-        [0.02, 0.0],  # oldfmt
-        [0.025, 0.02],  # trace_lost
-        [0.015, 0.02],  # not_consumed (only late in the window)
-        [0.01, 0.0],  # late_in_horizon
-        [0.01, 0.0],  # late_past_horizon
-        [0.015, 0.0],  # after_lost: SubAfter lost, committed offset passed
-        [0.015, 0.0],  # retry_trace_lost: the successful retry's records lost
-    ]
+from tracemq_spark.gen_world import (
+    _BEHAVIOUR_P,
+    _BLOCKERS,
+    _RETRYING,
+    AFTER_LOST,
+    BEHAVIOURS,
+    BROKERS,
+    DAY,
+    DELAY_LEVELS_MS,
+    DLQ,
+    DUP_TRACE,
+    DUPLICATE,
+    FAILED,
+    HOUR,
+    IN_FLIGHT,
+    LATE_IN,
+    LATE_PAST,
+    MIN,
+    NOT_CONSUMED,
+    OK,
+    OLDFMT,
+    PRODUCERS,
+    QUEUES,
+    REGION,
+    RETRY_LOST,
+    RETRY_OK,
+    SEC,
+    TAG_P,
+    TAGS,
+    TOPICS,
+    TRACE_LOST,
+    TRACE_PARTITIONS,
+    TRACE_TOPIC,
+    Group,
+    _tag_matches,
+    subscription_rows,
+    topology,
 )
-#: behaviours whose later attempts are retries (copies in %RETRY%<group>)
-_RETRYING = (RETRY_OK, FAILED, DLQ, IN_FLIGHT, RETRY_LOST)
-#: behaviours that keep a group's committed offset from passing the message
-_BLOCKERS = (IN_FLIGHT, NOT_CONSUMED)
-
-
-@dataclass(frozen=True)
-class Group:
-    name: str
-    topic: int  # index into TOPICS, -1 for none
-    #: subscription rows: (expression, first_seen, last_seen)
-    rows: tuple[tuple[str, int, int], ...]
-    broadcasting: bool
-    #: consuming hosts: (client_host, clock skew ms)
-    clients: tuple[tuple[str, int], ...]
-    consumes: bool = True
-
-
-def topology(start_ms: int, end_ms: int, now_ms: int) -> list[Group]:
-    """The consumer groups of the simulated world (see the module docstring)."""
-    long_ago = start_ms - DAY
-    mid = start_ms + (end_ms - start_ms) // 2
-    return [
-        Group(
-            "G_all_A",
-            0,
-            (("*", long_ago, now_ms),),
-            False,
-            (("10.0.2.1", 0), ("10.0.2.2", 0), ("10.0.2.9", -8 * SEC)),
-        ),
-        Group(
-            "G_tag_A",
-            0,
-            (("TagA || TagB", long_ago, now_ms),),
-            False,
-            (("10.0.2.3", 0), ("10.0.2.4", 0)),
-        ),
-        Group("G_late_A", 0, (("*", mid, now_ms),), False, (("10.0.2.5", 0),)),
-        Group("G_all_B", 1, (("*", long_ago, now_ms),), False, (("10.0.2.6", 0),)),
-        Group(
-            "G_bcast_B",
-            1,
-            (("*", long_ago, now_ms),),
-            True,
-            (("10.0.1.1", 0), ("10.0.1.2", 0), ("10.0.1.3", 3 * SEC)),
-        ),
-        Group(
-            "G_chg_C",
-            2,
-            (("TagX", long_ago, mid), ("TagY", mid, now_ms)),
-            False,
-            (("10.0.2.7", 0), ("10.0.2.8", 0)),
-        ),
-        Group("G_silent_C", 2, (("TagZ", long_ago, now_ms),), True, (), consumes=False),
-        Group("G_rogue", -1, (), False, (("10.0.9.9", 0),)),
-    ]
-
-
-def subscription_rows(groups: Sequence[Group]) -> list[dict[str, Any]]:
-    """The subscription history as ``RegistryReader.subscription_history()`` returns it."""
-    rows: list[dict[str, Any]] = []
-    for g in groups:
-        for expression, first, last in g.rows:
-            rows.append(
-                {
-                    "group": g.name,
-                    "topic": TOPICS[g.topic],
-                    "expression": expression,
-                    "message_model": "BROADCASTING" if g.broadcasting else "CLUSTERING",
-                    "first_seen": int(first),
-                    "last_seen": int(last),
-                }
-            )
-        if g.rows and not g.broadcasting:  # clustering consumers also subscribe their retry topic
-            rows.append(
-                {
-                    "group": g.name,
-                    "topic": f"%RETRY%{g.name}",
-                    "expression": "*",
-                    "message_model": "CLUSTERING",
-                    "first_seen": int(g.rows[0][1]),
-                    "last_seen": int(g.rows[-1][2]),
-                }
-            )
-    return sorted(rows, key=lambda r: (r["group"], r["topic"], r["first_seen"]))
-
-
-def _tag_matches(expression: str, tags: np.ndarray, topic: int) -> np.ndarray:
-    """Per message tag code (within ``topic``): does ``expression`` accept it?"""
-    expr = expression.strip()
-    if expr in ("", "*"):
-        return np.ones(len(tags), dtype=bool)
-    wanted = {t.strip() for t in expr.split("||")}
-    ok_codes = [i for i, t in enumerate(TAGS[topic]) if t is not None and t in wanted]
-    return np.isin(tags, ok_codes)
-
-
-# ----------------------------------------------------------------------------- helpers
-
-_HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
-
-
-def _strings_fixed(raw: np.ndarray) -> pa.Array:
-    """(n, k) uint8 → an arrow string array of n strings of k bytes."""
-    n, k = raw.shape
-    offsets = np.arange(0, (n + 1) * k, k, dtype=np.int32 if n * k < 2**31 else np.int64)
-    data = np.ascontiguousarray(raw).tobytes()
-    if offsets.dtype == np.int64:
-        return pa.LargeStringArray.from_buffers(
-            n, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data)
-        ).cast(pa.string())
-    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data))
-
-
-def _hex(raw: np.ndarray) -> np.ndarray:
-    """(n, k) uint8 → (n, 2k) uint8 of upper-case hex digits."""
-    out = np.empty((raw.shape[0], raw.shape[1] * 2), dtype=np.uint8)
-    out[:, 0::2] = _HEX[raw >> 4]
-    out[:, 1::2] = _HEX[raw & 15]
-    return out
-
-
-def _be(values: np.ndarray, nbytes: int) -> np.ndarray:
-    """Big-endian bytes of unsigned integers: (n,) → (n, nbytes) uint8."""
-    v = values.astype(np.uint64)
-    shifts = np.arange(nbytes - 1, -1, -1, dtype=np.uint64) * np.uint64(8)
-    return ((v[:, None] >> shifts[None, :]) & np.uint64(0xFF)).astype(np.uint8)
-
-
-def _month_start(ms: np.ndarray, zone: str) -> np.ndarray:
-    """Epoch ms of local midnight on the 1st of the month (in ``zone``) containing each ``ms``."""
-    z = ZoneInfo(zone)
-    first = _dt.datetime.fromtimestamp(int(ms.min()) // 1000, tz=z)
-    last = _dt.datetime.fromtimestamp(int(ms.max()) // 1000, tz=z)
-    starts = []
-    y, m = first.year, first.month
-    while (y, m) <= (last.year, last.month):
-        starts.append(int(_dt.datetime(y, m, 1, tzinfo=z).timestamp()) * 1000)
-        y, m = (y + 1, 1) if m == 12 else (y, m + 1)
-    bounds = np.array(starts, dtype=np.int64)
-    return bounds[np.searchsorted(bounds, ms, side="right") - 1]
-
-
-def _address(ip: str) -> bytes:
-    return ipaddress.ip_address(ip).packed
-
-
-def msg_ids(
-    index: np.ndarray, created_ms: np.ndarray, producer: np.ndarray, zone: str | None = None
-) -> pa.Array:
-    """RocketMQ msgIds: client address, pid, salt, ms since the month start in the producer's
-    zone (``zone``: this one for all), counter; 56 hex digits for an IPv6 address.
-
-    Unique per ``index``: the salt holds ``index >> 16`` and the counter ``index & 0xFFFF``.
-    """
-    n = len(index)
-    created_ms = np.asarray(created_ms, dtype=np.int64)
-    raw = np.zeros((n, 28), dtype=np.uint8)
-    width = np.empty(n, dtype=np.int64)
-    for p, (_, _, _, p_zone, ip) in enumerate(PRODUCERS):
-        sel = np.flatnonzero(producer == p)
-        if not len(sel):
-            continue
-        addr = _address(ip)
-        a = len(addr)
-        width[sel] = (a + 12) * 2
-        raw[sel, 0:a] = np.frombuffer(addr, dtype=np.uint8)
-        raw[sel, a : a + 2] = _be(1000 + producer[sel], 2)
-        raw[sel, a + 2 : a + 6] = _be(index[sel] >> 16, 4)
-        made = created_ms[sel]
-        raw[sel, a + 6 : a + 10] = _be(made - _month_start(made, zone or p_zone), 4)
-        raw[sel, a + 10 : a + 12] = _be(index[sel] & 0xFFFF, 2)
-    digits = _hex(raw)
-    keep = np.arange(56)[None, :] < width[:, None]
-    offsets = np.concatenate([[0], np.cumsum(width)])
-    if offsets[-1] >= 2**31:
-        raise ValueError("too many msgIds for one string array")
-    return pa.StringArray.from_buffers(
-        n,
-        pa.py_buffer(offsets.astype(np.int32).tobytes()),
-        pa.py_buffer(np.ascontiguousarray(digits[keep]).tobytes()),
-    )
-
-
-def _request_ids(index: np.ndarray, salt: int) -> pa.Array:
-    n = len(index)
-    raw = np.empty((n, 16), dtype=np.uint8)
-    raw[:, 0:8] = _be(index, 8)
-    raw[:, 8:16] = _be(np.full(n, salt, dtype=np.uint64), 8)
-    return _strings_fixed(_hex(raw)[:, ::-1].copy())  # reversed: not sorted like the msgIds
-
-
-def _offset_msg_ids(broker: np.ndarray, queue: np.ndarray, offset: np.ndarray) -> pa.Array:
-    n = len(broker)
-    raw = np.empty((n, 16), dtype=np.uint8)
-    addr = np.array(
-        [[int(x) for x in b[1].split(":")[0].split(".")] for b in BROKERS], dtype=np.uint8
-    )
-    port = np.array([int(b[1].split(":")[1]) for b in BROKERS], dtype=np.int64)
-    raw[:, 0:4] = addr[broker]
-    raw[:, 4:8] = _be(port[broker], 4)
-    raw[:, 8:16] = _be((queue.astype(np.uint64) << np.uint64(48)) | offset.astype(np.uint64), 8)
-    return _strings_fixed(_hex(raw))
-
-
-def _take(values: Sequence[str | None], codes: np.ndarray) -> pa.Array:
-    """Strings from a small dictionary by code (a negative code or a None entry is null)."""
-    dictionary = pa.array(list(values) + [None], type=pa.string())
-    idx = np.where(codes < 0, len(values), codes).astype(np.int32)
-    return dictionary.take(pa.array(idx))
-
-
-def _keys(index: np.ndarray) -> pa.Array:
-    return pc.binary_join_element_wise("order-", pc.cast(pa.array(index), pa.string()), "")
-
-
-# ----------------------------------------------------------------------------- events
-
-_COLS = lake_schema.COLUMN_NAMES
-_TYPES = {name: typ for name, typ, _, _ in lake_schema.COLUMNS}
-_DEFAULTS: dict[str, Any] = {
-    "cost_time": 0,
-    "success": True,
-    "context_code": 0,
-    "store_time": 0,
-    "retry_times": 0,
-    "body_length": 0,
-    "from_transaction_check": False,
-    "trace_partition": 0,
-    "trace_offset": 0,
-    "trace_index": 0,
-    "ingest_ts": 0,
-    "schema_version": lake_schema.SCHEMA_VERSION,
-    "trace_topic": TRACE_TOPIC,
-}
-
-
-def _frame(n: int, **cols: Any) -> pa.Table:
-    """A lake table of ``n`` rows: given columns, defaults, nulls for the rest."""
-    arrays = []
-    for name in _COLS:
-        typ = _TYPES[name]
-        if name in cols:
-            v = cols[name]
-            if isinstance(v, pa.Array | pa.ChunkedArray):
-                arr = v if v.type == typ else pc.cast(v, typ)
-            elif isinstance(v, np.ndarray):
-                arr = pa.array(v, type=typ)
-            else:
-                arr = pa.array(np.full(n, v), type=typ) if v is not None else pa.nulls(n, typ)
-        elif name in _DEFAULTS:
-            d = _DEFAULTS[name]
-            arr = (
-                pa.array(np.full(n, d), type=typ)
-                if not isinstance(d, str)
-                else pa.array([d], type=typ).take(pa.array(np.zeros(n, dtype=np.int32)))
-            )
-        else:
-            arr = pa.nulls(n, typ)
-        arrays.append(arr)
-    return pa.Table.from_arrays(arrays, schema=lake_schema.SCHEMA)
-
 
 # ----------------------------------------------------------------------------- generation
 
