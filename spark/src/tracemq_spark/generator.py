@@ -375,6 +375,21 @@ class _Gen:
         phost = _take([p[1] for p in PRODUCERS], producer)
         baddr = _take([b[1] for b in BROKERS], broker)
 
+        def sent(s: pa.Array, *, full: bool = True) -> dict[str, Any]:
+            """The producer's columns of the selected messages' records (a Recall's: only
+            group, topic and msgId)."""
+            cols = dict(
+                region_id=REGION,
+                group_name=pgroup.filter(s),
+                topic=topic_col.filter(s),
+                msg_id=ids.filter(s),
+            )
+            if full:
+                cols.update(
+                    tags=tag_col.filter(s), keys=keys_col.filter(s), store_host=baddr.filter(s)
+                )
+            return cols
+
         def pubs(sel: np.ndarray, ts: np.ndarray, success: bool) -> None:
             s = pa.array(sel)
             k = int(sel.sum())
@@ -383,15 +398,9 @@ class _Gen:
             cols: dict[str, Any] = dict(
                 trace_type="Pub",
                 timestamp=ts[sel],
-                region_id=REGION,
-                group_name=pgroup.filter(s),
+                **sent(s),
                 cost_time=cost[sel],
                 success=success,
-                topic=topic_col.filter(s),
-                msg_id=ids.filter(s),
-                tags=tag_col.filter(s),
-                keys=keys_col.filter(s),
-                store_host=baddr.filter(s),
                 client_host=phost.filter(s),
                 body_length=rng.integers(64, 2048, k),
                 msg_type=mtype[sel],
@@ -432,13 +441,7 @@ class _Gen:
                     int(end_tx.sum()),
                     trace_type="EndTransaction",
                     timestamp=ts_tx,
-                    region_id=REGION,
-                    group_name=pgroup.filter(s),
-                    topic=topic_col.filter(s),
-                    msg_id=ids.filter(s),
-                    tags=tag_col.filter(s),
-                    keys=keys_col.filter(s),
-                    store_host=baddr.filter(s),
+                    **sent(s),
                     msg_type=np.where(state == 0, 2, 1).astype(np.int32),
                     transaction_id=keys_col.filter(s),
                     transaction_state=_take(
@@ -455,10 +458,7 @@ class _Gen:
                     int(recalled.sum()),
                     trace_type="Recall",
                     timestamp=pub_ts[recalled] + 500,
-                    region_id=REGION,
-                    group_name=pgroup.filter(s),
-                    topic=topic_col.filter(s),
-                    msg_id=ids.filter(s),
+                    **sent(s, full=False),
                     success=True,
                 )
             )
@@ -471,10 +471,7 @@ class _Gen:
                     int(refused.sum()),
                     trace_type="Recall",
                     timestamp=pub_ts[refused] + delay[refused] + 2000,
-                    region_id=REGION,
-                    group_name=pgroup.filter(s),
-                    topic=topic_col.filter(s),
-                    msg_id=ids.filter(s),
+                    **sent(s, full=False),
                     success=False,
                 )
             )
