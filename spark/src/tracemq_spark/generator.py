@@ -694,6 +694,20 @@ class _Gen:
         last_off = np.full(P, -1, dtype=np.int64)
         bro = broker[p_msg]
         gnames = [g.name for g in self.groups]
+
+        def copy(queue: str, g: int, br: int, off: int, mid: str, k: int) -> dict[str, Any]:
+            """A copy of message ``mid`` in ``<queue><group>`` (queue 0 of broker ``br``)."""
+            return {
+                "group": gnames[g],
+                "topic": f"{queue}{gnames[g]}",
+                "broker": BROKERS[br][0],
+                "store_addr": BROKERS[br][1],
+                "queue_id": 0,
+                "queue_offset": off,
+                "msg_id": mid,
+                "reconsume_times": k,
+            }
+
         has = np.flatnonzero(k_last > 0)
         for i in has.tolist():  # retried pairs are a few percent: a plain loop
             g, br = int(p_group[i]), int(bro[i])
@@ -701,18 +715,7 @@ class _Gen:
             for k in range(1, int(k_last[i]) + 1):
                 off = int(self.retry_next[g, br])
                 self.retry_next[g, br] += 1
-                self.copies.append(
-                    {
-                        "group": gnames[g],
-                        "topic": f"%RETRY%{gnames[g]}",
-                        "broker": BROKERS[br][0],
-                        "store_addr": BROKERS[br][1],
-                        "queue_id": 0,
-                        "queue_offset": off,
-                        "msg_id": mid,
-                        "reconsume_times": k,
-                    }
-                )
+                self.copies.append(copy("%RETRY%", g, br, off, mid, k))
             last_off[i] = off
             if b[i] == IN_FLIGHT:  # the retry being consumed holds its queue's offset back
                 self.retry_blocker[g, br] = min(self.retry_blocker[g, br], off)
@@ -720,16 +723,14 @@ class _Gen:
         for i in np.flatnonzero(dead).tolist():
             g, br = int(p_group[i]), int(bro[i])
             self.copies.append(
-                {
-                    "group": gnames[g],
-                    "topic": f"%DLQ%{gnames[g]}",
-                    "broker": BROKERS[br][0],
-                    "store_addr": BROKERS[br][1],
-                    "queue_id": 0,
-                    "queue_offset": int(self.dlq_next[g, br]),
-                    "msg_id": ids[int(p_msg[i])].as_py(),
-                    "reconsume_times": int(cnt[i]),
-                }
+                copy(
+                    "%DLQ%",
+                    g,
+                    br,
+                    int(self.dlq_next[g, br]),
+                    ids[int(p_msg[i])].as_py(),
+                    int(cnt[i]),
+                )
             )
             self.dlq_next[g, br] += 1
         return {"k_last": k_last, "last_off": last_off, "broker": bro, "dlq": dead}
