@@ -295,6 +295,33 @@ def test_meet_gives_each_case_its_outcome(spark: Any, tmp_path: Path) -> None:
     )
 
 
+def test_attempts_of_broadcasting_groups_are_per_client_and_dlq_moves_apart(spark: Any) -> None:
+    ev = _events(
+        spark,
+        [
+            pub("M", F0 + MIN),
+            *consume("M", "bc", "b1", F0 + 2 * MIN, ok=True, client_host="10.1.0.1"),
+            *consume("M", "bc", "b2", F0 + 2 * MIN, ok=False, client_host="10.1.0.2"),
+            *consume("M", "g", "g1", F0 + 2 * MIN, ok=False, client_host="10.1.0.3"),
+            # the consumer gave up and moved it to %DLQ%g: a Pub of the group, consume-side
+            pub("M", F0 + 3 * MIN, topic="%DLQ%g", group_name="g", client_host="10.1.0.3"),
+        ],
+    )
+    att = classify.attempts(ev, bh=[_hash(spark, "bc")], n_parts=2)
+    p = classify.pubs(ev, f_ms=F0, t_ms=T0, base=READ_LO, n_parts=2)
+    agg = classify.consumed(att, p)
+    cols = ("attempts", "successes", "failed_attempts", "dead_lettered")
+    got = {(r["group_h"], r["ck"]): tuple(r[c] for c in cols) for r in agg.collect()}
+    assert got == {
+        (_hash(spark, "bc"), _hash(spark, "10.1.0.1")): (1, 1, 0, 0),
+        (_hash(spark, "bc"), _hash(spark, "10.1.0.2")): (1, 0, 1, 0),
+        # clustering: one row whatever the client; the move is no attempt of its own
+        (_hash(spark, "g"), 0): (1, 0, 1, 1),
+    }
+    # the move is not the message's send: the Pub facts are the original's
+    assert _by_pkey(p, "pub_ts", "topic_h") == {"M": (F0 + MIN, _hash(spark, TOPIC))}
+
+
 @pytest.mark.parametrize("has_deliveries", [False, True])
 def test_with_deliveries_adds_the_same_columns_either_way(
     spark: Any, tmp_path: Path, has_deliveries: bool
