@@ -1,5 +1,5 @@
-"""Read a collector's trace lake the way the Spark job does (``tracemq_spark.lake_scan.LakeScan.discover``):
-every data file of every ``date=/hour=`` directory (names starting with ``.`` or ``_`` and
+"""Read a collector's trace lake the way the Spark job does
+(``tracemq_spark.lake_scan.LakeScan.discover``): every data file of every ``date=/hour=`` directory (names starting with ``.`` or ``_`` and
 ``.crc`` files skipped), minus the files a compacted file in the same directory names in its
 ``compacted_from`` footer metadata. No other deduplication: a row written twice shows twice."""
 
