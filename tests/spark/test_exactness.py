@@ -295,10 +295,10 @@ def test_anomaly_details_same_without_the_broadcast(
 ) -> None:
     """Past BROADCAST_IDS_MAX anomalies the Pub details are looked up by a shuffled join: the
     same rows come out, with the producer's strings filled in."""
-    from tracemq_spark import job
+    from tracemq_spark import outputs
 
     _, out = result
-    monkeypatch.setattr(job, "BROADCAST_IDS_MAX", 0)
+    monkeypatch.setattr(outputs, "BROADCAST_IDS_MAX", 0)
     other = tmp_path / "out"
     run(spark, params(lake, other))
     cols = [

@@ -10,7 +10,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from tracemq.message_id import MessageIdGenerator, msg_id_created_ms
-from tracemq_spark.job import Params, ReconcileError, _msg_id_created
+from tracemq_spark.classify import _msg_id_created
+from tracemq_spark.job import Params, ReconcileError
 
 ZONES = ("UTC", "Asia/Shanghai", "America/Los_Angeles", "Europe/Berlin")
 DAY = 86_400_000

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracemq_spark.job import _with_jvm_flags
+from tracemq_spark.session import _with_jvm_flags
 
 
 def test_driver_jvm_runs_with_the_job_flags(spark: Any) -> None:

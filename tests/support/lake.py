@@ -1,7 +1,8 @@
-"""Read a collector's trace lake the way the Spark job does (``tracemq_spark.job.discover``):
-every data file of every ``date=/hour=`` directory (names starting with ``.`` or ``_`` and
-``.crc`` files skipped), minus the files a compacted file in the same directory names in its
-``compacted_from`` footer metadata. No other deduplication: a row written twice shows twice."""
+"""Read a collector's trace lake the way the Spark job does
+(``tracemq_spark.lake_scan.LakeScan.discover``): every data file of every ``date=/hour=``
+directory (names starting with ``.`` or ``_`` and ``.crc`` files skipped), minus the files a
+compacted file in the same directory names in its ``compacted_from`` footer metadata. No other
+deduplication: a row written twice shows twice."""
 
 from __future__ import annotations
 

@@ -32,6 +32,13 @@ The world it simulates (see :func:`topology`):
   published before the window (in the look-back, and long before), messages published after
   the window.
 
+Where things live: the simulated world's constants, behaviours and groups in
+:mod:`~tracemq_spark.gen_world`; the columnar id/string/table builders in
+:mod:`~tracemq_spark.gen_columns`; the consume-side records (attempts, orphans) in
+:mod:`~tracemq_spark.gen_consume`; the ground truth per chunk in
+:mod:`~tracemq_spark.gen_truth`; here the scenario and the chunked generation (``_Gen``: Pubs,
+expected pairs, retry copies, committed offsets).
+
 The ground truth (:attr:`GeneratedLake.truth`) is the outcome the reconciliation must find for
 each (window, msgId, group, client) — what each behaviour means, given which events fall inside
 the job's read range ``[from - horizon, to + horizon)``, the committed offsets and the cutoff.
@@ -40,357 +47,60 @@ the job's read range ``[from - horizon, to + horizon)``, the committed offsets a
 from __future__ import annotations
 
 import datetime as _dt
-import ipaddress
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from zoneinfo import ZoneInfo
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from tracemq import lake_schema
 
-SEC = 1000
-MIN = 60 * SEC
-HOUR = 60 * MIN
-DAY = 24 * HOUR
-
-TRACE_TOPIC = "RMQ_SYS_TRACE_TOPIC"
-TRACE_PARTITIONS = 4
-REGION = "DefaultRegion"
-
-#: RocketMQ's 18 delay levels
-DELAY_LEVELS_MS = (
-    np.array(
-        [1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200],
-        dtype=np.int64,
-    )
-    * SEC
+from tracemq_spark.gen_columns import (
+    _COLS,
+    _frame,
+    _keys,
+    _offset_msg_ids,
+    _take,
+    msg_ids,
 )
-
-# ----------------------------------------------------------------------------- topology
-
-BROKERS = [("broker-a", "10.0.0.1:10911"), ("broker-b", "10.0.0.2:10911")]
-QUEUES = 4
-TOPICS = ["TopicA", "TopicB", "TopicC"]
-TOPIC_P = np.array([0.55, 0.12, 0.33])
-#: tags per topic (None = no tag) and their probabilities
-TAGS: list[list[str | None]] = [["TagA", "TagB", "TagC"], [None, "x"], ["TagX", "TagY", "TagZ"]]
-TAG_P = [np.array([0.4, 0.4, 0.2]), np.array([0.5, 0.5]), np.array([0.48, 0.48, 0.04])]
-#: (group, host, clock skew ms, msgId time zone, msgId address): the producers write their
-#: msgIds in different zones (RocketMQ's month start is the producer's local one), and one
-#: has an IPv6 address (56-hex msgIds)
-PRODUCERS = [
-    ("PG_orders", "10.0.3.1", 0, "Asia/Shanghai", "10.0.3.1"),
-    ("PG_billing", "10.0.3.2", 400, "Europe/Berlin", "fd00::3:2"),
-]
-
-# behaviours of an expected (message, group[, client]) pair
-OK, RETRY_OK, FAILED, DLQ, IN_FLIGHT, DUPLICATE, DUP_TRACE, OLDFMT = range(8)
-TRACE_LOST, NOT_CONSUMED, LATE_IN, LATE_PAST = range(8, 12)
-AFTER_LOST, RETRY_LOST = range(12, 14)
-BEHAVIOURS = [
-    "ok",
-    "retry_ok",
-    "failed",
-    "dlq",
-    "in_flight",
-    "duplicate",
-    "dup_trace",
-    "oldfmt",
-    "trace_lost",
-    "not_consumed",
-    "late_in_horizon",
-    "late_past_horizon",
-    "after_lost",
-    "retry_trace_lost",
-]
-NO_TRACE = (TRACE_LOST, NOT_CONSUMED, LATE_PAST)
-#: (probability for clustering groups, for broadcasting clients)
-_BEHAVIOUR_P = np.array(
-    [
-        [0.80, 0.90],  # ok
-        [0.04, 0.0],  # retry_ok
-        [0.02, 0.02],  # failed
-        [0.01, 0.0],  # dlq
-        [0.015, 0.01],  # in_flight (only late in the window)
-        [0.015, 0.03],  # duplicate
-        [0.02, 0.0],  # dup_trace
-        [0.02, 0.0],  # oldfmt
-        [0.025, 0.02],  # trace_lost
-        [0.015, 0.02],  # not_consumed (only late in the window)
-        [0.01, 0.0],  # late_in_horizon
-        [0.01, 0.0],  # late_past_horizon
-        [0.015, 0.0],  # after_lost: SubAfter lost, committed offset passed
-        [0.015, 0.0],  # retry_trace_lost: the successful retry's records lost
-    ]
+from tracemq_spark.gen_consume import attempt_events, orphans
+from tracemq_spark.gen_truth import record_truth
+from tracemq_spark.gen_world import (
+    _BEHAVIOUR_P,
+    _BLOCKERS,
+    _RETRYING,
+    BROKERS,
+    DAY,
+    DELAY_LEVELS_MS,
+    DLQ,
+    DUPLICATE,
+    FAILED,
+    HOUR,
+    IN_FLIGHT,
+    LATE_IN,
+    LATE_PAST,
+    MIN,
+    NOT_CONSUMED,
+    OK,
+    PRODUCERS,
+    QUEUES,
+    REGION,
+    RETRY_LOST,
+    RETRY_OK,
+    SEC,
+    TAG_P,
+    TAGS,
+    TOPICS,
+    TRACE_LOST,
+    TRACE_PARTITIONS,
+    TRACE_TOPIC,
+    Group,
+    _tag_matches,
+    subscription_rows,
+    topology,
 )
-#: behaviours whose later attempts are retries (copies in %RETRY%<group>)
-_RETRYING = (RETRY_OK, FAILED, DLQ, IN_FLIGHT, RETRY_LOST)
-#: behaviours that keep a group's committed offset from passing the message
-_BLOCKERS = (IN_FLIGHT, NOT_CONSUMED)
-
-
-@dataclass(frozen=True)
-class Group:
-    name: str
-    topic: int  # index into TOPICS, -1 for none
-    #: subscription rows: (expression, first_seen, last_seen)
-    rows: tuple[tuple[str, int, int], ...]
-    broadcasting: bool
-    #: consuming hosts: (client_host, clock skew ms)
-    clients: tuple[tuple[str, int], ...]
-    consumes: bool = True
-
-
-def topology(start_ms: int, end_ms: int, now_ms: int) -> list[Group]:
-    """The consumer groups of the simulated world (see the module docstring)."""
-    long_ago = start_ms - DAY
-    mid = start_ms + (end_ms - start_ms) // 2
-    return [
-        Group(
-            "G_all_A",
-            0,
-            (("*", long_ago, now_ms),),
-            False,
-            (("10.0.2.1", 0), ("10.0.2.2", 0), ("10.0.2.9", -8 * SEC)),
-        ),
-        Group(
-            "G_tag_A",
-            0,
-            (("TagA || TagB", long_ago, now_ms),),
-            False,
-            (("10.0.2.3", 0), ("10.0.2.4", 0)),
-        ),
-        Group("G_late_A", 0, (("*", mid, now_ms),), False, (("10.0.2.5", 0),)),
-        Group("G_all_B", 1, (("*", long_ago, now_ms),), False, (("10.0.2.6", 0),)),
-        Group(
-            "G_bcast_B",
-            1,
-            (("*", long_ago, now_ms),),
-            True,
-            (("10.0.1.1", 0), ("10.0.1.2", 0), ("10.0.1.3", 3 * SEC)),
-        ),
-        Group(
-            "G_chg_C",
-            2,
-            (("TagX", long_ago, mid), ("TagY", mid, now_ms)),
-            False,
-            (("10.0.2.7", 0), ("10.0.2.8", 0)),
-        ),
-        Group("G_silent_C", 2, (("TagZ", long_ago, now_ms),), True, (), consumes=False),
-        Group("G_rogue", -1, (), False, (("10.0.9.9", 0),)),
-    ]
-
-
-def subscription_rows(groups: Sequence[Group]) -> list[dict[str, Any]]:
-    """The subscription history as ``RegistryReader.subscription_history()`` returns it."""
-    rows: list[dict[str, Any]] = []
-    for g in groups:
-        for expression, first, last in g.rows:
-            rows.append(
-                {
-                    "group": g.name,
-                    "topic": TOPICS[g.topic],
-                    "expression": expression,
-                    "message_model": "BROADCASTING" if g.broadcasting else "CLUSTERING",
-                    "first_seen": int(first),
-                    "last_seen": int(last),
-                }
-            )
-        if g.rows and not g.broadcasting:  # clustering consumers also subscribe their retry topic
-            rows.append(
-                {
-                    "group": g.name,
-                    "topic": f"%RETRY%{g.name}",
-                    "expression": "*",
-                    "message_model": "CLUSTERING",
-                    "first_seen": int(g.rows[0][1]),
-                    "last_seen": int(g.rows[-1][2]),
-                }
-            )
-    return sorted(rows, key=lambda r: (r["group"], r["topic"], r["first_seen"]))
-
-
-def _tag_matches(expression: str, tags: np.ndarray, topic: int) -> np.ndarray:
-    """Per message tag code (within ``topic``): does ``expression`` accept it?"""
-    expr = expression.strip()
-    if expr in ("", "*"):
-        return np.ones(len(tags), dtype=bool)
-    wanted = {t.strip() for t in expr.split("||")}
-    ok_codes = [i for i, t in enumerate(TAGS[topic]) if t is not None and t in wanted]
-    return np.isin(tags, ok_codes)
-
-
-# ----------------------------------------------------------------------------- helpers
-
-_HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
-
-
-def _strings_fixed(raw: np.ndarray) -> pa.Array:
-    """(n, k) uint8 → an arrow string array of n strings of k bytes."""
-    n, k = raw.shape
-    offsets = np.arange(0, (n + 1) * k, k, dtype=np.int32 if n * k < 2**31 else np.int64)
-    data = np.ascontiguousarray(raw).tobytes()
-    if offsets.dtype == np.int64:
-        return pa.LargeStringArray.from_buffers(
-            n, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data)
-        ).cast(pa.string())
-    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data))
-
-
-def _hex(raw: np.ndarray) -> np.ndarray:
-    """(n, k) uint8 → (n, 2k) uint8 of upper-case hex digits."""
-    out = np.empty((raw.shape[0], raw.shape[1] * 2), dtype=np.uint8)
-    out[:, 0::2] = _HEX[raw >> 4]
-    out[:, 1::2] = _HEX[raw & 15]
-    return out
-
-
-def _be(values: np.ndarray, nbytes: int) -> np.ndarray:
-    """Big-endian bytes of unsigned integers: (n,) → (n, nbytes) uint8."""
-    v = values.astype(np.uint64)
-    shifts = np.arange(nbytes - 1, -1, -1, dtype=np.uint64) * np.uint64(8)
-    return ((v[:, None] >> shifts[None, :]) & np.uint64(0xFF)).astype(np.uint8)
-
-
-def _month_start(ms: np.ndarray, zone: str) -> np.ndarray:
-    """Epoch ms of local midnight on the 1st of the month (in ``zone``) containing each ``ms``."""
-    z = ZoneInfo(zone)
-    first = _dt.datetime.fromtimestamp(int(ms.min()) // 1000, tz=z)
-    last = _dt.datetime.fromtimestamp(int(ms.max()) // 1000, tz=z)
-    starts = []
-    y, m = first.year, first.month
-    while (y, m) <= (last.year, last.month):
-        starts.append(int(_dt.datetime(y, m, 1, tzinfo=z).timestamp()) * 1000)
-        y, m = (y + 1, 1) if m == 12 else (y, m + 1)
-    bounds = np.array(starts, dtype=np.int64)
-    return bounds[np.searchsorted(bounds, ms, side="right") - 1]
-
-
-def _address(ip: str) -> bytes:
-    return ipaddress.ip_address(ip).packed
-
-
-def msg_ids(
-    index: np.ndarray, created_ms: np.ndarray, producer: np.ndarray, zone: str | None = None
-) -> pa.Array:
-    """RocketMQ msgIds: client address, pid, salt, ms since the month start in the producer's
-    zone (``zone``: this one for all), counter; 56 hex digits for an IPv6 address.
-
-    Unique per ``index``: the salt holds ``index >> 16`` and the counter ``index & 0xFFFF``.
-    """
-    n = len(index)
-    created_ms = np.asarray(created_ms, dtype=np.int64)
-    raw = np.zeros((n, 28), dtype=np.uint8)
-    width = np.empty(n, dtype=np.int64)
-    for p, (_, _, _, p_zone, ip) in enumerate(PRODUCERS):
-        sel = np.flatnonzero(producer == p)
-        if not len(sel):
-            continue
-        addr = _address(ip)
-        a = len(addr)
-        width[sel] = (a + 12) * 2
-        raw[sel, 0:a] = np.frombuffer(addr, dtype=np.uint8)
-        raw[sel, a : a + 2] = _be(1000 + producer[sel], 2)
-        raw[sel, a + 2 : a + 6] = _be(index[sel] >> 16, 4)
-        made = created_ms[sel]
-        raw[sel, a + 6 : a + 10] = _be(made - _month_start(made, zone or p_zone), 4)
-        raw[sel, a + 10 : a + 12] = _be(index[sel] & 0xFFFF, 2)
-    digits = _hex(raw)
-    keep = np.arange(56)[None, :] < width[:, None]
-    offsets = np.concatenate([[0], np.cumsum(width)])
-    if offsets[-1] >= 2**31:
-        raise ValueError("too many msgIds for one string array")
-    return pa.StringArray.from_buffers(
-        n,
-        pa.py_buffer(offsets.astype(np.int32).tobytes()),
-        pa.py_buffer(np.ascontiguousarray(digits[keep]).tobytes()),
-    )
-
-
-def _request_ids(index: np.ndarray, salt: int) -> pa.Array:
-    n = len(index)
-    raw = np.empty((n, 16), dtype=np.uint8)
-    raw[:, 0:8] = _be(index, 8)
-    raw[:, 8:16] = _be(np.full(n, salt, dtype=np.uint64), 8)
-    return _strings_fixed(_hex(raw)[:, ::-1].copy())  # reversed: not sorted like the msgIds
-
-
-def _offset_msg_ids(broker: np.ndarray, queue: np.ndarray, offset: np.ndarray) -> pa.Array:
-    n = len(broker)
-    raw = np.empty((n, 16), dtype=np.uint8)
-    addr = np.array(
-        [[int(x) for x in b[1].split(":")[0].split(".")] for b in BROKERS], dtype=np.uint8
-    )
-    port = np.array([int(b[1].split(":")[1]) for b in BROKERS], dtype=np.int64)
-    raw[:, 0:4] = addr[broker]
-    raw[:, 4:8] = _be(port[broker], 4)
-    raw[:, 8:16] = _be((queue.astype(np.uint64) << np.uint64(48)) | offset.astype(np.uint64), 8)
-    return _strings_fixed(_hex(raw))
-
-
-def _take(values: Sequence[str | None], codes: np.ndarray) -> pa.Array:
-    """Strings from a small dictionary by code (a negative code or a None entry is null)."""
-    dictionary = pa.array(list(values) + [None], type=pa.string())
-    idx = np.where(codes < 0, len(values), codes).astype(np.int32)
-    return dictionary.take(pa.array(idx))
-
-
-def _keys(index: np.ndarray) -> pa.Array:
-    return pc.binary_join_element_wise("order-", pc.cast(pa.array(index), pa.string()), "")
-
-
-# ----------------------------------------------------------------------------- events
-
-_COLS = lake_schema.COLUMN_NAMES
-_TYPES = {name: typ for name, typ, _, _ in lake_schema.COLUMNS}
-_DEFAULTS: dict[str, Any] = {
-    "cost_time": 0,
-    "success": True,
-    "context_code": 0,
-    "store_time": 0,
-    "retry_times": 0,
-    "body_length": 0,
-    "from_transaction_check": False,
-    "trace_partition": 0,
-    "trace_offset": 0,
-    "trace_index": 0,
-    "ingest_ts": 0,
-    "schema_version": lake_schema.SCHEMA_VERSION,
-    "trace_topic": TRACE_TOPIC,
-}
-
-
-def _frame(n: int, **cols: Any) -> pa.Table:
-    """A lake table of ``n`` rows: given columns, defaults, nulls for the rest."""
-    arrays = []
-    for name in _COLS:
-        typ = _TYPES[name]
-        if name in cols:
-            v = cols[name]
-            if isinstance(v, pa.Array | pa.ChunkedArray):
-                arr = v if v.type == typ else pc.cast(v, typ)
-            elif isinstance(v, np.ndarray):
-                arr = pa.array(v, type=typ)
-            else:
-                arr = pa.array(np.full(n, v), type=typ) if v is not None else pa.nulls(n, typ)
-        elif name in _DEFAULTS:
-            d = _DEFAULTS[name]
-            arr = (
-                pa.array(np.full(n, d), type=typ)
-                if not isinstance(d, str)
-                else pa.array([d], type=typ).take(pa.array(np.zeros(n, dtype=np.int32)))
-            )
-        else:
-            arr = pa.nulls(n, typ)
-        arrays.append(arr)
-    return pa.Table.from_arrays(arrays, schema=lake_schema.SCHEMA)
-
 
 # ----------------------------------------------------------------------------- generation
 
@@ -664,6 +374,21 @@ class _Gen:
         phost = _take([p[1] for p in PRODUCERS], producer)
         baddr = _take([b[1] for b in BROKERS], broker)
 
+        def sent(s: pa.Array, *, full: bool = True) -> dict[str, Any]:
+            """The producer's columns of the selected messages' records (a Recall's: only
+            group, topic and msgId)."""
+            cols = dict(
+                region_id=REGION,
+                group_name=pgroup.filter(s),
+                topic=topic_col.filter(s),
+                msg_id=ids.filter(s),
+            )
+            if full:
+                cols.update(
+                    tags=tag_col.filter(s), keys=keys_col.filter(s), store_host=baddr.filter(s)
+                )
+            return cols
+
         def pubs(sel: np.ndarray, ts: np.ndarray, success: bool) -> None:
             s = pa.array(sel)
             k = int(sel.sum())
@@ -672,15 +397,9 @@ class _Gen:
             cols: dict[str, Any] = dict(
                 trace_type="Pub",
                 timestamp=ts[sel],
-                region_id=REGION,
-                group_name=pgroup.filter(s),
+                **sent(s),
                 cost_time=cost[sel],
                 success=success,
-                topic=topic_col.filter(s),
-                msg_id=ids.filter(s),
-                tags=tag_col.filter(s),
-                keys=keys_col.filter(s),
-                store_host=baddr.filter(s),
                 client_host=phost.filter(s),
                 body_length=rng.integers(64, 2048, k),
                 msg_type=mtype[sel],
@@ -721,13 +440,7 @@ class _Gen:
                     int(end_tx.sum()),
                     trace_type="EndTransaction",
                     timestamp=ts_tx,
-                    region_id=REGION,
-                    group_name=pgroup.filter(s),
-                    topic=topic_col.filter(s),
-                    msg_id=ids.filter(s),
-                    tags=tag_col.filter(s),
-                    keys=keys_col.filter(s),
-                    store_host=baddr.filter(s),
+                    **sent(s),
                     msg_type=np.where(state == 0, 2, 1).astype(np.int32),
                     transaction_id=keys_col.filter(s),
                     transaction_state=_take(
@@ -744,10 +457,7 @@ class _Gen:
                     int(recalled.sum()),
                     trace_type="Recall",
                     timestamp=pub_ts[recalled] + 500,
-                    region_id=REGION,
-                    group_name=pgroup.filter(s),
-                    topic=topic_col.filter(s),
-                    msg_id=ids.filter(s),
+                    **sent(s, full=False),
                     success=True,
                 )
             )
@@ -760,10 +470,7 @@ class _Gen:
                     int(refused.sum()),
                     trace_type="Recall",
                     timestamp=pub_ts[refused] + delay[refused] + 2000,
-                    region_id=REGION,
-                    group_name=pgroup.filter(s),
-                    topic=topic_col.filter(s),
-                    msg_id=ids.filter(s),
+                    **sent(s, full=False),
                     success=False,
                 )
             )
@@ -909,7 +616,8 @@ class _Gen:
             ],
             1,
         )
-        att = self._attempts(
+        att = attempt_events(
+            self,
             all_msg,
             all_group,
             all_client,
@@ -941,35 +649,36 @@ class _Gen:
 
         # --- orphans, ancient and null-id consumes (window chunks only) -----------------
         if in_window:
-            events.extend(self._orphans(lo, hi, n))
+            events.extend(orphans(self, lo, hi, n))
 
         # --- truth -----------------------------------------------------------------------
         if self.with_truth and in_window:
-            self._truth(
-                n,
-                ids,
-                pub_ts,
-                send,
-                ok,
-                mtype,
-                delayed,
-                topic,
-                broker,
-                queue,
-                qoff,
-                store_time,
-                cost,
-                P,
-                p_msg,
-                p_group,
-                p_client,
-                beh,
-                um,
-                ug,
-                att,
-                w,
-                copy,
-                mtype,
+            record_truth(
+                self,
+                n=n,
+                ids=ids,
+                pub_ts=pub_ts,
+                send=send,
+                ok=ok,
+                mtype=mtype,
+                delayed=delayed,
+                topic=topic,
+                broker=broker,
+                queue=queue,
+                qoff=qoff,
+                store_time=store_time,
+                cost=cost,
+                P=P,
+                p_msg=p_msg,
+                p_group=p_group,
+                p_client=p_client,
+                beh=beh,
+                um=um,
+                ug=ug,
+                att=att,
+                w=w,
+                copy=copy,
+                msg_type=mtype,
             )
         table = pa.concat_tables(events)
         self.writer.write(table, chunk, rng)
@@ -986,6 +695,20 @@ class _Gen:
         last_off = np.full(P, -1, dtype=np.int64)
         bro = broker[p_msg]
         gnames = [g.name for g in self.groups]
+
+        def copy(queue: str, g: int, br: int, off: int, mid: str, k: int) -> dict[str, Any]:
+            """A copy of message ``mid`` in ``<queue><group>`` (queue 0 of broker ``br``)."""
+            return {
+                "group": gnames[g],
+                "topic": f"{queue}{gnames[g]}",
+                "broker": BROKERS[br][0],
+                "store_addr": BROKERS[br][1],
+                "queue_id": 0,
+                "queue_offset": off,
+                "msg_id": mid,
+                "reconsume_times": k,
+            }
+
         has = np.flatnonzero(k_last > 0)
         for i in has.tolist():  # retried pairs are a few percent: a plain loop
             g, br = int(p_group[i]), int(bro[i])
@@ -993,18 +716,7 @@ class _Gen:
             for k in range(1, int(k_last[i]) + 1):
                 off = int(self.retry_next[g, br])
                 self.retry_next[g, br] += 1
-                self.copies.append(
-                    {
-                        "group": gnames[g],
-                        "topic": f"%RETRY%{gnames[g]}",
-                        "broker": BROKERS[br][0],
-                        "store_addr": BROKERS[br][1],
-                        "queue_id": 0,
-                        "queue_offset": off,
-                        "msg_id": mid,
-                        "reconsume_times": k,
-                    }
-                )
+                self.copies.append(copy("%RETRY%", g, br, off, mid, k))
             last_off[i] = off
             if b[i] == IN_FLIGHT:  # the retry being consumed holds its queue's offset back
                 self.retry_blocker[g, br] = min(self.retry_blocker[g, br], off)
@@ -1012,217 +724,17 @@ class _Gen:
         for i in np.flatnonzero(dead).tolist():
             g, br = int(p_group[i]), int(bro[i])
             self.copies.append(
-                {
-                    "group": gnames[g],
-                    "topic": f"%DLQ%{gnames[g]}",
-                    "broker": BROKERS[br][0],
-                    "store_addr": BROKERS[br][1],
-                    "queue_id": 0,
-                    "queue_offset": int(self.dlq_next[g, br]),
-                    "msg_id": ids[int(p_msg[i])].as_py(),
-                    "reconsume_times": int(cnt[i]),
-                }
+                copy(
+                    "%DLQ%",
+                    g,
+                    br,
+                    int(self.dlq_next[g, br]),
+                    ids[int(p_msg[i])].as_py(),
+                    int(cnt[i]),
+                )
             )
             self.dlq_next[g, br] += 1
         return {"k_last": k_last, "last_off": last_off, "broker": bro, "dlq": dead}
-
-    # -- attempts → SubBefore / SubAfter events ---------------------------------------
-    def _attempts(
-        self,
-        msg,
-        group,
-        client,
-        beh,
-        base,
-        count,
-        *,
-        dlq_pub,
-        pub_ids,
-        msg_topic,
-        tag_col,
-        keys_col,
-        baddr,
-        store_true,
-    ) -> dict[str, Any]:
-        rng = self.rng
-        sc = self.sc
-        n_att = int(count.sum())
-        pair = np.repeat(np.arange(len(msg)), count)
-        first = np.r_[0, np.cumsum(count)[:-1]]
-        j = np.arange(n_att) - np.repeat(first, count)
-        k = count[pair]
-        b = beh[pair]
-        last = j == k - 1
-        success = np.select(
-            [np.isin(b, (FAILED, DLQ)), b == IN_FLIGHT, b == DUPLICATE], [False, False, True], last
-        )
-        # partial trace loss: the last (successful) attempt's SubAfter is lost, and for half of
-        # the lost retries its SubBefore too
-        lost_after = last & np.isin(b, (AFTER_LOST, RETRY_LOST))
-        lost_before = last & (b == RETRY_LOST) & (rng.random(n_att) < 0.5)
-        has_after = ~((b == IN_FLIGHT) & last) & ~lost_after
-        has_before = ~lost_before
-        retry = np.where(np.isin(b, _RETRYING), j, 0)
-        spacing = np.where(b == DLQ, 2 * SEC, np.where(b == DUPLICATE, 10 * SEC, 5 * SEC))
-        before_true = base[pair] + j * spacing
-        acost = rng.integers(1, 60, n_att)
-        after_true = before_true + acost
-        # the consuming client: broadcasting pairs name theirs; clustering picks one per pair
-        g = group[pair]
-        c = client[pair].copy()
-        # clustering: one client per pair; a skewed host takes a small share of the work
-        pick_p = rng.random(len(msg))
-        pick = np.zeros(len(msg), dtype=np.int64)
-        for gi, gr in enumerate(self.groups):
-            if not gr.clients:
-                continue
-            wts = np.array([0.1 if s else 1.0 for _, s in gr.clients])
-            sel = group == gi
-            pick[sel] = np.searchsorted(np.cumsum(wts / wts.sum()), pick_p[sel], side="right")
-        pick = pick.clip(0, None)[pair]
-        c = np.where(c < 0, pick, c)
-        host_tab = [[h for h, _ in gr.clients] or [None] for gr in self.groups]
-        skew_tab = [[s for _, s in gr.clients] or [0] for gr in self.groups]
-        width = max(len(h) for h in host_tab)
-        hosts_flat = [h for hs in host_tab for h in (hs + [None] * (width - len(hs)))]
-        skews = np.array([s for ss in skew_tab for s in (ss + [0] * (width - len(ss)))])
-        hcode = g * width + c
-        skew = skews[hcode]
-        before_ts = before_true + skew
-        after_ts = after_true + skew
-        host = _take(hosts_flat, hcode)
-        att_id = self.next_attempt + np.arange(n_att)
-        self.next_attempt += n_att
-        rid = _request_ids(att_id, 0x5EED)
-        gname = _take([gr.name for gr in self.groups], g)
-        mi = pa.array(msg[pair])
-        mid = pub_ids.take(mi)
-        topic_real = _take(TOPICS, msg_topic[msg[pair]])
-        retry_topic = _take([f"%RETRY%{gr.name}" for gr in self.groups], g)
-        sb_topic = pc.if_else(pa.array(retry > 0), retry_topic, topic_real)
-        events = []
-        events.append(
-            _frame(
-                n_att,
-                trace_type="SubBefore",
-                timestamp=before_ts,
-                region_id=REGION,
-                group_name=gname,
-                request_id=rid,
-                topic=sb_topic,
-                msg_id=mid,
-                tags=tag_col.take(mi),
-                keys=keys_col.take(mi),
-                store_host=baddr.take(mi),
-                client_host=host,
-                store_time=store_true[msg[pair]],
-                retry_times=retry.astype(np.int32),
-                body_length=rng.integers(64, 2048, n_att),
-            ).filter(pa.array(has_before))
-        )
-        a = pa.array(has_after)
-        oldfmt = (b == OLDFMT)[has_after]
-        code = np.where(success, 0, rng.choice([1, 2, 4], n_att))[has_after]
-        events.append(
-            _frame(
-                int(has_after.sum()),
-                trace_type="SubAfter",
-                timestamp=after_ts[has_after],
-                region_id=REGION,
-                group_name=pc.if_else(
-                    pa.array(oldfmt), pa.nulls(len(oldfmt), pa.string()), gname.filter(a)
-                ),
-                request_id=rid.filter(a),
-                cost_time=acost[has_after],
-                success=success[has_after],
-                context_code=code.astype(np.int32),
-                msg_id=mid.filter(a),
-                keys=keys_col.take(mi).filter(a),
-                client_host=host.filter(a),
-            )
-        )
-        dup = b == DUP_TRACE
-        if dup.any():  # the same records again, once or twice (a trace send retried)
-            twice = (rng.random(len(msg)) < 0.5)[pair]
-            for extra in (dup, dup & twice):
-                events.append(events[0].filter(pa.array(extra[has_before])))
-                events.append(events[1].filter(pa.array(extra[has_after])))
-        # the move to %DLQ%<group> after the last failed attempt: a Pub of the consumer group
-        moved = np.flatnonzero(dlq_pub & (count > 0))
-        dlq_ts = np.full(len(msg), -1, dtype=np.int64)
-        if len(moved):
-            li = pa.array(first[moved] + count[moved] - 1)
-            dlq_ts[moved] = after_ts[li.to_numpy()] + rng.integers(1, 50, len(moved))
-            events.append(
-                _frame(
-                    len(moved),
-                    trace_type="Pub",
-                    timestamp=dlq_ts[moved],
-                    region_id=REGION,
-                    group_name=gname.take(li),
-                    cost_time=rng.integers(1, 10, len(moved)),
-                    success=True,
-                    topic=_take([f"%DLQ%{gr.name}" for gr in self.groups], group[moved]),
-                    msg_id=mid.take(li),
-                    tags=tag_col.take(pa.array(msg[moved])),
-                    keys=keys_col.take(pa.array(msg[moved])),
-                    client_host=host.take(li),
-                    body_length=rng.integers(64, 2048, len(moved)),
-                    msg_type=0,
-                )
-            )
-        return {
-            "events": events,
-            "pair": pair,
-            "before_ts": before_ts,
-            "after_ts": after_ts,
-            "success": success,
-            "has_after": has_after,
-            "n": n_att,
-            "read": has_before & (before_ts >= sc.read_lo) & (before_ts < sc.read_hi),
-            "read_after": has_after & (after_ts >= sc.read_lo) & (after_ts < sc.read_hi),
-            "dlq_read": (dlq_ts >= sc.read_lo) & (dlq_ts < sc.read_hi),
-            "retry": retry,
-        }
-
-    def _orphans(self, lo: int, hi: int, n: int) -> list[pa.Table]:
-        """Consumes without a Pub: orphans (first consumed in the window, or after it),
-        consumes of ancient messages, and consumes with null / empty msgIds."""
-        sc, rng = self.sc, self.rng
-        k = max(3, int(n * sc.orphan_rate))
-        events = []
-        # orphans of G_all_A (clustering) and G_bcast_B (broadcasting); 15% are first consumed
-        # after the window (the next run reports those)
-        idx = (1 << 40) + self.next_index * 4 + np.arange(k)
-        created = rng.integers(lo, hi, k)
-        ts = created + rng.integers(6 * SEC, 8 * SEC, k)
-        after_window = rng.random(k) < 0.15
-        ts = np.where(after_window, sc.end_ms + rng.integers(10 * SEC, sc.horizon_ms // 2, k), ts)
-        grp = np.where(rng.random(k) < 0.7, self.gidx["G_all_A"], self.gidx["G_bcast_B"])
-        failed_first = rng.random(k) < 0.2
-        # consumes without a Pub are read in the job's one zone: their producer writes in it
-        ids = msg_ids(idx, created, np.zeros(k, dtype=np.int64), sc.msgid_zone)
-        events += self._raw_consumes(ids, grp, ts, failed_first)
-        first = np.where(failed_first, ts - 5 * SEC, ts)
-        self.orphan_batches.append((ids, grp, first))
-        # ancient: created 3 h before the window, no Pub in range: not an orphan of this run
-        a = max(2, k // 3)
-        aidx = (1 << 41) + self.next_index * 4 + np.arange(a)
-        acreated = np.full(a, sc.start_ms - 3 * HOUR) + np.arange(a)
-        ats = rng.integers(lo, hi, a)
-        events += self._raw_consumes(
-            msg_ids(aidx, acreated, np.zeros(a, dtype=np.int64), sc.msgid_zone),
-            np.full(a, self.gidx["G_all_A"]),
-            ats,
-            np.zeros(a, bool),
-        )
-        # null / empty msgIds, by G_all_B
-        z = max(2, k // 3)
-        zts = rng.integers(lo, hi, z)
-        zid = pa.array([None if i % 2 else "" for i in range(z)], type=pa.string())
-        events += self._raw_consumes(zid, np.full(z, self.gidx["G_all_B"]), zts, np.zeros(z, bool))
-        self.null_batches.append((np.full(z, self.gidx["G_all_B"]), zts))
-        return events
 
     def _orphan_host(self, grp: np.ndarray) -> pa.Array:
         """The consuming host of orphan consumes: a group's first client (10.0.1.2 for
@@ -1232,231 +744,7 @@ class _Gen:
         hosts[bc] = self.groups[bc].clients[1][0]
         return _take(hosts, grp)
 
-    def _raw_consumes(
-        self, ids: pa.Array, grp: np.ndarray, ts: np.ndarray, failed_first: np.ndarray
-    ) -> list[pa.Table]:
-        """One successful attempt at ``ts`` per id, after a failed one 5 s earlier where
-        ``failed_first``."""
-        k = len(grp)
-        out = []
-        for final, sel in ((False, failed_first), (True, np.ones(k, bool))):
-            m = int(sel.sum())
-            if m == 0:
-                continue
-            s = pa.array(sel)
-            rts = ts[sel] - (0 if final else 5 * SEC)
-            att = self.next_attempt + np.arange(m)
-            self.next_attempt += m
-            rid = _request_ids(att, 0x0FA7)
-            gname = _take([gr.name for gr in self.groups], grp[sel])
-            host = self._orphan_host(grp[sel])
-            retry = (failed_first[sel] & final).astype(np.int32)
-            out.append(
-                _frame(
-                    m,
-                    trace_type="SubBefore",
-                    timestamp=rts,
-                    region_id=REGION,
-                    group_name=gname,
-                    request_id=rid,
-                    topic="TopicA",
-                    msg_id=ids.filter(s),
-                    client_host=host,
-                    retry_times=retry,
-                )
-            )
-            out.append(
-                _frame(
-                    m,
-                    trace_type="SubAfter",
-                    timestamp=rts + 7,
-                    region_id=REGION,
-                    group_name=gname,
-                    request_id=rid,
-                    cost_time=7,
-                    success=final,
-                    context_code=0 if final else 4,
-                    msg_id=ids.filter(s),
-                    client_host=host,
-                )
-            )
-        return out
-
-    # -- ground truth -------------------------------------------------------------------
-    def _truth(
-        self,
-        n,
-        ids,
-        pub_ts,
-        send,
-        ok,
-        mtype,
-        delayed,
-        topic,
-        broker,
-        queue,
-        qoff,
-        store_time,
-        cost,
-        P,
-        p_msg,
-        p_group,
-        p_client,
-        beh,
-        um,
-        ug,
-        att,
-        w,
-        copy,
-        msg_type,
-    ) -> None:
-        sc = self.sc
-        pair = att["pair"]
-        n_pairs = P + len(um)
-        all_msg = np.concatenate([p_msg, um])
-        # which events of each pair the job reads
-        rb = att["read"]
-        ra = att["read_after"]
-        succ = att["success"] & ra
-        n_seen = np.bincount(pair, weights=(rb | ra), minlength=n_pairs)
-        n_succ = np.bincount(pair, weights=succ, minlength=n_pairs)
-        n_inflight = np.bincount(pair, weights=rb & ~ra, minlength=n_pairs)
-        max_retry_seen = np.zeros(n_pairs)
-        # outcome of pairs with events seen
-        counts = np.bincount(pair, minlength=n_pairs)
-        retry = att["retry"]  # retry_times of every attempt, as written
-        np.maximum.at(max_retry_seen, pair[rb], retry[rb])
-        succ_retry = np.zeros(n_pairs)
-        np.maximum.at(succ_retry, pair[succ], retry[succ])
-        outcome = np.full(n_pairs, "", dtype=object)
-        seen = n_seen > 0
-        outcome[seen & (n_succ > 1)] = "DUPLICATE"
-        one = seen & (n_succ == 1)
-        outcome[one & ((n_seen > 1) | (succ_retry > 0))] = "CONSUMED_AFTER_RETRY"
-        outcome[one & ~((n_seen > 1) | (succ_retry > 0))] = "CONSUMED"
-        none = seen & (n_succ == 0)
-        outcome[none & (n_inflight > 0)] = "IN_FLIGHT"
-        # dead-lettered: the traced move to the DLQ, or (without it) the retry count
-        dead = att["dlq_read"] | (max_retry_seen >= sc.max_reconsume_times)
-        outcome[none & (n_inflight == 0) & dead] = "DEAD_LETTERED"
-        outcome[none & (n_inflight == 0) & ~dead] = "FAILED"
-        # the highest retry count of a traced failure (its SubBefore lost: 0), -1 for none
-        failed = ra & ~att["success"]
-        max_failed = np.full(n_pairs, -1, dtype=np.int64)
-        np.maximum.at(max_failed, pair[failed], np.where(rb, retry, 0)[failed])
-        # behaviour-level sanity: fully seen chains give the behaviour's own outcome
-        expect = {
-            OK: "CONSUMED",
-            RETRY_OK: "CONSUMED_AFTER_RETRY",
-            FAILED: "FAILED",
-            DLQ: "DEAD_LETTERED",
-            IN_FLIGHT: "IN_FLIGHT",
-            DUPLICATE: "DUPLICATE",
-            DUP_TRACE: "CONSUMED",
-            OLDFMT: "CONSUMED",
-            LATE_IN: "CONSUMED",
-        }
-        full = n_seen == counts
-        for b, name in expect.items():
-            bad = full[:P] & (beh == b) & (counts[:P] > 0) & (outcome[:P] != name)
-            assert not bad.any(), f"generator: behaviour {BEHAVIOURS[b]} seen as other outcome"
-        # skew flags: store-to-consume start and end-to-end
-        m = all_msg
-        first_before = np.full(n_pairs, np.iinfo(np.int64).max)
-        np.minimum.at(first_before, pair[rb], att["before_ts"][rb])
-        first_succ = np.full(n_pairs, np.iinfo(np.int64).max)
-        np.minimum.at(first_succ, pair[succ], att["after_ts"][succ])
-        store_ref = np.where(store_time[m] > 0, store_time[m], pub_ts[m] + cost[m])
-        has_b = first_before != np.iinfo(np.int64).max
-        has_s = first_succ != np.iinfo(np.int64).max
-        stc = first_before - store_ref
-        e2e = first_succ - pub_ts[m]
-        skew = (has_b & ((stc < 0) | (stc > DAY))) | (has_s & ((e2e < 0) | (e2e > DAY)))
-        window = (pub_ts[m] // w) * w
-        # expected pairs with no event seen: pending / offsets (resolved at the end)
-        gnames = [g.name for g in self.groups]
-        # seen without success: the offsets may overrule the trace (resolved at the end)
-        unfinished = seen[:P] & (n_succ[:P] == 0)
-        if unfinished.any():
-            u = np.flatnonzero(unfinished)
-            mm = p_msg[u]
-            self.unfinished.append(
-                {
-                    "window_start": window[:P][u],
-                    "msg_id": ids.take(pa.array(mm)),
-                    "group": p_group[u],
-                    "client": p_client[u],
-                    "trace_outcome": outcome[:P][u],
-                    "dead_traced": dead[:P][u],
-                    "max_failed": max_failed[:P][u],
-                    "k_last": copy["k_last"][u],
-                    "last_off": copy["last_off"][u],
-                    "dlq": copy["dlq"][u],
-                    "topic": topic[mm],
-                    "broker": broker[mm],
-                    "queue": queue[mm],
-                    "offset": qoff[mm],
-                    "offset_applicable": ~np.isin(msg_type[mm], (1, 3)),
-                    "skew_suspect": skew[:P][u],
-                }
-            )
-        exp_seen = seen[:P] & ~unfinished
-        rows = {
-            "window_start": window[:P][exp_seen],
-            "msg_id": ids.take(pa.array(p_msg[exp_seen])),
-            "group": _take(gnames, p_group[exp_seen]),
-            "client_host": self._client_col(p_group[exp_seen], p_client[exp_seen]),
-            "outcome": pa.array(outcome[:P][exp_seen].tolist(), type=pa.string()),
-            "skew_suspect": skew[:P][exp_seen],
-        }
-        self.truth.append(pa.table(rows))
-        nt = ~seen[:P]
-        mm = p_msg[nt]
-        due = pub_ts[mm] + np.where(delayed[mm], max(sc.max_delay_ms, sc.horizon_ms), sc.horizon_ms)
-        self.no_trace.append(
-            {
-                "window_start": window[:P][nt],
-                "msg_id": ids.take(pa.array(mm)),
-                "group": p_group[nt],
-                "client": p_client[nt],
-                "topic": topic[mm],
-                "broker": broker[mm],
-                "queue": queue[mm],
-                "offset": qoff[mm],
-                "pending": due > sc.cutoff_ms,
-                "offset_applicable": ~np.isin(mtype[mm], (1, 3)),
-            }
-        )
-        # unexpected consumption: every one is seen (consumed within minutes of the Pub)
-        us = seen[P:]
-        assert us.all(), "generator: an unexpected consume fell outside the read range"
-        self.truth.append(
-            pa.table(
-                {
-                    "window_start": window[P:],
-                    "msg_id": ids.take(pa.array(um)),
-                    "group": _take(gnames, ug),
-                    "client_host": pa.nulls(len(um), pa.string()),
-                    "outcome": pa.array(["UNEXPECTED_GROUP"] * len(um), type=pa.string()),
-                    "skew_suspect": skew[P:],
-                }
-            )
-        )
-        # failed sends
-        pf = np.flatnonzero(send == 2)
-        self.truth.append(
-            pa.table(
-                {
-                    "window_start": (pub_ts[pf] // w) * w,
-                    "msg_id": ids.take(pa.array(pf)),
-                    "group": pa.nulls(len(pf), pa.string()),
-                    "client_host": pa.nulls(len(pf), pa.string()),
-                    "outcome": pa.array(["PUB_FAILED"] * len(pf), type=pa.string()),
-                    "skew_suspect": np.zeros(len(pf), dtype=bool),
-                }
-            )
-        )
-
+    # -- the ground truth is gen_truth.record_truth; it names clients with this ----------
     def _client_col(self, group: np.ndarray, client: np.ndarray) -> pa.Array:
         hosts: list[str | None] = []
         codes = np.full(len(group), -1)

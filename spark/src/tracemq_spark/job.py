@@ -4,6 +4,19 @@ Pure PySpark (DataFrame API, no Python UDFs); it imports nothing of tracemq but 
 :func:`run` is the whole job; the CLI (``tracemq reconcile``) and ``submit.py`` (spark-submit)
 only parse arguments, build the session and call it.
 
+Where things live — :func:`run` orchestrates the stages, one module each (this module keeps
+the run's state, ``_Context``, and re-exports the public names callers import from it):
+
+* :mod:`~tracemq_spark.params` — :class:`Params`, the constants, :class:`ReconcileError`;
+* :mod:`~tracemq_spark.session` — :func:`build_session`, the runtime settings, the lake schema;
+* :mod:`~tracemq_spark.input_files` — the subscription and offsets files, parsed;
+* :mod:`~tracemq_spark.lake_scan` — the lake files of the read range, the pre-flight scan;
+* :mod:`~tracemq_spark.classify` — the classification, one pure ``DataFrame -> DataFrame``
+  function per step (pubs, expected deliveries, attempts, consumed, meet);
+* :mod:`~tracemq_spark.outputs` — anomalies, summary (and classified) datasets, summary.json,
+  the report;
+* :mod:`~tracemq_spark.commit` — staging and the atomic per-window commit.
+
 Semantics (DESIGN §6; the documented choices are in the package README and in ``--help``):
 
 * Read range: lake events with ``from - horizon <= timestamp < to + horizon`` (hour partitions
@@ -37,23 +50,36 @@ Semantics (DESIGN §6; the documented choices are in the package README and in `
 
 from __future__ import annotations
 
-import json
-import re
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any, NamedTuple
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from typing import Any
 
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
-from tracemq import lake_schema
+from pyspark.sql import DataFrame, SparkSession
 
-from tracemq_spark import latency
+from tracemq_spark import classify, outputs
+from tracemq_spark.commit import Staging, checkpoint, cleanup, commit, validate_staging
+from tracemq_spark.input_files import (
+    last_deliveries,
+    parse_copies,
+    parse_offsets,
+    parse_subscriptions,
+)
+from tracemq_spark.lake_scan import LakeScan, _maybe_corrupt
+from tracemq_spark.params import (
+    INFORMATIONAL,
+    KNOWN_SCHEMA_VERSIONS,
+    METRICS,
+    MINUTE_MS,
+    OUTCOMES,
+    SKEW_LIMIT_MS,
+    Params,
+    ReconcileError,
+    RunResult,
+    _iso,
+)
+from tracemq_spark.session import _RUNTIME_CONF, build_session
 
 __all__ = [
     "INFORMATIONAL",
@@ -63,6 +89,7 @@ __all__ = [
     "Params",
     "ReconcileError",
     "RunResult",
+    "SKEW_LIMIT_MS",
     "build_session",
     "last_deliveries",
     "parse_copies",
@@ -71,424 +98,10 @@ __all__ = [
     "run",
 ]
 
-HOUR_MS = 3_600_000
-DAY_MS = 86_400_000
-MINUTE_MS = 60_000
-
-OUTCOMES = [
-    "CONSUMED",
-    "CONSUMED_AFTER_RETRY",
-    "FAILED",
-    "DEAD_LETTERED",
-    "IN_FLIGHT",
-    "PENDING",
-    "NOT_CONSUMED",
-    "TRACE_LOST",
-    "TRACE_INCOMPLETE",
-    "DUPLICATE",
-    "ORPHAN_CONSUME",
-    "UNEXPECTED_GROUP",
-    "PUB_FAILED",
-]
-#: message-level facts that are not outcomes (no group expected them)
-INFORMATIONAL = ["ROLLED_BACK", "TX_UNRESOLVED", "RECALLED", "NO_EXPECTED_GROUP"]
-#: latency figures: column name, meaning
-METRICS = {
-    "send_cost_ms": "send cost (Pub cost_time)",
-    "store_to_consume_ms": "store to first consume start (first SubBefore - store time)",
-    "consume_cost_ms": "consume cost (successful SubAfter cost_time)",
-    "end_to_end_ms": "end to end (successful SubAfter - Pub timestamp)",
-}
-#: a latency outside [0, SKEW_LIMIT_MS] is a clock-skew suspect: flagged, not in percentiles
-SKEW_LIMIT_MS = DAY_MS
-KNOWN_SCHEMA_VERSIONS = frozenset({1})
-#: up to this many anomalies, their msgIds' hashes are broadcast to fetch their Pub details
-#: (8 bytes each in the driver and every executor); beyond, the look-up shuffles both sides
-BROADCAST_IDS_MAX = 20_000_000
-PERCENTILES = (0.5, 0.9, 0.99)
-
-_TX_COMMIT = "COMMIT_MESSAGE"
-_DLQ_PREFIX = "%DLQ%"
-_RETRY_PREFIX = "%RETRY%"
-_TX_ROLLBACK = "ROLLBACK_MESSAGE"
-_MSG_HALF = 1
-_MSG_DELAY = 3
-
-
-class ReconcileError(Exception):
-    """Bad input or a run that cannot proceed: one clear message, the output left untouched."""
-
-
-# ----------------------------------------------------------------------------- parameters
-
-
-@dataclass(frozen=True)
-class Params:
-    """Everything one run needs. Times are epoch milliseconds (UTC)."""
-
-    lake: str
-    out: str
-    from_ms: int
-    to_ms: int
-    subscriptions: str  # URI of the subscription-history JSON
-    offsets: str  # URI of the committed-offsets JSON
-    horizon_ms: int = 30 * MINUTE_MS
-    window_ms: int = 10 * MINUTE_MS
-    max_reconsume_times: int = 16
-    max_delay_ms: int = 2 * HOUR_MS
-    subscription_grace_ms: int = 2 * MINUTE_MS
-    #: "now" for PENDING (cutoff = min(to + horizon, now)); None: the time the run starts
-    now_ms: int | None = None
-    #: also publish ``classified/``: one row per (message, group[, client]) incl. CONSUMED
-    keep_classified: bool = False
-    run_id: str | None = None
-    #: for tests: raise at this checkpoint (see ``_checkpoint``)
-    fail_at: str | None = None
-    #: the producers' zone (IANA name): msgIds count from a month start in it. The lake has no
-    #: zone per message, so all are read in this one. UTC by default so that a run's result
-    #: does not depend on the host it runs on (Spark hosts are usually UTC; producers default
-    #: to their host's zone, as RocketMQ's do, or to TRACEMQ_MSGID_TIMEZONE)
-    msgid_timezone: str = "UTC"
-
-    def validate(self) -> None:
-        if self.to_ms <= self.from_ms:
-            raise ReconcileError(
-                f"--to ({_iso(self.to_ms)}) must be after --from ({_iso(self.from_ms)})"
-            )
-        if self.window_ms < MINUTE_MS or self.window_ms % MINUTE_MS:
-            raise ReconcileError(
-                f"--window must be a whole number of minutes (at least 1m), got {self.window_ms} ms"
-            )
-        if self.horizon_ms < 0:
-            raise ReconcileError("--horizon must not be negative")
-        if self.max_delay_ms < 0:
-            raise ReconcileError("--max-delay must not be negative")
-        if self.max_reconsume_times < 1:
-            raise ReconcileError("--max-reconsume-times must be at least 1")
-        if self.from_ms < 0:
-            raise ReconcileError("--from is before 1970")
-        try:
-            ZoneInfo(self.msgid_timezone)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ReconcileError(
-                f"--msgid-timezone: unknown time zone {self.msgid_timezone!r} "
-                "(an IANA name such as 'Asia/Shanghai' or 'UTC')"
-            ) from None
-
-
-@dataclass
-class RunResult:
-    run_id: str
-    out: str
-    from_ms: int
-    to_ms: int
-    summary: dict[str, Any]
-    elapsed_s: float
-    stages: dict[str, float] = field(default_factory=dict)
-
-
-def _iso(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat().replace("+00:00", "Z")
-
-
-def _window_label(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y%m%dT%H%MZ")
-
-
-# ----------------------------------------------------------------------------- inputs
-
-
-@dataclass(frozen=True)
-class SubRow:
-    group: str
-    topic: str
-    tag: str | None  # None: every tag ("*")
-    first_seen: int
-    last_seen: int
-    broadcasting: bool
-
-
-def _doc_rows(doc: Any, key: str, what: str) -> list[dict[str, Any]]:
-    rows = doc.get(key) if isinstance(doc, dict) else doc
-    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-        raise ReconcileError(f"{what}: expected a JSON list of objects (or {{{key!r}: [...]}})")
-    return rows
-
-
-def parse_subscriptions(text: str, source: str = "subscriptions") -> list[SubRow]:
-    """The subscription history (``RegistryReader.subscription_history()`` rows) as rows with
-    one tag each; retry and dead-letter topics are dropped."""
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise ReconcileError(f"{source}: not valid JSON: {exc}") from None
-    out: list[SubRow] = []
-    for i, r in enumerate(_doc_rows(doc, "subscriptions", source)):
-        try:
-            group, topic = str(r["group"]), str(r["topic"])
-            expression = r.get("expression")
-            model = str(r.get("message_model") or "CLUSTERING").upper()
-            first, last = int(r["first_seen"]), int(r["last_seen"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ReconcileError(f"{source}: row {i} is malformed ({exc!r}): {r}") from None
-        if topic.startswith(("%RETRY%", "%DLQ%")):
-            continue
-        expr = (expression or "").strip() if isinstance(expression, str) else ""
-        tags: list[str | None] = (
-            [None] if expr in ("", "*") else [t.strip() for t in expr.split("||") if t.strip()]
-        )
-        out.extend(SubRow(group, topic, tag, first, last, model == "BROADCASTING") for tag in tags)
-    return out
-
-
-@dataclass(frozen=True)
-class OffsetRow:
-    group: str
-    topic: str
-    store_addr: str
-    queue_id: int
-    client: str  # "" for clustering groups
-    committed: int
-
-
-def parse_offsets(text: str, source: str = "offsets") -> list[OffsetRow]:
-    """The committed-offsets snapshot: one row per (group, topic, store_addr, queue[, client]);
-    rows without a committed offset are dropped, duplicates keep the highest offset."""
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise ReconcileError(f"{source}: not valid JSON: {exc}") from None
-    best: dict[tuple[str, str, str, int, str], int] = {}
-    for i, r in enumerate(_doc_rows(doc, "offsets", source)):
-        try:
-            committed = r.get("committed")
-            if committed is None:
-                continue
-            key = (
-                str(r["group"]),
-                str(r["topic"]),
-                str(r["store_addr"]),
-                int(r["queue_id"]),
-                str(r.get("client_host") or ""),
-            )
-            committed = int(committed)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ReconcileError(f"{source}: row {i} is malformed ({exc!r}): {r}") from None
-        best[key] = max(committed, best.get(key, committed))
-    return [OffsetRow(*k, v) for k, v in sorted(best.items())]
-
-
-class CopyRow(NamedTuple):
-    """A consumer's copy of a message in ``%RETRY%<group>`` or ``%DLQ%<group>``, read from the
-    queue itself when the snapshot was taken (so no trace loss can hide it). (A tuple: millions
-    of them are read on a bad day.)"""
-
-    group: str
-    topic: str
-    store_addr: str
-    queue_id: int
-    queue_offset: int
-    msg_id: str
-    reconsume_times: int
-
-
-def parse_copies(text: str, source: str = "offsets") -> list[CopyRow]:
-    """The ``copies`` list of the committed-offsets snapshot (absent: none known, e.g. a
-    snapshot of a RocketMQ cluster); rows without a msgId are dropped."""
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise ReconcileError(f"{source}: not valid JSON: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("copies") is None:
-        return []
-    out: set[CopyRow] = set()
-    for i, r in enumerate(_doc_rows(doc, "copies", f"{source} (copies)")):
-        try:
-            topic = str(r["topic"])
-            if not topic.startswith((_RETRY_PREFIX, _DLQ_PREFIX)):
-                raise ValueError(f"topic {topic!r} is not a %RETRY% or %DLQ% topic")
-            prefix = _RETRY_PREFIX if topic.startswith(_RETRY_PREFIX) else _DLQ_PREFIX
-            msg_id = r.get("msg_id")
-            if not msg_id:
-                continue
-            out.add(
-                CopyRow(
-                    str(r.get("group") or topic[len(prefix) :]),
-                    topic,
-                    str(r["store_addr"]),
-                    int(r["queue_id"]),
-                    int(r["queue_offset"]),
-                    str(msg_id),
-                    int(r.get("reconsume_times") or 0),
-                )
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ReconcileError(f"{source}: copies row {i} is malformed ({exc!r}): {r}") from None
-    return list(out)
-
-
-class DeliveryRow(NamedTuple):
-    """Per (msgId, group): the last retry copy (highest reconsume count) with its queue's
-    committed offset, and the dead-letter copy, if any."""
-
-    msg_id: str
-    group: str
-    retry_reconsume: int | None
-    retry_queue_offset: int | None
-    retry_committed: int | None
-    dlq_queue_offset: int | None
-
-
-def last_deliveries(copies: list[CopyRow], offsets: list[OffsetRow]) -> list[DeliveryRow]:
-    """The retry chain of every (msgId, group) reduced to what decides it: a message sent back
-    k times was delivered k + 1 times, and only the last delivery's queue says whether the
-    group is done with it; a dead-letter copy ends the chain."""
-    committed = {
-        (o.group, o.topic, o.store_addr, o.queue_id): o.committed for o in offsets if not o.client
-    }
-    last: dict[tuple[str, str], CopyRow] = {}
-    dlq: dict[tuple[str, str], int] = {}
-    for c in copies:
-        key = (c.msg_id, c.group)
-        if c.topic.startswith(_DLQ_PREFIX):
-            dlq[key] = min(c.queue_offset, dlq.get(key, c.queue_offset))
-            continue
-        prev = last.get(key)
-        if prev is None or (c.reconsume_times, c.queue_offset) > (
-            prev.reconsume_times,
-            prev.queue_offset,
-        ):
-            last[key] = c
-    out = []
-    for key in set(last) | set(dlq):
-        c = last.get(key)
-        out.append(
-            DeliveryRow(
-                key[0],
-                key[1],
-                None if c is None else c.reconsume_times,
-                None if c is None else c.queue_offset,
-                None if c is None else committed.get((c.group, c.topic, c.store_addr, c.queue_id)),
-                dlq.get(key),
-            )
-        )
-    return out
-
-
-# ----------------------------------------------------------------------------- session
-
-
-def build_session(
-    master: str | None = "local[*]",
-    *,
-    app_name: str = "tracemq-reconcile",
-    driver_memory: str | None = None,
-    shuffle_partitions: int | None = None,
-    extra: dict[str, str] | None = None,
-) -> SparkSession:
-    """A SparkSession for the job. ``master=None`` leaves it to spark-submit."""
-    b = SparkSession.builder.appName(app_name)
-    if master:
-        b = b.master(master)
-    if driver_memory:
-        b = b.config("spark.driver.memory", driver_memory)
-    conf = {
-        "spark.ui.showConsoleProgress": "false",
-        "spark.sql.session.timeZone": "UTC",
-        "spark.sql.adaptive.enabled": "true",
-        "spark.sql.shuffle.partitions": str(shuffle_partitions or 16),
-        "spark.sql.sources.partitionOverwriteMode": "dynamic",
-        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-        "spark.sql.requireAllClusterKeysForCoPartition": "false",
-    }
-    conf.update(extra or {})
-    # Spark's startup warnings (hostname, native Hadoop, default log4j profile) are noise on
-    # the console of a one-shot job: a quiet log4j2 configuration unless one is given
-    quiet = f"-Dlog4j2.configurationFile={Path(__file__).with_name('log4j2.properties').as_uri()}"
-    java_opts = conf.get("spark.driver.extraJavaOptions", "")
-    if "log4j2.configurationFile" not in java_opts:
-        java_opts = f"{java_opts} {quiet}"
-    # whole-stage code generation makes methods far over HotSpot's 8 000-byte JIT limit for
-    # the classification's wide CASE and aggregates: left interpreted, they made its reduce
-    # side about 1.6 times slower (2M messages, warm: 25-28 s without, 15-16 s with)
-    conf["spark.driver.extraJavaOptions"] = _with_jvm_flags(java_opts)
-    conf["spark.executor.extraJavaOptions"] = _with_jvm_flags(
-        conf.get("spark.executor.extraJavaOptions", "")
-    )
-    for k, v in conf.items():
-        b = b.config(k, v)
-    spark = b.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
-
-
-#: HotSpot flag: JIT-compile methods over 8 000 bytes of bytecode (Spark's generated code)
-_JIT_HUGE = "-XX:-DontCompileHugeMethods"
-#: the throughput collector for a batch job (Java 17's default is G1): the whole job at 10M
-#: messages on local[2], same lake, back to back: 156.4 s with G1, 147.5 s with it (and
-#: 175.8 / 160.1 s in a noisier pair). Left out when the options already choose a collector.
-_PARALLEL_GC = "-XX:+UseParallelGC"
-
-
-def _with_jvm_flags(opts: str) -> str:
-    """``opts`` plus the job's JVM flags (each unless already decided there)."""
-    out = opts
-    if _JIT_HUGE not in out:
-        out = f"{out} {_JIT_HUGE}"
-    if not re.search(r"-XX:[+]Use\w*GC\b", out):
-        out = f"{out} {_PARALLEL_GC}"
-    return out.strip()
-
-
-#: runtime SQL settings the job relies on (set on whatever session it is given)
-_RUNTIME_CONF = {
-    "spark.sql.session.timeZone": "UTC",
-    "spark.sql.adaptive.enabled": "true",
-    "spark.sql.requireAllClusterKeysForCoPartition": "false",
-    "spark.sql.sources.partitionOverwriteMode": "dynamic",
-    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-}
-
-
-def spark_schema() -> T.StructType:
-    """The lake schema (:mod:`tracemq.lake_schema`) as a Spark schema."""
-    mapping = {
-        "string": T.StringType(),
-        "int64": T.LongType(),
-        "int32": T.IntegerType(),
-        "bool": T.BooleanType(),
-    }
-    return T.StructType(
-        [
-            T.StructField(name, mapping[str(typ)], nullable)
-            for name, typ, nullable, _ in lake_schema.COLUMNS
-        ]
-    )
-
 
 # ----------------------------------------------------------------------------- the run
 
 Progress = Callable[[str], None]
-
-
-class _Staging:
-    """Paths of one run: everything is written under ``<out>/_staging/<run id>`` first."""
-
-    def __init__(self, out: str, run_id: str) -> None:
-        self.out = out.rstrip("/")
-        self.root = f"{self.out}/_staging/{run_id}"
-        self.previous = f"{self.root}/_previous"
-
-    def path(self, *parts: str) -> str:
-        return "/".join([self.root, *parts])
-
-    def final(self, *parts: str) -> str:
-        return "/".join([self.out, *parts])
-
-
-def _checkpoint(params: Params, name: str) -> None:
-    if params.fail_at == name:
-        raise RuntimeError(f"injected failure at {name!r}")
 
 
 def run(spark: SparkSession, params: Params, progress: Progress | None = None) -> RunResult:
@@ -515,7 +128,7 @@ def run(spark: SparkSession, params: Params, progress: Progress | None = None) -
     if not fs.is_dir(lake):
         raise ReconcileError(f"trace lake not found: {params.lake} ({lake} is not a directory)")
     out_existed = fs.exists(out)
-    stage = _Staging(out, run_id)
+    stage = Staging(out, run_id)
     stages: dict[str, float] = {}
     last = [time.monotonic()]
 
@@ -535,46 +148,38 @@ def run(spark: SparkSession, params: Params, progress: Progress | None = None) -
         done("pre-flight scan")
         ctx.classify()
         done("classification")
-        _checkpoint(params, "after_classified")
+        checkpoint(params, "after_classified")
         ctx.publish_tables()
         done("anomalies and summary")
-        _checkpoint(params, "after_tables")
+        checkpoint(params, "after_tables")
         summary = ctx.summarize(stages)
         done("summary.json")
         ctx.report(summary)
         done("report")
-        _checkpoint(params, "after_report")
-        ctx.validate_staging(summary)
-        ctx.commit()
+        checkpoint(params, "after_report")
+        validate_staging(fs, stage, params.keep_classified, summary)
+        commit(fs, stage, params, ctx.windows, say)
         done("commit")
     except BaseException:
-        _cleanup(fs, stage, out, out_existed)
+        cleanup(fs, stage, out, out_existed)
         raise
-    _cleanup(fs, stage, out, True)
+    cleanup(fs, stage, out, True)
     elapsed = time.monotonic() - t_start
     summary["run"]["elapsed_s"] = round(elapsed, 3)
     summary["run"]["stages_s"] = stages
     return RunResult(run_id, out, f_ms, t_ms, summary, elapsed, stages)
 
 
-def _cleanup(fs: Any, stage: _Staging, out: str, out_existed: bool) -> None:
-    try:
-        fs.delete(stage.root)
-        fs.delete_if_empty(f"{stage.out}/_staging")
-        if not out_existed:
-            fs.delete_if_empty(out)
-    except Exception:  # noqa: S110 - cleaning up must not hide the real error
-        pass
-
-
 class _Context:
+    """One run's state: its range, inputs and lake scan, handed from stage to stage."""
+
     def __init__(
         self,
         spark: SparkSession,
         fs: Any,
         params: Params,
         lake: str,
-        stage: _Staging,
+        stage: Staging,
         f_ms: int,
         t_ms: int,
         now_ms: int,
@@ -596,9 +201,9 @@ class _Context:
         self.read_hi = t_ms + h
         self.cutoff = min(t_ms + h, now_ms)
         self.windows = list(range(f_ms, t_ms, params.window_ms))
-        self.files: list[str] = []
-        self.superseded = 0
-        self.stats: dict[str, Any] = {}
+        self.scan = LakeScan(
+            spark, fs, lake, params.lake, f_ms, t_ms, self.read_lo, self.read_hi, say
+        )
         self.started = datetime.now(tz=UTC)
 
     # -- inputs -----------------------------------------------------------------------
@@ -625,150 +230,10 @@ class _Context:
 
     # -- the lake ---------------------------------------------------------------------
     def discover(self) -> None:
-        """The Parquet files of the hour partitions that overlap the read range, and their
-        schema version (footer metadata)."""
-        fs = self.fs
-        first_hour = self.read_lo // HOUR_MS
-        last_hour = (self.read_hi - 1) // HOUR_MS
-        wanted: dict[str, set[int]] = {}
-        for hour in range(first_hour, last_hour + 1):
-            day = datetime.fromtimestamp(hour * 3600, tz=UTC).strftime("%Y-%m-%d")
-            wanted.setdefault(day, set()).add(hour % 24)
-        files: list[str] = []
-        for day, hours in sorted(wanted.items()):
-            day_dir = fs.join(self.lake, f"date={day}")
-            for name, is_dir, _ in fs.list(day_dir):
-                if not is_dir or not name.startswith("hour="):
-                    continue
-                try:
-                    hour = int(name[5:])
-                except ValueError:
-                    continue
-                if hour in hours:
-                    files.extend(fs.data_files(fs.join(day_dir, name)))
-        if not files:
-            raise ReconcileError(
-                f"empty window: the lake {self.p.lake} has no data files for "
-                f"[{_iso(self.read_lo)}, {_iso(self.read_hi)}) (window [{_iso(self.f_ms)}, "
-                f"{_iso(self.t_ms)}) plus the horizon)"
-            )
-        version_key = lake_schema.METADATA_KEY.decode()
-        compacted_key = lake_schema.COMPACTED_FROM_KEY.decode()
-        try:
-            meta = fs.parquet_metadata(files, (version_key, compacted_key))
-        except Exception as exc:
-            raise ReconcileError(_corrupt_message(exc, files)) from None
-        files, self.superseded = _live_files(meta, compacted_key)
-        if self.superseded:  # a compaction's leftovers (it deletes them after the rename)
-            self.say(f"{self.superseded} file(s) superseded by compacted files: skipped")
-        versions = {f: meta[f][version_key] for f in files}
-        bad = {f: v for f, v in versions.items() if v is None or not _known_version(v)}
-        if bad:
-            f, v = sorted(bad.items())[0]
-            raise ReconcileError(
-                f"unknown lake schema version {v!r} in {f} ({len(bad)} file(s)); this job "
-                f"reads version(s) {sorted(KNOWN_SCHEMA_VERSIONS)}"
-            )
-        self.files = sorted(files)
-        self.say(f"{len(files)} lake files in [{_iso(self.read_lo)}, {_iso(self.read_hi)})")
-
-    def events(self, *columns: str) -> DataFrame:
-        df = self.spark.read.schema(spark_schema()).parquet(*self.files)
-        ts = F.col("timestamp")
-        return df.where((ts >= self.read_lo) & (ts < self.read_hi)).select(*columns)
+        self.scan.discover()
 
     def preflight(self) -> None:
-        """One scan of a few columns: every row's schema version, the row counts (an empty
-        window is an error), the strings of the hashed columns (group, topic, client host)
-        and the consuming clients of broadcasting groups."""
-        col = F.col
-        ts = col("timestamp")
-        in_window = ((ts >= self.f_ms) & (ts < self.t_ms)).cast("long")
-        try:
-            rows = (
-                self.events(
-                    "timestamp",
-                    "schema_version",
-                    "trace_type",
-                    "group_name",
-                    "topic",
-                    "client_host",
-                )
-                .groupBy("trace_type", "schema_version", "group_name", "topic", "client_host")
-                .agg(F.count(F.lit(1)).alias("n"), F.sum(in_window).alias("in_window"))
-                .collect()
-            )
-        except Exception as exc:
-            raise ReconcileError(_corrupt_message(exc, self.files)) from None
-        unknown = sorted({r["schema_version"] for r in rows} - KNOWN_SCHEMA_VERSIONS, key=str)
-        if unknown:
-            raise ReconcileError(
-                f"unknown lake schema version {unknown[0]!r} in the rows of the read range; "
-                f"this job reads version(s) {sorted(KNOWN_SCHEMA_VERSIONS)}"
-            )
-        total = sum(r["n"] for r in rows)
-        in_window_n = sum(r["in_window"] or 0 for r in rows)
-        by_type: dict[str, int] = {}
-        for r in rows:
-            by_type[r["trace_type"]] = by_type.get(r["trace_type"], 0) + r["n"]
-        self.stats = {
-            "events_read": total,
-            "events_in_window": in_window_n,
-            "events_by_type": dict(sorted(by_type.items())),
-            "files": len(self.files),
-            "files_superseded": self.superseded,
-        }
-        if in_window_n == 0:
-            raise ReconcileError(
-                f"empty window: no trace events in [{_iso(self.f_ms)}, {_iso(self.t_ms)}) in "
-                f"the lake {self.p.lake} ({total} events in the surrounding horizon)"
-            )
-        strings = {s.group for s in self.subs} | {s.topic for s in self.subs}
-        strings |= {s.tag for s in self.subs if s.tag is not None}
-        strings |= {o.group for o in self.offsets} | {o.topic for o in self.offsets}
-        strings |= {o.store_addr for o in self.offsets} | {o.client for o in self.offsets}
-        for r in rows:
-            strings |= {r["group_name"], r["topic"], r["client_host"]}
-        strings.discard(None)
-        strings.discard("")
-        self._build_dictionary(sorted(strings))
-        bset = set(self.bgroups)
-        self.broadcast_clients = sorted(
-            {
-                (r["group_name"], r["topic"], r["client_host"] or "")
-                for r in rows
-                if r["trace_type"] == "SubBefore"
-                and r["group_name"] in bset
-                and r["topic"] is not None
-                and not r["topic"].startswith("%")
-            }
-        )
-        self.say(
-            f"{total:,} events in the read range, {in_window_n:,} in the window; "
-            f"{len(self.broadcast_clients)} broadcasting client(s)"
-        )
-
-    def _build_dictionary(self, strings: list[str]) -> None:
-        """xxhash64 → string for every string the hot path hashes (computed by Spark, so it
-        is the same hash); a collision (never seen in practice) stops the run."""
-        schema = T.StructType([T.StructField("s", T.StringType(), False)])
-        d = self.spark.createDataFrame([(x,) for x in strings], schema).select(
-            F.xxhash64("s").alias("h"), "s"
-        )
-        pairs = [(r["h"], r["s"]) for r in d.collect()]
-        table: dict[int, str] = {}
-        for h, v in pairs:
-            if h in table and table[h] != v:
-                raise RuntimeError(f"xxhash64 collision between {table[h]!r} and {v!r}")
-            table[h] = v
-        self.dictionary = table
-        self.hash_of = {v: h for h, v in pairs}
-        self.dict_df = self.spark.createDataFrame(
-            sorted(table.items()),
-            T.StructType(
-                [T.StructField("h", T.LongType(), False), T.StructField("s", T.StringType(), False)]
-            ),
-        )
+        self.scan.preflight(self.subs, self.offsets, self.bgroups)
 
     # -- classification ---------------------------------------------------------------
     def classify(self) -> None:
@@ -782,13 +247,14 @@ class _Context:
                 "parquet.enable.dictionary", "false"
             ).parquet(self.stage.path("_classified"))
         except Exception as exc:
-            raise _maybe_corrupt(exc, self.files) from None
+            raise _maybe_corrupt(exc, self.scan.files) from None
 
     def classified_frame(self) -> DataFrame:
+        """The classification's steps (:mod:`tracemq_spark.classify`) over this run's lake
+        read and inputs."""
         spark, p = self.spark, self.p
         n_parts = int(spark.conf.get("spark.sql.shuffle.partitions") or 16)
-        col = F.col
-        ev = self.events(
+        ev = self.scan.events(
             "trace_type",
             "timestamp",
             "group_name",
@@ -807,1103 +273,37 @@ class _Context:
             "queue_id",
             "queue_offset",
         )
-        tt = col("trace_type")
-        base = self.read_lo  # every timestamp read is >= base: (ts - base) fits 62 bits
-
-        # a consumer's move of a message to %DLQ%<group> is traced as a Pub of the group: it
-        # belongs to the consume side, not to the message's send
-        dlq_move = (tt == "Pub") & col("topic").startswith(_DLQ_PREFIX)
-
-        # ---- producer side: one row per msgId (the first successful Pub wins) -----------
-        is_pub = tt == "Pub"
-        order = F.when(
-            is_pub,
-            F.shiftleft(F.when(col("success"), 0).otherwise(1).cast("long"), 62)
-            + (col("timestamp") - base),
+        # every timestamp read is >= read_lo: (ts - base) fits 62 bits
+        pubs = classify.pubs(ev, f_ms=self.f_ms, t_ms=self.t_ms, base=self.read_lo, n_parts=n_parts)
+        exp = classify.expected_deliveries(
+            pubs,
+            classify.subs_frame(spark, self.subs, p.subscription_grace_ms),
+            classify.clients_frame(spark, self.scan.broadcast_clients),
         )
-        prod = (
-            ev.where(
-                tt.isin("Pub", "EndTransaction", "Recall")
-                & ~F.coalesce(dlq_move, F.lit(False))
-                & col("msg_id").isNotNull()
-                & (col("msg_id") != "")
-            )
-            .select(
-                col("msg_id").alias("pkey"),
-                order.alias("o"),
-                "timestamp",
-                "cost_time",
-                "store_time",
-                "msg_type",
-                "queue_id",
-                "queue_offset",
-                _h(col("topic")).alias("topic_h"),
-                _h(col("tags")).alias("tags_h"),
-                _h(col("store_addr")).alias("store_h"),
-                ((tt == "EndTransaction") & (col("transaction_state") == _TX_COMMIT))
-                .cast("int")
-                .alias("is_commit"),
-                ((tt == "EndTransaction") & (col("transaction_state") == _TX_ROLLBACK))
-                .cast("int")
-                .alias("is_rollback"),
-                ((tt == "Recall") & col("success")).cast("int").alias("is_recall"),
-            )
-            .repartition(n_parts, "pkey")
+        bh = [self.scan.hash_of[g] for g in self.bgroups if g in self.scan.hash_of]
+        att = classify.attempts(ev, bh=bh, n_parts=n_parts)
+        agg = classify.consumed(att, pubs)
+        deliveries = classify.deliveries_frame(
+            spark, self.fs, self.stage.path("_deliveries"), self.deliveries
         )
-        firsts = [
-            "timestamp",
-            "cost_time",
-            "store_time",
-            "msg_type",
-            "queue_id",
-            "queue_offset",
-            "topic_h",
-            "tags_h",
-            "store_h",
-        ]
-        pubs = (
-            prod.groupBy("pkey")
-            .agg(
-                F.min("o").alias("o"),
-                *[F.min_by(c, "o").alias(c) for c in firsts],
-                F.max("is_commit").alias("tx_commit"),
-                F.max("is_rollback").alias("tx_rollback"),
-                F.max("is_recall").alias("recalled"),
-            )
-            .where(col("o").isNotNull())
-            .select(
-                "pkey",
-                col("timestamp").alias("pub_ts"),
-                (F.shiftright(col("o"), 62) == 0).alias("pub_ok"),
-                "topic_h",
-                "tags_h",
-                col("cost_time").alias("send_cost"),
-                "store_time",
-                "msg_type",
-                "store_h",
-                "queue_id",
-                "queue_offset",
-                "tx_commit",
-                "tx_rollback",
-                "recalled",
-            )
-        )
-        pubs = pubs.withColumn(
-            "in_window", (col("pub_ts") >= self.f_ms) & (col("pub_ts") < self.t_ms)
-        ).withColumn(
-            "expected_anywhere",
-            col("pub_ok")
-            & (col("recalled") == 0)
-            & ((F.coalesce(col("msg_type"), F.lit(0)) != _MSG_HALF) | (col("tx_commit") == 1)),
-        )
-        pub_cols = [
-            "pub_ts",
-            "pub_ok",
-            "topic_h",
-            "tags_h",
-            "send_cost",
-            "store_time",
-            "msg_type",
-            "store_h",
-            "queue_id",
-            "queue_offset",
-            "tx_commit",
-            "tx_rollback",
-            "recalled",
-            "in_window",
-        ]
-
-        # ---- expected (message, group[, client]) rows ------------------------------------
-        # subscription segments are disjoint per (group, topic): a message matches a group
-        # through at most one row, so no deduplication is needed
-        s = F.broadcast(self._subs_frame())
-        cond = (
-            (col("topic_h") == col("s_topic_h"))
-            & (col("s_tag_h").isNull() | (col("s_tag_h") == col("tags_h")))
-            & (col("s_start") <= col("pub_ts"))
-            & (col("pub_ts") < col("s_end"))
-            & col("expected_anywhere")
-        )
-        exp = (
-            pubs.where(col("in_window"))
-            .join(s, cond, "left")
-            .join(
-                F.broadcast(self._clients_frame()),
-                (col("s_group_h") == col("c_group_h")) & (col("topic_h") == col("c_topic_h")),
-                "left",
-            )
-            .select(
-                "pkey",
-                col("s_group_h").alias("group_h"),
-                F.when(
-                    F.coalesce(col("s_bcast"), F.lit(False)),
-                    F.coalesce(col("c_client_h"), F.lit(0)),
-                )
-                .otherwise(F.lit(0))
-                .cast("long")
-                .alias("ck"),
-                F.lit(True).alias("expected"),
-                *[col(c).alias(f"e_{c}") for c in pub_cols],
-            )
+        return classify.meet(
+            exp,
+            agg,
+            classify.offsets_frame(spark, self.offsets),
+            deliveries,
+            p,
+            f_ms=self.f_ms,
+            t_ms=self.t_ms,
+            read_lo=self.read_lo,
+            cutoff=self.cutoff,
         )
 
-        # ---- consume side: attempts (paired by requestId), then per (msg, group, client) --
-        mid = F.when(col("msg_id") == "", F.lit(None)).otherwise(col("msg_id"))
-        rid = F.coalesce(
-            col("request_id"), F.concat(F.lit("\u0001"), F.coalesce(col("group_name"), F.lit("")))
-        )
-        before = tt == "SubBefore"
-        moved = F.coalesce(dlq_move & col("success"), F.lit(False))
-        cons = (
-            ev.where(tt.isin("SubBefore", "SubAfter") | moved)
-            .select(
-                F.coalesce(mid, F.concat(F.lit("\u0000"), rid)).alias("pkey"),
-                # a DLQ move is an "attempt" of its own (its rid), counted apart below
-                F.xxhash64(
-                    F.when(
-                        moved,
-                        F.concat(F.lit("\u0002dlq"), F.coalesce(col("group_name"), F.lit(""))),
-                    ).otherwise(rid)
-                ).alias("rid"),
-                before.alias("b"),
-                moved.alias("d"),
-                _h(col("group_name")).alias("gh"),
-                _h(F.when(col("client_host") != "", col("client_host"))).alias("ch"),
-                F.when(before, _h(col("topic"))).alias("th"),
-                "timestamp",
-                "cost_time",
-                "success",
-                "retry_times",
-            )
-            .repartition(n_parts, "pkey")
-        )
-        b, a = col("b"), ~col("b") & ~col("d")
-        ok_ts = F.when(a & col("success"), col("timestamp"))
-        att = (
-            cons.groupBy("pkey", "rid")
-            .agg(
-                F.max(F.when(b, col("gh"))).alias("gb"),
-                F.max(F.when(~b, col("gh"))).alias("ga"),
-                F.max(F.when(b, col("ch"))).alias("cb"),
-                F.max(F.when(~b, col("ch"))).alias("ca"),
-                F.max("th").alias("th"),
-                F.max(b.cast("int")).alias("has_before"),
-                F.max(a.cast("int")).alias("has_after"),
-                F.min(F.when(b, col("timestamp"))).alias("before_ts"),
-                F.max(F.when(b, col("retry_times"))).alias("retry"),
-                F.max((a & col("success")).cast("int")).alias("ok"),
-                F.max(col("d").cast("int")).alias("dlq"),
-                F.min(ok_ts).alias("succ_ts"),
-                F.min_by("cost_time", ok_ts).alias("succ_cost"),
-                F.min(F.when(a, col("timestamp"))).alias("after_ts"),
-                F.count(F.lit(1)).alias("n"),
-            )
-            .select(
-                "*",
-                F.coalesce(col("gb"), col("ga")).alias("group_h"),
-                F.coalesce(col("cb"), col("ca")).alias("client_h"),
-            )
-        )
-        bh = [self.hash_of[g] for g in self.bgroups if g in self.hash_of]
-        is_bc = col("group_h").isin(bh) if bh else F.lit(False)
-        att = att.withColumn(
-            "ck",
-            F.when(is_bc, F.coalesce(col("client_h"), F.lit(0))).otherwise(F.lit(0)).cast("long"),
-        )
-        done_ok = col("ok") == 1
-        first_ok = F.when(done_ok, col("succ_ts"))
-        agg = att.groupBy("pkey", "group_h", "ck").agg(
-            F.sum(1 - col("dlq")).alias("attempts"),
-            F.max("dlq").alias("dead_lettered"),
-            F.sum("ok").alias("successes"),
-            F.sum(((col("has_after") == 1) & ~done_ok).cast("int")).alias("failed_attempts"),
-            F.sum(((col("has_before") == 1) & (col("has_after") == 0)).cast("int")).alias(
-                "in_flight_attempts"
-            ),
-            F.max("retry").alias("max_retry_times"),
-            # the highest delivery a traced failure belongs to (a SubAfter whose SubBefore was
-            # lost: the first one)
-            F.max(
-                F.when((col("has_after") == 1) & ~done_ok, F.coalesce(col("retry"), F.lit(0)))
-            ).alias("max_failed_retry"),
-            F.min("before_ts").alias("first_before_ts"),
-            F.min(F.least(col("before_ts"), col("after_ts"))).alias("first_consume_ts"),
-            F.min(first_ok).alias("success_ts"),
-            F.min_by("succ_cost", first_ok).alias("success_cost"),
-            F.min_by(F.coalesce(col("retry"), F.lit(0)), first_ok).alias("success_retry"),
-            F.max("th").alias("c_topic_h"),
-            F.sum("n").alias("consume_events"),
-        )
-        # pub facts for consumes nobody expected (UNEXPECTED_GROUP / ORPHAN_CONSUME)
-        agg = agg.join(
-            pubs.select("pkey", *[col(c).alias(f"a_{c}") for c in pub_cols]).hint("shuffle_hash"),
-            "pkey",
-            "left",
-        )
-
-        # ---- meet: expected ⟗ consumed (co-partitioned by msgId: no shuffle) -------------
-        j = exp.hint("shuffle_hash").join(agg, ["pkey", "group_h", "ck"], "full_outer")
-
-        def pub(c: str) -> Column:
-            return F.coalesce(col(f"e_{c}"), col(f"a_{c}"))
-
-        expected = F.coalesce(col("expected"), F.lit(False)) & col("group_h").isNotNull()
-        msg_level = F.coalesce(col("expected"), F.lit(False)) & col("group_h").isNull()
-        has_consume = col("attempts").isNotNull()
-        pub_ts = pub("pub_ts")
-        msg_type = F.coalesce(pub("msg_type"), F.lit(0))
-        due = pub_ts + F.when(
-            msg_type == _MSG_DELAY, F.lit(max(p.max_delay_ms, p.horizon_ms))
-        ).otherwise(p.horizon_ms)
-        j = j.join(
-            F.broadcast(self._offsets_frame()),
-            (col("group_h") == col("o_group_h"))
-            & (col("e_topic_h") == col("o_topic_h"))
-            & (col("e_store_h") == col("o_store_h"))
-            & (col("e_queue_id") == col("o_queue_id"))
-            & (col("ck") == col("o_client_h")),
-            "left",
-        )
-        j = self._with_deliveries(j)
-        committed = col("o_committed")
-        offset_applicable = ~msg_type.isin(_MSG_HALF, _MSG_DELAY)
-        passed = offset_applicable & committed.isNotNull() & (committed > pub("queue_offset"))
-        # The offsets' word on the message: its last delivery (the last retry copy, else the
-        # original queue) is behind the group's committed offset — the listener returned and
-        # nothing was sent back after it — and no dead-letter copy exists. Traces can be lost
-        # in part (a SubAfter, a retry's records); offsets cannot, so they overrule a trace
-        # that says FAILED or IN_FLIGHT. A traced failure of that last delivery (or a later
-        # one) keeps the message unconsumed: it went back once more.
-        has_copy = col("retry_reconsume").isNotNull()
-        in_dlq = col("dlq_queue_offset").isNotNull()
-        last_passed = F.when(
-            has_copy, F.coalesce(col("retry_committed") > col("retry_queue_offset"), F.lit(False))
-        ).otherwise(passed)
-        offsets_consumed = last_passed & ~in_dlq
-        failed_last = F.coalesce(
-            col("max_failed_retry") >= F.coalesce(col("retry_reconsume"), F.lit(0)), F.lit(False)
-        )
-        dead_traced = (col("dead_lettered") == 1) | (
-            col("max_retry_times") >= p.max_reconsume_times
-        )
-        after_retry = (col("attempts") > 1) | (col("success_retry") > 0)
-        first_ts = col("first_consume_ts")
-        real_id = ~col("pkey").startswith("\u0000")
-        created = _msg_id_created(col("pkey"), first_ts, p.msgid_timezone)
-        orphan_ok = (
-            (first_ts >= self.f_ms)
-            & (first_ts < self.t_ms)
-            & (~real_id | created.isNull() | (created >= self.read_lo))
-        )
-        is_half = msg_type == _MSG_HALF
-        outcome = (
-            F.when(msg_level & ~pub("pub_ok"), F.lit("PUB_FAILED"))
-            .when(msg_level & (pub("recalled") == 1), F.lit("RECALLED"))
-            .when(
-                msg_level & is_half & (pub("tx_rollback") == 1) & (pub("tx_commit") == 0),
-                F.lit("ROLLED_BACK"),
-            )
-            .when(msg_level & is_half & (pub("tx_commit") == 0), F.lit("TX_UNRESOLVED"))
-            .when(msg_level, F.lit("NO_EXPECTED_GROUP"))
-            .when(expected & has_consume & (col("successes") > 1), F.lit("DUPLICATE"))
-            .when(
-                expected & has_consume & (col("successes") == 1) & after_retry,
-                F.lit("CONSUMED_AFTER_RETRY"),
-            )
-            .when(expected & has_consume & (col("successes") == 1), F.lit("CONSUMED"))
-            .when(expected & in_dlq, F.lit("DEAD_LETTERED"))
-            .when(
-                expected
-                & has_consume
-                & offsets_consumed
-                & ~F.coalesce(dead_traced, F.lit(False))
-                & ~failed_last,
-                F.lit("TRACE_INCOMPLETE"),
-            )
-            .when(expected & has_consume & (col("in_flight_attempts") > 0), F.lit("IN_FLIGHT"))
-            .when(expected & has_consume & dead_traced, F.lit("DEAD_LETTERED"))
-            .when(expected & has_consume, F.lit("FAILED"))
-            # consumed by the offsets, no trace (so far): even inside the horizon it is not
-            # "pending" — the trace is what is missing
-            .when(expected & offsets_consumed, F.lit("TRACE_LOST"))
-            .when(expected & (due > self.cutoff), F.lit("PENDING"))
-            .when(expected, F.lit("NOT_CONSUMED"))
-            # consumes nobody expected
-            .when(
-                col("a_pub_ts").isNotNull(),
-                F.when(col("a_pub_ok") & col("a_in_window"), F.lit("UNEXPECTED_GROUP")),
-            )
-            .when(orphan_ok, F.lit("ORPHAN_CONSUME"))
-        )
-        # the rows that get an outcome (the same as "outcome is not null", but cheap: the
-        # optimizer would otherwise evaluate the whole CASE twice)
-        keep = (
-            F.coalesce(col("expected"), F.lit(False))
-            | (col("a_pub_ts").isNotNull() & col("a_pub_ok") & col("a_in_window"))
-            | (col("a_pub_ts").isNull() & orphan_ok)
-        )
-        store_ref = F.when(pub("store_time") > 0, pub("store_time")).otherwise(
-            pub_ts + pub("send_cost")
-        )
-        event_ts = F.when(pub_ts.isNotNull(), pub_ts).otherwise(first_ts)
-        window_start = F.floor(event_ts / p.window_ms).cast("long") * p.window_ms
-        keep_id = F.lit(True) if p.keep_classified else col("outcome") != "CONSUMED"
-        df = (
-            j.where(keep)
-            .select(
-                outcome.alias("outcome"),
-                "pkey",
-                real_id.alias("real_id"),
-                window_start.alias("window_start_ms"),
-                F.coalesce(pub("topic_h"), col("c_topic_h")).alias("topic_h"),
-                "group_h",
-                F.when(col("ck") != 0, col("ck")).alias("client_h"),
-                pub_ts.alias("pub_ts"),
-                pub("msg_type").alias("msg_type"),
-                # (kept so that both uses of the Pub shuffle read the same columns: reused)
-                pub("tags_h").alias("tags_h"),
-                pub("store_h").alias("store_h"),
-                pub("queue_id").alias("queue_id"),
-                pub("queue_offset").alias("queue_offset"),
-                committed.alias("committed_offset"),
-                "retry_reconsume",
-                "retry_queue_offset",
-                "retry_committed",
-                "dlq_queue_offset",
-                due.alias("due_ts"),
-                F.coalesce(col("attempts"), F.lit(0)).alias("attempts"),
-                F.coalesce(col("successes"), F.lit(0)).alias("successes"),
-                F.coalesce(col("failed_attempts"), F.lit(0)).alias("failed_attempts"),
-                F.coalesce(col("in_flight_attempts"), F.lit(0)).alias("in_flight_attempts"),
-                "max_retry_times",
-                "max_failed_retry",
-                F.coalesce(col("consume_events"), F.lit(0)).alias("consume_events"),
-                first_ts.alias("first_consume_ts"),
-                "success_ts",
-                pub("send_cost").alias("send_cost_ms"),
-                (col("first_before_ts") - store_ref).alias("store_to_consume_ms"),
-                col("success_cost").alias("consume_cost_ms"),
-                (col("success_ts") - pub_ts).alias("end_to_end_ms"),
-            )
-            .withColumn("msg_id", F.when(col("real_id") & keep_id, col("pkey")))
-            .drop("pkey", "real_id")
-        )
-        if p.keep_classified:
-            return df
-        # CONSUMED rows (most of them) only feed the tally: their evidence columns are left
-        # null, which Parquet stores for next to nothing
-        tallied = {"outcome", "window_start_ms", "topic_h", "group_h", *METRICS}
-        return df.select(
-            *[col(c) if c in tallied else F.when(keep_id, col(c)).alias(c) for c in df.columns]
-        )
-
-    def _with_deliveries(self, j: DataFrame) -> DataFrame:
-        """``j`` with the last retry copy and dead-letter copy of each (message, group) from
-        the snapshot (broadcast: retried messages are few); null columns when none is known."""
-        names = ["retry_reconsume", "retry_queue_offset", "retry_committed", "dlq_queue_offset"]
-        if not self.deliveries:
-            return j.select(
-                "*",
-                F.lit(None).cast("int").alias("retry_reconsume"),
-                *[F.lit(None).cast("long").alias(n) for n in names[1:]],
-            )
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        # through a Parquet file, not createDataFrame: a million rows cross py4j in a second
-        # that way, instead of minutes
-        cols = list(zip(*self.deliveries, strict=True))
-        table = pa.table(
-            {
-                "d_pkey": pa.array(cols[0], pa.string()),
-                "group": pa.array(cols[1], pa.string()),
-                "retry_reconsume": pa.array(cols[2], pa.int32()),
-                **{n: pa.array(cols[i + 3], pa.int64()) for i, n in enumerate(names[1:])},
-            }
-        )
-        buf = pa.BufferOutputStream()
-        pq.write_table(table, buf)
-        target = self.stage.path("_deliveries")  # (a file named "_…" Spark would skip)
-        self.fs.write_bytes(f"{target}/deliveries.parquet", buf.getvalue().to_pybytes())
-        d = self.spark.read.parquet(target).select(
-            "d_pkey", _h(F.col("group")).alias("d_group_h"), *names
-        )
-        c = F.col
-        return j.join(
-            F.broadcast(d),
-            (c("pkey") == c("d_pkey")) & (c("group_h") == c("d_group_h")),
-            "left",
-        ).drop("d_pkey", "d_group_h")
-
-    def _subs_frame(self) -> DataFrame:
-        schema = T.StructType(
-            [
-                T.StructField("group", T.StringType()),
-                T.StructField("topic", T.StringType()),
-                T.StructField("s_start", T.LongType()),
-                T.StructField("s_end", T.LongType()),
-                T.StructField("tag", T.StringType()),
-                T.StructField("s_bcast", T.BooleanType()),
-            ]
-        )
-        rows = subscription_segments(self.subs, self.p.subscription_grace_ms)
-        return self.spark.createDataFrame(rows, schema).select(
-            _h(F.col("group")).alias("s_group_h"),
-            _h(F.col("topic")).alias("s_topic_h"),
-            _h(F.col("tag")).alias("s_tag_h"),
-            "s_start",
-            "s_end",
-            "s_bcast",
-        )
-
-    def _offsets_frame(self) -> DataFrame:
-        schema = T.StructType(
-            [
-                T.StructField("group", T.StringType()),
-                T.StructField("topic", T.StringType()),
-                T.StructField("store_addr", T.StringType()),
-                T.StructField("o_queue_id", T.IntegerType()),
-                T.StructField("client", T.StringType()),
-                T.StructField("o_committed", T.LongType()),
-            ]
-        )
-        rows = [
-            (o.group, o.topic, o.store_addr, o.queue_id, o.client, o.committed)
-            for o in self.offsets
-        ]
-        c = F.col
-        return self.spark.createDataFrame(rows, schema).select(
-            _h(c("group")).alias("o_group_h"),
-            _h(c("topic")).alias("o_topic_h"),
-            _h(c("store_addr")).alias("o_store_h"),
-            "o_queue_id",
-            F.coalesce(_h(F.when(c("client") != "", c("client"))), F.lit(0))
-            .cast("long")
-            .alias("o_client_h"),
-            "o_committed",
-        )
-
-    def _clients_frame(self) -> DataFrame:
-        """Consuming clients of broadcasting groups: (group, topic, client host), hashed."""
-        schema = T.StructType(
-            [
-                T.StructField("group", T.StringType()),
-                T.StructField("topic", T.StringType()),
-                T.StructField("client", T.StringType()),
-            ]
-        )
-        c = F.col
-        return self.spark.createDataFrame(self.broadcast_clients, schema).select(
-            _h(c("group")).alias("c_group_h"),
-            _h(c("topic")).alias("c_topic_h"),
-            F.coalesce(_h(F.when(c("client") != "", c("client"))), F.lit(0))
-            .cast("long")
-            .alias("c_client_h"),
-        )
-
-    # -- outputs ----------------------------------------------------------------------
-    def _decode(self, df: DataFrame, pairs: list[tuple[str, str]]) -> DataFrame:
-        """Hashed columns back to their strings (broadcast joins with the dictionary)."""
-        for hcol, name in pairs:
-            d = F.broadcast(
-                self.dict_df.select(F.col("h").alias(f"_{hcol}"), F.col("s").alias(name))
-            )
-            df = df.join(d, F.col(hcol) == F.col(f"_{hcol}"), "left").drop(f"_{hcol}", hcol)
-        return df
-
-    def final_frame(self) -> DataFrame:
-        """The classified rows, with per-attempt orphans of empty msgIds folded into one row
-        per (window, group, client); strings still hashed."""
-        col = F.col
-        cl = self.spark.read.parquet(self.stage.path("_classified"))
-        nul = (col("msg_id").isNull()) & (col("outcome") == "ORPHAN_CONSUME")
-        folded = (
-            cl.where(nul)
-            .groupBy("window_start_ms", "group_h", "client_h")
-            .agg(
-                F.max("topic_h").alias("topic_h"),
-                F.sum("attempts").alias("attempts"),
-                F.sum("successes").alias("successes"),
-                F.sum("failed_attempts").alias("failed_attempts"),
-                F.sum("in_flight_attempts").alias("in_flight_attempts"),
-                F.max("max_retry_times").alias("max_retry_times"),
-                F.sum("consume_events").alias("consume_events"),
-                F.min("first_consume_ts").alias("first_consume_ts"),
-                F.min("success_ts").alias("success_ts"),
-            )
-            .withColumn("outcome", F.lit("ORPHAN_CONSUME"))
-        )
-        return cl.where(~nul).unionByName(folded, allowMissingColumns=True)
-
-    def _with_window(self, df: DataFrame) -> DataFrame:
-        col = F.col
-        w = self.p.window_ms
-        return (
-            df.withColumn("window_start", F.timestamp_millis(col("window_start_ms")))
-            .withColumn("window_end", F.timestamp_millis(col("window_start_ms") + w))
-            .withColumn("window", F.date_format(col("window_start"), "yyyyMMdd'T'HHmm'Z'"))
-        )
-
-    def _pub_details(self, ids: DataFrame, *, broadcast: bool) -> DataFrame:
-        """Producer-side strings of the given msgIds (the first successful Pub's): tags,
-        keys, store address, producer group.
-
-        ``broadcast``: the msgIds' 64-bit hashes are broadcast and the lake's Pub rows filtered
-        against them before any shuffle (a hash collision only lets an extra row through: the
-        join on the msgId itself decides); otherwise both sides are shuffled."""
-        col = F.col
-        ev = self.events(
-            "trace_type",
-            "msg_id",
-            "timestamp",
-            "success",
-            "tags",
-            "keys",
-            "store_addr",
-            "group_name",
-        )
-        pub_rows = ev.where(col("trace_type") == "Pub")
-        if broadcast:
-            hashes = F.broadcast(ids.select(F.xxhash64("msg_id").alias("_id_h")))
-            pub_rows = pub_rows.join(hashes, F.xxhash64("msg_id") == col("_id_h"), "left_semi")
-        else:
-            pub_rows = pub_rows.join(ids, "msg_id", "left_semi")
-        pubs = (
-            pub_rows.select(
-                "msg_id",
-                F.struct(
-                    (~col("success")).alias("failed"),
-                    col("timestamp").alias("ts"),
-                    "tags",
-                    "keys",
-                    "store_addr",
-                    col("group_name").alias("producer_group"),
-                ).alias("p"),
-            )
-            .groupBy("msg_id")
-            .agg(F.min("p").alias("p"))
-        )
-        return pubs.select("msg_id", "p.tags", "p.keys", "p.store_addr", "p.producer_group")
-
+    # -- outputs (tracemq_spark.outputs) ----------------------------------------------
     def publish_tables(self) -> None:
-        col = F.col
-        final = self.final_frame()
-        # one tally of the classified rows (outcome counts, latency buckets per window, topic
-        # and group) gives the summary Parquet, summary.json and the report's histograms
-        latency.tally(final, list(METRICS), SKEW_LIMIT_MS, latency.LEVELS[0][1]).write.mode(
-            "overwrite"
-        ).parquet(self.stage.path("_tally"))
-        tallies = self.spark.read.parquet(self.stage.path("_tally"))
-        anomaly_outcomes = [o for o in OUTCOMES if o != "CONSUMED"]
-        n_anomalies = (
-            tallies.where(col("kind").isin(anomaly_outcomes)).agg(F.sum("n")).first()[0] or 0
-        )
-        anomalies = final.where(col("outcome").isin(anomaly_outcomes))
-        anomalies = self._decode(
-            anomalies, [("topic_h", "topic"), ("group_h", "group"), ("client_h", "client_host")]
-        )
-        details = self._pub_details(
-            anomalies.where(col("msg_id").isNotNull()).select("msg_id"),
-            broadcast=n_anomalies <= BROADCAST_IDS_MAX,
-        )
-        anomalies = (
-            anomalies.join(details, "msg_id", "left")
-            .withColumn("evidence", _evidence())
-            .drop("tags_h", "store_h")
-        )
-        self._write(self._with_window(anomalies), "anomalies")
-        if self.p.keep_classified:
-            full = self._decode(
-                final, [("topic_h", "topic"), ("group_h", "group"), ("client_h", "client_host")]
-            )
-            self._write(self._with_window(full), "classified")
-        grouped = latency.grouped(tallies, OUTCOMES + INFORMATIONAL, list(METRICS), PERCENTILES)
-        grouped.write.mode("overwrite").parquet(self.stage.path("_grouped"))
-        g = self.spark.read.parquet(self.stage.path("_grouped"))
-        per_window = _flatten_percentiles(
-            self._decode(
-                g.where(col("gid") == 0).drop("gid"), [("topic_h", "topic"), ("group_h", "group")]
-            )
-        )
-        self._write(self._with_window(per_window), "summary")
-
-    def _write(self, df: DataFrame, name: str) -> None:
-        """Write a dataset partitioned by window into the staging directory, then mark it
-        complete (dynamic partition overwrite writes no _SUCCESS of its own)."""
-        target = self.stage.path(name)
-        df.write.mode("overwrite").partitionBy("window").parquet(target)
-        self.fs.mkdirs(target)
-        self.fs.write_text(self.stage.path(name, "_SUCCESS"), "")
+        outputs.publish_tables(self)
 
     def summarize(self, stages: dict[str, float]) -> dict[str, Any]:
-        """summary.json: counts per outcome (overall, per topic, per group, per topic and group,
-        per window) and the latency figures; also the data of the report's charts."""
-        col = F.col
-        names = OUTCOMES + INFORMATIONAL
-        g = self.spark.read.parquet(self.stage.path("_grouped")).collect()
-        dec = self.dictionary
-
-        def name_of(h: int | None) -> str | None:
-            return None if h is None else dec.get(h, f"#{h}")
-
-        by_window: dict[int, dict[str, Any]] = {}
-        tg: list[dict[str, Any]] = []
-        overall: dict[str, int] = dict.fromkeys(names, 0)
-        overall_latency: dict[str, Any] = {}
-        by_topic: dict[str, dict[str, int]] = {}
-        by_group: dict[str, dict[str, int]] = {}
-        for r in g:
-            counts = {o: int(r[o.lower()] or 0) for o in names}
-            if r["gid"] == 0:
-                win = by_window.setdefault(
-                    r["window_start_ms"],
-                    {
-                        "window": _window_label(r["window_start_ms"]),
-                        "window_start": _iso(r["window_start_ms"]),
-                        **dict.fromkeys(names, 0),
-                    },
-                )
-                for o in names:
-                    win[o] += counts[o]
-            elif r["gid"] == 4:  # grouping set (topic, group): window not grouped
-                topic, group = name_of(r["topic_h"]), name_of(r["group_h"])
-                tg.append(
-                    {"topic": topic, "group": group, "outcomes": counts, "latency": _latency(r)}
-                )
-                t = by_topic.setdefault(topic or "(none)", dict.fromkeys(names, 0))
-                for o in names:
-                    t[o] += counts[o]
-                if group is not None:
-                    gr = by_group.setdefault(group, dict.fromkeys(names, 0))
-                    for o in names:
-                        gr[o] += counts[o]
-            elif r["gid"] == 7:  # grouping set (): everything
-                overall = counts
-                overall_latency = _latency(r)
-        tg.sort(key=lambda x: (x["topic"] or "", x["group"] or ""))
-        hist = (
-            self.spark.read.parquet(self.stage.path("_tally"))
-            .where(col("kind").isin(list(METRICS)))
-            .groupBy("kind", "b")
-            .agg(F.sum("n").alias("n"))
-            .collect()
-        )
-        histograms = latency.log2_histograms(hist, list(METRICS))
-        skew = {m: overall_latency.get(m, {}).get("skew_suspect", 0) for m in METRICS}
-        anomalies = sum(v for k, v in overall.items() if k != "CONSUMED" and k in OUTCOMES)
-        p = self.p
-        summary = {
-            "run": {
-                "run_id": self.run_id,
-                "lake": self.lake,
-                "out": self.stage.out,
-                "from": _iso(self.f_ms),
-                "to": _iso(self.t_ms),
-                "from_ms": self.f_ms,
-                "to_ms": self.t_ms,
-                "requested_from_ms": p.from_ms,
-                "requested_to_ms": p.to_ms,
-                "horizon_ms": p.horizon_ms,
-                "window_ms": p.window_ms,
-                "max_reconsume_times": p.max_reconsume_times,
-                "max_delay_ms": p.max_delay_ms,
-                "subscription_grace_ms": p.subscription_grace_ms,
-                "now_ms": self.now_ms,
-                "cutoff_ms": self.cutoff,
-                "cutoff": _iso(self.cutoff),
-                "read_from_ms": self.read_lo,
-                "read_to_ms": self.read_hi,
-                "started_at": self.started.isoformat().replace("+00:00", "Z"),
-                "windows": [_window_label(x) for x in self.windows],
-            },
-            "input": {
-                **self.stats,
-                "subscription_rows": len(self.subs),
-                "offset_rows": len(self.offsets),
-                "broadcasting_clients": [list(c) for c in self.broadcast_clients],
-            },
-            "outcomes": {o: overall.get(o, 0) for o in OUTCOMES},
-            "informational": {o: overall.get(o, 0) for o in INFORMATIONAL},
-            "anomalies": anomalies,
-            "by_topic": {t: {o: v[o] for o in OUTCOMES} for t, v in sorted(by_topic.items())},
-            "by_group": {g: {o: v[o] for o in OUTCOMES} for g, v in sorted(by_group.items())},
-            "by_topic_group": tg,
-            "by_window": [by_window[k] for k in sorted(by_window)],
-            "latency": overall_latency,
-            "latency_histograms_log2_ms": histograms,
-            "clock_skew": {
-                "suspect_rows_by_metric": skew,
-                "flagged": any(skew.values()),
-                "rule": f"a latency < 0 or > {SKEW_LIMIT_MS} ms is a clock-skew suspect: counted "
-                "here and in the *_skew_suspect columns, left out of the percentiles",
-                "by_topic_group": [
-                    {
-                        "topic": x["topic"],
-                        "group": x["group"],
-                        **{m: x["latency"][m]["skew_suspect"] for m in METRICS},
-                    }
-                    for x in tg
-                    if any(x["latency"][m]["skew_suspect"] for m in METRICS)
-                ],
-            },
-        }
-        self.fs.write_text(
-            self.stage.path("summary.json"), json.dumps(summary, indent=2, default=str)
-        )
-        return summary
+        return outputs.summarize(self, stages)
 
     def report(self, summary: dict[str, Any]) -> None:
-        from tracemq_spark import report
-
-        html, png = report.render(summary)
-        self.fs.write_text(self.stage.path("report.html"), html)
-        self.fs.write_bytes(self.stage.path("report.png"), png)
-
-    def validate_staging(self, summary: dict[str, Any]) -> None:
-        """The staged output is whole: every dataset committed, summary.json readable."""
-        fs, st = self.fs, self.stage
-        for ds in ("anomalies", "summary") + (("classified",) if self.p.keep_classified else ()):
-            if not fs.exists(st.path(ds, "_SUCCESS")):
-                raise RuntimeError(f"staged {ds} is incomplete (no _SUCCESS)")
-        staged = json.loads(fs.read_text(st.path("summary.json")))
-        if staged.get("outcomes") != summary["outcomes"]:
-            raise RuntimeError("staged summary.json does not match the computed summary")
-        labels = set(summary["run"]["windows"])
-        for ds in ("anomalies", "summary"):
-            for name, is_dir, _ in fs.list(st.path(ds)):
-                if is_dir and name.startswith("window=") and name[7:] not in labels:
-                    raise RuntimeError(f"staged {ds} has a window outside the run: {name}")
-
-    # -- commit: per-window swap --------------------------------------------------------
-    def commit(self) -> None:
-        """Replace exactly this run's windows of every dataset, and the run files.
-
-        Each target is first moved to ``<staging>/_previous``, then the staged one moved in;
-        a failure on the way moves everything back. A window with no rows any more loses its
-        old partition (which Spark's own dynamic overwrite would leave behind).
-        """
-        fs, st, p = self.fs, self.stage, self.p
-        moves: list[tuple[str, str | None, str | None]] = []  # (target, backup, staged)
-        datasets = ["anomalies", "summary"] + (["classified"] if p.keep_classified else [])
-        for ds in datasets:
-            for start in self.windows:
-                part = f"window={_window_label(start)}"
-                moves.append(
-                    (st.final(ds, part), st.path("_previous", ds, part), st.path(ds, part))
-                )
-        moves.extend(
-            (st.final(name), st.path("_previous", name), st.path(name))
-            for name in (
-                "summary.json",
-                "report.html",
-                "report.png",
-                "inputs/subscriptions.json",
-                "inputs/offsets.json",
-            )
-        )
-        done: list[tuple[str, str | None, str | None, bool, bool]] = []
-        try:
-            for target, backup, staged in moves:
-                had_old = fs.exists(target)
-                has_new = staged is not None and fs.exists(staged)
-                if not had_old and not has_new:
-                    continue
-                if had_old and backup is not None:
-                    fs.rename(target, backup)
-                done.append((target, backup, staged, had_old, False))
-                _checkpoint(p, "during_commit")
-                if has_new and staged is not None:
-                    fs.rename(staged, target)
-                    done[-1] = (target, backup, staged, had_old, True)
-            for ds in datasets:  # readers of the dataset root expect a _SUCCESS marker
-                fs.write_text(st.final(ds, "_SUCCESS"), "")
-        except BaseException:
-            for target, backup, staged, had_old, moved_in in reversed(done):
-                try:
-                    if moved_in and staged is not None:
-                        fs.rename(target, staged)
-                    if had_old and backup is not None:
-                        fs.rename(backup, target)
-                except Exception as exc:  # pragma: no cover - reported, never hidden
-                    self.say(f"ROLLBACK FAILED for {target}: {exc!r}; previous copy in {backup}")
-            raise
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def _known_version(v: str) -> bool:
-    try:
-        return int(v) in KNOWN_SCHEMA_VERSIONS
-    except ValueError:
-        return False
-
-
-def _zone_month_start(ts_ms: Column, zone: str) -> Column:
-    """Epoch ms of local midnight on the 1st of the month (in ``zone``) containing ``ts_ms``.
-
-    Independent of the session time zone: from_utc_timestamp gives the zone's wall clock as
-    if it were UTC, the month is truncated on that, and to_utc_timestamp turns the wall clock
-    back into an instant. A midnight skipped by a DST gap gets the offset before the change
-    and a repeated one its first occurrence (java.time's rule), as ``zoneinfo`` with fold=0
-    and Java's lenient Calendar."""
-    wall = F.unix_millis(F.from_utc_timestamp(F.timestamp_millis(ts_ms), zone))
-    first = F.trunc(F.date_from_unix_date(F.floor(wall / DAY_MS).cast("int")), "month")
-    first_wall = F.timestamp_millis(F.unix_date(first).cast("long") * DAY_MS)
-    return F.unix_millis(F.to_utc_timestamp(first_wall, zone))
-
-
-def _msg_id_created(msg_id: Column, ref_ts: Column, zone: str = "UTC") -> Column:
-    """Epoch ms a RocketMQ msgId was created at, read at ``ref_ts`` with the producer's
-    ``zone``; null if it is not 32 or 56 hex digits (56: an IPv6 client address).
-
-    The same rule as ``tracemq.message_id.msg_id_created_ms`` (the tests compare the two): the
-    id's time field is ms since the start of a month in ``zone``; the month is the one of
-    ``ref_ts``, or the one before if that would put the creation more than a day after
-    ``ref_ts`` (a day of clock skew allowed)."""
-    valid = msg_id.rlike("^([0-9A-Fa-f]{32}|[0-9A-Fa-f]{56})$")
-    # the time field is the 8 hex digits before the 4-digit counter, whatever the address size
-    offset = F.conv(F.substring(msg_id, -12, 8), 16, 10).cast("long")
-    month = _zone_month_start(ref_ts, zone)
-    prev = _zone_month_start(month - 1, zone)
-    created = F.when(month + offset > ref_ts + DAY_MS, prev + offset).otherwise(month + offset)
-    return F.when(valid, created)
-
-
-def _flatten_percentiles(df: DataFrame) -> DataFrame:
-    for m in METRICS:
-        df = df.select(
-            "*",
-            *[
-                F.col(f"{m}_pct")[i].alias(f"{m}_p{int(q * 100)}")
-                for i, q in enumerate(PERCENTILES)
-            ],
-        ).drop(f"{m}_pct")
-    return df
-
-
-def _h(c: Column) -> Column:
-    """xxhash64 of a string column; null stays null."""
-    return F.when(c.isNotNull(), F.xxhash64(c))
-
-
-def subscription_segments(
-    subs: list[SubRow], grace_ms: int
-) -> list[tuple[str, str, int, int, str | None, bool]]:
-    """Subscription rows as disjoint time segments per (group, topic):
-    (group, topic, start, end, tag or None for every tag, broadcasting), end exclusive.
-
-    A row covers ``[first_seen, last_seen + grace]``. Where rows of one (group, topic)
-    overlap, the segment accepts the union of their tags (every tag if one is ``*``), so a
-    message matches a group through at most one segment row.
-    """
-    by_key: dict[tuple[str, str], list[SubRow]] = {}
-    for s in subs:
-        by_key.setdefault((s.group, s.topic), []).append(s)
-    out: list[tuple[str, str, int, int, str | None, bool]] = []
-    for (group, topic), rows in sorted(by_key.items()):
-        bcast = any(r.broadcasting for r in rows)
-        spans = [(r.first_seen, r.last_seen + grace_ms + 1, r.tag) for r in rows]
-        cuts = sorted({x for a, b, _ in spans for x in (a, b)})
-        segments: list[tuple[int, int, frozenset[str] | None]] = []
-        for lo, hi in zip(cuts, cuts[1:], strict=False):
-            cover = [t for a, b, t in spans if a <= lo and b >= hi]
-            if not cover:
-                continue
-            tags = (
-                None
-                if any(t is None for t in cover)
-                else frozenset(t for t in cover if t is not None)
-            )
-            if segments and segments[-1][1] == lo and segments[-1][2] == tags:
-                segments[-1] = (segments[-1][0], hi, tags)
-            else:
-                segments.append((lo, hi, tags))
-        for lo, hi, tags in segments:
-            if tags is None:
-                out.append((group, topic, lo, hi, None, bcast))
-            else:
-                out.extend((group, topic, lo, hi, t, bcast) for t in sorted(tags))
-    return out
-
-
-def _latency(r: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for m in METRICS:
-        pct = r[f"{m}_pct"] or [None] * len(PERCENTILES)
-        out[m] = {
-            "p50": pct[0],
-            "p90": pct[1],
-            "p99": pct[2],
-            "max": r[f"{m}_max"],
-            "count": int(r[f"{m}_count"] or 0),
-            "skew_suspect": int(r[f"{m}_skew_suspect"] or 0),
-        }
-    return out
-
-
-def _evidence() -> Column:
-    """A one-line human explanation of an anomaly row (from its evidence columns)."""
-    c = F.col
-    o = c("outcome")
-
-    def s(x: Column) -> Column:
-        return F.coalesce(x.cast("string"), F.lit("?"))
-
-    # where the offsets say the group is done with the message: its last retry copy, or the
-    # original queue
-    done_at = F.when(
-        c("retry_reconsume").isNotNull(),
-        F.concat(
-            F.lit("retry copy #"),
-            s(c("retry_reconsume")),
-            F.lit(" in %RETRY%"),
-            s(c("group")),
-            F.lit(" at offset "),
-            s(c("retry_queue_offset")),
-            F.lit(" is behind the committed offset "),
-            s(c("retry_committed")),
-        ),
-    ).otherwise(
-        F.concat(
-            F.lit("the committed offset "),
-            s(c("committed_offset")),
-            F.lit(" is past queue offset "),
-            s(c("queue_offset")),
-        )
-    )
-    return (
-        F.when(
-            o == "TRACE_LOST",
-            F.concat(F.lit("no consume trace, but "), done_at),
-        )
-        .when(
-            o == "TRACE_INCOMPLETE",
-            F.concat(
-                F.lit("consumed by the offsets, trace incomplete: "),
-                done_at,
-                F.lit("; traced "),
-                s(c("attempts")),
-                F.lit(" attempt(s), "),
-                s(c("failed_attempts")),
-                F.lit(" failed, "),
-                s(c("in_flight_attempts")),
-                F.lit(" without end, none successful"),
-            ),
-        )
-        .when(
-            (o == "DEAD_LETTERED") & c("dlq_queue_offset").isNotNull(),
-            F.concat(
-                F.lit("copy in %DLQ%"),
-                s(c("group")),
-                F.lit(" at offset "),
-                s(c("dlq_queue_offset")),
-                F.lit("; "),
-                s(c("failed_attempts")),
-                F.lit(" failed attempt(s) traced"),
-            ),
-        )
-        .when(
-            o == "NOT_CONSUMED",
-            F.when(
-                c("msg_type").isin(_MSG_HALF, _MSG_DELAY),
-                F.lit(
-                    "no consume trace past the horizon (delayed/transactional: queue offset not "
-                    "comparable)"
-                ),
-            ).otherwise(
-                F.concat(
-                    F.lit("no consume trace past the horizon; committed offset "),
-                    s(c("committed_offset")),
-                    F.lit(" <= queue offset "),
-                    s(c("queue_offset")),
-                )
-            ),
-        )
-        .when(
-            o == "PENDING",
-            F.concat(F.lit("no consume trace yet; due until "), s(F.timestamp_millis(c("due_ts")))),
-        )
-        .when(
-            o == "IN_FLIGHT",
-            F.concat(s(c("in_flight_attempts")), F.lit(" attempt(s) began without ending")),
-        )
-        .when(
-            o.isin("FAILED", "DEAD_LETTERED"),
-            F.concat(
-                s(c("failed_attempts")),
-                F.lit(" failed attempt(s), highest retry "),
-                s(c("max_retry_times")),
-            ),
-        )
-        .when(
-            o == "CONSUMED_AFTER_RETRY",
-            F.concat(F.lit("consumed after "), s(c("attempts") - 1), F.lit(" earlier attempt(s)")),
-        )
-        .when(o == "DUPLICATE", F.concat(s(c("successes")), F.lit(" successful consumptions")))
-        .when(
-            o == "UNEXPECTED_GROUP",
-            F.concat(
-                F.lit("group has no matching subscription at "),
-                s(F.timestamp_millis(c("pub_ts"))),
-                F.lit(" for tag "),
-                s(c("tags")),
-            ),
-        )
-        .when(
-            o == "ORPHAN_CONSUME",
-            F.concat(s(c("consume_events")), F.lit(" consume event(s), no Pub found")),
-        )
-        .when(o == "PUB_FAILED", F.lit("every send attempt failed"))
-    )
-
-
-def _live_files(
-    meta: dict[str, dict[str, str | None]], compacted_key: str
-) -> tuple[list[str], int]:
-    """The lake's compaction rule (``tracemq_collector.lake``): a file named in the
-    ``compacted_from`` list of a file in the same directory is superseded by it — read only the
-    compacted file, or its rows would be read twice. Returns (live files, superseded count)."""
-    superseded: set[str] = set()
-    for uri, kv in meta.items():
-        raw = kv.get(compacted_key)
-        if raw is None:
-            continue
-        parent = uri.rsplit("/", 1)[0]
-        try:
-            names = json.loads(raw)
-        except ValueError:
-            raise ReconcileError(f"unreadable {compacted_key} metadata in {uri}") from None
-        superseded.update(f"{parent}/{n}" for n in names if f"{parent}/{n}" != uri)
-    live = [f for f in meta if f not in superseded]
-    return live, len(meta) - len(live)
-
-
-def _corrupt_message(exc: BaseException, files: list[str]) -> str:
-    text = str(exc)
-    path = None
-    for f in files:
-        name = f.rsplit("/", 1)[-1]
-        if name in text:
-            path = f
-            break
-    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), repr(exc))
-    reason = (
-        "not a Parquet file or damaged"
-        if (
-            "magic" in text.lower()
-            or "footer" in text.lower()
-            or "corrupt" in text.lower()
-            or "not a parquet" in text.lower()
-        )
-        else first[:300]
-    )
-    where = path or "one of the lake files"
-    return f"corrupt Parquet file in the lake: {where}: {reason}"
-
-
-def _maybe_corrupt(exc: BaseException, files: list[str]) -> BaseException:
-    text = str(exc).lower()
-    if any(k in text for k in ("parquet", "magic", "footer", "corrupt", "failed_read_file")):
-        return ReconcileError(_corrupt_message(exc, files))
-    return exc
+        outputs.report(self.fs, self.stage, summary)

@@ -1,0 +1,264 @@
+"""Stage "lake scan" of the reconciliation job (:mod:`tracemq_spark.job`): which Parquet files
+of the trace lake a run reads, and one pre-flight scan of them.
+
+:meth:`LakeScan.discover` lists the hour partitions overlapping the read range, drops files a
+compaction superseded (:func:`_live_files`) and checks every file's schema version (footer
+metadata); :meth:`LakeScan.preflight` reads a few columns once: every row's schema version, the
+row counts (an empty window is an error), the strings of the hashed columns (the xxhash64
+dictionary the outputs decode with) and the consuming clients of broadcasting groups.
+:meth:`LakeScan.events` is the read of the lake every later stage starts from. A damaged file
+becomes a :class:`~tracemq_spark.params.ReconcileError` naming it (:func:`_corrupt_message`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from tracemq import lake_schema
+
+from tracemq_spark.input_files import OffsetRow, SubRow
+from tracemq_spark.params import HOUR_MS, KNOWN_SCHEMA_VERSIONS, ReconcileError, _iso
+from tracemq_spark.session import spark_schema
+
+
+class LakeScan:
+    """The lake files of one run's read range ``[read_lo, read_hi)`` and what the pre-flight
+    scan found in them (set by :meth:`discover` and :meth:`preflight`, in that order)."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        fs: Any,
+        lake: str,
+        lake_name: str,
+        f_ms: int,
+        t_ms: int,
+        read_lo: int,
+        read_hi: int,
+        say: Callable[[str], None],
+    ) -> None:
+        self.spark = spark
+        self.fs = fs
+        self.lake = lake  # qualified URI
+        self.lake_name = lake_name  # as given, for messages
+        self.f_ms = f_ms
+        self.t_ms = t_ms
+        self.read_lo = read_lo
+        self.read_hi = read_hi
+        self.say = say
+        self.files: list[str] = []
+        self.superseded = 0
+        self.stats: dict[str, Any] = {}
+        self.dictionary: dict[int, str] = {}
+        self.hash_of: dict[str, int] = {}
+        self.broadcast_clients: list[tuple[str, str, str]] = []
+
+    def discover(self) -> None:
+        """The Parquet files of the hour partitions that overlap the read range, and their
+        schema version (footer metadata)."""
+        fs = self.fs
+        first_hour = self.read_lo // HOUR_MS
+        last_hour = (self.read_hi - 1) // HOUR_MS
+        wanted: dict[str, set[int]] = {}
+        for hour in range(first_hour, last_hour + 1):
+            day = datetime.fromtimestamp(hour * 3600, tz=UTC).strftime("%Y-%m-%d")
+            wanted.setdefault(day, set()).add(hour % 24)
+        files: list[str] = []
+        for day, hours in sorted(wanted.items()):
+            day_dir = fs.join(self.lake, f"date={day}")
+            for name, is_dir, _ in fs.list(day_dir):
+                if not is_dir or not name.startswith("hour="):
+                    continue
+                try:
+                    hour = int(name[5:])
+                except ValueError:
+                    continue
+                if hour in hours:
+                    files.extend(fs.data_files(fs.join(day_dir, name)))
+        if not files:
+            raise ReconcileError(
+                f"empty window: the lake {self.lake_name} has no data files for "
+                f"[{_iso(self.read_lo)}, {_iso(self.read_hi)}) (window [{_iso(self.f_ms)}, "
+                f"{_iso(self.t_ms)}) plus the horizon)"
+            )
+        version_key = lake_schema.METADATA_KEY.decode()
+        compacted_key = lake_schema.COMPACTED_FROM_KEY.decode()
+        try:
+            meta = fs.parquet_metadata(files, (version_key, compacted_key))
+        except Exception as exc:
+            raise ReconcileError(_corrupt_message(exc, files)) from None
+        files, self.superseded = _live_files(meta, compacted_key)
+        if self.superseded:  # a compaction's leftovers (it deletes them after the rename)
+            self.say(f"{self.superseded} file(s) superseded by compacted files: skipped")
+        versions = {f: meta[f][version_key] for f in files}
+        bad = {f: v for f, v in versions.items() if v is None or not _known_version(v)}
+        if bad:
+            f, v = sorted(bad.items())[0]
+            raise ReconcileError(
+                f"unknown lake schema version {v!r} in {f} ({len(bad)} file(s)); this job "
+                f"reads version(s) {sorted(KNOWN_SCHEMA_VERSIONS)}"
+            )
+        self.files = sorted(files)
+        self.say(f"{len(files)} lake files in [{_iso(self.read_lo)}, {_iso(self.read_hi)})")
+
+    def events(self, *columns: str) -> DataFrame:
+        df = self.spark.read.schema(spark_schema()).parquet(*self.files)
+        ts = F.col("timestamp")
+        return df.where((ts >= self.read_lo) & (ts < self.read_hi)).select(*columns)
+
+    def preflight(self, subs: list[SubRow], offsets: list[OffsetRow], bgroups: list[str]) -> None:
+        """One scan of a few columns: every row's schema version, the row counts (an empty
+        window is an error), the strings of the hashed columns (group, topic, client host)
+        and the consuming clients of broadcasting groups."""
+        col = F.col
+        ts = col("timestamp")
+        in_window = ((ts >= self.f_ms) & (ts < self.t_ms)).cast("long")
+        try:
+            rows = (
+                self.events(
+                    "timestamp",
+                    "schema_version",
+                    "trace_type",
+                    "group_name",
+                    "topic",
+                    "client_host",
+                )
+                .groupBy("trace_type", "schema_version", "group_name", "topic", "client_host")
+                .agg(F.count(F.lit(1)).alias("n"), F.sum(in_window).alias("in_window"))
+                .collect()
+            )
+        except Exception as exc:
+            raise ReconcileError(_corrupt_message(exc, self.files)) from None
+        unknown = sorted({r["schema_version"] for r in rows} - KNOWN_SCHEMA_VERSIONS, key=str)
+        if unknown:
+            raise ReconcileError(
+                f"unknown lake schema version {unknown[0]!r} in the rows of the read range; "
+                f"this job reads version(s) {sorted(KNOWN_SCHEMA_VERSIONS)}"
+            )
+        total = sum(r["n"] for r in rows)
+        in_window_n = sum(r["in_window"] or 0 for r in rows)
+        by_type: dict[str, int] = {}
+        for r in rows:
+            by_type[r["trace_type"]] = by_type.get(r["trace_type"], 0) + r["n"]
+        self.stats = {
+            "events_read": total,
+            "events_in_window": in_window_n,
+            "events_by_type": dict(sorted(by_type.items())),
+            "files": len(self.files),
+            "files_superseded": self.superseded,
+        }
+        if in_window_n == 0:
+            raise ReconcileError(
+                f"empty window: no trace events in [{_iso(self.f_ms)}, {_iso(self.t_ms)}) in "
+                f"the lake {self.lake_name} ({total} events in the surrounding horizon)"
+            )
+        strings = {s.group for s in subs} | {s.topic for s in subs}
+        strings |= {s.tag for s in subs if s.tag is not None}
+        strings |= {o.group for o in offsets} | {o.topic for o in offsets}
+        strings |= {o.store_addr for o in offsets} | {o.client for o in offsets}
+        for r in rows:
+            strings |= {r["group_name"], r["topic"], r["client_host"]}
+        strings.discard(None)
+        strings.discard("")
+        self._build_dictionary(sorted(strings))
+        bset = set(bgroups)
+        self.broadcast_clients = sorted(
+            {
+                (r["group_name"], r["topic"], r["client_host"] or "")
+                for r in rows
+                if r["trace_type"] == "SubBefore"
+                and r["group_name"] in bset
+                and r["topic"] is not None
+                and not r["topic"].startswith("%")
+            }
+        )
+        self.say(
+            f"{total:,} events in the read range, {in_window_n:,} in the window; "
+            f"{len(self.broadcast_clients)} broadcasting client(s)"
+        )
+
+    def _build_dictionary(self, strings: list[str]) -> None:
+        """xxhash64 → string for every string the hot path hashes (computed by Spark, so it
+        is the same hash); a collision (never seen in practice) stops the run."""
+        schema = T.StructType([T.StructField("s", T.StringType(), False)])
+        d = self.spark.createDataFrame([(x,) for x in strings], schema).select(
+            F.xxhash64("s").alias("h"), "s"
+        )
+        pairs = [(r["h"], r["s"]) for r in d.collect()]
+        table: dict[int, str] = {}
+        for h, v in pairs:
+            if h in table and table[h] != v:
+                raise RuntimeError(f"xxhash64 collision between {table[h]!r} and {v!r}")
+            table[h] = v
+        self.dictionary = table
+        self.hash_of = {v: h for h, v in pairs}
+        self.dict_df = self.spark.createDataFrame(
+            sorted(table.items()),
+            T.StructType(
+                [T.StructField("h", T.LongType(), False), T.StructField("s", T.StringType(), False)]
+            ),
+        )
+
+
+def _known_version(v: str) -> bool:
+    try:
+        return int(v) in KNOWN_SCHEMA_VERSIONS
+    except ValueError:
+        return False
+
+
+def _live_files(
+    meta: dict[str, dict[str, str | None]], compacted_key: str
+) -> tuple[list[str], int]:
+    """The lake's compaction rule (``tracemq_collector.lake``): a file named in the
+    ``compacted_from`` list of a file in the same directory is superseded by it — read only the
+    compacted file, or its rows would be read twice. Returns (live files, superseded count)."""
+    superseded: set[str] = set()
+    for uri, kv in meta.items():
+        raw = kv.get(compacted_key)
+        if raw is None:
+            continue
+        parent = uri.rsplit("/", 1)[0]
+        try:
+            names = json.loads(raw)
+        except ValueError:
+            raise ReconcileError(f"unreadable {compacted_key} metadata in {uri}") from None
+        superseded.update(f"{parent}/{n}" for n in names if f"{parent}/{n}" != uri)
+    live = [f for f in meta if f not in superseded]
+    return live, len(meta) - len(live)
+
+
+def _corrupt_message(exc: BaseException, files: list[str]) -> str:
+    text = str(exc)
+    path = None
+    for f in files:
+        name = f.rsplit("/", 1)[-1]
+        if name in text:
+            path = f
+            break
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), repr(exc))
+    reason = (
+        "not a Parquet file or damaged"
+        if (
+            "magic" in text.lower()
+            or "footer" in text.lower()
+            or "corrupt" in text.lower()
+            or "not a parquet" in text.lower()
+        )
+        else first[:300]
+    )
+    where = path or "one of the lake files"
+    return f"corrupt Parquet file in the lake: {where}: {reason}"
+
+
+def _maybe_corrupt(exc: BaseException, files: list[str]) -> BaseException:
+    text = str(exc).lower()
+    if any(k in text for k in ("parquet", "magic", "footer", "corrupt", "failed_read_file")):
+        return ReconcileError(_corrupt_message(exc, files))
+    return exc

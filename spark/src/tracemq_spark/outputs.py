@@ -1,0 +1,440 @@
+"""Stage "outputs" of the reconciliation job (:mod:`tracemq_spark.job`): from the classified
+rows (``<staging>/_classified``) to the published datasets and run files, all staged.
+
+:func:`publish_tables` writes ``anomalies`` (with the producer's strings, :func:`pub_details`,
+and a one-line :func:`_evidence`), ``summary`` (per window, topic, group; latency
+percentiles) and with ``keep_classified`` ``classified``, each partitioned by window
+(:func:`write`); :func:`summarize` writes ``summary.json`` and :func:`report` the HTML/PNG
+report. Hashed columns are decoded with the pre-flight scan's dictionary (:func:`decode`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from tracemq_spark import latency
+from tracemq_spark.commit import Staging
+from tracemq_spark.lake_scan import LakeScan
+from tracemq_spark.params import (
+    _MSG_DELAY,
+    _MSG_HALF,
+    BROADCAST_IDS_MAX,
+    INFORMATIONAL,
+    METRICS,
+    OUTCOMES,
+    PERCENTILES,
+    SKEW_LIMIT_MS,
+    _iso,
+    _window_label,
+)
+
+if TYPE_CHECKING:
+    from tracemq_spark.job import _Context
+
+
+def decode(df: DataFrame, dict_df: DataFrame, pairs: list[tuple[str, str]]) -> DataFrame:
+    """Hashed columns back to their strings (broadcast joins with the dictionary)."""
+    for hcol, name in pairs:
+        d = F.broadcast(dict_df.select(F.col("h").alias(f"_{hcol}"), F.col("s").alias(name)))
+        df = df.join(d, F.col(hcol) == F.col(f"_{hcol}"), "left").drop(f"_{hcol}", hcol)
+    return df
+
+
+def final_frame(cl: DataFrame) -> DataFrame:
+    """The classified rows, with per-attempt orphans of empty msgIds folded into one row
+    per (window, group, client); strings still hashed."""
+    col = F.col
+    nul = (col("msg_id").isNull()) & (col("outcome") == "ORPHAN_CONSUME")
+    folded = (
+        cl.where(nul)
+        .groupBy("window_start_ms", "group_h", "client_h")
+        .agg(
+            F.max("topic_h").alias("topic_h"),
+            F.sum("attempts").alias("attempts"),
+            F.sum("successes").alias("successes"),
+            F.sum("failed_attempts").alias("failed_attempts"),
+            F.sum("in_flight_attempts").alias("in_flight_attempts"),
+            F.max("max_retry_times").alias("max_retry_times"),
+            F.sum("consume_events").alias("consume_events"),
+            F.min("first_consume_ts").alias("first_consume_ts"),
+            F.min("success_ts").alias("success_ts"),
+        )
+        .withColumn("outcome", F.lit("ORPHAN_CONSUME"))
+    )
+    return cl.where(~nul).unionByName(folded, allowMissingColumns=True)
+
+
+def with_window(df: DataFrame, window_ms: int) -> DataFrame:
+    col = F.col
+    w = window_ms
+    return (
+        df.withColumn("window_start", F.timestamp_millis(col("window_start_ms")))
+        .withColumn("window_end", F.timestamp_millis(col("window_start_ms") + w))
+        .withColumn("window", F.date_format(col("window_start"), "yyyyMMdd'T'HHmm'Z'"))
+    )
+
+
+def pub_details(scan: LakeScan, ids: DataFrame, *, broadcast: bool) -> DataFrame:
+    """Producer-side strings of the given msgIds (the first successful Pub's): tags,
+    keys, store address, producer group.
+
+    ``broadcast``: the msgIds' 64-bit hashes are broadcast and the lake's Pub rows filtered
+    against them before any shuffle (a hash collision only lets an extra row through: the
+    join on the msgId itself decides); otherwise both sides are shuffled."""
+    col = F.col
+    ev = scan.events(
+        "trace_type",
+        "msg_id",
+        "timestamp",
+        "success",
+        "tags",
+        "keys",
+        "store_addr",
+        "group_name",
+    )
+    pub_rows = ev.where(col("trace_type") == "Pub")
+    if broadcast:
+        hashes = F.broadcast(ids.select(F.xxhash64("msg_id").alias("_id_h")))
+        pub_rows = pub_rows.join(hashes, F.xxhash64("msg_id") == col("_id_h"), "left_semi")
+    else:
+        pub_rows = pub_rows.join(ids, "msg_id", "left_semi")
+    pubs = (
+        pub_rows.select(
+            "msg_id",
+            F.struct(
+                (~col("success")).alias("failed"),
+                col("timestamp").alias("ts"),
+                "tags",
+                "keys",
+                "store_addr",
+                col("group_name").alias("producer_group"),
+            ).alias("p"),
+        )
+        .groupBy("msg_id")
+        .agg(F.min("p").alias("p"))
+    )
+    return pubs.select("msg_id", "p.tags", "p.keys", "p.store_addr", "p.producer_group")
+
+
+def publish_tables(ctx: _Context) -> None:
+    """The anomalies, summary (and with ``keep_classified`` classified) datasets, staged;
+    the tally and grouped figures ``summarize`` reads."""
+    col = F.col
+    final = final_frame(ctx.spark.read.parquet(ctx.stage.path("_classified")))
+    # one tally of the classified rows (outcome counts, latency buckets per window, topic
+    # and group) gives the summary Parquet, summary.json and the report's histograms
+    latency.tally(final, list(METRICS), SKEW_LIMIT_MS, latency.LEVELS[0][1]).write.mode(
+        "overwrite"
+    ).parquet(ctx.stage.path("_tally"))
+    tallies = ctx.spark.read.parquet(ctx.stage.path("_tally"))
+    anomaly_outcomes = [o for o in OUTCOMES if o != "CONSUMED"]
+    n_anomalies = tallies.where(col("kind").isin(anomaly_outcomes)).agg(F.sum("n")).first()[0] or 0
+    anomalies = final.where(col("outcome").isin(anomaly_outcomes))
+    anomalies = decode(
+        anomalies,
+        ctx.scan.dict_df,
+        [("topic_h", "topic"), ("group_h", "group"), ("client_h", "client_host")],
+    )
+    details = pub_details(
+        ctx.scan,
+        anomalies.where(col("msg_id").isNotNull()).select("msg_id"),
+        broadcast=n_anomalies <= BROADCAST_IDS_MAX,
+    )
+    anomalies = (
+        anomalies.join(details, "msg_id", "left")
+        .withColumn("evidence", _evidence())
+        .drop("tags_h", "store_h")
+    )
+    write(ctx.fs, ctx.stage, with_window(anomalies, ctx.p.window_ms), "anomalies")
+    if ctx.p.keep_classified:
+        full = decode(
+            final,
+            ctx.scan.dict_df,
+            [("topic_h", "topic"), ("group_h", "group"), ("client_h", "client_host")],
+        )
+        write(ctx.fs, ctx.stage, with_window(full, ctx.p.window_ms), "classified")
+    grouped = latency.grouped(tallies, OUTCOMES + INFORMATIONAL, list(METRICS), PERCENTILES)
+    grouped.write.mode("overwrite").parquet(ctx.stage.path("_grouped"))
+    g = ctx.spark.read.parquet(ctx.stage.path("_grouped"))
+    per_window = _flatten_percentiles(
+        decode(
+            g.where(col("gid") == 0).drop("gid"),
+            ctx.scan.dict_df,
+            [("topic_h", "topic"), ("group_h", "group")],
+        )
+    )
+    write(ctx.fs, ctx.stage, with_window(per_window, ctx.p.window_ms), "summary")
+
+
+def write(fs: Any, stage: Staging, df: DataFrame, name: str) -> None:
+    """Write a dataset partitioned by window into the staging directory, then mark it
+    complete (dynamic partition overwrite writes no _SUCCESS of its own)."""
+    target = stage.path(name)
+    df.write.mode("overwrite").partitionBy("window").parquet(target)
+    fs.mkdirs(target)
+    fs.write_text(stage.path(name, "_SUCCESS"), "")
+
+
+def summarize(ctx: _Context, stages: dict[str, float]) -> dict[str, Any]:
+    """summary.json: counts per outcome (overall, per topic, per group, per topic and group,
+    per window) and the latency figures; also the data of the report's charts."""
+    col = F.col
+    names = OUTCOMES + INFORMATIONAL
+    g = ctx.spark.read.parquet(ctx.stage.path("_grouped")).collect()
+    dec = ctx.scan.dictionary
+
+    def name_of(h: int | None) -> str | None:
+        return None if h is None else dec.get(h, f"#{h}")
+
+    by_window: dict[int, dict[str, Any]] = {}
+    tg: list[dict[str, Any]] = []
+    overall: dict[str, int] = dict.fromkeys(names, 0)
+    overall_latency: dict[str, Any] = {}
+    by_topic: dict[str, dict[str, int]] = {}
+    by_group: dict[str, dict[str, int]] = {}
+    for r in g:
+        counts = {o: int(r[o.lower()] or 0) for o in names}
+        if r["gid"] == 0:
+            win = by_window.setdefault(
+                r["window_start_ms"],
+                {
+                    "window": _window_label(r["window_start_ms"]),
+                    "window_start": _iso(r["window_start_ms"]),
+                    **dict.fromkeys(names, 0),
+                },
+            )
+            for o in names:
+                win[o] += counts[o]
+        elif r["gid"] == 4:  # grouping set (topic, group): window not grouped
+            topic, group = name_of(r["topic_h"]), name_of(r["group_h"])
+            tg.append({"topic": topic, "group": group, "outcomes": counts, "latency": _latency(r)})
+            t = by_topic.setdefault(topic or "(none)", dict.fromkeys(names, 0))
+            for o in names:
+                t[o] += counts[o]
+            if group is not None:
+                gr = by_group.setdefault(group, dict.fromkeys(names, 0))
+                for o in names:
+                    gr[o] += counts[o]
+        elif r["gid"] == 7:  # grouping set (): everything
+            overall = counts
+            overall_latency = _latency(r)
+    tg.sort(key=lambda x: (x["topic"] or "", x["group"] or ""))
+    hist = (
+        ctx.spark.read.parquet(ctx.stage.path("_tally"))
+        .where(col("kind").isin(list(METRICS)))
+        .groupBy("kind", "b")
+        .agg(F.sum("n").alias("n"))
+        .collect()
+    )
+    histograms = latency.log2_histograms(hist, list(METRICS))
+    skew = {m: overall_latency.get(m, {}).get("skew_suspect", 0) for m in METRICS}
+    anomalies = sum(v for k, v in overall.items() if k != "CONSUMED" and k in OUTCOMES)
+    p = ctx.p
+    summary = {
+        "run": {
+            "run_id": ctx.run_id,
+            "lake": ctx.lake,
+            "out": ctx.stage.out,
+            "from": _iso(ctx.f_ms),
+            "to": _iso(ctx.t_ms),
+            "from_ms": ctx.f_ms,
+            "to_ms": ctx.t_ms,
+            "requested_from_ms": p.from_ms,
+            "requested_to_ms": p.to_ms,
+            "horizon_ms": p.horizon_ms,
+            "window_ms": p.window_ms,
+            "max_reconsume_times": p.max_reconsume_times,
+            "max_delay_ms": p.max_delay_ms,
+            "subscription_grace_ms": p.subscription_grace_ms,
+            "now_ms": ctx.now_ms,
+            "cutoff_ms": ctx.cutoff,
+            "cutoff": _iso(ctx.cutoff),
+            "read_from_ms": ctx.read_lo,
+            "read_to_ms": ctx.read_hi,
+            "started_at": ctx.started.isoformat().replace("+00:00", "Z"),
+            "windows": [_window_label(x) for x in ctx.windows],
+        },
+        "input": {
+            **ctx.scan.stats,
+            "subscription_rows": len(ctx.subs),
+            "offset_rows": len(ctx.offsets),
+            "broadcasting_clients": [list(c) for c in ctx.scan.broadcast_clients],
+        },
+        "outcomes": {o: overall.get(o, 0) for o in OUTCOMES},
+        "informational": {o: overall.get(o, 0) for o in INFORMATIONAL},
+        "anomalies": anomalies,
+        "by_topic": {t: {o: v[o] for o in OUTCOMES} for t, v in sorted(by_topic.items())},
+        "by_group": {g: {o: v[o] for o in OUTCOMES} for g, v in sorted(by_group.items())},
+        "by_topic_group": tg,
+        "by_window": [by_window[k] for k in sorted(by_window)],
+        "latency": overall_latency,
+        "latency_histograms_log2_ms": histograms,
+        "clock_skew": {
+            "suspect_rows_by_metric": skew,
+            "flagged": any(skew.values()),
+            "rule": f"a latency < 0 or > {SKEW_LIMIT_MS} ms is a clock-skew suspect: counted "
+            "here and in the *_skew_suspect columns, left out of the percentiles",
+            "by_topic_group": [
+                {
+                    "topic": x["topic"],
+                    "group": x["group"],
+                    **{m: x["latency"][m]["skew_suspect"] for m in METRICS},
+                }
+                for x in tg
+                if any(x["latency"][m]["skew_suspect"] for m in METRICS)
+            ],
+        },
+    }
+    ctx.fs.write_text(ctx.stage.path("summary.json"), json.dumps(summary, indent=2, default=str))
+    return summary
+
+
+def report(fs: Any, stage: Staging, summary: dict[str, Any]) -> None:
+    from tracemq_spark import report
+
+    html, png = report.render(summary)
+    fs.write_text(stage.path("report.html"), html)
+    fs.write_bytes(stage.path("report.png"), png)
+
+
+def _flatten_percentiles(df: DataFrame) -> DataFrame:
+    for m in METRICS:
+        df = df.select(
+            "*",
+            *[
+                F.col(f"{m}_pct")[i].alias(f"{m}_p{int(q * 100)}")
+                for i, q in enumerate(PERCENTILES)
+            ],
+        ).drop(f"{m}_pct")
+    return df
+
+
+def _latency(r: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for m in METRICS:
+        pct = r[f"{m}_pct"] or [None] * len(PERCENTILES)
+        out[m] = {
+            "p50": pct[0],
+            "p90": pct[1],
+            "p99": pct[2],
+            "max": r[f"{m}_max"],
+            "count": int(r[f"{m}_count"] or 0),
+            "skew_suspect": int(r[f"{m}_skew_suspect"] or 0),
+        }
+    return out
+
+
+def _evidence() -> Column:
+    """A one-line human explanation of an anomaly row (from its evidence columns)."""
+    c = F.col
+    o = c("outcome")
+
+    def text(*parts: str | Column) -> Column:
+        """The parts joined: strings as they are, columns as strings ("?" when null)."""
+        return F.concat(
+            *[
+                F.lit(x) if isinstance(x, str) else F.coalesce(x.cast("string"), F.lit("?"))
+                for x in parts
+            ]
+        )
+
+    # where the offsets say the group is done with the message: its last retry copy, or the
+    # original queue
+    done_at = F.when(
+        c("retry_reconsume").isNotNull(),
+        text(
+            "retry copy #",
+            c("retry_reconsume"),
+            " in %RETRY%",
+            c("group"),
+            " at offset ",
+            c("retry_queue_offset"),
+            " is behind the committed offset ",
+            c("retry_committed"),
+        ),
+    ).otherwise(
+        text(
+            "the committed offset ",
+            c("committed_offset"),
+            " is past queue offset ",
+            c("queue_offset"),
+        )
+    )
+    return (
+        F.when(o == "TRACE_LOST", text("no consume trace, but ", done_at))
+        .when(
+            o == "TRACE_INCOMPLETE",
+            text(
+                "consumed by the offsets, trace incomplete: ",
+                done_at,
+                "; traced ",
+                c("attempts"),
+                " attempt(s), ",
+                c("failed_attempts"),
+                " failed, ",
+                c("in_flight_attempts"),
+                " without end, none successful",
+            ),
+        )
+        .when(
+            (o == "DEAD_LETTERED") & c("dlq_queue_offset").isNotNull(),
+            text(
+                "copy in %DLQ%",
+                c("group"),
+                " at offset ",
+                c("dlq_queue_offset"),
+                "; ",
+                c("failed_attempts"),
+                " failed attempt(s) traced",
+            ),
+        )
+        .when(
+            o == "NOT_CONSUMED",
+            F.when(
+                c("msg_type").isin(_MSG_HALF, _MSG_DELAY),
+                F.lit(
+                    "no consume trace past the horizon (delayed/transactional: queue offset not "
+                    "comparable)"
+                ),
+            ).otherwise(
+                text(
+                    "no consume trace past the horizon; committed offset ",
+                    c("committed_offset"),
+                    " <= queue offset ",
+                    c("queue_offset"),
+                )
+            ),
+        )
+        .when(
+            o == "PENDING",
+            text("no consume trace yet; due until ", F.timestamp_millis(c("due_ts"))),
+        )
+        .when(o == "IN_FLIGHT", text(c("in_flight_attempts"), " attempt(s) began without ending"))
+        .when(
+            o.isin("FAILED", "DEAD_LETTERED"),
+            text(c("failed_attempts"), " failed attempt(s), highest retry ", c("max_retry_times")),
+        )
+        .when(
+            o == "CONSUMED_AFTER_RETRY",
+            text("consumed after ", c("attempts") - 1, " earlier attempt(s)"),
+        )
+        .when(o == "DUPLICATE", text(c("successes"), " successful consumptions"))
+        .when(
+            o == "UNEXPECTED_GROUP",
+            text(
+                "group has no matching subscription at ",
+                F.timestamp_millis(c("pub_ts")),
+                " for tag ",
+                c("tags"),
+            ),
+        )
+        .when(
+            o == "ORPHAN_CONSUME",
+            text(c("consume_events"), " consume event(s), no Pub found"),
+        )
+        .when(o == "PUB_FAILED", F.lit("every send attempt failed"))
+    )
