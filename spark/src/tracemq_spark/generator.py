@@ -3,7 +3,7 @@
 Vectorized with numpy and pyarrow: 10 million messages (about 45 million trace events) are
 generated in chunks of ``chunk_messages`` messages, each written as its own Parquet files into
 the lake's ``date=YYYY-MM-DD/hour=HH`` directories, in the lake schema of
-:mod:`tracemq.lake_schema`.
+:mod:`tracemq.lake`.
 
 The world it simulates (see :func:`topology`):
 

@@ -34,11 +34,10 @@ from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 import aiohttp
-import pyarrow as pa
 import redis.asyncio as aioredis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from redis.exceptions import RedisError
-from tracemq.lake_schema import COLUMNS
+from tracemq.lake import COLUMNS
 from tracemq.log import get_logger
 from tracemq.routing.keys import RedisKeys
 
@@ -141,10 +140,10 @@ class PeerTrace(BaseModel):
     events: list[Any] = Field(max_length=100_000)
 
 
-def _column_type(typ: pa.DataType) -> Any:
-    if pa.types.is_boolean(typ):
+def _column_type(typ: str) -> Any:
+    if typ == "bool":
         return bool
-    if pa.types.is_integer(typ):
+    if typ.startswith("int"):
         return _Int64
     return _Text
 
