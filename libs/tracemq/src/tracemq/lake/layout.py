@@ -28,24 +28,6 @@ from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from typing import NamedTuple
 
-__all__ = [
-    "HOUR_MS",
-    "TMP_PREFIX",
-    "LakeFileName",
-    "compacted_name",
-    "date_dir",
-    "hour_dir",
-    "hour_start_ms",
-    "hours_overlapping",
-    "is_hidden",
-    "live_files",
-    "parse_date_dir",
-    "parse_file_name",
-    "parse_hour_dir",
-    "part_name",
-    "partition_of_hour",
-]
-
 HOUR_MS = 3_600_000
 #: Prefix of a writer's temporary files (hidden: see :func:`is_hidden`).
 TMP_PREFIX = ".tmp-"

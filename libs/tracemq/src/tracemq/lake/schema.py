@@ -22,20 +22,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import pyarrow
 
-__all__ = [
-    "COLUMNS",
-    "COLUMN_NAMES",
-    "COMPACTED_FROM_KEY",
-    "METADATA_KEY",
-    "PARTITION_COLUMNS",
-    "SCHEMA_VERSION",
-    "arrow_schema",
-    "compacted_from",
-    "compacted_from_value",
-    "file_metadata",
-    "is_current_version",
-]
-
 SCHEMA_VERSION = 1
 #: Footer metadata key of every lake file: its schema version, as decimal text.
 METADATA_KEY = b"tracemq.lake.schema_version"
