@@ -26,9 +26,8 @@ footer metadata (key ``tracemq.lake.compacted_from``) lists the files it replace
 compacted file is written completely (temporary name, fsync, rename) *before* any source is
 deleted. The rule, for readers and for reruns (:func:`tracemq.lake.live_files`): **a file
 named in the ``compacted_from`` list of another file in the same directory is superseded; skip
-it.** A crash between the rename and
-the deletes thus never doubles a row for a reader that applies the rule (:meth:`TraceLake.files`,
-:meth:`TraceLake.read_all`); the next :meth:`TraceLake.compact` or :meth:`TraceLake.recover`
+it.** A crash between the rename and the deletes thus never doubles a row for a reader that
+applies the rule (:meth:`TraceLake.files`, :meth:`TraceLake.read_all`); the next :meth:`TraceLake.compact` or :meth:`TraceLake.recover`
 deletes the leftovers. A reader that lists files itself may also drop duplicates by
 ``(trace_topic, trace_partition, trace_offset, trace_index)``, which is unique per event.
 Files of a segment still being written (recorded as pending) are never compacted, so a redo
@@ -132,7 +131,7 @@ class TraceLake:
         First rewrites any segment of this partition left pending by a crash. A range with no
         event (all quarantined) still moves the lake progress.
         """
-        _check_topic(trace_topic)
+        lake.check_trace_topic(trace_topic)
         with self._lock:
             written = self._redo_pending(
                 s for s in self.store.pending_lake_segments() if s[:2] == (trace_topic, partition)
@@ -182,7 +181,7 @@ class TraceLake:
         The segment protocol is :meth:`flush`'s: each range is recorded before its files are
         written, so a crash rewrites exactly the same files from the store (:meth:`recover`).
         """
-        _check_topic(trace_topic)
+        lake.check_trace_topic(trace_topic)
         key = (trace_topic, partition)
         with self._lock:
             if self.store.lake_progress().get(key) != after or any(
@@ -358,12 +357,6 @@ class TraceLake:
             partition_base_dir=str(self.root),
         )
         return dataset.to_table()
-
-
-def _check_topic(trace_topic: str) -> None:
-    if not trace_topic or "/" in trace_topic or "\x00" in trace_topic or trace_topic[0] == ".":
-        # It becomes part of a file name.
-        raise ValueError(f"trace topic {trace_topic!r} cannot name a lake file")
 
 
 def _part_segment(path: Path) -> tuple[str, int, int, int] | None:

@@ -115,9 +115,16 @@ class LakeFileName(NamedTuple):
     parts: int
 
 
+def check_trace_topic(trace_topic: str) -> None:
+    """Raise ValueError unless ``trace_topic`` can be part of a file name (:func:`part_name`)."""
+    if not trace_topic or "/" in trace_topic or "\x00" in trace_topic or trace_topic[0] == ".":
+        raise ValueError(f"trace topic {trace_topic!r} cannot name a lake file")
+
+
 def part_name(trace_topic: str, partition: int, start: int, end: int) -> str:
     """The ``part-`` file of the trace offsets ``[start, end)`` of one trace partition: the same
-    range always gets the same name, so a rewrite replaces it."""
+    range always gets the same name, so a rewrite replaces it. The topic must pass
+    :func:`check_trace_topic`."""
     return f"part-{trace_topic}-{partition:05d}-{start:020d}-{end:020d}.parquet"
 
 
