@@ -4,6 +4,6 @@ Modules: :mod:`~tracemq_spark.job` (the Spark job, run as named stages: ``params
 ``session``, ``input_files``, ``lake_scan``, ``classify``, ``outputs``, ``commit``),
 :mod:`~tracemq_spark.cli` (the command),
 :mod:`~tracemq_spark.inputs` (subscription history and committed offsets from Redis/Kafka),
-:mod:`~tracemq_spark.report` (summary HTML and PNG), :mod:`~tracemq_spark.generator`
+:mod:`~tracemq_spark.report` (summary HTML and PNG), :mod:`~tracemq_devkit.generator`
 (synthetic lake with ground truth), :mod:`~tracemq_spark.submit` (spark-submit entry).
 """

@@ -1,4 +1,4 @@
-"""The consume side of :mod:`tracemq_spark.generator`: each (message, group[, client]) pair's
+"""The consume side of :mod:`tracemq_devkit.generator`: each (message, group[, client]) pair's
 attempts as SubBefore/SubAfter records (:func:`attempt_events`, with its behaviour's retries,
 lost records and dead-letter moves), and the consumes of messages without a Pub in the window
 (:func:`orphans`, :func:`raw_consumes`).
@@ -12,13 +12,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracemq_spark.gen_columns import (
+from tracemq_devkit.gen_columns import (
     _frame,
     _request_ids,
     _take,
     msg_ids,
 )
-from tracemq_spark.gen_world import (
+from tracemq_devkit.gen_world import (
     _RETRYING,
     AFTER_LOST,
     DLQ,
@@ -35,7 +35,7 @@ from tracemq_spark.gen_world import (
 )
 
 if TYPE_CHECKING:
-    from tracemq_spark.generator import _Gen
+    from tracemq_devkit.generator import _Gen
 
 
 def attempt_events(

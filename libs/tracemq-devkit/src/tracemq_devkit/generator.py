@@ -33,10 +33,10 @@ The world it simulates (see :func:`topology`):
   the window.
 
 Where things live: the simulated world's constants, behaviours and groups in
-:mod:`~tracemq_spark.gen_world`; the columnar id/string/table builders in
-:mod:`~tracemq_spark.gen_columns`; the consume-side records (attempts, orphans) in
-:mod:`~tracemq_spark.gen_consume`; the ground truth per chunk in
-:mod:`~tracemq_spark.gen_truth`; here the scenario and the chunked generation (``_Gen``: Pubs,
+:mod:`~tracemq_devkit.gen_world`; the columnar id/string/table builders in
+:mod:`~tracemq_devkit.gen_columns`; the consume-side records (attempts, orphans) in
+:mod:`~tracemq_devkit.gen_consume`; the ground truth per chunk in
+:mod:`~tracemq_devkit.gen_truth`; here the scenario and the chunked generation (``_Gen``: Pubs,
 expected pairs, retry copies, committed offsets).
 
 The ground truth (:attr:`GeneratedLake.truth`) is the outcome the reconciliation must find for
@@ -57,7 +57,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tracemq_spark.gen_columns import (
+from tracemq_devkit.gen_columns import (
     _COLS,
     _frame,
     _keys,
@@ -65,9 +65,9 @@ from tracemq_spark.gen_columns import (
     _take,
     msg_ids,
 )
-from tracemq_spark.gen_consume import attempt_events, orphans
-from tracemq_spark.gen_truth import record_truth
-from tracemq_spark.gen_world import (
+from tracemq_devkit.gen_consume import attempt_events, orphans
+from tracemq_devkit.gen_truth import record_truth
+from tracemq_devkit.gen_world import (
     _BEHAVIOUR_P,
     _BLOCKERS,
     _RETRYING,

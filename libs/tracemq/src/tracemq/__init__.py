@@ -7,7 +7,7 @@ The client API::
 
 Public modules: :mod:`tracemq.trace` (RocketMQ-compatible trace model, codec, dispatcher),
 :mod:`tracemq.message_id`, :mod:`tracemq.hooks`, :mod:`tracemq.routing`, :mod:`tracemq.admin`,
-:mod:`tracemq.naming`, :mod:`tracemq.errors`, :mod:`tracemq.devstack` (the embedded stack).
+:mod:`tracemq.naming`, :mod:`tracemq.errors`, :mod:`tracemq_devkit.devstack` (the embedded stack).
 """
 
 from typing import TYPE_CHECKING, Any
