@@ -32,11 +32,17 @@ NOT_FOR_CLIENTS = ("pyarrow", "rich", "typer", "numpy")
 
 
 def _uv() -> str:
-    # `uv run` (make test) exports UV; a bare pytest finds it on PATH or where `make` installs it
-    for candidate in (os.environ.get("UV"), shutil.which("uv"), ROOT / ".tools" / "bin" / "uv"):
+    # the workspace's dev group installs uv into .venv; `uv run` (make test) also exports UV
+    here = Path(sys.executable).parent / "uv"
+    for candidate in (
+        os.environ.get("UV"),
+        here,
+        shutil.which("uv"),
+        ROOT / ".tools" / "bin" / "uv",
+    ):
         if candidate and Path(candidate).is_file():
             return str(candidate)
-    pytest.fail("uv not found (UV, PATH, .tools/bin/uv): `make setup` installs it")
+    pytest.fail("uv not found (UV, .venv/bin, PATH, .tools/bin): `make setup` installs it")
 
 
 def _run(*args: str | Path, env: dict[str, str] | None = None) -> str:
