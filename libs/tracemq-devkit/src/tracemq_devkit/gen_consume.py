@@ -92,7 +92,7 @@ def attempt_events(
         pick[sel] = np.searchsorted(np.cumsum(wts / wts.sum()), pick_p[sel], side="right")
     pick = pick.clip(0, None)[pair]
     c = np.where(c < 0, pick, c)
-    host_tab = [[h for h, _ in gr.clients] or [None] for gr in gen.groups]
+    host_tab: list[list[str | None]] = [[h for h, _ in gr.clients] or [None] for gr in gen.groups]
     skew_tab = [[s for _, s in gr.clients] or [0] for gr in gen.groups]
     width = max(len(h) for h in host_tab)
     hosts_flat = [h for hs in host_tab for h in (hs + [None] * (width - len(hs)))]
