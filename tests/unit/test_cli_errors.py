@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tracemq.devstack.stack import tracemq_command
+from tracemq_devkit.devstack.stack import tracemq_command
 
 
 def _closed_port() -> int:
@@ -172,7 +172,7 @@ def test_help_imports_no_client_transport_or_spark(env: dict[str, str]) -> None:
         "        main(argv)\n"
         "    except SystemExit:\n"
         "        pass\n"
-        "heavy = ('aiokafka', 'redis', 'pyspark', 'tracemq._client', 'tracemq.devstack', 'rich')\n"
+        "heavy = ('aiokafka', 'redis', 'pyspark', 'tracemq._client', 'tracemq_devkit.devstack', 'rich')\n"
         "print('LOADED', sorted(m for m in sys.modules if m.split('.')[0] in heavy\n"
         "    or m in heavy))\n"
     )

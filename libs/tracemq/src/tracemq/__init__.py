@@ -7,7 +7,12 @@ The client API::
 
 Public modules: :mod:`tracemq.trace` (RocketMQ-compatible trace model, codec, dispatcher),
 :mod:`tracemq.message_id`, :mod:`tracemq.hooks`, :mod:`tracemq.routing`, :mod:`tracemq.admin`,
-:mod:`tracemq.naming`, :mod:`tracemq.errors`, :mod:`tracemq.devstack` (the embedded stack).
+:mod:`tracemq.naming`, :mod:`tracemq.errors`; :mod:`tracemq.cli` (the ``tracemq`` command,
+with the ``cli`` extra: typer, rich).
+
+A client install (``pip install tracemq``) needs only aiokafka, redis, msgpack, structlog,
+pydantic(-settings), prometheus-client and aiohttp. The embedded stack, ``tracemq dev`` and
+``tracemq demo`` live in the separate dev kit (``tracemq-devkit``, :mod:`tracemq_devkit`).
 """
 
 from typing import TYPE_CHECKING, Any

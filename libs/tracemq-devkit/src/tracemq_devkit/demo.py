@@ -31,17 +31,17 @@ import typer
 from pydantic import SecretStr
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-
 from tracemq._client import ClientSettings
 from tracemq.admin import AdminClient
 from tracemq.cli._console import console, fit
 from tracemq.cli.trace import trace_table
 from tracemq.collector_lag import wait_caught_up
-from tracemq.devstack import EmbeddedStack, StackConfig
-from tracemq.devstack.stack import tracemq_command
 from tracemq.protocol.signing import Signer
 from tracemq.redis_url import redact
 from tracemq.routing import RegistryReader, TopicRoute, connect
+
+from tracemq_devkit.devstack import EmbeddedStack, StackConfig
+from tracemq_devkit.devstack.stack import tracemq_command
 
 DEMO_TOPIC = "TopicTest"
 GROUPS = ("demo_healthy", "demo_flaky", "demo_stopped")

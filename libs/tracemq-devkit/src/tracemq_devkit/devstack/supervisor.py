@@ -1,6 +1,6 @@
 """Supervision of the embedded stack: a crashed process is started again, with backoff.
 
-One thread per supervised :class:`~tracemq.devstack.stack.EmbeddedStack`. Every
+One thread per supervised :class:`~tracemq_devkit.devstack.stack.EmbeddedStack`. Every
 ``tick_s`` it looks at each process: one that exited without being asked to is a crash; it is
 started again (same command, environment, port and data directory) after
 ``min(initial_backoff_s * 2**(failures-1), max_backoff_s)``, where ``failures`` counts the
@@ -35,7 +35,7 @@ from tracemq.errors import StackError
 from tracemq.log import get_logger
 
 if TYPE_CHECKING:
-    from tracemq.devstack.stack import EmbeddedStack
+    from tracemq_devkit.devstack.stack import EmbeddedStack
 
 log = get_logger("supervisor")
 

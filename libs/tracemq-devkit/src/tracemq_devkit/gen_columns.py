@@ -1,4 +1,4 @@
-"""Columnar building blocks of :mod:`tracemq_spark.generator`: msgIds, requestIds and
+"""Columnar building blocks of :mod:`tracemq_devkit.generator`: msgIds, requestIds and
 offsetMsgIds as vectorized numpy/arrow arrays (:func:`msg_ids`), strings by code, and
 :func:`_frame`, a lake-schema table from given columns and the lake's defaults.
 """
@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tracemq import lake
 
-from tracemq_spark.gen_world import BROKERS, PRODUCERS, TRACE_TOPIC
+from tracemq_devkit.gen_world import BROKERS, PRODUCERS, TRACE_TOPIC
 
 # ----------------------------------------------------------------------------- helpers
 
