@@ -23,23 +23,23 @@ if TYPE_CHECKING:
         MessageModel,
         PushConsumer,
     )
+    from tracemq.errors import (
+        BatchSendError,
+        RecallError,
+        RecallHandleError,
+        RecallTimeoutError,
+        SendError,
+        TracemqError,
+    )
     from tracemq.message import Message, MessageExt, MessageQueue, SendResult, SendStatus
     from tracemq.producer import (
-        BatchSendError,
         LocalTransactionState,
         Producer,
-        SendError,
         TransactionListener,
         TransactionProducer,
         TransactionSendResult,
     )
-    from tracemq.producer.recall import (
-        RecallError,
-        RecallResult,
-        RecallStatus,
-        RecallTimeoutError,
-    )
-    from tracemq.protocol.recall import RecallHandleError
+    from tracemq.producer.recall import RecallResult, RecallStatus
 
 #: where each public name lives: imported on first use, so that ``tracemq.cli`` (which
 #: imports this package) does not pay a second for the client it may never use
@@ -62,21 +62,26 @@ _LAZY = {
     ),
     **dict.fromkeys(
         (
-            "BatchSendError",
             "LocalTransactionState",
             "Producer",
-            "SendError",
             "TransactionListener",
             "TransactionProducer",
             "TransactionSendResult",
         ),
         "tracemq.producer",
     ),
+    **dict.fromkeys(("RecallResult", "RecallStatus"), "tracemq.producer.recall"),
     **dict.fromkeys(
-        ("RecallError", "RecallResult", "RecallStatus", "RecallTimeoutError"),
-        "tracemq.producer.recall",
+        (
+            "BatchSendError",
+            "RecallError",
+            "RecallHandleError",
+            "RecallTimeoutError",
+            "SendError",
+            "TracemqError",
+        ),
+        "tracemq.errors",
     ),
-    "RecallHandleError": "tracemq.protocol.recall",
 }
 
 
@@ -119,4 +124,5 @@ __all__ = [
     "TransactionListener",
     "TransactionProducer",
     "TransactionSendResult",
+    "TracemqError",
 ]

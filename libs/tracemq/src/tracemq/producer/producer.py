@@ -57,7 +57,7 @@ from aiokafka.structs import RecordMetadata
 
 from tracemq._client import ClientRuntime, ClientSettings, now_ms
 from tracemq._kafka import MAX_MESSAGE_SIZE, record_size
-from tracemq.errors import ClientStateError, TracemqError
+from tracemq.errors import BatchSendError, ClientStateError, SendError
 from tracemq.hooks import SendMessageContext, SendMessageHook, call_hooks
 from tracemq.log import get_logger
 from tracemq.message import (
@@ -86,36 +86,6 @@ log = get_logger("producer")
 
 MessageQueueSelector = Callable[[list[MessageQueue], Message, Any], MessageQueue]
 DEFAULT_MAX_MESSAGE_SIZE = MAX_MESSAGE_SIZE
-
-
-class SendError(TracemqError):
-    """Every attempt of a send failed; ``__cause__`` is the last failure."""
-
-    retriable = True
-
-
-class BatchSendError(SendError):
-    """Some members of a :meth:`Producer.send_batch` failed every attempt; the others are stored.
-
-    ``results[i]`` is the :class:`SendResult` of member ``i`` (stored and traced) or None, and
-    ``errors[i]`` the last failure of a member that was not stored (else None), in the order of
-    the batch. A caller that resends only the failed members duplicates nothing.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        results: list[SendResult | None],
-        errors: list[BaseException | None],
-    ) -> None:
-        super().__init__(message)
-        self.results = results
-        self.errors = errors
-
-    @property
-    def failed(self) -> list[int]:
-        """Indices of the members that were not stored."""
-        return [i for i, r in enumerate(self.results) if r is None]
 
 
 @dataclass(frozen=True, slots=True)
