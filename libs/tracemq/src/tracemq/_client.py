@@ -39,6 +39,7 @@ from tracemq.protocol import control
 from tracemq.protocol.signing import maybe_seal
 from tracemq.routing import RouteCache
 from tracemq.settings import ENV_PREFIX
+from tracemq.tasks import TaskGroup
 
 log = get_logger("client")
 
@@ -154,7 +155,7 @@ class ClientRuntime:
                 group=group,
             )
         self._subscriptions = subscriptions or list
-        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._tasks = TaskGroup(f"client {group}")
         self.enable_msg_trace = enable_msg_trace
         self.trace_topic = validate_topic(trace_topic) if trace_topic else TRACE_TOPIC
         self._trace_customized = trace_topic is not None and trace_topic != TRACE_TOPIC
@@ -177,15 +178,10 @@ class ClientRuntime:
             )
             await self.dispatcher.start()
         await self.heartbeat()
-        self._heartbeat_task = asyncio.create_task(
-            self._heartbeat_loop(), name=f"heartbeat-{self.group}"
-        )
+        self._tasks.spawn(self._heartbeat_loop(), name=f"heartbeat-{self.group}")
 
     async def stop(self, trace_timeout_s: float = 5.0) -> None:
-        if self._heartbeat_task is not None:
-            self._heartbeat_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._heartbeat_task
+        await self._tasks.aclose()
         if self.dispatcher is not None:
             await self.dispatcher.shutdown(trace_timeout_s)
         with contextlib.suppress(Exception):

@@ -52,6 +52,7 @@ from tracemq.protocol.signing import (
 )
 from tracemq.protocol.transaction import TXCHECK_TOPIC
 from tracemq.service import spawn
+from tracemq.tasks import TaskGroup, cancel_and_wait
 from tracemq.transport import ADMIN_TIMEOUT_MS, ensure_topic
 
 from tracemq_broker import metrics
@@ -95,7 +96,7 @@ class Broker:
         self.topic_admin: TopicAdmin | None = None
         self.schedule: ScheduleService | None = None
         self.transactions: TransactionService | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = TaskGroup("broker", spawner=spawn)
         self._replies: set[asyncio.Task[None]] = set()
         self._register_now = asyncio.Event()
         self.last_registered_ms = 0
@@ -200,11 +201,9 @@ class Broker:
         await kafka_security.start(self.admin_consumer, s.control_bootstrap)
         await self._position_admin_consumer()
         await self.register()
-        self._tasks = [
-            spawn(self._heartbeat_loop(), name="broker-heartbeat"),
-            spawn(self._heal_loop(), name="broker-heal-topics"),
-            spawn(self._admin_loop(), name="broker-admin"),
-        ]
+        self._tasks.spawn(self._heartbeat_loop(), name="broker-heartbeat")
+        self._tasks.spawn(self._heal_loop(), name="broker-heal-topics")
+        self._tasks.spawn(self._admin_loop(), name="broker-admin")
         metrics.TOPICS.set(len(self.table.topics))
         log.info(
             "broker started",
@@ -224,16 +223,10 @@ class Broker:
             await self.admin_consumer.position(tp)
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await self._tasks.aclose()
         if self._replies:  # let the last replies out (each is bounded), then go on
             await asyncio.wait(set(self._replies), timeout=ADMIN_REPLY_TIMEOUT_S)
-            for t in list(self._replies):
-                t.cancel()
-            await asyncio.gather(*self._replies, return_exceptions=True)
+            await cancel_and_wait(self._replies)
         for svc in (self.schedule, self.transactions):
             if svc is not None:
                 with contextlib.suppress(Exception):
@@ -258,7 +251,7 @@ class Broker:
                     await a.close()
 
     def health(self) -> dict[str, Any]:
-        ok = bool(self._tasks) and all(not t.done() for t in self._tasks)
+        ok = self._tasks.alive()
         out: dict[str, Any] = {
             "broker": self.settings.broker_name,
             "role": self.settings.broker_role,

@@ -39,6 +39,7 @@ from tracemq.protocol._envelope import ProtocolError
 from tracemq.protocol.signing import SignatureError, coordinates
 from tracemq.routing.registry import check_reachable, connect
 from tracemq.service import spawn
+from tracemq.tasks import TaskGroup
 from tracemq.transport import admin_client, ensure_topic
 
 from tracemq_nameserver import metrics
@@ -68,7 +69,7 @@ class NameServer:
         )
         self.verifier = settings.verifier("nameserver", ("broker", "client"))
         self.consumer: AIOKafkaConsumer | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = TaskGroup("nameserver", spawner=spawn)
         self._stopping = asyncio.Event()
         self.applied = 0
         self.last_error: str | None = None
@@ -104,18 +105,12 @@ class NameServer:
         # probed the log held up a rebalance on Tansu long enough that a restarted nameserver
         # never got its partitions after a failover.)
         await kafka_security.start(self.consumer, self.settings.control_bootstrap)
-        self._tasks = [
-            spawn(self._consume(), name="namesrv-consume"),
-            spawn(self._expire_loop(), name="namesrv-expire"),
-        ]
+        self._tasks.spawn(self._consume(), name="namesrv-consume")
+        self._tasks.spawn(self._expire_loop(), name="namesrv-expire")
 
     async def stop(self) -> None:
         self._stopping.set()
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await self._tasks.aclose()
         if self.consumer is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.consumer.stop(), 10)
@@ -123,7 +118,7 @@ class NameServer:
         await self.redis.aclose()
 
     def health(self) -> dict[str, Any]:
-        ok = all(not t.done() for t in self._tasks) and bool(self._tasks)
+        ok = self._tasks.alive()
         return {"ok": ok, "applied": self.applied, "last_error": self.last_error}
 
     # -- control topic ---------------------------------------------------------------------
