@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import os
 import socket
-import time
 import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal, Self
@@ -39,6 +38,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tracemq._kafka import ProducerPool
 from tracemq.auth import SignerSettings
+from tracemq.clock import now_ms
 from tracemq.errors import ClientStateError, ConfigError
 from tracemq.log import get_logger
 from tracemq.message_id import local_ipv4, msgid_zone
@@ -81,10 +81,6 @@ class ClientSettings(SignerSettings, BaseSettings):
             if v
         }
         return base.model_copy(update=update) if update else base
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 #: ``ClientSettings.instance_name`` that asks for the process-derived default (RocketMQ's value)

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from tracemq import kafka_security
+from tracemq.clock import now_ms
 from tracemq.errors import ConfigError
 from tracemq.log import get_logger
 from tracemq.naming import (
@@ -68,10 +68,6 @@ log = get_logger("broker")
 ADMIN_REPLIES_MAX = 64
 #: How long one admin reply may take to be acknowledged by the control cluster.
 ADMIN_REPLY_TIMEOUT_S = 10.0
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class Broker:
@@ -235,7 +231,7 @@ class Broker:
             with contextlib.suppress(Exception):
                 await self._send_control(
                     control.BrokerUnregister(
-                        ts=_now_ms(),
+                        ts=now_ms(),
                         cluster=self.settings.broker_cluster,
                         broker_name=self.settings.broker_name,
                     )
@@ -307,7 +303,7 @@ class Broker:
     async def register(self) -> None:
         rec = control.BrokerRegister(
             type="broker.heartbeat" if self.last_registered_ms else "broker.register",
-            ts=_now_ms(),
+            ts=now_ms(),
             broker=self.info,
             topics=dict(self.table.topics),
         )

@@ -59,7 +59,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +67,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 from tracemq import kafka_security
+from tracemq.clock import now_ms
 from tracemq.log import get_logger
 from tracemq.message import MessageConst
 from tracemq.naming import SCHEDULE_TOPIC, kafka_topic
@@ -114,10 +114,6 @@ MAX_FLIGHTS = 2
 CATCH_UP_S = 10.0
 #: Recalled offsets remembered below the progress, for the answer to a repeated recall.
 RECALL_MEMORY = 10_000
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _done() -> asyncio.Future[None]:

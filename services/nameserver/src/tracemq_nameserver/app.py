@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
 from redis.exceptions import RedisError, ResponseError
 from tracemq import kafka_security
+from tracemq.clock import now_ms
 from tracemq.log import get_logger
 from tracemq.offset_reset import KAFKA_AUTO_OFFSET_RESET, OffsetGuard
 from tracemq.protocol import control
@@ -50,10 +50,6 @@ log = get_logger("nameserver")
 
 #: Times Redis may refuse (answer with an error to) one record's write before it is rejected.
 REDIS_REFUSALS_MAX = 5
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class NameServer:
@@ -202,7 +198,7 @@ class NameServer:
         """Decode and apply one control record. Returns what happened (for tests and logs).
 
         ``where`` (topic, partition, offset) goes into the log line of a rejected record."""
-        now = _now_ms()
+        now = now_ms()
         try:
             record, seal = self.verifier.open(
                 data, "control", control.decode, control.signer_roles, now
@@ -267,7 +263,7 @@ class NameServer:
         interval = self.settings.namesrv_scan_interval_ms / 1000
         while True:
             await asyncio.sleep(interval)
-            cutoff = _now_ms() - self.settings.namesrv_expiry_ms
+            cutoff = now_ms() - self.settings.namesrv_expiry_ms
             try:
                 brokers = await self.writer.expire_brokers(cutoff)
                 clients = await self.writer.expire_clients(cutoff)

@@ -55,8 +55,9 @@ from typing import Any
 
 from aiokafka.structs import RecordMetadata
 
-from tracemq._client import ClientBase, ClientRuntime, ClientSettings, now_ms
+from tracemq._client import ClientBase, ClientRuntime, ClientSettings
 from tracemq._kafka import MAX_MESSAGE_SIZE, record_size
+from tracemq.clock import now_ms
 from tracemq.errors import BatchSendError, SendError
 from tracemq.hooks import SendMessageContext, SendMessageHook, call_hooks
 from tracemq.log import get_logger

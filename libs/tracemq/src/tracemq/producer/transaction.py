@@ -40,7 +40,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from prometheus_client import Counter
 
 from tracemq import kafka_security
-from tracemq._client import now_ms
+from tracemq.clock import now_ms
 from tracemq.hooks import EndTransactionContext, EndTransactionHook, call_hooks
 from tracemq.log import get_logger
 from tracemq.message import InvalidMessageError, Message, MessageConst, MessageExt, MessageQueue
