@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar, Literal, Self
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from tracemq._kafka import ProducerPool
 from tracemq.auth import SignerSettings
@@ -46,23 +46,20 @@ from tracemq.naming import TRACE_TOPIC, validate_group, validate_topic
 from tracemq.protocol import control
 from tracemq.protocol.signing import maybe_seal
 from tracemq.routing import RouteCache
-from tracemq.settings import ENV_PREFIX
+from tracemq.settings import ENV_PREFIX, ConnectionSettings, load_settings
 from tracemq.tasks import TaskGroup
 
 log = get_logger("client")
 
 
-class ClientSettings(SignerSettings, BaseSettings):
-    """Where a client finds the stack (``TRACEMQ_*`` variables, or keyword arguments), and the
-    client key its heartbeats are signed with (``TRACEMQ_ACCESS_KEY_ID`` /
-    ``TRACEMQ_SECRET_KEY``; without one the nameserver refuses them, counted as ``unsigned``)."""
+class ClientSettings(SignerSettings, ConnectionSettings):
+    """Where a client finds the stack (:class:`~tracemq.settings.ConnectionSettings`:
+    ``TRACEMQ_*`` variables, or keyword arguments), and the client key its heartbeats are signed
+    with (``TRACEMQ_ACCESS_KEY_ID`` / ``TRACEMQ_SECRET_KEY``; without one the nameserver refuses
+    them, counted as ``unsigned``)."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    redis_prefix: str = "tmq:"
-    control_bootstrap: str = "127.0.0.1:9092"
-    control_topic: str = "tracemq.namesrv"
     client_heartbeat_interval_ms: int = Field(default=30_000, ge=100)
     route_refresh_interval_ms: int = Field(default=30_000, ge=100)
     #: RocketMQ's instanceName: ``DEFAULT`` means the process id (+ ``#n``), see the module
@@ -73,8 +70,9 @@ class ClientSettings(SignerSettings, BaseSettings):
     def from_overrides(
         cls, redis_url: str | None = None, control_bootstrap: str | None = None
     ) -> ClientSettings:
-        """The environment's settings with the given connection values on top."""
-        base = cls()
+        """The environment's settings with the given connection values on top; a bad variable
+        raises :class:`ConfigError` naming it."""
+        base = load_settings(cls)
         update = {
             k: v
             for k, v in (("redis_url", redis_url), ("control_bootstrap", control_bootstrap))

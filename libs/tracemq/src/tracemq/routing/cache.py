@@ -18,7 +18,7 @@ from redis.exceptions import RedisError
 
 from tracemq.errors import NoRouteError, RoutingUnavailableError
 from tracemq.log import get_logger
-from tracemq.routing.keys import RedisKeys
+from tracemq.routing.keys import DEFAULT_PREFIX, RedisKeys
 from tracemq.routing.model import TopicRoute
 from tracemq.routing.registry import RegistryReader, connect, describe_failure
 from tracemq.tasks import TaskGroup
@@ -43,7 +43,7 @@ class RouteCache:
         self,
         redis_url: str,
         *,
-        prefix: str = "tmq:",
+        prefix: str = DEFAULT_PREFIX,
         refresh_interval_s: float = 30.0,
         redis: aioredis.Redis | None = None,
     ) -> None:
