@@ -32,6 +32,8 @@ Tree::
     │   └── AdminTimeoutError    no reply to an admin request in time (retriable)
     ├── NotSupportedByTransportError
     │                            the Kafka-compatible transport lacks a feature (e.g. CreatePartitions)
+    ├── CollectorError           the collector API answered with an error (tracemq.collector_client)
+    │   └── CollectorUnreachableError  ... or did not answer (retriable)
     ├── StackError               the embedded stack could not start or stop cleanly
     ├── ServiceTaskEnded         a service's long-running task returned (also RuntimeError)
     └── CliError                 a command cannot do what was asked (tracemq.cli._errors: its
@@ -207,6 +209,23 @@ class AdminTimeoutError(AdminError):
 
 class NotSupportedByTransportError(TracemqError):
     """The Kafka-compatible transport does not support what was asked."""
+
+
+# -- the collector API (tracemq.collector_client) -------------------------------------------
+class CollectorError(TracemqError):
+    """The collector API answered with an error (a missing trace, a refused token or query), or
+    not with JSON; the message names the collector and what it answered, ``status`` the HTTP
+    status (None when there was none)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class CollectorUnreachableError(CollectorError):
+    """The collector API did not answer (refused, timed out), or no collector is known."""
+
+    retriable = True
 
 
 # -- processes ------------------------------------------------------------------------------
