@@ -39,9 +39,8 @@ from tracemq.naming import (
     SCHEDULE_TOPIC,
     kafka_topic,
 )
+from tracemq.protocol import ProtocolError, control, show
 from tracemq.protocol import admin as admin_proto
-from tracemq.protocol import control
-from tracemq.protocol._envelope import ProtocolError, show
 from tracemq.protocol.control import PERM_RW, BrokerInfo, TopicConfig
 from tracemq.protocol.signing import (
     ReplayGuard,

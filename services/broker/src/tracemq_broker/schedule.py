@@ -71,7 +71,7 @@ from tracemq.clock import now_ms
 from tracemq.log import get_logger
 from tracemq.message import MessageConst
 from tracemq.naming import SCHEDULE_TOPIC, kafka_topic
-from tracemq.protocol._envelope import ProtocolError
+from tracemq.protocol import ProtocolError
 from tracemq.protocol.forwarding import SCHEDULE_OFFSET
 from tracemq.protocol.recall import (
     RECALL_HEADER,

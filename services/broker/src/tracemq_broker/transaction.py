@@ -51,8 +51,8 @@ from tracemq.clock import now_ms
 from tracemq.log import get_logger
 from tracemq.message import MessageConst
 from tracemq.naming import HALF_TOPIC, OP_HALF_TOPIC, kafka_topic
+from tracemq.protocol import ProtocolError
 from tracemq.protocol import transaction as txp
-from tracemq.protocol._envelope import ProtocolError
 from tracemq.protocol.forwarding import TRAN_HALF_OFFSET
 from tracemq.service import spawn
 

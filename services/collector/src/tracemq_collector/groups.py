@@ -48,7 +48,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.exceptions import RedisError
-from tracemq.consumer._tags import matches, parse
+from tracemq.consumer.tags import matches, parse
 from tracemq.log import get_logger
 from tracemq.message import InvalidMessageError
 from tracemq.naming import DLQ_GROUP_PREFIX, RETRY_GROUP_PREFIX, kafka_topic

@@ -34,8 +34,7 @@ from tracemq import kafka_security
 from tracemq.clock import now_ms
 from tracemq.log import get_logger
 from tracemq.offset_reset import KAFKA_AUTO_OFFSET_RESET, OffsetGuard
-from tracemq.protocol import control
-from tracemq.protocol._envelope import ProtocolError
+from tracemq.protocol import ProtocolError, control
 from tracemq.protocol.signing import SignatureError, coordinates
 from tracemq.routing.registry import check_reachable, connect
 from tracemq.service import spawn

@@ -34,7 +34,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from tracemq import kafka_security
 from tracemq._client import ClientBase, ClientRuntime, ClientSettings
 from tracemq.clock import now_ms
-from tracemq.consumer import _tags
+from tracemq.consumer import tags as _tags
 from tracemq.consumer._fetch import FETCH_MAX_WAIT_MS
 from tracemq.consumer._process_queue import ProcessQueue
 from tracemq.consumer._records import to_message_ext

@@ -65,7 +65,7 @@ from prometheus_client import Counter
 
 from tracemq import kafka_security
 from tracemq._client import ClientBase, ClientRuntime, ClientSettings, now_ms
-from tracemq.consumer import _tags
+from tracemq.consumer import tags as _tags
 from tracemq.consumer._fetch import FETCH_MAX_WAIT_MS
 from tracemq.consumer._process_queue import ProcessQueue
 from tracemq.consumer._records import to_message_ext
