@@ -6,13 +6,11 @@ sends a running stack's token only to that stack's collector."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,12 +20,14 @@ from tracemq import collector_client
 from tracemq.collector_client import CollectorClient
 from tracemq.errors import CollectorError, CollectorUnreachableError, ConfigError
 
+from tests.support.http_stub import QuietHandler, serving
+
 pytestmark = pytest.mark.timeout(20)
 
 TOKEN = "s3cret-token"
 
 
-class _Collector(http.server.BaseHTTPRequestHandler):
+class _Collector(QuietHandler):
     seen: list[dict[str, Any]] = []
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
@@ -37,38 +37,19 @@ class _Collector(http.server.BaseHTTPRequestHandler):
         elif self.path.startswith("/api/v1/traces/missing"):
             self._answer(404, {"error": "no trace of missing"})
         elif self.path.startswith("/viewer"):
-            body = b"<html>viewer</html>"
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.reply(200, b"<html>viewer</html>", "text/html")
         else:
             self._answer(200, {"path": self.path})
 
     def _answer(self, status: int, obj: dict[str, Any]) -> None:
-        body = json.dumps(obj).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+        self.reply(status, json.dumps(obj).encode())
 
 
 @pytest.fixture
 def collector() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
     _Collector.seen.clear()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        t.join(5)
+    with serving(_Collector) as url:
+        yield url
 
 
 @pytest.fixture
