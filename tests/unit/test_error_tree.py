@@ -12,7 +12,6 @@ import re
 from types import ModuleType
 
 import pytest
-
 from tracemq import errors
 from tracemq.errors import TracemqError
 

@@ -7,7 +7,10 @@ The client API::
 
 Public modules: :mod:`tracemq.trace` (RocketMQ-compatible trace model, codec, dispatcher),
 :mod:`tracemq.message_id`, :mod:`tracemq.hooks`, :mod:`tracemq.routing`, :mod:`tracemq.admin`,
-:mod:`tracemq.naming`, :mod:`tracemq.errors`, :mod:`tracemq.devstack` (the embedded stack).
+:mod:`tracemq.naming`, :mod:`tracemq.errors` (the one exception tree), :mod:`tracemq.settings`,
+:mod:`tracemq.collector_client` (the collector's query API), :mod:`tracemq.tasks` (owned
+background tasks), :mod:`tracemq.clock`, :mod:`tracemq.cli.plugin` (for command plugins),
+:mod:`tracemq.devstack` (the embedded stack).
 """
 
 from typing import TYPE_CHECKING, Any
