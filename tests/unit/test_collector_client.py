@@ -142,3 +142,16 @@ def test_the_commands_fail_through_it_in_one_line_exit_1(
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert res.returncode == 1 and len(lines) == 1, res.stderr
     assert says in lines[0] and collector in lines[0] and "Traceback" not in res.stderr
+
+
+def test_a_client_only_install_locates_without_the_cli(
+    no_stack: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the ``cli`` extra there is no stack registry to read: locate() still works from
+    its argument and the environment."""
+    monkeypatch.setitem(sys.modules, "tracemq.cli._connection", None)  # import fails
+    assert collector_client.locate("http://127.0.0.1:8080").token is None
+    monkeypatch.setenv("TRACEMQ_COLLECTOR_API_TOKEN", "t")
+    assert collector_client.locate("http://127.0.0.1:8080").token == "t"
+    with pytest.raises(CollectorUnreachableError, match="no collector"):
+        collector_client.locate()

@@ -101,8 +101,10 @@ class CollectorClient:
 
 
 def _running_stack() -> dict[str, Any]:
-    from tracemq.cli._connection import dev_state
-
+    try:
+        from tracemq.cli._connection import dev_state
+    except ImportError:  # a client-only install (no ``cli`` extra): no stack registry to read
+        return {}
     return dev_state() or {}
 
 
