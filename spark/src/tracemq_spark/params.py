@@ -13,6 +13,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from tracemq import lake
+from tracemq.errors import TracemqError
 
 HOUR_MS = 3_600_000
 DAY_MS = 86_400_000
@@ -59,8 +60,9 @@ _MSG_HALF = 1
 _MSG_DELAY = 3
 
 
-class ReconcileError(Exception):
-    """Bad input or a run that cannot proceed: one clear message, the output left untouched."""
+class ReconcileError(TracemqError):
+    """Root of the reconciliation job's exceptions (see :mod:`tracemq.errors`): bad input or a
+    run that cannot proceed; one clear message, the output left untouched."""
 
 
 # ----------------------------------------------------------------------------- parameters

@@ -15,7 +15,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
 
 from tracemq import kafka_security
-from tracemq._kafka import TRANSPORT_MAX_BYTES
+from tracemq._kafka import TRANSPORT_MAX_BYTES as TRANSPORT_MAX_BYTES  # the records' limit
 from tracemq.errors import NotSupportedByTransportError, TracemqError
 
 ADMIN_TIMEOUT_MS = 10_000

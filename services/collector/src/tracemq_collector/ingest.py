@@ -39,6 +39,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import ConsumerRecord
 from redis.exceptions import RedisError
 from tracemq import kafka_security
+from tracemq.clock import now_ms as _now_ms
 from tracemq.collector_lag import record_reset
 from tracemq.log import get_logger
 from tracemq.naming import kafka_topic
@@ -70,10 +71,6 @@ FETCH_MAX_BYTES = 16 * 1024 * 1024
 FETCH_MAX_WAIT_MS = 100
 #: Attempts at a chunk after its first failure (each on a new worker) before ingest stops.
 WORKER_RETRIES = 2
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]

@@ -42,6 +42,7 @@ from tracemq.log import get_logger
 from tracemq.routing.keys import RedisKeys
 
 from tracemq_collector import metrics
+from tracemq_collector.errors import BadCursor, PeerFailure
 from tracemq_collector.events import MAX_FIELD_CHARS
 from tracemq_collector.store import TraceStore
 
@@ -62,10 +63,6 @@ MAX_PEER_CURSOR_CHARS = 256
 MSG_ID_PATTERN = r"^[0-9A-Za-z_.:-]{1,128}$"
 _CURSOR_PATTERN = r"^[0-9A-Za-z_=-]+$"
 _SIGNED = b"tracemq-collector-registration\n"
-
-
-class BadCursor(ValueError):
-    """The client's page cursor is not one this collector handed out."""
 
 
 # -- registration proof ----------------------------------------------------------------------
@@ -157,13 +154,6 @@ PeerEvent: type[BaseModel] = create_model(  # type: ignore[call-overload]
         for name, typ, nullable, _ in COLUMNS
     },
 )
-
-
-class PeerFailure(Exception):
-    def __init__(self, reason: str, error: str) -> None:
-        super().__init__(f"{reason}: {error}")
-        self.reason = reason
-        self.error = error
 
 
 def _failed(peer: str, reason: str, error: str) -> dict[str, str]:

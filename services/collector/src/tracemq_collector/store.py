@@ -88,10 +88,10 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from tracemq import lake
-from tracemq.errors import TracemqError
 from tracemq.log import get_logger
 from tracemq.message_id import decode_offset_msg_id
 
+from tracemq_collector.errors import StoreSchemaError, TraceStoreError
 from tracemq_collector.events import (
     KEY_SHIFT,
     MAX_KEYS_PER_MESSAGE,
@@ -127,14 +127,6 @@ KEY_BUCKET_BITS = 16
 #: Largest ``limit`` a paged query accepts.
 MAX_PAGE_SIZE = 1000
 #: Business keys indexed per message (in sorted order); more are kept in the event, unindexed.
-
-
-class TraceStoreError(TracemqError):
-    """The trace store cannot serve the call: it is not open, or its file is unusable."""
-
-
-class StoreSchemaError(TraceStoreError):
-    """The store file has a schema version or layout this collector does not know."""
 
 
 _T = TypeVar("_T")

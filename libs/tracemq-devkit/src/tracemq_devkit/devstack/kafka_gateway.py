@@ -42,6 +42,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tracemq.errors import StackError
 from tracemq.log import configure_logging, get_logger
 
 log = get_logger("kafka-gateway")
@@ -59,7 +60,7 @@ MAX_PREAUTH_FRAME = 64 * 1024
 AUTH_TIMEOUT_S = 30.0
 
 
-class AuthFailed(Exception):
+class AuthFailed(StackError):
     """The client's SASL exchange failed; the message goes back to it."""
 
 

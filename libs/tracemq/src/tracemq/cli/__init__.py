@@ -155,10 +155,12 @@ def _one_line(exc: BaseException) -> str:
 
 def _exit_code(exc: BaseException) -> int:
     from tracemq.cli._errors import CliError
-    from tracemq.errors import InvalidNameError, StackError, TracemqError
+    from tracemq.errors import CollectorError, InvalidNameError, StackError, TracemqError
 
     if isinstance(exc, CliError):
         return exc.exit_code
+    if isinstance(exc, CollectorError):  # a dependency that refused: the user checks the stack
+        return 1
     if isinstance(exc, (InvalidNameError, StackError)):
         return 2
     if isinstance(exc, TracemqError):

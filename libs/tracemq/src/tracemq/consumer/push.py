@@ -64,8 +64,8 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from prometheus_client import Counter
 
 from tracemq import kafka_security
-from tracemq._client import ClientRuntime, ClientSettings, now_ms
-from tracemq.consumer import _tags
+from tracemq._client import ClientBase, ClientRuntime, ClientSettings, now_ms
+from tracemq.consumer import tags as _tags
 from tracemq.consumer._fetch import FETCH_MAX_WAIT_MS
 from tracemq.consumer._process_queue import ProcessQueue
 from tracemq.consumer._records import to_message_ext
@@ -95,7 +95,6 @@ from tracemq.naming import (
     dlq_topic,
     kafka_topic,
     retry_topic,
-    validate_group,
     validate_topic,
 )
 from tracemq.offset_reset import (
@@ -397,8 +396,10 @@ class _ClusterConsumer:
                 last_commit = loop.time()
 
 
-class PushConsumer:
+class PushConsumer(ClientBase):
     """Subscribe, register a listener, start. See the module docstring for the guarantees."""
+
+    kind = "consumer"
 
     def __init__(
         self,
@@ -427,7 +428,7 @@ class PushConsumer:
         control_bootstrap: str | None = None,
         trace_options: dict[str, Any] | None = None,
     ) -> None:
-        self.group = validate_group(group)
+        super().__init__(group)
         self.message_model = MessageModel(message_model)
         self.consume_from = ConsumeFromWhere(consume_from)
         self.consume_timestamp_ms = consume_timestamp_ms
@@ -488,7 +489,6 @@ class PushConsumer:
         self._orderly_tasks: dict[TopicPartition, asyncio.Task[None]] = {}
         self._retry_tasks: set[asyncio.Task[None]] = set()
         self._watch_task: asyncio.Task[None] | None = None
-        self._state = "created"
         self._in_flight = 0
         self._listener_is_async = False
         self._outcome_counters: dict[ConsumeReturnType, Any] = {}
@@ -531,8 +531,7 @@ class PushConsumer:
         was sent meanwhile is delivered after it; with LAST_OFFSET (the default) it starts at
         the queue's end then, so send only after this returns. True if that happened within
         ``timeout_s``."""
-        if self._state != "running":
-            raise ClientStateError(f"consumer {self.group!r} is {self._state}, not running")
+        self._check_running()
         waits = [cc.joined.wait() for cc in self._clusters.values()]
         try:
             await asyncio.wait_for(asyncio.gather(*waits), timeout_s)
@@ -568,9 +567,7 @@ class PushConsumer:
         return self._runtime.dispatcher
 
     # -- lifecycle -------------------------------------------------------------------------
-    async def start(self) -> None:
-        if self._state != "created":
-            raise ClientStateError(f"consumer {self.group!r} is {self._state}; create a new one")
+    def _check_startable(self) -> None:
         if not self._subscriptions:
             raise ClientStateError("subscribe to at least one topic before start()")
         if self._listener is None:
@@ -588,35 +585,30 @@ class PushConsumer:
                 )
             _RUNNING_BROADCAST_GROUPS.add(self.broadcast_group_id)
             self._holds_broadcast_group = True
-        self._state = "starting"
-        try:
-            await self._runtime.start()
-            if self._runtime.dispatcher is not None:
-                from tracemq.trace._hooks import ConsumeMessageTraceHook, SendMessageTraceHook
 
-                self._hooks.append(
-                    ConsumeMessageTraceHook(self._runtime.dispatcher, self._runtime.trace_topic)
-                )
-                self._dlq_trace = SendMessageTraceHook(
-                    self._runtime.dispatcher, self._runtime.trace_topic
-                )
-            self._work = asyncio.Queue(maxsize=self.consume_concurrency * 2)
-            if not self._orderly:
-                self._workers = [self._spawn_worker(i) for i in range(self.consume_concurrency)]
-            await self._sync_clusters(initial=True)
-            self._watch_task = asyncio.create_task(self._watch_routes(), name="route-watch")
-        except BaseException:
-            self._state = "shutdown"
-            await self._close()
-            raise
-        self._state = "running"
+    async def _start(self) -> None:
+        await self._runtime.start()
+        if self._runtime.dispatcher is not None:
+            from tracemq.trace._hooks import ConsumeMessageTraceHook, SendMessageTraceHook
+
+            self._hooks.append(
+                ConsumeMessageTraceHook(self._runtime.dispatcher, self._runtime.trace_topic)
+            )
+            self._dlq_trace = SendMessageTraceHook(
+                self._runtime.dispatcher, self._runtime.trace_topic
+            )
+        self._work = asyncio.Queue(maxsize=self.consume_concurrency * 2)
+        if not self._orderly:
+            self._workers = [self._spawn_worker(i) for i in range(self.consume_concurrency)]
+        await self._sync_clusters(initial=True)
+        self._watch_task = asyncio.create_task(self._watch_routes(), name="route-watch")
 
     async def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop fetching, let running listeners finish (bounded), commit, flush traces, close."""
-        if self._state in ("created", "shutdown"):
-            self._state = "shutdown"
-            return
-        self._state = "shutdown"
+        if self._begin_shutdown():
+            await self._stop(timeout_s)
+
+    async def _stop(self, timeout_s: float = 10.0) -> None:
         if self._watch_task:
             self._watch_task.cancel()
         for cc in self._clusters.values():
@@ -629,6 +621,7 @@ class PushConsumer:
         await self._close()
 
     async def _close(self) -> None:
+        await super()._close()
         for t in [*self._workers, *self._orderly_tasks.values(), *self._retry_tasks]:
             t.cancel()
         for t in [*self._workers, *self._orderly_tasks.values(), *self._retry_tasks]:
@@ -644,13 +637,6 @@ class PushConsumer:
             self._holds_broadcast_group = False
             _RUNNING_BROADCAST_GROUPS.discard(self.broadcast_group_id)
         await self._runtime.stop()
-
-    async def __aenter__(self) -> PushConsumer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.shutdown()
 
     # -- routes ----------------------------------------------------------------------------
     def _route_for(self, ktopic: str) -> QueueRoute | None:
