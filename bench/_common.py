@@ -201,9 +201,9 @@ def client_env(stack: EmbeddedStack) -> dict[str, Any]:
 
 def producer_pool_kwargs() -> dict[str, Any]:
     """The AIOKafkaProducer settings tracemq's ProducerPool uses (linger, batch size, ...)."""
-    from tracemq._kafka import ProducerPool
+    from tracemq.transport import PRODUCER_DEFAULTS
 
-    return dict(ProducerPool()._kwargs)
+    return dict(PRODUCER_DEFAULTS)
 
 
 async def create_topic(

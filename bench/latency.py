@@ -42,7 +42,7 @@ from tracemq_devkit.waiting import eventually  # noqa: E402
 
 async def body(stack: Any, args: argparse.Namespace) -> dict[str, Any]:
     from tracemq import ConsumeConcurrentlyStatus, ConsumeFromWhere, Message, Producer, PushConsumer
-    from tracemq.consumer._fetch import FETCH_MAX_WAIT_MS
+    from tracemq.consumer import FETCH_MAX_WAIT_MS
 
     env = client_env(stack)
     run = uuid.uuid4().hex[:8]

@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 from tracemq import Message, Producer, PushConsumer
 from tracemq.admin import AdminClient
-from tracemq.errors import ClientStateError, InvalidNameError, NoRouteError
+from tracemq.errors import ClientStateError, InvalidNameError, NoRouteError, TraceTopicError
 from tracemq.message import InvalidMessageError
 from tracemq.trace import TraceType
-from tracemq.trace._dispatcher import TraceTopicError
 from tracemq_devkit.devstack import EmbeddedStack
 from tracemq_devkit.reading import read_trace_topic
 

@@ -66,8 +66,7 @@ def test_the_library_defines_its_exceptions_in_errors_and_documents_each() -> No
     elsewhere = sorted(
         f"{c.__module__}.{c.__qualname__}"
         for c in found
-        if c.__module__ != "tracemq.errors"
-        and not c.__module__.startswith("tracemq.cli.")
+        if c.__module__ != "tracemq.errors" and not c.__module__.startswith("tracemq.cli.")
     )
     assert not elsewhere, f"define these in tracemq.errors: {elsewhere}"
     doc = errors.__doc__ or ""

@@ -1,4 +1,4 @@
-"""The services and the Spark job use the library through its public names only: no import
+"""The services, the Spark job, the dev kit and the benches use the library through its public names only: no import
 of a private ``tracemq`` module (``tracemq._kafka``, ``tracemq.protocol._envelope``,
 ``tracemq.cli._connection``, ...), so the library may change what is behind them."""
 
@@ -8,7 +8,12 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-OUTSIDE = [*sorted((ROOT / "services").glob("*/src")), ROOT / "spark" / "src"]
+OUTSIDE = [
+    *sorted((ROOT / "services").glob("*/src")),
+    ROOT / "spark" / "src",
+    ROOT / "libs" / "tracemq-devkit" / "src",
+    ROOT / "bench",
+]
 
 
 def _private_tracemq_imports(path: Path) -> list[str]:
@@ -29,7 +34,7 @@ def _private_tracemq_imports(path: Path) -> list[str]:
     return found
 
 
-def test_no_service_or_job_imports_a_private_tracemq_module() -> None:
+def test_nothing_outside_the_library_imports_a_private_tracemq_module() -> None:
     files = [f for src in OUTSIDE for f in sorted(src.rglob("*.py"))]
     assert len(files) > 20  # the walk found the packages
     reaches = [r for f in files for r in _private_tracemq_imports(f)]

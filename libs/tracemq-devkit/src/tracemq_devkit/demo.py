@@ -30,9 +30,9 @@ import typer
 from pydantic import SecretStr
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from tracemq._client import ClientSettings
+from tracemq import ClientSettings
 from tracemq.admin import AdminClient
-from tracemq.cli._console import console, fit
+from tracemq.cli.plugin import console, fit
 from tracemq.cli.trace import trace_table
 from tracemq.collector_client import CollectorClient
 from tracemq.collector_lag import wait_caught_up
@@ -459,7 +459,7 @@ def demo(
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
-    from tracemq.cli._registry import register_stack, unregister_stack
+    from tracemq.cli.plugin import register_stack, unregister_stack
 
     # with --keep-running the stack's lake outlives the demo, for `tracemq reconcile` later
     workdir = Path(".tracemq/demo").resolve() if keep_running else None

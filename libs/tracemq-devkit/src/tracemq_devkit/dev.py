@@ -18,10 +18,17 @@ from typing import Any
 
 import typer
 from rich.table import Table
-from tracemq.cli._connection import dev_home, dev_state, home_state
-from tracemq.cli._console import console, fit
-from tracemq.cli._errors import UsageError
-from tracemq.cli._registry import pid_alive, register_stack, unregister_stack
+from tracemq.cli.plugin import (
+    UsageError,
+    console,
+    dev_home,
+    dev_state,
+    fit,
+    home_state,
+    pid_alive,
+    register_stack,
+    unregister_stack,
+)
 from tracemq.errors import StackError
 
 app = typer.Typer(
