@@ -44,6 +44,12 @@ class SendMessageContext:
     exception: BaseException | None = None
     props: dict[str, Any] = field(default_factory=dict)
     attempt: int = 1  # 1 for the first attempt of the send, 2 for its first retry, ...
+    #: False while a failed attempt will be retried (set before ``send_message_after``)
+    last_attempt: bool = True
+    #: The record headers every attempt of the send carries; ``send_message_before`` of the
+    #: first attempt may add propagation headers (W3C ``traceparent``). None where the hook
+    #: observes a record already written (dead-letter moves).
+    headers: list[tuple[str, bytes]] | None = None
 
 
 @dataclass(slots=True)

@@ -410,7 +410,7 @@ class Producer(ClientBase):
             msg_type=msg_type,
             born_host=self._runtime.client_host,
         )
-        headers = self._headers(msg, msg_id)
+        headers = ctx.headers = self._headers(msg, msg_id)
         self._check_placed_size(msg, headers, queues, half)
         deadline = asyncio.get_running_loop().time() + (timeout or self.send_msg_timeout_ms / 1000)
         attempts = 1 + (0 if selector else self.retry_times_when_send_failed)
@@ -419,8 +419,6 @@ class Producer(ClientBase):
         last: BaseException | None = None
         made = 0
         for attempt in range(attempts):
-            if attempt and deadline <= asyncio.get_running_loop().time():
-                break  # out of time: no attempt (and no Pub) that never reaches the transport
             made += 1
             q, qid = fixed or self._pick(queues, avoid)
             place = self._place(q, qid, msg, half=half)
@@ -440,6 +438,11 @@ class Producer(ClientBase):
             except Exception as exc:
                 self._faults.failed(q.broker)
                 ctx.exception, ctx.end_timestamp, last = exc, now_ms(), exc
+                # Out of time: no attempt (and no Pub) that never reaches the transport. Decided
+                # before the hooks so they know whether this failure is the send's last.
+                ctx.last_attempt = (
+                    attempt + 1 >= attempts or deadline <= asyncio.get_running_loop().time()
+                )
                 avoid = q.broker
                 log.warning(
                     "send attempt failed",
@@ -451,6 +454,8 @@ class Producer(ClientBase):
                     error=repr(exc),
                 )
                 call_hooks(self._hooks, "send_message_after", ctx)
+                if ctx.last_attempt:
+                    break
                 continue
             self._faults.succeeded(q.broker)
             result = await self._result(q, place, msg_id, md)
@@ -570,6 +575,7 @@ class Producer(ClientBase):
             region_id=q.region_id,
             trace_on=q.trace_on,
             begin_timestamp=now_ms(),
+            headers=headers,
         )
         call_hooks(self._hooks, "send_message_before", ctx)
         fut = await self._produce(q, place, msg, headers)
@@ -625,6 +631,8 @@ class Producer(ClientBase):
             for m in checked
         ]
         headers = [self._headers(c.message, c.msg_id) for c in ctxs]
+        for c, h in zip(ctxs, headers, strict=True):
+            c.headers = h
         total = 0
         for n, (c, h) in enumerate(zip(ctxs, headers, strict=True)):
             try:
@@ -642,8 +650,9 @@ class Producer(ClientBase):
         errors: list[BaseException | None] = [None] * len(ctxs)
         pending = list(range(len(ctxs)))
         avoid: str | None = None
-        for attempt in range(1 + self.retry_times_when_send_failed):
-            if not pending or (attempt and asyncio.get_running_loop().time() >= deadline):
+        attempts = 1 + self.retry_times_when_send_failed
+        for attempt in range(attempts):
+            if not pending:
                 break
             q, qid = self._pick(queues, avoid)
             place = _Placement(
@@ -670,9 +679,11 @@ class Producer(ClientBase):
                 done = [exc] * len(futs)
             end = now_ms()
             still = []
+            # decided before the hooks, so they know whether a failure is the member's last
+            last = attempt + 1 >= attempts or asyncio.get_running_loop().time() >= deadline
             for i, md in zip(pending, done, strict=True):
                 c = ctxs[i]
-                c.end_timestamp = end
+                c.end_timestamp, c.last_attempt = end, last
                 if isinstance(md, BaseException):
                     c.exception = errors[i] = md
                     still.append(i)
@@ -686,6 +697,8 @@ class Producer(ClientBase):
             else:
                 self._faults.succeeded(q.broker)
             pending = still
+            if last:
+                break
         if pending:
             first = errors[pending[0]]
             raise BatchSendError(
