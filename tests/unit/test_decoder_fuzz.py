@@ -486,3 +486,70 @@ def test_trace_message_headers_never_raise(headers: list[tuple[str, bytes | None
     born, key, client_id = _trace_headers(headers)
     assert client_id is None or 0 < len(client_id) <= MAX_CLIENT_ID_CHARS
     decode_chunk([("T", 0, [(7, b"x", born, key, client_id)])], 1_700_000_000_000)
+
+
+# -- OTLP/HTTP trace export bodies (tracemq_collector.otlp) --------------------------------
+json_values = st.recursive(
+    st.one_of(
+        st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=20)
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+_OTLP_KEYS = st.sampled_from([
+    "resourceSpans", "scopeSpans", "spans", "traceId", "spanId", "parentSpanId", "kind",
+    "startTimeUnixNano", "endTimeUnixNano", "attributes", "key", "value", "stringValue",
+    "intValue", "arrayValue", "values", "links", "events", "status", "code", "scope", "name",
+])  # fmt: skip
+otlp_json = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=34), st.just("9" * 4400)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(_OTLP_KEYS, inner, max_size=5)
+    ),
+    max_leaves=30,
+)
+
+
+def _otlp_seed() -> bytes:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    req = ExportTraceServiceRequest()
+    span = req.resource_spans.add().scope_spans.add().spans.add()
+    span.trace_id, span.span_id, span.kind = b"\x01" * 16, b"\x02" * 8, 5
+    for k, v in (("messaging.system", "kafka"), ("messaging.destination.name", "T")):
+        kv = span.attributes.add()
+        kv.key, kv.value.string_value = k, v
+    return bytes(req.SerializeToString())
+
+
+@FUZZ
+@given(
+    st.one_of(
+        st.binary(max_size=300).map(lambda b: (b, "application/x-protobuf")),
+        hostile_bytes(_otlp_seed()).map(lambda b: (b, "application/x-protobuf")),
+        st.binary(max_size=200).map(lambda b: (b, "application/json")),
+        otlp_json.map(lambda d: (__import__("json").dumps(d).encode(), "application/json")),
+        json_values.map(lambda d: (__import__("json").dumps(d).encode(), "application/json")),
+    )
+)
+@example(
+    (
+        b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"kind": "' + b"9" * 4400 + b'"}]}]}]}',
+        "application/json",
+    )
+)
+@example((b"[" * 100_000, "application/json"))
+def test_otlp_decoder_raises_only_otlp_error(case: tuple[bytes, str]) -> None:
+    from tracemq_collector.errors import OtlpError
+    from tracemq_collector.otlp import OtlpJoin, contexts_of, decode_request
+
+    body, ctype = case
+    try:
+        spans = decode_request(body, ctype)
+    except OtlpError:
+        return
+    contexts_of(spans, OtlpJoin())  # whatever decoded maps without raising

@@ -37,6 +37,7 @@ STATIC = Path(__file__).parent / "static"
 _LOOKUP_ID = re.compile(LOOKUP_ID_PATTERN)
 QUERIES_KEY: web.AppKey[Queries] = web.AppKey("queries", Queries)
 GROUPS_KEY: web.AppKey[GroupHealth | None] = web.AppKey("groups")
+OTLP_KEY: web.AppKey[Any] = web.AppKey("otlp")
 OPEN_PATHS = ("/healthz",)
 #: Digits of the largest number any parameter takes: int() never sees a 5 000-digit string.
 _INTEGER = re.compile(r"-?[0-9]{1,20}")
@@ -305,6 +306,15 @@ async def list_quarantine(req: web.Request) -> web.Response:
     return web.json_response({"count": count, "items": out})
 
 
+async def otlp_traces(req: web.Request) -> web.Response:
+    """OTLP/HTTP trace export (see :mod:`tracemq_collector.otlp`)."""
+    receiver = req.app.get(OTLP_KEY)
+    if receiver is None:
+        return _error(503, "this collector does not take OTLP")
+    status, body, ctype = await receiver.export(await req.read(), req.content_type)
+    return web.Response(status=status, body=body, content_type=ctype)
+
+
 async def openapi(_req: web.Request) -> web.Response:
     return web.json_response(OPENAPI)
 
@@ -314,10 +324,15 @@ async def page(_req: web.Request) -> web.FileResponse:
 
 
 def add_routes(
-    app: web.Application, queries: Queries, token: str | None, groups: GroupHealth | None = None
+    app: web.Application,
+    queries: Queries,
+    token: str | None,
+    groups: GroupHealth | None = None,
+    otlp: Any = None,
 ) -> None:
     app[QUERIES_KEY] = queries
     app[GROUPS_KEY] = groups
+    app[OTLP_KEY] = otlp
     app.middlewares.append(auth_middleware(token))
     app.middlewares.append(errors_middleware)
     app.router.add_get("/api/v1/traces/{msg_id}", get_trace)
@@ -328,6 +343,7 @@ def add_routes(
     app.router.add_get("/api/v1/groups/{group}", group_status)
     app.router.add_get("/api/v1/groups-activity", groups_activity)
     app.router.add_get("/api/v1/openapi.json", openapi)
+    app.router.add_post("/v1/traces", otlp_traces)
     app.router.add_get("/", page)
     app.router.add_get("/viewer", page)
     if STATIC.is_dir():

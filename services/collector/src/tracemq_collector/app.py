@@ -13,17 +13,20 @@ from typing import Any
 from aiohttp import web
 from redis.exceptions import RedisError
 from tracemq.log import get_logger
+from tracemq.naming import TRACE_TOPIC
 from tracemq.routing import RouteCache, connect
 from tracemq.routing.keys import RedisKeys
 from tracemq.routing.registry import check_reachable
 from tracemq.service import spawn
 from tracemq.tasks import TaskGroup
+from tracemq.trace import AsyncTraceDispatcher
 
 from tracemq_collector import metrics
 from tracemq_collector.api import add_routes
 from tracemq_collector.groups import GroupHealth
 from tracemq_collector.ingest import Ingestor
 from tracemq_collector.lake import TraceLake
+from tracemq_collector.otlp import OtlpReceiver
 from tracemq_collector.queries import Queries, sign_registration
 from tracemq_collector.settings import CollectorSettings
 from tracemq_collector.store import TraceStore
@@ -33,6 +36,10 @@ log = get_logger("collector")
 REGISTER_INTERVAL_S = 10.0
 RETENTION_INTERVAL_S = 60.0
 COMPACT_INTERVAL_S = 600.0
+#: The producer group of the trace records made from OTLP spans
+OTLP_GROUP = "tracemq-collector-otlp"
+#: Trace contexts waiting for the trace topic (an OTLP batch of 512 consume spans makes 1024)
+OTLP_QUEUE = 65_536
 
 
 class Collector:
@@ -67,9 +74,19 @@ class Collector:
         )
         self._tasks = TaskGroup("collector", spawner=spawn)
         self._opened = False
+        # OTLP spans become trace records on the trace topic, through a dispatcher of its own:
+        # from there they are ingested, deduplicated, stored and lake-written like any others.
+        self.otlp_dispatcher = AsyncTraceDispatcher(
+            group=OTLP_GROUP,
+            route_cache=self.routes,
+            trace_topic=(settings.topic_names() or [TRACE_TOPIC])[0],
+            client_id=f"{OTLP_GROUP}@{settings.api_url}",
+            queue_size=OTLP_QUEUE,
+        )
+        self.otlp = OtlpReceiver(self.otlp_dispatcher)
 
     def add_routes(self, app: web.Application) -> None:
-        add_routes(app, self.queries, self.settings.collector_api_token, self.groups)
+        add_routes(app, self.queries, self.settings.collector_api_token, self.groups, self.otlp)
 
     async def _run(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.writer, fn, *args)
@@ -92,6 +109,7 @@ class Collector:
             )
         await self.routes.start()
         await self.ingestor.start()
+        await self.otlp_dispatcher.start()
         await self._register()
         self._tasks.spawn(self._registration_loop(), name="collector-register")
         self._tasks.spawn(self._retention_loop(), name="collector-retention")
@@ -106,6 +124,7 @@ class Collector:
     async def stop(self) -> None:
         await self._tasks.aclose()
         await self._unregister()
+        await self.otlp_dispatcher.shutdown()
         await self.ingestor.stop()  # flushes the lake and commits
         await self.routes.stop()
         await self.groups.close()

@@ -10,6 +10,7 @@ Tree::
         ├── BadCursor            a page cursor this collector did not hand out (also ValueError)
         ├── BadParameter         a query parameter of the API is invalid (names it)
         ├── UnknownGroup         no subscription of the group was ever seen (also LookupError)
+        ├── OtlpError            an OTLP request body that is not a trace export (``reason``)
         └── PeerFailure          a peer collector failed a fanned-out query (``reason``)
 
 A class that used to be a builtin error keeps that base, so a handler written for it still
@@ -47,6 +48,15 @@ class BadParameter(CollectorError):
 
 class UnknownGroup(CollectorError, LookupError):
     """No subscription of this group was ever seen."""
+
+
+class OtlpError(CollectorError, ValueError):
+    """An OTLP/HTTP request body the collector cannot read as a trace export request;
+    ``reason`` is the metric label (the API answers 400, or 415 for the content type)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class PeerFailure(CollectorError):

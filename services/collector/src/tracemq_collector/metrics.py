@@ -41,3 +41,16 @@ GROUP_OFFSET_FAILURES = Counter(
     " is unknown in the answer or missing from the trend",
     ["reason"],
 )
+OTLP_SPANS = Counter(
+    "tracemq_collector_otlp_spans_total",
+    "OTLP spans received, by result: stored (as trace records), pending (a Kafka send waiting"
+    " for its msgId; counted again when stored or given up), not_messaging, native (a tracemq"
+    " client's own span), no_msg_id, no_group, invalid",
+    ["result"],
+)
+OTLP_REJECTED = Counter(
+    "tracemq_collector_otlp_rejected_total",
+    "OTLP export requests refused, by reason (malformed_protobuf, malformed_json,"
+    " too_many_spans, unsupported_media_type, unavailable)",
+    ["reason"],
+)

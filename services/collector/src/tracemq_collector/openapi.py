@@ -488,6 +488,54 @@ OPENAPI: dict[str, Any] = {
                 ),
             }
         },
+        "/v1/traces": {
+            "post": {
+                "summary": "OTLP/HTTP trace export: messaging spans become trace events (Pub,"
+                " SubBefore/SubAfter); what a span cannot say (no msgId, no group) is counted in"
+                " partialSuccess.rejectedSpans",
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/x-protobuf": {
+                            "schema": {"type": "string", "format": "binary"}
+                        },
+                        "application/json": {
+                            "schema": {
+                                "type": "object",
+                                "description": "OTLP/JSON ExportTraceServiceRequest",
+                                "properties": {
+                                    "resourceSpans": {"type": "array", "items": {"type": "object"}}
+                                },
+                            }
+                        },
+                    },
+                },
+                "responses": {
+                    "200": {
+                        "description": "accepted: on the trace topic (ExportTraceServiceResponse)",
+                        "content": {
+                            "application/json": {"schema": {"type": "object"}},
+                            "application/x-protobuf": {
+                                "schema": {"type": "string", "format": "binary"}
+                            },
+                        },
+                    },
+                    "400": {
+                        "description": "not an OTLP trace export request",
+                        "content": {"application/json": {"schema": _ERROR}},
+                    },
+                    "401": {"description": "bearer token missing or wrong"},
+                    "415": {
+                        "description": "neither application/x-protobuf nor application/json",
+                        "content": {"application/json": {"schema": _ERROR}},
+                    },
+                    "503": {
+                        "description": "the trace topic did not take the spans in time; retry",
+                        "content": {"application/json": {"schema": _ERROR}},
+                    },
+                },
+            }
+        },
         "/healthz": {
             "get": {
                 "summary": "health (no token needed)",
