@@ -2,7 +2,9 @@
 opentelemetry-instrumentation-aiokafka and exporting with opentelemetry-exporter-otlp-proto-http
 (in a process of their own: the instrumentation patches aiokafka globally), show up in the
 collector as traces found by msgId and by key, in ``tracemq trace show``, with the consuming
-group's outcome; malformed OTLP bodies get 400 and are counted."""
+group's outcome, and the reconciliation classifies them CONSUMED for that group (the collector
+recorded the group in the subscription history); malformed OTLP bodies get 400 and are
+counted."""
 
 from __future__ import annotations
 
@@ -11,10 +13,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.request
+from pathlib import Path
 from typing import Any
 
+import pyarrow.dataset as ds
 import pytest
+from tracemq.collector_lag import wait_caught_up
 from tracemq_collector.otlp import msg_id_for
 from tracemq_devkit.devstack import EmbeddedStack
 from tracemq_devkit.devstack.process import ManagedProcess
@@ -22,8 +28,9 @@ from tracemq_devkit.devstack.stack import tracemq_command
 from tracemq_devkit.waiting import eventually
 
 from tests.support.collector_api import TOKEN, get_text, http
+from tests.support.reconcile import run_reconcile
 
-pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
+pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis, pytest.mark.spark]
 
 N = 5
 
@@ -92,9 +99,9 @@ def _metric(text: str, name: str, label: str) -> float:
     return total
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(420)
 async def test_instrumented_aiokafka_spans_become_traces(
-    stack: EmbeddedStack, collector: ManagedProcess, unique: str
+    stack: EmbeddedStack, collector: ManagedProcess, unique: str, tmp_path: Path
 ) -> None:
     base = _api(collector)
     topic, group, service = f"bridge_{unique}", f"billing_{unique}", f"shop_{unique}"
@@ -120,6 +127,7 @@ async def test_instrumented_aiokafka_spans_become_traces(
     )
     assert after - before == 2
 
+    t_from = time.time() - 1
     child = await asyncio.create_subprocess_exec(
         sys.executable, "-c", BRIDGE,
         env={**os.environ, "BOOT": stack.business_bootstrap, "TOPIC": topic, "GROUP": group,
@@ -165,3 +173,15 @@ async def test_instrumented_aiokafka_spans_become_traces(
     # every span became events: nothing left waiting, nothing counted as unknowable
     text = get_text(f"{base}/metrics")
     assert _metric(text, "tracemq_collector_otlp_spans_total", 'result="no_msg_id"') == 0
+
+    # -- the reconciliation: the group the spans named is expected, and consumed each one ------
+    t_to = time.time() + 1
+    await wait_caught_up(stack.redis_url, timeout_s=60)
+    lake = Path(collector.env["TRACEMQ_COLLECTOR_DATA_DIR"]) / "lake"
+    out = tmp_path / "out"
+    await run_reconcile(stack, t_from=t_from, t_to=t_to, lake=lake, out=out, timeout_s=300)
+    table = ds.dataset(out / "classified", format="parquet", partitioning="hive").to_table()
+    rows = {
+        (r["msg_id"], r["group"]): r["outcome"] for r in table.to_pylist() if r["topic"] == topic
+    }
+    assert rows == {(mid, group): "CONSUMED" for mid in ids}, rows

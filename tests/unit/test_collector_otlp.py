@@ -63,8 +63,12 @@ def test_kafka_spans_join_to_one_message_in_either_order() -> None:
     mid = msg_id_for("kafka", "orders.2.41")
     assert len(mid) == 32 and mid == mid.upper()
     for order in (decoded, decoded[::-1]):  # send first, or its child first
-        ctxs, counts = contexts_of(list(order), OtlpJoin())
+        join = OtlpJoin()
+        ctxs, counts = contexts_of(list(order), join)
         by_type = {c.trace_type: c for c in ctxs}
+        # the group is sighted at the Pub's time: the reconciliation expects it for this message
+        pub_ms = by_type[TraceType.Pub].timestamp
+        assert join.take_sightings() == {("billing", "orders"): (pub_ms, pub_ms)}
         assert set(by_type) == {TraceType.Pub, TraceType.SubBefore, TraceType.SubAfter}
         assert {c.trace_beans[0].msg_id for c in ctxs} == {mid}
         pub = by_type[TraceType.Pub]

@@ -83,7 +83,9 @@ class Collector:
             client_id=f"{OTLP_GROUP}@{settings.api_url}",
             queue_size=OTLP_QUEUE,
         )
-        self.otlp = OtlpReceiver(self.otlp_dispatcher)
+        self.otlp = OtlpReceiver(
+            self.otlp_dispatcher, redis=self.redis, subhistory_key=self.keys.subhistory
+        )
 
     def add_routes(self, app: web.Application) -> None:
         add_routes(app, self.queries, self.settings.collector_api_token, self.groups, self.otlp)

@@ -54,3 +54,8 @@ OTLP_REJECTED = Counter(
     " too_many_spans, unsupported_media_type, unavailable)",
     ["reason"],
 )
+OTLP_SUBSCRIPTION_FAILURES = Counter(
+    "tracemq_collector_otlp_subscription_failures_total",
+    "Writes of OTLP-seen consumer groups to the subscription history that failed (retried with"
+    " the next request)",
+)

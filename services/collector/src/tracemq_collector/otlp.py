@@ -28,6 +28,12 @@ their trace records themselves.
 
 The contexts go through the collector's own trace dispatcher to the trace topic, so they are
 stored, deduplicated, written to the lake and reconciled exactly as client-written records.
+The consumer groups the spans name are merged into the subscription history (``P subhistory``,
+expression ``*``, CLUSTERING; first/last seen = the Pub time of the messages they consumed where
+the collector knows it, else the consume's start), as the nameserver does for heartbeating
+clients, so the reconciliation expects them. A plain Kafka topic has no tracemq route, so the
+reconciliation has no committed offsets for it: a message without a consume trace is
+NOT_CONSUMED there, never TRACE_LOST.
 """
 
 from __future__ import annotations
@@ -446,46 +452,78 @@ def _subs(span: Span, group: str, msgs: list[tuple[str, dict[str, Any]]]) -> lis
 
 
 class OtlpJoin:
-    """Kafka send spans waiting for their msgId from a child receive span (and receive spans'
-    msgIds waiting for their send span), bounded in size and time."""
+    """What spans of one message tell each other across requests, bounded in size and time:
+    Kafka send spans waiting for their msgId from a child receive span, receive spans' msgIds
+    (and groups) waiting for their send span, and the Pub time of resolved sends.
+
+    ``sightings`` collects, per (consumer group, topic), the earliest and latest Pub time of a
+    message the group was seen consuming (the consume's own start where the Pub is not known
+    here): the subscription history the reconciliation expects groups from."""
 
     def __init__(self, ttl_s: float = 600.0, max_entries: int = 100_000) -> None:
         self.ttl_s, self.max_entries = ttl_s, max_entries
         self._sends: OrderedDict[tuple[str, str], tuple[float, Span]] = OrderedDict()
-        self._ids: OrderedDict[tuple[str, str], tuple[float, str]] = OrderedDict()
+        self._ids: OrderedDict[tuple[str, str], tuple[float, str, list[tuple[str, str]]]] = (
+            OrderedDict()
+        )
+        self._pub_ms: OrderedDict[tuple[str, str], tuple[float, int]] = OrderedDict()
+        self.sightings: dict[tuple[str, str], tuple[int, int]] = {}
+
+    def sighted(self, group: str, topic: str, ts: int) -> None:
+        first, last = self.sightings.get((group, topic), (ts, ts))
+        self.sightings[(group, topic)] = (min(first, ts), max(last, ts))
+
+    def take_sightings(self) -> dict[tuple[str, str], tuple[int, int]]:
+        out, self.sightings = self.sightings, {}
+        return out
 
     def send_waits(self, span: Span) -> str | None:
         """The msgId a child already told for ``span``, else None (``span`` now waits)."""
         key = (span.trace_id, span.span_id)
         hit = self._ids.get(key)
         if hit is not None:
+            self.resolved(span)
+            for group, topic in hit[2]:
+                self.sighted(group, topic, _ms(span.start_ns))
             return hit[1]
         self._sends[key] = (time.monotonic(), span)
         return None
 
-    def child_seen(self, span: Span, msg_id: str) -> Span | None:
+    def resolved(self, send: Span) -> None:
+        self._pub_ms[(send.trace_id, send.span_id)] = (time.monotonic(), _ms(send.start_ns))
+
+    def child_seen(self, span: Span, msg_id: str, group: str | None, topic: str) -> Span | None:
         """Record that ``span``'s parent sent ``msg_id``; the waiting send span, if any."""
         if not span.parent_span_id:
             return None
         key = (span.trace_id, span.parent_span_id)
-        self._ids[key] = (time.monotonic(), msg_id)
-        self._ids.move_to_end(key)
+        known = self._ids.get(key)
+        groups = known[2] if known is not None else []
+        pub = self._pub_ms.get(key)
         hit = self._sends.pop(key, None)
+        if hit is not None:
+            self.resolved(hit[1])
+            pub = (0.0, _ms(hit[1].start_ns))
+        if group is not None:
+            if pub is not None:
+                self.sighted(group, topic, pub[1])
+            elif (group, topic) not in groups:
+                groups.append((group, topic))  # told when the send span arrives
+        self._ids[key] = (time.monotonic(), msg_id, groups)
+        self._ids.move_to_end(key)
         return hit[1] if hit is not None else None
 
     def expire(self) -> int:
         """Forget what is too old or too much; the number of send spans given up."""
         cutoff = time.monotonic() - self.ttl_s
         lost = 0
-        while self._sends and (
-            len(self._sends) > self.max_entries or next(iter(self._sends.values()))[0] < cutoff
-        ):
-            self._sends.popitem(last=False)
-            lost += 1
-        while self._ids and (
-            len(self._ids) > self.max_entries or next(iter(self._ids.values()))[0] < cutoff
-        ):
-            self._ids.popitem(last=False)
+        tables: list[OrderedDict[Any, Any]] = [self._sends, self._ids, self._pub_ms]
+        for table in tables:
+            while table and (
+                len(table) > self.max_entries or next(iter(table.values()))[0] < cutoff
+            ):
+                table.popitem(last=False)
+                lost += table is self._sends
         return lost
 
     @property
@@ -543,9 +581,10 @@ def contexts_of(spans: list[Span], join: OtlpJoin) -> tuple[list[TraceContext], 
             )  # fmt: skip
             msgs: list[tuple[str, dict[str, Any]]] = []
             mid = _msg_id(a)
+            topic = _text_attr(a, "messaging.destination.name") or ""
             if mid is not None:
                 msgs.append((mid, a))
-                waiting = join.child_seen(span, mid)
+                waiting = join.child_seen(span, mid, group, topic)
                 if waiting is not None:  # counted "pending" before; now "stored" (or not)
                     add([_pub(waiting, mid)])
             else:
@@ -559,7 +598,11 @@ def contexts_of(spans: list[Span], join: OtlpJoin) -> tuple[list[TraceContext], 
             if group is None:
                 count("no_group")
                 continue
-            add(_subs(span, group, msgs))
+            if add(_subs(span, group, msgs)) and (
+                a.get("messaging.system") != "kafka" or not span.parent_span_id
+            ):
+                # no Pub time here (a Kafka child's sighting is its send's Pub time, above)
+                join.sighted(group, topic, _ms(span.start_ns))
         else:
             count("not_messaging")
     lost = join.expire()
@@ -577,11 +620,37 @@ class OtlpReceiver:
     the records in time (the exporter retries)."""
 
     def __init__(
-        self, dispatcher: Any, *, flush_timeout_s: float = 10.0, join: OtlpJoin | None = None
+        self,
+        dispatcher: Any,
+        *,
+        flush_timeout_s: float = 10.0,
+        join: OtlpJoin | None = None,
+        redis: Any = None,
+        subhistory_key: str | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.flush_timeout_s = flush_timeout_s
         self.join = join or OtlpJoin()
+        self.redis, self.subhistory_key = redis, subhistory_key
+
+    async def record_subscriptions(self) -> None:
+        """Merge the groups seen consuming into the subscription history (``P subhistory``,
+        expression ``*``, CLUSTERING), as the nameserver does for heartbeating clients, so the
+        reconciliation expects them; a failed write is counted and retried next time."""
+        if self.redis is None or self.subhistory_key is None:
+            return
+        seen = self.join.take_sightings()
+        for n, ((group, topic), (first, last)) in enumerate(list(seen.items())):
+            field = json.dumps([group, topic, "*", "CLUSTERING"], separators=(",", ":"))
+            try:
+                await self.redis.eval(_SUBHISTORY, 1, self.subhistory_key, field, first, last)
+            except Exception as exc:  # noqa: BLE001 - Redis down: keep them for the next request
+                metrics.OTLP_SUBSCRIPTION_FAILURES.inc()
+                log.warning("recording OTLP consumer groups failed", error=repr(exc))
+                for (g, t), (f, la) in list(seen.items())[n:]:
+                    self.join.sighted(g, t, f)
+                    self.join.sighted(g, t, la)
+                return
 
     async def export(self, body: bytes, content_type: str) -> tuple[int, bytes, str]:
         ctype = content_type.split(";", 1)[0].strip().lower()
@@ -605,6 +674,7 @@ class OtlpReceiver:
                 json.dumps({"error": "the trace topic did not take the spans in time"}).encode(),
                 JSON,
             )
+        await self.record_subscriptions()
         rejected = sum(counts.get(k, 0) for k in ("no_msg_id", "no_group", "invalid"))
         message = ", ".join(
             f"{counts[k]} {k}" for k in ("no_msg_id", "no_group", "invalid") if counts.get(k)
@@ -615,6 +685,21 @@ class OtlpReceiver:
                 **{k: counts.get(k, 0) for k in ("no_msg_id", "no_group", "invalid")},
             )
         return 200, _response(as_json, rejected, message), JSON if as_json else PROTOBUF
+
+
+# the nameserver's merge of a sighting (first_seen = min, last_seen = max), one key, atomic
+_SUBHISTORY = """
+local first, last = tonumber(ARGV[2]), tonumber(ARGV[3])
+local h = redis.call('HGET', KEYS[1], ARGV[1])
+if h then
+  local d = cjson.decode(h)
+  if d.first_seen < first then first = d.first_seen end
+  if d.last_seen > last then last = d.last_seen end
+end
+redis.call('HSET', KEYS[1], ARGV[1],
+  '{"first_seen":' .. string.format('%d', first) .. ',"last_seen":' .. string.format('%d', last) .. '}')
+return 1
+"""
 
 
 def _response(as_json: bool, rejected: int, message: str) -> bytes:
