@@ -195,6 +195,9 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     assert backlog >= 99 and stopped_seen == stopped, detail
     assert backlog + stopped + groups["demo_stopped"]["IN_FLIGHT"] == 198, detail
     assert summary["informational"]["ROLLED_BACK"] == 2
+    # the OTel bridge: plain aiokafka messages traced from their OTLP spans, and reconciled
+    assert "OTel bridge: 20 plain aiokafka messages to BridgeOtel" in out, out[-3000:]
+    assert groups["demo_otel"] == {**{o: 0 for o in groups["demo_otel"]}, "CONSUMED": 20}, detail
     assert (out_dir / "report.png").stat().st_size > 0
     assert "no process left behind" in out
     # issue 15, point 11: no library or JVM chatter, each path once

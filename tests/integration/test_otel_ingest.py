@@ -34,48 +34,6 @@ pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis, pytest.ma
 
 N = 5
 
-BRIDGE = """
-import asyncio, json, os
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.instrumentation.aiokafka import AIOKafkaInstrumentor
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-async def main():
-    provider = TracerProvider(resource=Resource.create({"service.name": os.environ["SERVICE"]}))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(
-        endpoint=os.environ["OTLP"] + "/v1/traces",
-        headers={"Authorization": "Bearer " + os.environ["TOKEN"]},
-    )))
-    AIOKafkaInstrumentor().instrument(tracer_provider=provider)
-    boot, topic, n = os.environ["BOOT"], os.environ["TOPIC"], int(os.environ["N"])
-    admin = AIOKafkaAdminClient(bootstrap_servers=boot)
-    await admin.start()
-    await admin.create_topics([NewTopic(topic, 1, 1)])
-    await admin.close()
-    p = AIOKafkaProducer(bootstrap_servers=boot)
-    await p.start()
-    for i in range(n):
-        await p.send_and_wait(topic, b"v%d" % i, key=b"bridge-key-%d" % i)
-    await p.stop()
-    c = AIOKafkaConsumer(topic, bootstrap_servers=boot, group_id=os.environ["GROUP"],
-                         auto_offset_reset="earliest")
-    await c.start()
-    got = []
-    for _ in range(n):
-        r = await asyncio.wait_for(c.getone(), 60)
-        got.append([r.partition, r.offset, r.key.decode()])
-    await c.commit()
-    await c.stop()
-    provider.shutdown()  # exports what is left
-    print(json.dumps(got), flush=True)
-
-asyncio.run(main())
-"""
-
 
 def _api(proc: ManagedProcess) -> str:
     return f"http://127.0.0.1:{proc.env['TRACEMQ_HTTP_PORT']}"
@@ -128,10 +86,13 @@ async def test_instrumented_aiokafka_spans_become_traces(
     assert after - before == 2
 
     t_from = time.time() - 1
+    # the dev kit's bridge, as the demo runs it: its own process (the instrumentation patches
+    # aiokafka for the whole process)
     child = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", BRIDGE,
-        env={**os.environ, "BOOT": stack.business_bootstrap, "TOPIC": topic, "GROUP": group,
-             "SERVICE": service, "N": str(N), "OTLP": base, "TOKEN": TOKEN},
+        sys.executable, "-m", "tracemq_devkit.otel_bridge",
+        env={**os.environ, "BRIDGE_BOOTSTRAP": stack.business_bootstrap, "BRIDGE_TOPIC": topic,
+             "BRIDGE_GROUP": group, "BRIDGE_SERVICE": service, "BRIDGE_MESSAGES": str(N),
+             "BRIDGE_OTLP": base, "TRACEMQ_COLLECTOR_API_TOKEN": TOKEN},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, err = await asyncio.wait_for(child.communicate(), 120)

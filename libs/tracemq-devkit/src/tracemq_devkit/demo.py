@@ -6,7 +6,10 @@ message in twenty delayed 5 s), a transactional producer (one message in twenty;
 those rolled back), three consumer groups: a healthy one, one failing about 5 % of first
 attempts (retried by the broker), one stopped halfway so some messages stay unconsumed; prints
 the trace of a sample message and the viewer URL; waits until the collector has every trace in
-its lake; runs the Spark reconciliation and prints its summary.
+its lake; runs the Spark reconciliation and prints its summary. The OpenTelemetry bridge
+(:mod:`tracemq_devkit.otel_bridge`, its own process) adds a plain aiokafka producer and consumer
+group exporting OTLP to the collector: their messages are in the trace view and the
+reconciliation too.
 """
 
 from __future__ import annotations
@@ -327,6 +330,41 @@ def _wait_trace(
     return None
 
 
+BRIDGE_TOPIC, BRIDGE_GROUP, BRIDGE_SERVICE = "BridgeOtel", "demo_otel", "demo_otel_producer"
+BRIDGE_MESSAGES = 20
+
+
+def _otel_bridge(stack: EmbeddedStack, api: str) -> list[str]:
+    """Run the OTel bridge (its own process); the msgIds the collector gives its messages
+    (none, with a note, when it failed: the rest of the demo does not depend on it)."""
+    import sys
+
+    env = {
+        **os.environ,
+        "BRIDGE_BOOTSTRAP": stack.business_bootstrap,
+        "BRIDGE_TOPIC": BRIDGE_TOPIC,
+        "BRIDGE_GROUP": BRIDGE_GROUP,
+        "BRIDGE_SERVICE": BRIDGE_SERVICE,
+        "BRIDGE_MESSAGES": str(BRIDGE_MESSAGES),
+        "BRIDGE_OTLP": api,
+        "TRACEMQ_COLLECTOR_API_TOKEN": stack.secrets.collector_api_token,
+    }
+    try:
+        from tracemq_collector.otlp import msg_id_for
+
+        res = subprocess.run(
+            [sys.executable, "-m", "tracemq_devkit.otel_bridge"],
+            env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        if res.returncode != 0:
+            raise RuntimeError(res.stderr.strip().splitlines()[-1:] or res.returncode)
+        got = json.loads(res.stdout.strip().splitlines()[-1])
+    except Exception as exc:  # noqa: BLE001 - the bridge is an extra; say why it is missing
+        console().print(f"[yellow]the OTel bridge did not run: {exc}[/]")
+        return []
+    return [msg_id_for("kafka", f"{BRIDGE_TOPIC}.{p}.{o}") for p, o, _ in got]
+
+
 #: consume events are awaited this long after the window (the stopped group's backlog is
 #: NOT_CONSUMED once it is over; PENDING before)
 HORIZON_S = 5
@@ -509,6 +547,8 @@ def demo(
             raise typer.Exit(1)
         started = datetime.now(UTC)
         asyncio.run(workload.run())
+        with con.status("the OTel bridge: plain aiokafka, instrumented, exporting OTLP…"):
+            bridged = _otel_bridge(stack, api)
         finished = datetime.now(UTC)
         con.print(
             f"sent {len(workload.sent)} (delayed {len(workload.delayed)}, transactional "
@@ -540,6 +580,18 @@ def demo(
             f"(it asks for the stack's token: {stack.secrets.collector_api_token})"
         )
         con.print(f"(same from a shell: tracemq trace show {sample} --url {api})")
+        bridge_view = bridged and _wait_trace(
+            api, stack.secrets.collector_api_token, bridged[0], groups=1
+        )
+        if bridge_view:
+            con.print(trace_table(bridge_view))
+            con.print(
+                f"OTel bridge: {len(bridged)} plain aiokafka messages to {BRIDGE_TOPIC}, "
+                f"consumed by {BRIDGE_GROUP}, traced from their OTLP spans "
+                f"(tracemq trace show {bridged[0]} --url {api})"
+            )
+        elif bridged:
+            con.print(f"[yellow]the OTel bridge's trace of {bridged[0]} did not arrive[/]")
         with con.status("waiting for the collector to make every trace durable in its lake…"):
             asyncio.run(wait_caught_up(stack.redis_url, timeout_s=60))
             # the horizon of the window must be over, or the stopped group's backlog is PENDING
