@@ -2,7 +2,9 @@
 
 One Kafka consumer per data cluster (group id = the consumer group in CLUSTERING mode; a
 per-instance group in BROADCASTING mode, so every instance gets every message and keeps its own
-offsets).
+offsets). Those consumers — following the routes, the rebalance, the offset guard, the commit
+at a revocation — are :mod:`tracemq.kafka.fleet`'s (shared with the collector's trace ingest);
+this module keeps the queues' bookkeeping (:class:`_ClusterQueues`) and the listener calls.
 
 BROADCASTING identity: the Kafka group is ``<group>.broadcast.<client host>.<instance name>``
 and holds the instance's committed offsets (RocketMQ keeps them in a local file per client id).
@@ -57,13 +59,12 @@ import asyncio
 import contextlib
 import functools
 import inspect
-from collections import defaultdict
+import time
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import TopicPartition
 from prometheus_client import Counter
 
-from tracemq import kafka_security
 from tracemq._client import ClientRuntime, ClientSettings, now_ms
 from tracemq.consumer import _tags
 from tracemq.consumer._fetch import FETCH_MAX_WAIT_MS
@@ -80,6 +81,7 @@ from tracemq.consumer.listener import (
 )
 from tracemq.errors import ClientStateError, NoRouteError
 from tracemq.hooks import ConsumeMessageContext, ConsumeMessageHook, SendMessageContext, call_hooks
+from tracemq.kafka.fleet import Fleet, FleetCluster, Placement, place
 from tracemq.log import get_logger
 from tracemq.message import (
     Message,
@@ -98,13 +100,7 @@ from tracemq.naming import (
     validate_group,
     validate_topic,
 )
-from tracemq.offset_reset import (
-    IDLE_CHECK_S,
-    KAFKA_AUTO_OFFSET_RESET,
-    OffsetGuard,
-    OffsetReset,
-    OffsetResetPolicy,
-)
+from tracemq.offset_reset import IDLE_CHECK_S, OffsetReset, OffsetResetPolicy
 from tracemq.protocol.control import Subscription
 from tracemq.protocol.forwarding import ROUTING_PROPERTIES
 from tracemq.routing import QueueRoute
@@ -165,96 +161,33 @@ SEND_BACK_TIMEOUT_S = 5.0
 RETRY_ENSURE_BACKOFF_S = 60.0
 
 
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, owner: _ClusterConsumer) -> None:
-        self.owner = owner
+class _ClusterQueues:
+    """This consumer's bookkeeping of one data cluster's queues (``FleetCluster.state``; the
+    Kafka consumer, the group and the offset guard are the fleet's): a ProcessQueue per
+    assigned queue, and the queues paused because too much of them is in flight."""
 
-    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        await self.owner.on_revoked(revoked)
-
-    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        await self.owner.on_assigned(assigned)
-
-
-class _ClusterConsumer:
-    """The Kafka consumer of one data cluster and its fetch loop."""
-
-    def __init__(self, parent: PushConsumer, bootstrap: str, topics: set[str]) -> None:
+    def __init__(self, parent: PushConsumer, cluster: FleetCluster) -> None:
         self.parent = parent
-        self.bootstrap = bootstrap
-        self.topics = topics
+        self.cluster = cluster
         self.pqs: dict[TopicPartition, ProcessQueue] = {}
         self.paused: set[TopicPartition] = set()
-        p = parent
-        group_id = p.group if p.message_model == MessageModel.CLUSTERING else p.broadcast_group_id
-        self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap,
-            **kafka_security.client_kwargs(bootstrap),
-            group_id=group_id,
-            enable_auto_commit=False,
-            # the guard positions fresh queues (consume_from) and resets, counted
-            auto_offset_reset=KAFKA_AUTO_OFFSET_RESET,
-            max_poll_records=p.pull_batch_size,
-            session_timeout_ms=p.session_timeout_ms,
-            heartbeat_interval_ms=max(300, p.session_timeout_ms // 5),
-            metadata_max_age_ms=30_000,
-            fetch_max_wait_ms=p.fetch_max_wait_ms,
-        )
-        self.task: asyncio.Task[None] | None = None
-        #: set once the group gave this member its queues (the first rebalance is over)
-        self.joined = asyncio.Event()
-        self.guard = OffsetGuard(
-            self.consumer,
-            policy=p.offset_reset,
-            counter=OFFSET_RESETS,
-            labels=(p.group,),
-            on_reset=self._on_reset,
-            on_fresh=self._position_fresh,
-            idle_check_s=p.offset_check_interval_s,
-            context={"group": p.group, "bootstrap": bootstrap},
-            bootstrap=bootstrap,
-        )
+        self.last_commit = time.monotonic()
 
-    async def start(self) -> None:
-        await kafka_security.start(self.consumer, self.bootstrap)
-        self.consumer.subscribe(sorted(self.topics), listener=_Rebalance(self))
-        self.task = asyncio.create_task(self._loop(), name=f"consume-{self.parent.group}")
+    @property
+    def consumer(self) -> Any:
+        return self.cluster.consumer
 
-    async def resubscribe(self, topics: set[str]) -> None:
-        if topics != self.topics:
-            self.topics = topics
-            # aiokafka forgets the assignment the moment the subscription changes (a commit
-            # then fails: "No partitions assigned") and only later calls on_partitions_revoked:
-            # hand every queue over now, while the commit is still accepted.
-            await self.on_revoked(list(self.pqs))
-            self.consumer.subscribe(sorted(topics), listener=_Rebalance(self))
-
-    async def stop(self) -> None:
-        if self.task:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self.task
-        with contextlib.suppress(Exception):
-            await self.commit()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.consumer.stop(), 10)
-        await self.guard.close()
-
-    async def on_assigned(self, assigned: list[TopicPartition]) -> None:
+    def assigned(self, assigned: list[TopicPartition]) -> None:
         for tp in assigned:
             self.pqs[tp] = ProcessQueue()
         if self.parent.message_model == MessageModel.BROADCASTING:
             self._check_whole(assigned)
-        try:
-            await self.guard.assigned(assigned)
-        finally:
-            self.joined.set()
 
     def _check_whole(self, assigned: list[TopicPartition]) -> None:
         """A BROADCASTING instance is the only member of its Kafka group and gets every queue;
         fewer means another instance shares its identity and each sees part of the messages."""
         p = self.parent
-        known = {t: self.consumer.partitions_for_topic(t) for t in self.topics}
+        known = {t: self.consumer.partitions_for_topic(t) for t in self.cluster.topics}
         total = sum(len(parts) for parts in known.values() if parts)
         mine = sum(1 for tp in assigned if known.get(tp.topic))
         if mine < total:
@@ -269,7 +202,7 @@ class _ClusterConsumer:
                 queues_total=total,
             )
 
-    async def _position_fresh(self, tps: list[TopicPartition]) -> None:
+    async def position_fresh(self, tps: list[TopicPartition]) -> None:
         """Queues the group never committed: where consume_from says."""
         p = self.parent
         retry = [tp for tp in tps if tp.topic in p._retry_ktopics]
@@ -292,7 +225,7 @@ class _ClusterConsumer:
         else:
             await self.consumer.seek_to_end(*rest)
 
-    def _on_reset(self, tp: TopicPartition, reset: OffsetReset) -> None:
+    def reset(self, tp: TopicPartition, reset: OffsetReset) -> None:
         """The queue's log restarts at ``reset.target``: its bookkeeping starts again (the
         old one's commit marks are past the new log). Listener calls on messages of the old
         log finish on the old ProcessQueue; they are not handed over: nobody else has them."""
@@ -303,11 +236,12 @@ class _ClusterConsumer:
             with contextlib.suppress(Exception):
                 self.consumer.resume(tp)
 
-    async def on_revoked(self, revoked: list[TopicPartition]) -> None:
+    async def revoked(self, revoked: list[TopicPartition]) -> dict[TopicPartition, int]:
         """Hand the revoked queues over cleanly: start nothing more on them, let the listener
-        calls already running finish (bounded by ``revoke_drain_timeout_ms``), commit, forget
-        them. What was fetched but not started goes to the next owner unconsumed; a call still
-        running at the deadline is consumed again there (at least once, as RocketMQ)."""
+        calls already running finish (bounded by ``revoke_drain_timeout_ms``), forget them;
+        the fleet then commits the offsets returned. What was fetched but not started goes to
+        the next owner unconsumed; a call still running at the deadline is consumed again
+        there (at least once, as RocketMQ)."""
         p = self.parent
         pqs = [pq for tp in revoked if (pq := self.pqs.get(tp)) is not None]
         for pq in pqs:
@@ -328,73 +262,74 @@ class _ClusterConsumer:
                         running=pq.running,
                         timeout_ms=p.revoke_drain_timeout_ms,
                     )
-        try:
-            await self.commit()
-        except Exception as exc:  # the group moved on (e.g. this member was fenced)
-            log.warning("commit at revocation failed", group=p.group, error=repr(exc))
+        offsets, _ = self.offsets()
         for tp in revoked:
             self.pqs.pop(tp, None)
             self.paused.discard(tp)
+        return offsets
 
-    async def commit(self) -> None:
+    def offsets(self) -> tuple[dict[TopicPartition, int], list[tuple[ProcessQueue, int]]]:
+        """What is safe to commit of every queue, and the queues it was read from (a reset
+        may replace a queue's ProcessQueue while the commit runs)."""
         offsets = {}
-        marks = []  # the queues as they are now: a reset may replace one during the commit
+        marks = []
         for tp, pq in self.pqs.items():
             off = pq.commit_offset()
             if off is not None:
                 offsets[tp] = off
                 marks.append((pq, off))
+        return offsets, marks
+
+    async def commit(self) -> None:
+        offsets, marks = self.offsets()
         if offsets:
-            await self.consumer.commit(offsets)
+            await self.cluster.commit(offsets)
             for pq, off in marks:
                 pq.committed(off)
-            self.guard.remember(offsets)
 
-    async def _loop(self) -> None:
+    async def batch(self, data: dict[TopicPartition, list[Any]]) -> None:
+        """A fetch: each queue's messages to the listeners (tag-filtered, in batches of
+        ``consume_message_batch_max_size``), back-pressure, the periodic commit."""
         p = self.parent
-        loop = asyncio.get_running_loop()
-        last_commit = loop.time()
-        while True:
-            data = await self.guard.getmany(timeout_ms=200, max_records=p.pull_batch_size)
-            for tp, records in data.items():
-                pq = self.pqs.get(tp)
-                if pq is None:
+        for tp, records in data.items():
+            pq = self.pqs.get(tp)
+            if pq is None:
+                continue
+            route = p._route_for(tp.topic)
+            store_host = await p._runtime.store_host(route.address) if route else "0.0.0.0:0"
+            batch: list[MessageExt] = []
+            from_retry = tp.topic in p._retry_ktopics
+            for rec in records:
+                msg = to_message_ext(rec, store_host)
+                if from_retry:  # present it as what it was: a message of its own topic
+                    msg.topic = msg.properties.get(MessageConst.RETRY_TOPIC) or msg.topic
+                elif msg.topic not in p._subscriptions or not _tags.matches(
+                    p._subscriptions.get(msg.topic), msg.tags
+                ):
+                    pq.skip(rec.offset)
                     continue
-                route = p._route_for(tp.topic)
-                store_host = await p._runtime.store_host(route.address) if route else "0.0.0.0:0"
-                batch: list[MessageExt] = []
-                from_retry = tp.topic in p._retry_ktopics
-                for rec in records:
-                    msg = to_message_ext(rec, store_host)
-                    if from_retry:  # present it as what it was: a message of its own topic
-                        msg.topic = msg.properties.get(MessageConst.RETRY_TOPIC) or msg.topic
-                    elif msg.topic not in p._subscriptions or not _tags.matches(
-                        p._subscriptions.get(msg.topic), msg.tags
-                    ):
-                        pq.skip(rec.offset)
-                        continue
-                    pq.add(rec.offset)
-                    batch.append(msg)
-                    if len(batch) >= p.consume_message_batch_max_size:
-                        await p._dispatch(self, tp, pq, batch, route)
-                        batch = []
-                if batch:
+                pq.add(rec.offset)
+                batch.append(msg)
+                if len(batch) >= p.consume_message_batch_max_size:
                     await p._dispatch(self, tp, pq, batch, route)
-                if len(pq) >= p.pull_threshold_per_queue and tp not in self.paused:
-                    self.consumer.pause(tp)
-                    self.paused.add(tp)
-            for tp in list(self.paused):
-                pq = self.pqs.get(tp)
-                if pq is None or len(pq) < p.pull_threshold_per_queue // 2:
-                    with contextlib.suppress(Exception):
-                        self.consumer.resume(tp)
-                    self.paused.discard(tp)
-            if loop.time() - last_commit >= p.commit_interval_ms / 1000:
-                try:
-                    await self.commit()
-                except Exception as exc:  # a rebalance in progress; the next commit catches up
-                    log.debug("commit failed", error=repr(exc))
-                last_commit = loop.time()
+                    batch = []
+            if batch:
+                await p._dispatch(self, tp, pq, batch, route)
+            if len(pq) >= p.pull_threshold_per_queue and tp not in self.paused:
+                self.consumer.pause(tp)
+                self.paused.add(tp)
+        for tp in list(self.paused):
+            pq = self.pqs.get(tp)
+            if pq is None or len(pq) < p.pull_threshold_per_queue // 2:
+                with contextlib.suppress(Exception):
+                    self.consumer.resume(tp)
+                self.paused.discard(tp)
+        if time.monotonic() - self.last_commit >= p.commit_interval_ms / 1000:
+            try:
+                await self.commit()
+            except Exception as exc:  # a rebalance in progress; the next commit catches up
+                log.debug("commit failed", error=repr(exc))
+            self.last_commit = time.monotonic()
 
 
 class PushConsumer:
@@ -479,15 +414,13 @@ class PushConsumer:
         self._listener: ConcurrentlyListener | None = None
         self._orderly = False
         self._hooks: list[ConsumeMessageHook] = []
-        self._clusters: dict[str, _ClusterConsumer] = {}
-        self._guards: list[OffsetGuard] = []  # kept after shutdown: offset_resets() reports
+        self._fleet = self._new_fleet()
         self._routes: dict[str, QueueRoute] = {}  # kafka topic -> broker route
         self._work: asyncio.Queue[tuple[Any, ...]] | None = None
         self._workers: list[asyncio.Task[None]] = []
         self._orderly_queues: dict[TopicPartition, asyncio.Queue[tuple[Any, ...]]] = {}
         self._orderly_tasks: dict[TopicPartition, asyncio.Task[None]] = {}
         self._retry_tasks: set[asyncio.Task[None]] = set()
-        self._watch_task: asyncio.Task[None] | None = None
         self._state = "created"
         self._in_flight = 0
         self._listener_is_async = False
@@ -502,6 +435,53 @@ class PushConsumer:
         self._retry_asked: dict[str, float] = {}  # broker -> loop time of the last request
         self._dlq_trace: Any = None
         self._holds_broadcast_group = False  # its broadcast group id is in the running set
+
+    def _new_fleet(self) -> Fleet:
+        """The route-following Kafka consumers (:mod:`tracemq.kafka.fleet`); this consumer
+        keeps the queues' bookkeeping (:class:`_ClusterQueues`) and the listener calls."""
+        clustering = self.message_model == MessageModel.CLUSTERING
+
+        async def on_assigned(c: FleetCluster, tps: list[TopicPartition]) -> None:
+            c.state.assigned(tps)
+
+        async def on_revoked(c: FleetCluster, tps: list[TopicPartition]) -> dict[Any, int]:
+            return await c.state.revoked(tps)
+
+        async def on_close(c: FleetCluster) -> dict[Any, int]:
+            return c.state.offsets()[0]
+
+        async def on_batch(c: FleetCluster, data: dict[TopicPartition, list[Any]]) -> None:
+            await c.state.batch(data)
+
+        async def on_fresh(c: FleetCluster, tps: list[TopicPartition]) -> None:
+            await c.state.position_fresh(tps)
+
+        return Fleet(
+            name=f"consume-{self.group}",
+            group_id=self.group if clustering else self.broadcast_group_id,
+            routes=self._runtime.routes,
+            plan=self._plan,
+            on_assigned=on_assigned,
+            on_revoked=on_revoked,
+            on_close=on_close,
+            on_batch=on_batch,
+            on_reset=lambda c, tp, r: c.state.reset(tp, r),
+            on_fresh=on_fresh,
+            make_state=lambda c: _ClusterQueues(self, c),
+            max_records=self.pull_batch_size,
+            session_timeout_ms=self.session_timeout_ms,
+            fetch_max_wait_ms=self.fetch_max_wait_ms,
+            consumer_kwargs={
+                "max_poll_records": self.pull_batch_size,
+                "metadata_max_age_ms": 30_000,
+            },
+            offset_reset=self.offset_reset,
+            offset_counter=OFFSET_RESETS,
+            offset_labels=(self.group,),
+            idle_check_s=self.offset_check_interval_s,
+            context={"group": self.group},
+            handover_on_resubscribe=True,
+        )
 
     # -- configuration ---------------------------------------------------------------------
     def subscribe(self, topic: str, expression: str = "*") -> None:
@@ -533,7 +513,7 @@ class PushConsumer:
         ``timeout_s``."""
         if self._state != "running":
             raise ClientStateError(f"consumer {self.group!r} is {self._state}, not running")
-        waits = [cc.joined.wait() for cc in self._clusters.values()]
+        waits = [c.joined.wait() for c in self._fleet.clusters.values()]
         try:
             await asyncio.wait_for(asyncio.gather(*waits), timeout_s)
         except TimeoutError:
@@ -557,7 +537,7 @@ class PushConsumer:
 
     def offset_resets(self) -> dict[str, Any]:
         """The queue offsets reset since start (found outside their log), per queue."""
-        guards = self._guards
+        guards = self._fleet.guards  # kept after shutdown
         return {
             "total": sum(g.total for g in guards),
             "partitions": [r for g in guards for r in g.stats()["partitions"]],
@@ -603,8 +583,7 @@ class PushConsumer:
             self._work = asyncio.Queue(maxsize=self.consume_concurrency * 2)
             if not self._orderly:
                 self._workers = [self._spawn_worker(i) for i in range(self.consume_concurrency)]
-            await self._sync_clusters(initial=True)
-            self._watch_task = asyncio.create_task(self._watch_routes(), name="route-watch")
+            await self._fleet.start()
         except BaseException:
             self._state = "shutdown"
             await self._close()
@@ -617,11 +596,7 @@ class PushConsumer:
             self._state = "shutdown"
             return
         self._state = "shutdown"
-        if self._watch_task:
-            self._watch_task.cancel()
-        for cc in self._clusters.values():
-            if cc.task:
-                cc.task.cancel()
+        self._fleet.halt()
         if self._in_flight:
             self._idle.clear()
             with contextlib.suppress(TimeoutError):
@@ -634,12 +609,7 @@ class PushConsumer:
         for t in [*self._workers, *self._orderly_tasks.values(), *self._retry_tasks]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        if self._watch_task:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._watch_task
-        for cc in self._clusters.values():
-            await cc.stop()
-        self._clusters.clear()
+        await self._fleet.stop()
         if self._holds_broadcast_group:
             self._holds_broadcast_group = False
             _RUNNING_BROADCAST_GROUPS.discard(self.broadcast_group_id)
@@ -656,21 +626,12 @@ class PushConsumer:
     def _route_for(self, ktopic: str) -> QueueRoute | None:
         return self._routes.get(ktopic)
 
-    async def _sync_clusters(self, *, initial: bool = False) -> None:
-        wanted: dict[str, set[str]] = defaultdict(set)
-        routes: dict[str, QueueRoute] = {}
-        brokers: set[str] = set()
-        for topic in self._subscriptions:
-            route = await self._runtime.routes.get(topic)
-            if not route.queues and initial:
-                raise self._runtime.routes.missing(topic)
-            for q in route.queues:
-                brokers.add(q.broker)
-                if not q.readable:
-                    continue
-                kt = kafka_topic(q.broker, topic)
-                wanted[q.data_bootstrap].add(kt)
-                routes[kt] = q
+    async def _plan(self, initial: bool) -> Placement:
+        """The Kafka topics to follow: the readable queues of the subscribed topics (each must
+        have a route at start), and this group's retry topic on the brokers hosting them."""
+        routes = self._runtime.routes
+        placement = await place(routes, self._subscriptions, readable_only=True, required=initial)
+        brokers = placement.brokers
         if self._retry_topic is not None:
             now = asyncio.get_running_loop().time()
             ask = {
@@ -682,25 +643,14 @@ class PushConsumer:
             if ask:
                 self._retry_asked.update(dict.fromkeys(ask, now))
                 await self._ensure_retry(ask)
-            route = await self._runtime.routes.get(self._retry_topic)
+            route = await routes.get(self._retry_topic)
             if brokers - {q.broker for q in route.queues}:
-                route = await self._runtime.routes.get(self._retry_topic, refresh=True)
+                route = await routes.get(self._retry_topic, refresh=True)
             for q in route.queues:
                 if q.readable:
-                    kt = kafka_topic(q.broker, self._retry_topic)
-                    wanted[q.data_bootstrap].add(kt)
-                    routes[kt] = q
-                    self._retry_ktopics.add(kt)
-        self._routes.update(routes)
-        for bootstrap, topics in wanted.items():
-            cc = self._clusters.get(bootstrap)
-            if cc is None:
-                cc = _ClusterConsumer(self, bootstrap, topics)
-                self._clusters[bootstrap] = cc
-                self._guards.append(cc.guard)
-                await cc.start()
-            else:
-                await cc.resubscribe(topics)
+                    self._retry_ktopics.add(placement.add(self._retry_topic, q))
+        self._routes.update(placement.routes)
+        return placement
 
     async def _ensure_retry(self, brokers: set[str]) -> None:
         """Ask ``brokers`` to create this group's retry and dead-letter topics (``retry.ensure``).
@@ -731,20 +681,10 @@ class PushConsumer:
         except Exception as exc:
             log.warning("retry topics not ensured", group=self.group, error=repr(exc))
 
-    async def _watch_routes(self) -> None:
-        changes = self._runtime.routes.subscribe_changes()
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changes.get(), 5.0)
-            try:
-                await self._sync_clusters()
-            except Exception as exc:
-                log.warning("subscription refresh failed", group=self.group, error=repr(exc))
-
     # -- dispatch --------------------------------------------------------------------------
     async def _dispatch(
         self,
-        cc: _ClusterConsumer,
+        cc: _ClusterQueues,
         tp: TopicPartition,
         pq: ProcessQueue,
         msgs: list[MessageExt],
