@@ -23,30 +23,26 @@ listener call starts on it any more, the running ones finish (up to
 ``revoke_drain_timeout_ms``), their offsets are committed, and the next owner starts after
 them — so a rebalance causes no duplicate consumption unless a listener outlives the deadline.
 
-Retries (CLUSTERING, RocketMQ's ``sendMessageBack``): a failed message (RECONSUME_LATER, an
-exception, a None result or a time-out) is sent back to the broker that stored it — to its
-``SCHEDULE_TOPIC_XXXX`` at level ``3 + reconsume_times`` (capped at the broker's last level;
-``ConsumeContext.delay_level_when_next_consume`` > 0 overrides it, < 0 sends the message to the
-dead-letter queue at once) with ``REAL_TOPIC=%RETRY%<group>``, ``REAL_QID=0``,
-``RECONSUME_TIME`` + 1, ``RETRY_TOPIC`` = its topic, ``ORIGIN_MESSAGE_ID`` and the same msgId —
-and its offset counts as consumed only once the broker has acknowledged the send-back. Every
-consumer of the group also consumes ``%RETRY%<group>`` (tag ``*``, from its beginning for a new
-group, as RocketMQ), asking each broker hosting its topics to create it at start
-(``retry.ensure``); a message read from there is presented with its original topic
-(``RETRY_TOPIC``) to the listener and the trace, and SubBefore's retryTimes is its
-``RECONSUME_TIME``. After ``max_reconsume_times`` retries (16) a failure sends the message to
-``%DLQ%<group>`` (queue 0 of the same broker) instead, traced as a Pub of the consumer group to
-that topic. If a send-back (or the dead-letter write) fails, the message is consumed again
-locally after ``in_process_retry_delay_ms`` with its reconsume count + 1 (as RocketMQ), and a
-new failure tries the broker again: a message is never dropped.
+Retries (CLUSTERING, RocketMQ's ``sendMessageBack``; :mod:`tracemq.consumer._sendback`): a
+failed message (RECONSUME_LATER, an exception, a None result or a time-out) is sent back to the
+broker that stored it, to come back through ``%RETRY%<group>`` after a delay level, and its
+offset counts as consumed only once the broker has acknowledged the send-back. Every consumer of
+the group also consumes ``%RETRY%<group>`` (tag ``*``, from its beginning for a new group, as
+RocketMQ), asking each broker hosting its topics to create it at start (``retry.ensure``); a
+message read from there is presented with its original topic (``RETRY_TOPIC``) to the listener
+and the trace, and SubBefore's retryTimes is its ``RECONSUME_TIME``. After
+``max_reconsume_times`` retries (16) a failure sends the message to ``%DLQ%<group>`` instead. If
+a send-back fails, the message is consumed again locally after ``in_process_retry_delay_ms``: a
+message is never dropped.
 
 Offsets outside a queue's log (the data cluster lost its data, the topic was recreated,
 retention passed a stopped consumer) are found at assignment, on an out-of-range fetch and when a
 queue stays idle, and resume at ``offset_reset`` (earliest by default), counted in
 ``tracemq_consumer_offset_resets_total`` (:mod:`tracemq.offset_reset`). A subscription change
 (a broker's route expired or came back) hands the queues over *before* the new subscription
-replaces the old one: aiokafka drops the assignment at once, and a commit after that fails, so
-the next owner would consume the finished messages again.
+replaces the old one (the fleet's ``handover_on_resubscribe``): aiokafka drops the assignment
+at once, and a commit after that fails, so the next owner would consume the finished messages
+again.
 
 Orderly listeners suspend the queue and retry locally, up to ``max_reconsume_times``, then
 dead-letter the message. BROADCASTING mode does not retry (as RocketMQ): a failed message is
@@ -70,6 +66,7 @@ from tracemq.consumer import _tags
 from tracemq.consumer._fetch import FETCH_MAX_WAIT_MS
 from tracemq.consumer._process_queue import ProcessQueue
 from tracemq.consumer._records import to_message_ext
+from tracemq.consumer._sendback import DEAD_LETTERED, GIVEN_UP, SENT_BACK, SendBack
 from tracemq.consumer.listener import (
     ConcurrentlyListener,
     ConsumeConcurrentlyStatus,
@@ -79,46 +76,31 @@ from tracemq.consumer.listener import (
     MessageModel,
     OrderlyListener,
 )
-from tracemq.errors import ClientStateError, NoRouteError
-from tracemq.hooks import ConsumeMessageContext, ConsumeMessageHook, SendMessageContext, call_hooks
+from tracemq.errors import ClientStateError
+from tracemq.hooks import ConsumeMessageContext, ConsumeMessageHook, call_hooks
 from tracemq.kafka.fleet import Fleet, FleetCluster, Placement, place
 from tracemq.log import get_logger
 from tracemq.message import (
-    Message,
     MessageConst,
     MessageExt,
-    MessageQueue,
-    SendResult,
-    SendStatus,
 )
-from tracemq.message_id import encode_offset_msg_id, new_request_id
+from tracemq.message_id import new_request_id
 from tracemq.naming import (
-    SCHEDULE_TOPIC,
     dlq_topic,
-    kafka_topic,
-    retry_topic,
     validate_group,
     validate_topic,
 )
 from tracemq.offset_reset import IDLE_CHECK_S, OffsetReset, OffsetResetPolicy
 from tracemq.protocol.control import Subscription
-from tracemq.protocol.forwarding import ROUTING_PROPERTIES
 from tracemq.routing import QueueRoute
-from tracemq.trace import ConsumeReturnType, MessageType
+from tracemq.trace import ConsumeReturnType
 
 log = get_logger("consumer")
 
+#: the send-back's counters stay importable from here (the facade)
+__all__ = ["CONSUMED", "DEAD_LETTERED", "GIVEN_UP", "SENT_BACK", "PushConsumer"]
+
 CONSUMED = Counter("tracemq_consumer_messages_total", "Listener outcomes", ["group", "result"])
-GIVEN_UP = Counter(
-    "tracemq_consumer_given_up_total",
-    "Failed messages dropped: BROADCASTING mode does not retry (as RocketMQ)",
-    ["group"],
-)
-SENT_BACK = Counter(
-    "tracemq_consumer_sent_back_total",
-    "Failed messages sent back to the broker for a retry (result: ok, failed)",
-    ["group", "result"],
-)
 REVOKED = Counter(
     "tracemq_consumer_revoked_queues_total",
     "Queues (partitions) taken from this consumer by a rebalance",
@@ -148,17 +130,6 @@ BROADCAST_SHARED = Counter(
 )
 #: Kafka group ids of the BROADCASTING consumers running in this process
 _RUNNING_BROADCAST_GROUPS: set[str] = set()
-DEAD_LETTERED = Counter(
-    "tracemq_consumer_dead_lettered_total",
-    "Messages moved to %DLQ%<group> after max_reconsume_times retries",
-    ["group"],
-)
-
-#: RocketMQ: a retry waits ``3 + reconsume_times`` levels (10 s, 30 s, 1 m, ... by default).
-RETRY_BASE_LEVEL = 3
-SEND_BACK_TIMEOUT_S = 5.0
-#: a broker that did not answer ``retry.ensure`` is asked again after this long
-RETRY_ENSURE_BACKOFF_S = 60.0
 
 
 class _ClusterQueues:
@@ -420,20 +391,23 @@ class PushConsumer:
         self._workers: list[asyncio.Task[None]] = []
         self._orderly_queues: dict[TopicPartition, asyncio.Queue[tuple[Any, ...]]] = {}
         self._orderly_tasks: dict[TopicPartition, asyncio.Task[None]] = {}
-        self._retry_tasks: set[asyncio.Task[None]] = set()
         self._state = "created"
         self._in_flight = 0
         self._listener_is_async = False
         self._outcome_counters: dict[ConsumeReturnType, Any] = {}
         self._idle = asyncio.Event()
-        # retries: %RETRY%<group> (clustering only), its Kafka topics, brokers that created it
-        self._retry_topic: str | None = (
-            retry_topic(self.group) if self.message_model == MessageModel.CLUSTERING else None
+        # retries and dead letters (tracemq.consumer._sendback); the retry topic's Kafka topics
+        self._sendback = SendBack(
+            self.group,
+            message_model=self.message_model,
+            max_reconsume_times=max_reconsume_times,
+            in_process_retry_delay_ms=in_process_retry_delay_ms,
+            settings=self.settings,
+            runtime=self._runtime,
+            consume_again=self._consume_once,
         )
+        self._retry_topic = self._sendback.retry_topic
         self._retry_ktopics: set[str] = set()
-        self._retry_ready: set[str] = set()
-        self._retry_asked: dict[str, float] = {}  # broker -> loop time of the last request
-        self._dlq_trace: Any = None
         self._holds_broadcast_group = False  # its broadcast group id is in the running set
 
     def _new_fleet(self) -> Fleet:
@@ -577,7 +551,7 @@ class PushConsumer:
                 self._hooks.append(
                     ConsumeMessageTraceHook(self._runtime.dispatcher, self._runtime.trace_topic)
                 )
-                self._dlq_trace = SendMessageTraceHook(
+                self._sendback.dlq_trace = SendMessageTraceHook(
                     self._runtime.dispatcher, self._runtime.trace_topic
                 )
             self._work = asyncio.Queue(maxsize=self.consume_concurrency * 2)
@@ -604,9 +578,9 @@ class PushConsumer:
         await self._close()
 
     async def _close(self) -> None:
-        for t in [*self._workers, *self._orderly_tasks.values(), *self._retry_tasks]:
+        for t in [*self._workers, *self._orderly_tasks.values(), *self._sendback.tasks]:
             t.cancel()
-        for t in [*self._workers, *self._orderly_tasks.values(), *self._retry_tasks]:
+        for t in [*self._workers, *self._orderly_tasks.values(), *self._sendback.tasks]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         await self._fleet.stop()
@@ -633,16 +607,7 @@ class PushConsumer:
         placement = await place(routes, self._subscriptions, readable_only=True, required=initial)
         brokers = placement.brokers
         if self._retry_topic is not None:
-            now = asyncio.get_running_loop().time()
-            ask = {
-                b
-                for b in brokers - self._retry_ready
-                if b not in self._retry_asked
-                or now >= self._retry_asked[b] + RETRY_ENSURE_BACKOFF_S
-            }
-            if ask:
-                self._retry_asked.update(dict.fromkeys(ask, now))
-                await self._ensure_retry(ask)
+            await self._sendback.ensure_retry_topics(brokers)
             route = await routes.get(self._retry_topic)
             if brokers - {q.broker for q in route.queues}:
                 route = await routes.get(self._retry_topic, refresh=True)
@@ -651,35 +616,6 @@ class PushConsumer:
                     self._retry_ktopics.add(placement.add(self._retry_topic, q))
         self._routes.update(placement.routes)
         return placement
-
-    async def _ensure_retry(self, brokers: set[str]) -> None:
-        """Ask ``brokers`` to create this group's retry and dead-letter topics (``retry.ensure``).
-        A failure is logged, not raised: the next route sync asks again, and the broker also
-        creates a missing retry topic when it first forwards a retry to it."""
-        from tracemq.admin import AdminClient
-
-        s = self.settings
-        try:
-            async with AdminClient(
-                s.control_bootstrap,
-                s.redis_url,
-                redis_prefix=s.redis_prefix,
-                timeout_s=10,
-                signer=self._runtime.signer,  # a client key may ask for its retry topics
-            ) as admin:
-                for broker in sorted(brokers):
-                    try:
-                        await admin.ensure_retry_topics(broker, self.group)
-                        self._retry_ready.add(broker)
-                    except Exception as exc:
-                        log.warning(
-                            "retry topics not ensured",
-                            group=self.group,
-                            broker=broker,
-                            error=repr(exc),
-                        )
-        except Exception as exc:
-            log.warning("retry topics not ensured", group=self.group, error=repr(exc))
 
     # -- dispatch --------------------------------------------------------------------------
     async def _dispatch(
@@ -721,19 +657,26 @@ class PushConsumer:
         assert self._work is not None
         while True:
             cc, tp, pq, msgs, route = await self._work.get()
-            if not self._begin(pq, msgs):  # revoked while waiting here
-                continue
-            self._in_flight += 1
-            try:
-                ok, level = await self._consume(msgs, route)
-                if ok:
-                    for m in msgs:
-                        pq.done(m.queue_offset)
-                else:
-                    await self._failed(pq, msgs, route, level)
-            finally:
-                pq.end()
-                self._leave()
+            await self._consume_once(pq, msgs, route)
+
+    async def _consume_once(
+        self, pq: ProcessQueue, msgs: list[MessageExt], route: QueueRoute | None
+    ) -> None:
+        """One concurrent listener call on ``msgs`` (none if their queue was revoked while they
+        waited); a failure goes back to the broker (:mod:`tracemq.consumer._sendback`)."""
+        if not self._begin(pq, msgs):
+            return
+        self._in_flight += 1
+        try:
+            ok, level = await self._consume(msgs, route)
+            if ok:
+                for m in msgs:
+                    pq.done(m.queue_offset)
+            else:
+                await self._sendback.failed(pq, msgs, route, level)
+        finally:
+            pq.end()
+            self._leave()
 
     async def _orderly_worker(self, q: asyncio.Queue[tuple[Any, ...]]) -> None:
         while True:
@@ -751,9 +694,9 @@ class PushConsumer:
                         break
                     if msgs[0].reconsume_times >= self.max_reconsume_times:
                         if self.message_model == MessageModel.BROADCASTING:
-                            self._give_up(pq, msgs)
+                            self._sendback.give_up(pq, msgs)
                         else:
-                            await self._dead_letter_until_done(pq, msgs, route)
+                            await self._sendback.dead_letter_until_done(pq, msgs, route)
                         break
                     for m in msgs:
                         m.reconsume_times += 1
@@ -780,193 +723,6 @@ class PushConsumer:
         self._in_flight -= 1
         if not self._in_flight:
             self._idle.set()
-
-    # -- failures: send back, dead-letter, local re-consume -------------------------------
-    async def _failed(
-        self, pq: ProcessQueue, msgs: list[MessageExt], route: QueueRoute | None, level: int
-    ) -> None:
-        """A concurrent listener failed ``msgs``: send each back (or to the DLQ); the offset of
-        each is done once the broker has it; the others are consumed again locally."""
-        if self.message_model == MessageModel.BROADCASTING:
-            self._give_up(pq, msgs)
-            return
-        again = []
-        for m in msgs:
-            if pq.dropped:
-                return  # the queue moved to another consumer, which will deliver it again
-            try:
-                await self._send_back(m, route, level)
-            except Exception as exc:
-                SENT_BACK.labels(self.group, "failed").inc()
-                log.warning(
-                    "send-back failed; consuming again locally",
-                    group=self.group,
-                    msg_id=m.msg_id,
-                    error=repr(exc),
-                )
-                again.append(m)
-            else:
-                pq.done(m.queue_offset)
-        if again:
-            self._reconsume_later(pq, again, route)
-
-    def _reconsume_later(
-        self, pq: ProcessQueue, msgs: list[MessageExt], route: QueueRoute | None
-    ) -> None:
-        async def again() -> None:
-            await asyncio.sleep(self.in_process_retry_delay_ms / 1000)
-            for m in msgs:
-                m.reconsume_times += 1
-            if not self._begin(pq, msgs):  # revoked meanwhile
-                return
-            self._in_flight += 1
-            try:
-                ok, level = await self._consume(msgs, route)
-                if ok:
-                    for m in msgs:
-                        pq.done(m.queue_offset)
-                else:
-                    await self._failed(pq, msgs, route, level)
-            finally:
-                pq.end()
-                self._leave()
-
-        task = asyncio.create_task(again())
-        self._retry_tasks.add(task)
-        task.add_done_callback(self._retry_tasks.discard)
-
-    async def _dead_letter_until_done(
-        self, pq: ProcessQueue, msgs: list[MessageExt], route: QueueRoute | None
-    ) -> None:
-        """Orderly: the queue stays suspended until every message is in the DLQ (or the queue
-        is revoked: the next owner then has the messages not written yet)."""
-        for m in msgs:
-            while True:
-                try:
-                    await self._send_back(m, route, -1)
-                    break
-                except Exception as exc:
-                    log.warning(
-                        "dead-letter write failed; retrying",
-                        group=self.group,
-                        msg_id=m.msg_id,
-                        error=repr(exc),
-                    )
-                    if pq.dropped:
-                        return
-                    await asyncio.sleep(self.in_process_retry_delay_ms / 1000)
-            pq.done(m.queue_offset)
-
-    def _give_up(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
-        GIVEN_UP.labels(self.group).inc(len(msgs))
-        log.error(
-            "message failed in BROADCASTING mode; not retried (as RocketMQ)",
-            group=self.group,
-            msg_ids=[m.msg_id for m in msgs],
-        )
-        for m in msgs:
-            pq.done(m.queue_offset)
-
-    def _back_headers(self, m: MessageExt) -> list[tuple[str, bytes]]:
-        props = {k: v for k, v in m.properties.items() if k not in ROUTING_PROPERTIES}
-        props[MessageConst.UNIQ_KEY] = m.msg_id
-        props[MessageConst.RETRY_TOPIC] = m.topic
-        props[MessageConst.ORIGIN_MESSAGE_ID] = (
-            props.get(MessageConst.ORIGIN_MESSAGE_ID) or m.msg_id
-        )
-        props[MessageConst.RECONSUME_TIME] = str(m.reconsume_times + 1)
-        props[MessageConst.MAX_RECONSUME_TIMES] = str(self.max_reconsume_times)
-        return [(k, v.encode()) for k, v in props.items()]
-
-    async def _delay_levels(self, broker: str) -> int:
-        """How many delay levels ``broker``'s schedule service has (0: it has none)."""
-        for refresh in (False, True):
-            route = await self._runtime.routes.get(SCHEDULE_TOPIC, refresh=refresh)
-            for q in route.queues:
-                if q.broker == broker and q.writable:
-                    return q.write_queues
-        return 0
-
-    async def _send_back(self, m: MessageExt, route: QueueRoute | None, level: int) -> None:
-        """Send ``m`` back to the broker that stored it: to the schedule topic for a retry, or to
-        the dead-letter topic (``level < 0`` or retries exhausted). Raises if not acknowledged."""
-        if route is None:
-            raise NoRouteError(f"no route to the broker of {m.queue}")
-        if level < 0 or m.reconsume_times >= self.max_reconsume_times:
-            await self._dead_letter(m, route)
-            return
-        assert self._retry_topic is not None
-        levels = await self._delay_levels(route.broker)
-        if not levels:
-            raise NoRouteError(f"broker {route.broker!r} runs no schedule service")
-        level = min(level or RETRY_BASE_LEVEL + m.reconsume_times, levels)
-        headers = self._back_headers(m)
-        headers += [
-            (MessageConst.DELAY, str(level).encode()),
-            (MessageConst.REAL_TOPIC, self._retry_topic.encode()),
-            (MessageConst.REAL_QID, b"0"),
-        ]
-        producer = await self._runtime.pool.get(route.data_bootstrap)
-        await asyncio.wait_for(
-            producer.send_and_wait(
-                kafka_topic(route.broker, SCHEDULE_TOPIC),
-                m.body,
-                partition=level - 1,
-                headers=headers,
-            ),
-            SEND_BACK_TIMEOUT_S,
-        )
-        SENT_BACK.labels(self.group, "ok").inc()
-
-    async def _dead_letter(self, m: MessageExt, route: QueueRoute) -> None:
-        dlq = dlq_topic(self.group)
-        hosted = {q.broker for q in (await self._runtime.routes.get(dlq)).queues}
-        if route.broker not in hosted:
-            await self._ensure_retry({route.broker})
-            hosted = {q.broker for q in (await self._runtime.routes.get(dlq, refresh=True)).queues}
-            if route.broker not in hosted:
-                raise NoRouteError(f"broker {route.broker!r} has no {dlq!r}")
-        ctx = SendMessageContext(
-            producer_group=self.group,
-            message=Message(dlq, m.body, tags=m.tags, keys=m.key_list),
-            msg_id=m.msg_id,
-            msg_type=MessageType.Normal_Msg,
-            born_host=self._runtime.client_host,
-            queue=MessageQueue(dlq, route.broker, 0),
-            broker_address=route.address,
-            region_id=route.region_id,
-            trace_on=route.trace_on,
-            begin_timestamp=now_ms(),
-        )
-        producer = await self._runtime.pool.get(route.data_bootstrap)
-        md = await asyncio.wait_for(
-            producer.send_and_wait(
-                kafka_topic(route.broker, dlq), m.body, partition=0, headers=self._back_headers(m)
-            ),
-            SEND_BACK_TIMEOUT_S,
-        )
-        DEAD_LETTERED.labels(self.group).inc()
-        log.warning(
-            "message moved to the dead-letter queue",
-            group=self.group,
-            msg_id=m.msg_id,
-            topic=m.topic,
-            reconsume_times=m.reconsume_times,
-        )
-        if self._dlq_trace is not None:  # a Pub to %DLQ%<group> tells the trace it ended there
-            store_host = await self._runtime.store_host(route.address)
-            ctx.end_timestamp = now_ms()
-            ctx.send_result = SendResult(
-                send_status=SendStatus.SEND_OK,
-                msg_id=m.msg_id,
-                offset_msg_id=encode_offset_msg_id(store_host, 0, md.offset),
-                queue=ctx.queue,  # type: ignore[arg-type]
-                queue_offset=md.offset,
-                region_id=route.region_id,
-                trace_on=route.trace_on,
-                store_timestamp=ctx.end_timestamp,
-            )
-            call_hooks([self._dlq_trace], "send_message_after", ctx)
 
     async def _consume(self, msgs: list[MessageExt], route: QueueRoute | None) -> tuple[bool, int]:
         """Run the listener once over ``msgs`` with hooks: (consumed successfully, the
