@@ -116,7 +116,17 @@ async def test_revocation_gives_up_waiting_at_the_deadline() -> None:
 
 async def test_a_subscription_change_commits_before_the_assignment_is_dropped() -> None:
     """A broker's route expired (or came back): the subscription changes. aiokafka drops the
-    assignment at once, so the queues are handed over (drained, committed) before that."""
+    assignment at once, so the queues are handed over (drained, committed) before that; the
+    rebalance's own revocation later finds nothing left (the queue is counted revoked once)."""
+    from prometheus_client import REGISTRY
+
+    def revoked() -> float:
+        v = REGISTRY.get_sample_value(
+            "tracemq_consumer_revoked_queues_total", {"group": "CG_revoke"}
+        )
+        return v or 0.0
+
+    before = revoked()
     cc, fake = _cluster()
     cc.cluster.topics = {"a.T", "b.T"}
     tp = TopicPartition("b.T", 0)
@@ -131,6 +141,7 @@ async def test_a_subscription_change_commits_before_the_assignment_is_dropped() 
     # the rebalance's own call later: nothing left to commit
     await cc.parent._fleet.revoke(cc.cluster, [tp])
     assert fake.commits == [{tp: 6}]
+    assert revoked() == before + 1
 
 
 async def test_a_reset_queue_commits_in_its_new_log() -> None:
