@@ -7,6 +7,11 @@ recorded, replayable offset range. Kafka offsets are committed only up to what b
 and the lake hold, so a partition that moves to another collector resumes at a point where
 nothing can be lost.
 
+The Kafka side — following the trace topics' routes with one consumer per trace cluster in the
+collector group, the rebalance, the offset guard — is :mod:`tracemq.kafka.fleet`'s (shared with
+PushConsumer); this module takes its fetches (``on_batch``), says where an assigned partition
+starts (the store) and what a revoked one may commit (``flush``).
+
 The write path is a pipeline over two cores:
 
 * fetches are cut into chunks of about :data:`CHUNK_BYTES`; a decode thread turns a chunk into
