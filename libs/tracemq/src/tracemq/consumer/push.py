@@ -80,16 +80,9 @@ from tracemq.errors import ClientStateError
 from tracemq.hooks import ConsumeMessageContext, ConsumeMessageHook, call_hooks
 from tracemq.kafka.fleet import Fleet, FleetCluster, Placement, place
 from tracemq.log import get_logger
-from tracemq.message import (
-    MessageConst,
-    MessageExt,
-)
+from tracemq.message import MessageConst, MessageExt
 from tracemq.message_id import new_request_id
-from tracemq.naming import (
-    dlq_topic,
-    validate_group,
-    validate_topic,
-)
+from tracemq.naming import dlq_topic, validate_group, validate_topic
 from tracemq.offset_reset import IDLE_CHECK_S, OffsetReset, OffsetResetPolicy
 from tracemq.protocol.control import Subscription
 from tracemq.routing import QueueRoute
