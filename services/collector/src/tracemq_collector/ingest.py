@@ -249,6 +249,7 @@ class Ingestor:
             context={"group": s.collector_group},
             # the store says where a partition resumes, not the Kafka commit
             handover_on_resubscribe=False,
+            announce="following trace topics",
             spawn=spawn,  # a dead fetch loop or route watch stops the service
         )
 

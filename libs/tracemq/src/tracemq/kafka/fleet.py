@@ -34,7 +34,9 @@ with the fleet through callbacks, all awaited, each given the :class:`FleetClust
 (a commit then fails: "No partitions assigned") and only later calls the revocation; with this
 set, a subscription change first revokes (finishes, commits) every assigned partition, so the
 next owner does not consume the finished messages again. The collector leaves it off: its
-store, not the Kafka commit, says where a partition resumes.
+store, not the Kafka commit, says where a partition resumes. ``announce``: the info line
+logged when a cluster's topic set changes (a service's); without it nothing is logged (a
+client library does not write into its user's output).
 """
 
 from __future__ import annotations
@@ -207,6 +209,7 @@ class Fleet:
         idle_check_s: float = IDLE_CHECK_S,
         context: Mapping[str, Any] | None = None,
         handover_on_resubscribe: bool = True,
+        announce: str | None = None,
         fetch_timeout_ms: int = 200,
         refresh_s: float = 5.0,
         spawn: Spawn = asyncio.create_task,
@@ -233,6 +236,9 @@ class Fleet:
         self.idle_check_s = idle_check_s
         self.context = dict(context or {})
         self.handover_on_resubscribe = handover_on_resubscribe
+        #: the info log line of a cluster's new topic set (a service's); None: no line (a
+        #: client library does not write into its user's output)
+        self.announce = announce
         self.fetch_timeout_ms = fetch_timeout_ms
         self.refresh_s = refresh_s
         self.spawn = spawn
@@ -293,14 +299,14 @@ class Fleet:
                 self.clusters[bootstrap] = c
                 self.guards.append(c.guard)
                 await c.start()
-                log.info(
-                    "following topics", bootstrap=bootstrap, topics=sorted(topics), **self.context
-                )
+                self._following(bootstrap, topics)
             elif topics != c.topics:
-                log.info(
-                    "following topics", bootstrap=bootstrap, topics=sorted(topics), **self.context
-                )
+                self._following(bootstrap, topics)
                 await self._resubscribe(c, set(topics))
+
+    def _following(self, bootstrap: str, topics: set[str]) -> None:
+        if self.announce is not None:
+            log.info(self.announce, bootstrap=bootstrap, topics=sorted(topics), **self.context)
 
     async def _resubscribe(self, c: FleetCluster, topics: set[str]) -> None:
         c.topics = topics
