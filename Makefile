@@ -40,7 +40,7 @@ test: setup test-deps
 lint: setup
 	$(UV) run --frozen ruff check .
 	$(UV) run --frozen ruff format --check .
-	$(UV) run --frozen mypy libs/tracemq/src
+	$(UV) run --frozen mypy libs/tracemq/src libs/tracemq-devkit/src
 
 clean:
 	rm -rf .venv .tools .tracemq .pytest_cache

@@ -1,6 +1,6 @@
 """Shared helpers of the benchmarks in ``bench/`` (producer.py, consumer.py).
 
-Each bench starts its own :class:`~tracemq.devstack.EmbeddedStack`, prints human-readable
+Each bench starts its own :class:`~tracemq_devkit.devstack.EmbeddedStack`, prints human-readable
 progress as it goes and a single JSON line last. Every wait is bounded by a deadline; the
 ``with EmbeddedStack(...)`` block stops the stack on any exit (Ctrl-C included).
 """
@@ -17,16 +17,12 @@ import traceback
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # for tests.support.traces (read_trace_topic)
-    sys.path.insert(0, str(REPO_ROOT))
-
-from tracemq.devstack import EmbeddedStack, StackConfig  # noqa: E402
-from tracemq.log import configure_logging  # noqa: E402
-from tracemq.naming import TRACE_TOPIC  # noqa: E402
+from tracemq.log import configure_logging
+from tracemq.naming import TRACE_TOPIC
+from tracemq_devkit.devstack import EmbeddedStack, StackConfig
+from tracemq_devkit.reading import read_trace_topic, wait_topic_writable
 
 T = TypeVar("T")
 
@@ -124,16 +120,6 @@ async def bounded(aw: Awaitable[T], timeout_s: float, what: str) -> T:
         raise BenchTimeout(f"{what} did not finish within {timeout_s:.0f}s") from None
 
 
-async def wait_for_condition(
-    probe: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.05
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not probe():
-        if time.monotonic() > deadline:
-            raise BenchTimeout(f"{what} within {timeout_s:.0f}s")
-        await asyncio.sleep(interval_s)
-
-
 async def wait_progress(
     done: asyncio.Event,
     count: Callable[[], int],
@@ -215,9 +201,9 @@ def client_env(stack: EmbeddedStack) -> dict[str, Any]:
 
 def producer_pool_kwargs() -> dict[str, Any]:
     """The AIOKafkaProducer settings tracemq's ProducerPool uses (linger, batch size, ...)."""
-    from tracemq._kafka import ProducerPool
+    from tracemq.transport import PRODUCER_DEFAULTS
 
-    return dict(ProducerPool()._kwargs)
+    return dict(PRODUCER_DEFAULTS)
 
 
 async def create_topic(
@@ -234,23 +220,8 @@ async def create_topic(
 
 
 async def wait_trace_topic_route(stack: EmbeddedStack, timeout_s: float = 30.0) -> None:
-    """The trace broker creates the trace topic at start; wait until clients can see its route
-    (a dispatcher started before that only warns and then counts every trace as failed)."""
-    from tracemq.routing.registry import RegistryReader, connect
-
-    redis = connect(stack.redis_url)
-    try:
-        reader = RegistryReader(redis)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            route = await reader.topic_route(TRACE_TOPIC)
-            if any(q.writable and q.write_queues > 0 for q in route.queues):
-                return
-            if time.monotonic() > deadline:
-                raise BenchTimeout(f"the trace topic {TRACE_TOPIC} has no route after {timeout_s}s")
-            await asyncio.sleep(0.1)
-    finally:
-        await redis.aclose()
+    """The trace broker creates the trace topic at start; wait until clients can see its route."""
+    await wait_topic_writable(stack.redis_url, TRACE_TOPIC, timeout=timeout_s)
 
 
 # ----------------------------------------------------------------------------- CPU accounting
@@ -305,9 +276,7 @@ class TraceIndex:
 
 
 async def read_trace_index(stack: EmbeddedStack, timeout_s: float = 180.0) -> TraceIndex:
-    """Read the whole trace topic (tests/support/traces.py's read_trace_topic) and index it."""
-    from tests.support.traces import read_trace_topic
-
+    """Read the whole trace topic (:func:`tracemq_devkit.reading.read_trace_topic`) and index it."""
     messages = await bounded(
         read_trace_topic(stack.trace_bootstrap, timeout_s=timeout_s),
         timeout_s + 30,

@@ -15,7 +15,7 @@ import statistics
 import subprocess
 import time
 
-from tracemq.devstack.stack import tracemq_command
+from tracemq_devkit.devstack.stack import tracemq_command
 
 
 def _closed_port() -> int:

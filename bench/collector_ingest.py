@@ -50,8 +50,8 @@ from _collector_common import (  # noqa: E402
     start_bench_collector,
 )
 from _common import say, wait_trace_topic_route  # noqa: E402
-from tracemq.devstack import EmbeddedStack  # noqa: E402
 from tracemq.naming import kafka_topic  # noqa: E402
+from tracemq_devkit.devstack import EmbeddedStack  # noqa: E402
 
 TARGET_EVENTS_PER_S = 50_000
 TARGET_RSS_MIB = 512

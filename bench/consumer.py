@@ -60,7 +60,7 @@ from tracemq import (  # noqa: E402
     Producer,
     PushConsumer,
 )
-from tracemq.devstack import EmbeddedStack  # noqa: E402
+from tracemq_devkit.devstack import EmbeddedStack  # noqa: E402
 
 TARGET_ON_VS_OFF = 0.85
 BROKER = "broker-a"

@@ -43,10 +43,10 @@ from _common import (  # noqa: E402
 )
 from aiokafka import AIOKafkaConsumer, TopicPartition  # noqa: E402
 from tracemq import Message, Producer, kafka_security  # noqa: E402
-from tracemq.devstack import EmbeddedStack  # noqa: E402
 from tracemq.naming import SCHEDULE_TOPIC, kafka_topic  # noqa: E402
 from tracemq.routing.registry import RegistryReader, connect  # noqa: E402
 from tracemq_broker.delay_levels import parse_delay_levels  # noqa: E402
+from tracemq_devkit.devstack import EmbeddedStack  # noqa: E402
 
 BROKER = "bench-delay"
 

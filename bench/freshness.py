@@ -46,7 +46,7 @@ from tracemq import (  # noqa: E402
     Producer,
     PushConsumer,
 )
-from tracemq.devstack import EmbeddedStack, StackConfig  # noqa: E402
+from tracemq_devkit.devstack import EmbeddedStack, StackConfig  # noqa: E402
 
 TARGET_P99_S = 2.0
 GIVE_UP_S = 30.0

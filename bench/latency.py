@@ -32,18 +32,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _collector_common import percentiles  # noqa: E402
 from _common import (  # noqa: E402
     EXIT_TRACE_INCOMPLETE,
-    bounded,
     client_env,
     create_topic,
     run_on_stack,
     say,
-    wait_for_condition,
 )
+from tracemq_devkit.waiting import eventually  # noqa: E402
 
 
 async def body(stack: Any, args: argparse.Namespace) -> dict[str, Any]:
     from tracemq import ConsumeConcurrentlyStatus, ConsumeFromWhere, Message, Producer, PushConsumer
-    from tracemq.consumer._fetch import FETCH_MAX_WAIT_MS
+    from tracemq.consumer import FETCH_MAX_WAIT_MS
 
     env = client_env(stack)
     run = uuid.uuid4().hex[:8]
@@ -86,10 +85,11 @@ async def body(stack: Any, args: argparse.Namespace) -> dict[str, Any]:
                 if delay > 0:
                     await asyncio.sleep(delay)
                 await p.send(Message(topic, struct.pack(">d", time.time())))
-        await bounded(
-            wait_for_condition(lambda: all(len(v) >= total for v in seen.values()), 30, "all"),
-            40,
-            "every group receiving every message",
+        await eventually(
+            lambda: all(len(v) >= total for v in seen.values()),
+            timeout=40,
+            interval=0.05,
+            what="every group receiving every message",
         )
     finally:
         for c in consumers:

@@ -56,8 +56,8 @@ from _common import (  # noqa: E402
 )
 from aiokafka import AIOKafkaProducer  # noqa: E402
 from tracemq import Message, Producer, kafka_security  # noqa: E402
-from tracemq.devstack import EmbeddedStack  # noqa: E402
 from tracemq.naming import kafka_topic  # noqa: E402
+from tracemq_devkit.devstack import EmbeddedStack  # noqa: E402
 
 VARIANTS = ("raw", "off", "on")
 TARGET_ON_VS_OFF = 0.90

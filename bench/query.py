@@ -44,9 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _collector_common import TraceGen, percentiles, run_stack_bench  # noqa: E402
 from _common import say  # noqa: E402
-from tracemq.devstack import EmbeddedStack  # noqa: E402
 from tracemq.message_id import MessageIdGenerator  # noqa: E402
 from tracemq.naming import kafka_topic  # noqa: E402
+from tracemq_devkit.devstack import EmbeddedStack  # noqa: E402
 
 TARGET_P99_MS_BY_MSG_ID_API = 20.0
 PARTITIONS = 4

@@ -4,7 +4,7 @@ local[2].
     .venv/bin/python bench/reconcile.py [--messages 1000000] [--also-10m]
                                         [--sizes 1000000,10000000] [--workdir DIR] [--keep]
 
-For each size: generate the lake (``tracemq_spark.generator``, timed separately: 3–5 trace events
+For each size: generate the lake (``tracemq_devkit.generator``, timed separately: 3–5 trace events
 per message — Pub, SubBefore/SubAfter per consuming group, retries, orphans, transactions …),
 then run the whole job (read, classify, anomalies + summary Parquet, summary.json, report,
 commit) in a fresh local[2] Spark session and time it. Prints progress, one line per size with
@@ -160,7 +160,8 @@ def main() -> int:
 
 def _one(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(REPO_ROOT / "spark" / "src"))
-    from tracemq_spark import generator, job
+    from tracemq_devkit import generator
+    from tracemq_spark import job
 
     n = int(args.one)
     work = Path(args.workdir)

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tracemq.devstack import EmbeddedStack, StackConfig
-from tracemq.devstack.process import ManagedProcess
-from tracemq.devstack.secrets import StackSecrets
+from tracemq_devkit.devstack import EmbeddedStack, StackConfig
+from tracemq_devkit.devstack.process import ManagedProcess
+from tracemq_devkit.devstack.secrets import StackSecrets
 
 _SESSION_STACKS: list[EmbeddedStack] = []
 #: One set of generated credentials for every stack of the session, so a client built from the

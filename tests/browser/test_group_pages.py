@@ -11,8 +11,9 @@ from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 
 import pytest
-from tracemq.devstack import EmbeddedStack
-from tracemq.devstack.process import ManagedProcess
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.devstack.process import ManagedProcess
+from tracemq_devkit.waiting import eventually
 
 from tests.support.brokers import fast_broker
 from tests.support.browser import BrowserSession, chromium, save_screenshot
@@ -23,7 +24,6 @@ from tests.support.groups import (
     collector_get,
     flaky_and_stopped,
 )
-from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.browser, pytest.mark.stack]
 

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 from tracemq import ConsumeConcurrentlyStatus, ConsumeFromWhere, Message, Producer, PushConsumer
 from tracemq.admin import AdminClient
-from tracemq.devstack import EmbeddedStack
-from tracemq.devstack.process import ManagedProcess
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.devstack.process import ManagedProcess
+from tracemq_devkit.waiting import eventually
 
 from tests.support.browser import BrowserSession, chromium, save_screenshot
 from tests.support.collector_api import TOKEN
 from tests.support.collector_api import http as _get
-from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.browser, pytest.mark.stack]
 

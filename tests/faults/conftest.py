@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from tracemq.devstack import EmbeddedStack, StackConfig
+from tracemq_devkit.devstack import EmbeddedStack, StackConfig
 
 from tests.conftest import _SESSION_STACKS, SESSION_SECRETS, TEST_SERVICE_ENV
 

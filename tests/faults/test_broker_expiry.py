@@ -22,11 +22,11 @@ from tracemq import (
     TransactionProducer,
 )
 from tracemq.admin import AdminClient
-from tracemq.devstack import EmbeddedStack
 from tracemq.routing import RegistryReader, connect
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.waiting import eventually
 
 from tests.support.brokers import fast_broker_name, start_fast_broker, wait_routed_sync
-from tests.support.waiting import eventually
 
 
 class _Deliveries:

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from tracemq import Message, Producer
 from tracemq.admin import AdminClient
-from tracemq.devstack import EmbeddedStack
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.reading import read_trace_topic
+from tracemq_devkit.waiting import eventually, eventually_sync
 
 from tests.support.lake import read_lake_as_spark
-from tests.support.traces import read_trace_topic
-from tests.support.waiting import eventually, eventually_sync
 
 MESSAGES = 3000
 KILLS = 3

@@ -20,11 +20,11 @@ from tracemq import (
     PushConsumer,
 )
 from tracemq.admin import AdminClient
-from tracemq.devstack import EmbeddedStack, StackConfig
 from tracemq.naming import kafka_topic
+from tracemq_devkit.devstack import EmbeddedStack, StackConfig
+from tracemq_devkit.waiting import eventually
 
 from tests.conftest import _SESSION_STACKS, SESSION_SECRETS, TEST_SERVICE_ENV
-from tests.support.waiting import eventually
 
 TRACE_KTOPIC = kafka_topic("trace-broker", "RMQ_SYS_TRACE_TOPIC")
 COLLECTOR_GROUP = "tracemq-collector"

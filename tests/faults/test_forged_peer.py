@@ -21,14 +21,14 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from aiokafka import AIOKafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
-from tracemq.devstack import EmbeddedStack
-from tracemq.devstack.process import ManagedProcess
 from tracemq.message_id import new_msg_id
 from tracemq.naming import TRACE_TOPIC, kafka_topic
 from tracemq.routing.keys import RedisKeys
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.devstack.process import ManagedProcess
+from tracemq_devkit.waiting import eventually
 
 from tests.support import rocketmq_format as rf
-from tests.support.waiting import eventually
 
 FANOUT_TIMEOUT_MS = 1000
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from tracemq.devstack import EmbeddedStack
-from tracemq.devstack.process import ManagedProcess
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.devstack.process import ManagedProcess
 from yarl import URL
 
 from tests.support.collector_api import headers

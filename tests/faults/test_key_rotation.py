@@ -10,13 +10,13 @@ import time
 
 import pytest
 from aiokafka import AIOKafkaProducer
-from tracemq.devstack import EmbeddedStack
 from tracemq.protocol import control
 from tracemq.protocol.signing import seal
 from tracemq.routing import RegistryReader, connect
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.waiting import eventually
 
 from tests.support.metrics import scrape
-from tests.support.waiting import eventually
 
 CONTROL_TOPIC = "tracemq.namesrv"
 

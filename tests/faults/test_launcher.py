@@ -12,15 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tracemq.devstack import EmbeddedStack, StackConfig, run_coro
-from tracemq.devstack.process import ManagedProcess
-from tracemq.devstack.stack import tracemq_command
-from tracemq.devstack.supervisor import ControlChannel, RestartPolicy
 from tracemq.errors import StackError
 from tracemq.transport import wait_until_ready
+from tracemq_devkit.devstack import EmbeddedStack, StackConfig, run_coro
+from tracemq_devkit.devstack.process import ManagedProcess
+from tracemq_devkit.devstack.stack import tracemq_command
+from tracemq_devkit.devstack.supervisor import ControlChannel, RestartPolicy
+from tracemq_devkit.waiting import eventually_sync
 
 from tests.conftest import _SESSION_STACKS, SESSION_SECRETS
-from tests.support.waiting import eventually_sync
 
 
 def run(*args: str, env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:

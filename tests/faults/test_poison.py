@@ -17,20 +17,20 @@ import msgpack
 import pytest
 from aiokafka import AIOKafkaProducer
 from tracemq.admin import AdminClient
-from tracemq.devstack import EmbeddedStack
-from tracemq.devstack.process import ManagedProcess
 from tracemq.message_id import new_msg_id
 from tracemq.naming import SCHEDULE_TOPIC, TRACE_TOPIC, kafka_topic
 from tracemq.protocol import control
 from tracemq.protocol.admin import ADMIN_TOPIC
 from tracemq.routing import RegistryReader, connect
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.devstack.process import ManagedProcess
+from tracemq_devkit.reading import read_topic
+from tracemq_devkit.waiting import eventually
 
 from tests.support import rocketmq_format as rf
-from tests.support.brokers import read_topic
 from tests.support.collector_api import http as _get
 from tests.support.metrics import scrape, value
 from tests.support.signing import sealed
-from tests.support.waiting import eventually
 
 CONTROL_TOPIC = "tracemq.namesrv"
 SERVICES = ("nameserver", "broker-a", "trace-broker", "collector")

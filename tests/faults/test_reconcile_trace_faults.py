@@ -32,11 +32,11 @@ from tracemq import (
 )
 from tracemq.admin import AdminClient
 from tracemq.collector_lag import wait_caught_up
-from tracemq.devstack import EmbeddedStack, StackConfig
+from tracemq_devkit.devstack import EmbeddedStack, StackConfig
+from tracemq_devkit.waiting import eventually
 
 from tests.conftest import _SESSION_STACKS, SESSION_SECRETS, TEST_SERVICE_ENV
 from tests.support.reconcile import run_reconcile
-from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.spark]
 

@@ -15,11 +15,10 @@ from collections import Counter
 import pytest
 from tracemq import ConsumeConcurrentlyStatus, Message, Producer, PushConsumer
 from tracemq.admin import AdminClient
-from tracemq.devstack import EmbeddedStack
 from tracemq.errors import NoRouteError, RoutingUnavailableError
 from tracemq.routing import RegistryReader, connect
-
-from tests.support.waiting import eventually
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.waiting import eventually
 
 OUTAGE_S = 60.0
 

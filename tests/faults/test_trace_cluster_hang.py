@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 from tracemq import Message, Producer
 from tracemq.admin import AdminClient
-from tracemq.devstack import EmbeddedStack
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.waiting import eventually
 
 from tests.support.collector_api import get_json
 from tests.support.lake import read_lake_as_spark
 from tests.support.metrics import value
-from tests.support.waiting import eventually
 
 HANG_S = 20.0
 

@@ -16,13 +16,13 @@ import pytest
 from tracemq import ConsumeConcurrentlyStatus, Message, MessageExt, Producer, PushConsumer
 from tracemq.admin import AdminClient
 from tracemq.collector_lag import collector_lag
-from tracemq.devstack import EmbeddedStack
-from tracemq.devstack.stack import tracemq_command
 from tracemq.naming import TRACE_TOPIC, kafka_topic
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.devstack.stack import tracemq_command
+from tracemq_devkit.waiting import eventually
 
 from tests.integration.test_collector import api, http
 from tests.support.metrics import value
-from tests.support.waiting import eventually
 
 TRACE_KTOPIC = kafka_topic("trace-broker", TRACE_TOPIC)
 

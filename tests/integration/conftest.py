@@ -4,8 +4,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 from tracemq.admin import AdminClient
-from tracemq.devstack import EmbeddedStack
 from tracemq.routing import RegistryReader, connect
+from tracemq_devkit.devstack import EmbeddedStack
 
 
 @pytest.fixture

@@ -14,16 +14,16 @@ import msgpack
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from tracemq.admin import AdminClient
-from tracemq.devstack import EmbeddedStack
 from tracemq.errors import AdminError, InvalidNameError, UnknownBrokerError
 from tracemq.naming import kafka_topic
 from tracemq.protocol import control
 from tracemq.protocol.admin import ADMIN_TOPIC
 from tracemq.routing import RegistryReader
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.waiting import eventually
 
 from tests.support.metrics import value
 from tests.support.signing import sealed
-from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 

@@ -9,8 +9,8 @@ import os
 import subprocess
 
 import pytest
-from tracemq.devstack import EmbeddedStack
-from tracemq.devstack.stack import tracemq_command
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.devstack.stack import tracemq_command
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from tracemq.devstack.stack import tracemq_command
+from tracemq_devkit.devstack.stack import tracemq_command
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 

@@ -11,10 +11,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from tracemq.devstack.stack import tracemq_command
+from tracemq_devkit.devstack.stack import tracemq_command
+from tracemq_devkit.waiting import eventually_sync
 
 from tests.support.collector_api import http
-from tests.support.waiting import eventually_sync
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 

@@ -5,13 +5,11 @@ from __future__ import annotations
 import pytest
 from tracemq import Message, Producer, PushConsumer
 from tracemq.admin import AdminClient
-from tracemq.devstack import EmbeddedStack
-from tracemq.errors import ClientStateError, InvalidNameError, NoRouteError
+from tracemq.errors import ClientStateError, InvalidNameError, NoRouteError, TraceTopicError
 from tracemq.message import InvalidMessageError
 from tracemq.trace import TraceType
-from tracemq.trace._dispatcher import TraceTopicError
-
-from tests.support.traces import read_trace_topic
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.reading import read_trace_topic
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 

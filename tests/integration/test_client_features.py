@@ -21,13 +21,12 @@ from tracemq import (
     PushConsumer,
 )
 from tracemq.admin import AdminClient
-from tracemq.devstack import EmbeddedStack
 from tracemq.errors import ClientStateError
 from tracemq.hooks import HOOK_ERRORS
 from tracemq.trace import ConsumeReturnType, MessageType, TraceType
-
-from tests.support.traces import read_trace_topic
-from tests.support.waiting import eventually
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.reading import read_trace_topic
+from tracemq_devkit.waiting import eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 

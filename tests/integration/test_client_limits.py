@@ -10,17 +10,22 @@ import pytest
 from aiokafka.admin import NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from tracemq import Message, Producer, SendError
-from tracemq._kafka import MAX_MESSAGE_SIZE, TRANSPORT_MAX_BYTES
 from tracemq.admin import AdminClient
-from tracemq.devstack import EmbeddedStack
-from tracemq.devstack.process import ManagedProcess
 from tracemq.message import InvalidMessageError
 from tracemq.naming import kafka_topic
-from tracemq.transport import admin_client, delete_topic, partition_count
+from tracemq.transport import (
+    MAX_MESSAGE_SIZE,
+    TRANSPORT_MAX_BYTES,
+    admin_client,
+    delete_topic,
+    partition_count,
+)
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.devstack.process import ManagedProcess
+from tracemq_devkit.reading import read_topic
+from tracemq_devkit.waiting import eventually
 
 from tests.integration.test_collector import api, http
-from tests.support.brokers import read_topic
-from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 

@@ -18,12 +18,11 @@ from tracemq import (
     SendResult,
 )
 from tracemq.admin import AdminClient
-from tracemq.devstack import EmbeddedStack
 from tracemq.message_id import decode_msg_id, decode_offset_msg_id
 from tracemq.trace import ConsumeReturnType, MessageType, TraceType
-
-from tests.support.traces import read_trace_topic
-from tests.support.waiting import eventually
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.reading import read_trace_topic
+from tracemq_devkit.waiting import eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 

@@ -25,15 +25,15 @@ from tracemq import (
     PushConsumer,
 )
 from tracemq.admin import AdminClient
-from tracemq.devstack import EmbeddedStack
-from tracemq.devstack.process import ManagedProcess
 from tracemq.message_id import new_msg_id
 from tracemq.naming import kafka_topic
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.devstack.process import ManagedProcess
+from tracemq_devkit.waiting import eventually
 
 from tests.support import rocketmq_format as rf
 from tests.support.collector_api import TOKEN, http
 from tests.support.metrics import value
-from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 
@@ -573,7 +573,7 @@ async def test_cli_trace_show_and_find(
 ) -> None:
     import subprocess
 
-    from tracemq.devstack.stack import tracemq_command
+    from tracemq_devkit.devstack.stack import tracemq_command
 
     topic = f"Cli_{unique}"
     await admin.create_topic("broker-a", topic, read_queues=1, write_queues=1)

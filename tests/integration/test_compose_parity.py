@@ -28,17 +28,17 @@ from tracemq import (
 )
 from tracemq.admin import AdminClient
 from tracemq.collector_lag import wait_caught_up
-from tracemq.devstack import EmbeddedStack, StackConfig, free_port
-from tracemq.devstack.secrets import StackSecrets
-from tracemq.devstack.stack import tracemq_command
 from tracemq.kafka_security import KafkaSecuritySettings
 from tracemq.routing import RegistryReader, connect
 from tracemq_broker.settings import BrokerSettings
 from tracemq_collector.settings import CollectorSettings
+from tracemq_devkit.devstack import EmbeddedStack, StackConfig, free_port
+from tracemq_devkit.devstack.secrets import StackSecrets
+from tracemq_devkit.devstack.stack import tracemq_command
+from tracemq_devkit.waiting import eventually
 from tracemq_nameserver.settings import NamesrvSettings
 
 from tests.support.collector_api import http
-from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.compose, pytest.mark.stack]
 

@@ -12,13 +12,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from tracemq.devstack import EmbeddedStack
-from tracemq.devstack.process import ManagedProcess
-from tracemq.devstack.stack import tracemq_command
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.devstack.process import ManagedProcess
+from tracemq_devkit.devstack.stack import tracemq_command
+from tracemq_devkit.waiting import eventually
 
 from tests.support.brokers import fast_broker
 from tests.support.groups import cli_env, collector_get, flaky_and_stopped
-from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 

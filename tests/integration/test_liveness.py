@@ -7,11 +7,11 @@ import time
 
 import pytest
 from tracemq.admin import AdminClient
-from tracemq.devstack import EmbeddedStack
 from tracemq.routing import RegistryReader
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.waiting import eventually
 
 from tests.support.metrics import value
-from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 

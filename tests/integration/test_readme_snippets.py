@@ -25,11 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from tracemq.devstack import EmbeddedStack
-from tracemq.devstack.process import ManagedProcess
-from tracemq.devstack.stack import tracemq_command
-
-from tests.support.waiting import eventually_sync
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.devstack.process import ManagedProcess
+from tracemq_devkit.devstack.stack import tracemq_command
+from tracemq_devkit.waiting import eventually_sync
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 

@@ -26,12 +26,12 @@ from tracemq import (
 )
 from tracemq.admin import AdminClient
 from tracemq.collector_lag import wait_caught_up
-from tracemq.devstack import EmbeddedStack
-from tracemq.devstack.process import ManagedProcess
-from tracemq.devstack.stack import tracemq_command
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.devstack.process import ManagedProcess
+from tracemq_devkit.devstack.stack import tracemq_command
+from tracemq_devkit.waiting import eventually
 
 from tests.support.reconcile import run_reconcile
-from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis, pytest.mark.spark]
 

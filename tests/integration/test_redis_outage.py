@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 from tracemq.admin import AdminClient
-from tracemq.devstack import EmbeddedStack
 from tracemq.routing import RegistryReader, RouteCache
 from tracemq.routing.cache import ROUTE_REFRESH_ERRORS
-
-from tests.support.waiting import eventually
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.waiting import eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 

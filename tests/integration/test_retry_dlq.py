@@ -27,22 +27,16 @@ from tracemq import (
 )
 from tracemq.admin import AdminClient
 from tracemq.consumer.push import DEAD_LETTERED, GIVEN_UP, SENT_BACK
-from tracemq.devstack import EmbeddedStack
-from tracemq.devstack.process import ManagedProcess
 from tracemq.message import MessageConst
 from tracemq.naming import dlq_topic, kafka_topic, retry_topic
 from tracemq.trace import ConsumeReturnType, TraceType
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.devstack.process import ManagedProcess
+from tracemq_devkit.reading import read_topic, read_trace_topic
+from tracemq_devkit.waiting import eventually
 
-from tests.support.brokers import (
-    FAST_LEVELS_MS,
-    fast_broker,
-    fast_broker_name,
-    read_topic,
-    start_fast_broker,
-)
+from tests.support.brokers import FAST_LEVELS_MS, fast_broker, fast_broker_name, start_fast_broker
 from tests.support.collector_api import http as _http
-from tests.support.traces import read_trace_topic
-from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 

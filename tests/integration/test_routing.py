@@ -8,11 +8,10 @@ import subprocess
 
 import pytest
 from tracemq.admin import AdminClient
-from tracemq.devstack import EmbeddedStack
-from tracemq.devstack.stack import tracemq_command
 from tracemq.routing import RegistryReader
-
-from tests.support.waiting import eventually
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.devstack.stack import tracemq_command
+from tracemq_devkit.waiting import eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 

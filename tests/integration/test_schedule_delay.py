@@ -21,20 +21,16 @@ from tracemq import (
     PushConsumer,
 )
 from tracemq.admin import AdminClient
-from tracemq.devstack import EmbeddedStack
 from tracemq.message import InvalidMessageError, MessageConst
 from tracemq.naming import SCHEDULE_TOPIC, kafka_topic
 from tracemq.protocol.forwarding import SCHEDULE_OFFSET
 from tracemq.trace import MessageType, TraceType
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.reading import read_topic, read_trace_topic
+from tracemq_devkit.waiting import eventually
 
-from tests.support.brokers import (
-    FAST_LEVELS_MS,
-    fast_broker,
-    read_topic,
-)
+from tests.support.brokers import FAST_LEVELS_MS, fast_broker
 from tests.support.metrics import value
-from tests.support.traces import read_trace_topic
-from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 

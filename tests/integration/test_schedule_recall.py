@@ -19,15 +19,16 @@ from tracemq import (
     RecallTimeoutError,
 )
 from tracemq.admin import AdminClient
-from tracemq.devstack import EmbeddedStack
-from tracemq.devstack.process import ManagedProcess
 from tracemq.naming import kafka_topic
 from tracemq.protocol.recall import RecallHandle, decode_handle
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.devstack.process import ManagedProcess
+from tracemq_devkit.reading import read_topic
+from tracemq_devkit.waiting import eventually
 
 from tests.integration.test_collector import _view, api
-from tests.support.brokers import fast_broker_name, read_topic, start_fast_broker, wait_routed_sync
+from tests.support.brokers import fast_broker_name, start_fast_broker, wait_routed_sync
 from tests.support.metrics import value
-from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 

@@ -14,19 +14,19 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from tracemq import Message, Producer
 from tracemq.admin import AdminClient
-from tracemq.devstack import EmbeddedStack
 from tracemq.naming import SCHEDULE_TOPIC, kafka_topic
 from tracemq.protocol.forwarding import SCHEDULE_OFFSET
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.reading import read_topic
+from tracemq_devkit.waiting import eventually
 
 from tests.support.brokers import (
     FAST_LEVELS_MS,
     fast_broker_name,
-    read_topic,
     start_fast_broker,
     wait_routed_sync,
 )
 from tests.support.metrics import value
-from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 

@@ -30,11 +30,11 @@ from tracemq import (
     kafka_security,
 )
 from tracemq.collector_lag import wait_caught_up
-from tracemq.devstack.stack import tracemq_command
+from tracemq_devkit.devstack.stack import tracemq_command
+from tracemq_devkit.waiting import eventually
 from tracemq_spark.inputs import export
 
 from tests.support.collector_api import http
-from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 

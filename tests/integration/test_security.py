@@ -9,10 +9,9 @@ from urllib.parse import urlsplit
 
 import pytest
 import redis
-from tracemq.devstack import EmbeddedStack
-from tracemq.devstack.stack import free_port, tracemq_command
-
-from tests.support.waiting import eventually_sync
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.devstack.stack import free_port, tracemq_command
+from tracemq_devkit.waiting import eventually_sync
 
 pytestmark = [pytest.mark.stack, pytest.mark.redis]
 

@@ -16,19 +16,19 @@ from collections.abc import AsyncIterator
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from tracemq.admin import AdminClient
-from tracemq.devstack import EmbeddedStack
-from tracemq.devstack.stack import tracemq_command
 from tracemq.errors import AdminError
 from tracemq.protocol import admin as admin_proto
 from tracemq.protocol import control
 from tracemq.protocol.admin import ADMIN_TOPIC
 from tracemq.protocol.signing import Signer, seal
 from tracemq.routing import RegistryReader, connect
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.devstack.stack import tracemq_command
+from tracemq_devkit.waiting import eventually
 from tracemq_nameserver.registry import RegistryWriter
 
 from tests.support.metrics import scrape
 from tests.support.signing import sealed
-from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 

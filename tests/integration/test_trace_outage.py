@@ -12,11 +12,10 @@ from collections.abc import Iterator
 import pytest
 from tracemq import Message, Producer
 from tracemq.admin import AdminClient
-from tracemq.devstack import EmbeddedStack, StackConfig
 from tracemq.trace import TraceType
-
-from tests.support.traces import read_trace_topic
-from tests.support.waiting import eventually
+from tracemq_devkit.devstack import EmbeddedStack, StackConfig
+from tracemq_devkit.reading import read_trace_topic
+from tracemq_devkit.waiting import eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 

@@ -29,22 +29,16 @@ from tracemq import (
     TransactionProducer,
 )
 from tracemq.admin import AdminClient
-from tracemq.devstack import EmbeddedStack
 from tracemq.message import MessageConst
 from tracemq.naming import HALF_TOPIC, OP_HALF_TOPIC, kafka_topic
 from tracemq.protocol import transaction as txp
 from tracemq.trace import MessageType, TraceType, TransactionState
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.reading import read_topic, read_trace_topic
+from tracemq_devkit.waiting import eventually
 
-from tests.support.brokers import (
-    fast_broker,
-    fast_broker_name,
-    read_topic,
-    start_fast_broker,
-    wait_routed_sync,
-)
+from tests.support.brokers import fast_broker, fast_broker_name, start_fast_broker, wait_routed_sync
 from tests.support.metrics import value
-from tests.support.traces import read_trace_topic
-from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 

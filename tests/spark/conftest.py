@@ -89,7 +89,7 @@ class Lake:
 
 @pytest.fixture(scope="session")
 def lake(tmp_path_factory: pytest.TempPathFactory) -> Lake:
-    from tracemq_spark.generator import Scenario, generate
+    from tracemq_devkit.generator import Scenario, generate
 
     root = tmp_path_factory.mktemp("lake")
     gen = generate(

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import typer
-from tracemq import lake_schema
+from tracemq import lake as lake_contract
 from tracemq_spark import cli
 from tracemq_spark.job import run
 from typer.testing import CliRunner
@@ -148,7 +148,7 @@ def test_unknown_schema_version(spark: Any, lake: Lake, good_out: Path, tmp_path
         "schema_version",
         pa.array([99] * table.num_rows, type=pa.int32()),
     )
-    table = table.replace_schema_metadata({lake_schema.METADATA_KEY: b"99"})
+    table = table.replace_schema_metadata({lake_contract.METADATA_KEY: b"99"})
     pq.write_table(table, victim)
     before = fingerprint(good_out)
     _check(_invoke(lake, good_out, lake_path=bad), good_out, before, "unknown lake schema version")

@@ -332,7 +332,7 @@ def test_compaction_leftovers_are_not_read_twice(
 
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from tracemq import lake_schema
+    from tracemq import lake as lake_contract
 
     res, out = result
     copy = tmp_path / "lake"
@@ -344,7 +344,7 @@ def test_compaction_leftovers_are_not_read_twice(
             continue
         table = pa.concat_tables([pq.read_table(p, partitioning=None) for p in parts])
         meta = dict(table.schema.metadata or {})
-        meta[lake_schema.COMPACTED_FROM_KEY] = json.dumps([p.name for p in parts]).encode()
+        meta[lake_contract.COMPACTED_FROM_KEY] = json.dumps([p.name for p in parts]).encode()
         name = f"compacted-{0:020d}-{len(table):020d}-{len(parts):05d}.parquet"
         pq.write_table(table.replace_schema_metadata(meta), hour_dir / name)
         # the sources stay: the crash (or the listing) came before their deletion

@@ -1,22 +1,17 @@
-"""Extra brokers with short delay levels and transaction timings, and raw reads of their topics,
-for the schedule, retry and transaction tests."""
+"""Extra brokers with short delay levels and transaction timings, for the schedule, retry and
+transaction tests (raw reads of their topics: :func:`tracemq_devkit.reading.read_topic`)."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from tracemq import kafka_security
-from tracemq.devstack import EmbeddedStack
-from tracemq.devstack.stack import run_coro
 from tracemq.naming import HALF_TOPIC, SCHEDULE_TOPIC
 from tracemq.routing import RegistryReader, connect
-
-from tests.support.waiting import eventually
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.devstack.stack import run_coro
+from tracemq_devkit.waiting import eventually
 
 #: level n = n * 100 ms, except the last ones (1 s, 2 s) for "not due yet" checks
 FAST_LEVELS = "100ms 200ms 300ms 400ms 500ms 600ms 700ms 800ms 1s 2s"
@@ -85,57 +80,3 @@ async def wait_services_routed(
         return True
 
     await eventually(routed, timeout=20, what=f"{name} registered with its services")
-
-
-@dataclass
-class RawRecord:
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int
-    value: bytes
-    headers: dict[str, str]
-    raw_headers: list[tuple[str, bytes]]
-
-
-async def read_topic(bootstrap: str, ktopic: str, *, timeout_s: float = 10.0) -> list[RawRecord]:
-    """Every record currently in Kafka topic ``ktopic`` (all partitions, from the beginning)."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        **kafka_security.client_kwargs(bootstrap),
-        group_id=None,
-        enable_auto_commit=False,
-    )
-    await consumer.start()
-    try:
-        await consumer.topics()
-        parts = consumer.partitions_for_topic(ktopic) or set()
-        tps = [TopicPartition(ktopic, p) for p in sorted(parts)]
-        if not tps:
-            return []
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        end = await consumer.end_offsets(tps)
-        out: list[RawRecord] = []
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while any([await consumer.position(tp) < end[tp] for tp in tps]):
-            if loop.time() > deadline:
-                raise AssertionError(f"could not read {ktopic} to its end in time")
-            batch = await consumer.getmany(timeout_ms=500)
-            out.extend(
-                RawRecord(
-                    tp.topic,
-                    tp.partition,
-                    r.offset,
-                    r.timestamp,
-                    r.value or b"",
-                    {k: v.decode(errors="replace") for k, v in r.headers or ()},
-                    list(r.headers or ()),
-                )
-                for tp, recs in batch.items()
-                for r in recs
-            )
-        return out
-    finally:
-        await asyncio.wait_for(consumer.stop(), 10)

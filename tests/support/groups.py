@@ -34,11 +34,11 @@ from tracemq import (
     PushConsumer,
 )
 from tracemq.admin import AdminClient
-from tracemq.devstack import EmbeddedStack
-from tracemq.devstack.process import ManagedProcess
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.devstack.process import ManagedProcess
+from tracemq_devkit.waiting import eventually
 
 from tests.support.collector_api import headers
-from tests.support.waiting import eventually
 
 
 def collector_base(collector: ManagedProcess) -> str:

@@ -9,8 +9,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from tracemq.devstack import EmbeddedStack
-from tracemq.devstack.stack import tracemq_command
+from tracemq_devkit.devstack import EmbeddedStack
+from tracemq_devkit.devstack.stack import tracemq_command
 
 
 def iso(ts: float) -> str:

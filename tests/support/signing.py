@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracemq.devstack.secrets import StackSecrets
 from tracemq.protocol.signing import Purpose, seal
+from tracemq_devkit.devstack.secrets import StackSecrets
 
 
 def sealed(

@@ -5,17 +5,17 @@ and 5)."""
 
 from __future__ import annotations
 
-import http.server
 import os
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tracemq.devstack.stack import tracemq_command
+from tracemq_devkit.devstack.stack import tracemq_command
+
+from tests.support.http_stub import QuietHandler, serving
 
 
 def _closed_port() -> int:
@@ -127,30 +127,15 @@ def test_help_shows_no_type_placeholders_for_flags(env: dict[str, str]) -> None:
     assert "--redis-url" in topic.stdout and "--json" in topic.stdout
 
 
-class _Page(http.server.BaseHTTPRequestHandler):
+class _Page(QuietHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        body = b"<html>the trace viewer</html>"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(200, b"<html>the trace viewer</html>", "text/html")
 
 
 @pytest.fixture
 def html_page() -> Iterator[str]:
-    server = http.server.HTTPServer(("127.0.0.1", 0), _Page)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/"
-    finally:
-        server.shutdown()
-        server.server_close()
-        t.join(5)
+    with serving(_Page) as url:
+        yield f"{url}/"
 
 
 def test_health_of_a_page_that_is_not_healthz_is_unhealthy(
@@ -172,7 +157,7 @@ def test_help_imports_no_client_transport_or_spark(env: dict[str, str]) -> None:
         "        main(argv)\n"
         "    except SystemExit:\n"
         "        pass\n"
-        "heavy = ('aiokafka', 'redis', 'pyspark', 'tracemq._client', 'tracemq.devstack', 'rich')\n"
+        "heavy = ('aiokafka', 'redis', 'pyspark', 'tracemq._client', 'tracemq_devkit.devstack', 'rich')\n"
         "print('LOADED', sorted(m for m in sys.modules if m.split('.')[0] in heavy\n"
         "    or m in heavy))\n"
     )

@@ -187,7 +187,7 @@ def test_a_registration_is_proven_only_by_a_fresh_signature_with_the_shared_toke
 
 
 def _event(mid: str, **over: Any) -> dict[str, Any]:
-    from tracemq.lake_schema import COLUMNS
+    from tracemq.lake import COLUMNS
 
     row: dict[str, Any] = {}
     for name, typ, nullable, _ in COLUMNS:

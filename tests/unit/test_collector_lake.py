@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from tracemq import lake_schema
+from tracemq import lake as lake_contract
 from tracemq.trace import MessageType, TraceBean, TraceContext, TraceType, encode_many
 from tracemq_collector.events import rows_from_record
 from tracemq_collector.lake import COMPACTED_FROM_KEY, SORT_KEYS, TraceLake
@@ -135,9 +135,9 @@ def test_files_carry_the_lake_schema_and_its_version_but_no_partition_columns(
     Ingest(store).messages(T0)
     [path] = lake.flush(TOPIC, 0)
     schema = pq.read_schema(path)
-    assert schema.names == lake_schema.COLUMN_NAMES
-    assert schema.equals(lake_schema.SCHEMA)
-    assert schema.metadata[lake_schema.METADATA_KEY] == str(lake_schema.SCHEMA_VERSION).encode()
+    assert schema.names == list(lake_contract.COLUMN_NAMES)
+    assert schema.equals(lake_contract.arrow_schema())
+    assert schema.metadata[lake_contract.METADATA_KEY] == str(lake_contract.SCHEMA_VERSION).encode()
     assert not any(p.name.startswith(".") for p in path.parent.iterdir())
 
 
@@ -312,7 +312,7 @@ def test_compaction_leaves_one_file_per_closed_hour_with_the_same_rows(
     keys = list(zip(*(table[k].to_pylist() for k in SORT_KEYS), strict=True))
     assert keys == sorted(keys)
     metadata = pq.read_schema(path).metadata
-    assert metadata[lake_schema.METADATA_KEY] == str(lake_schema.SCHEMA_VERSION).encode()
+    assert metadata[lake_contract.METADATA_KEY] == str(lake_contract.SCHEMA_VERSION).encode()
     assert len(json.loads(metadata[COMPACTED_FROM_KEY])) == 3
     assert lake.compact(T0 + 2 * HOUR + 10) == 0  # nothing left to merge
 
@@ -410,7 +410,7 @@ def test_compaction_leaves_the_files_of_a_pending_segment_alone(
 def test_an_empty_lake_reads_as_an_empty_table(lake: TraceLake) -> None:
     table = lake.read_all()
     assert table.num_rows == 0
-    assert table.schema.names == [*lake_schema.COLUMN_NAMES, "date", "hour"]
+    assert table.schema.names == [*lake_contract.COLUMN_NAMES, "date", "hour"]
     assert lake.files() == [] and lake.recover() == [] and lake.compact(LATER) == 0
 
 

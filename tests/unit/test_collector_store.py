@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tracemq import lake_schema
+from tracemq import lake
 from tracemq.trace import MessageType, TraceBean, TraceContext, TraceType, encode_many
 from tracemq_collector.events import rows_from_record
 from tracemq_collector.store import StoreSchemaError, TraceStore, TraceStoreError
@@ -94,7 +94,7 @@ def key_rows(path: Path) -> int:
 
 def lake_only(row: dict[str, Any]) -> dict[str, Any]:
     """What a look-up returns of an event: the lake columns and the client id."""
-    return {**{k: row[k] for k in lake_schema.COLUMN_NAMES}, "client_id": row.get("client_id")}
+    return {**{k: row[k] for k in lake.COLUMN_NAMES}, "client_id": row.get("client_id")}
 
 
 # ---------------------------------------------------------------------------- writing
@@ -482,7 +482,7 @@ def test_events_in_range_are_in_offset_order_with_their_partition(store: TraceSt
     )
     rows = store.events_in_range(TOPIC, 0, 0, 2)
     assert [(r["trace_offset"], r["trace_index"]) for r in rows] == [(0, 0), (0, 1), (0, 2), (1, 0)]
-    assert set(rows[0]) == {*lake_schema.COLUMN_NAMES, "date", "hour"}
+    assert set(rows[0]) == {*lake.COLUMN_NAMES, "date", "hour"}
     assert [(r["date"], r["hour"]) for r in rows] == [("2024-01-01", 1)] * 3 + [("2024-01-01", 0)]
     assert store.first_event_offset(TOPIC, 0) == 0
     assert store.first_event_offset(TOPIC, 9) is None

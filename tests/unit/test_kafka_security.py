@@ -15,8 +15,8 @@ from aiokafka.conn import SaslPlainAuthenticator, ScramAuthenticator
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tracemq import kafka_security
-from tracemq.devstack import kafka_gateway as gw
 from tracemq.errors import ConfigError
+from tracemq_devkit.devstack import kafka_gateway as gw
 
 
 @pytest.fixture(autouse=True)

@@ -46,8 +46,8 @@ DEFAULT_LAKE = "./data/collector/lake"
 
 def parse_duration(text: str, what: str) -> int:
     """``30m`` → 1800000 (ms); the parser every tracemq command shares."""
-    from tracemq.cli._errors import UsageError
-    from tracemq.cli._time import parse_duration as parse
+    from tracemq.cli.plugin import UsageError
+    from tracemq.cli.plugin import parse_duration as parse
 
     try:
         return parse(text, what)
@@ -58,8 +58,8 @@ def parse_duration(text: str, what: str) -> int:
 def parse_time(text: str, what: str, now_ms: int | None = None) -> int:
     """ISO 8601 (no zone: UTC), epoch milliseconds, ``now``, or a time relative to now
     (``-1h``, ``now-90m``) → epoch ms; the parser every tracemq command shares."""
-    from tracemq.cli._errors import UsageError
-    from tracemq.cli._time import parse_time as parse
+    from tracemq.cli.plugin import UsageError
+    from tracemq.cli.plugin import parse_time as parse
 
     try:
         return parse(text, what, now_ms)
@@ -69,7 +69,7 @@ def parse_time(text: str, what: str, now_ms: int | None = None) -> int:
 
 def default_lake() -> str:
     """The running stack's trace lake, else the collector's default relative to here."""
-    from tracemq.cli._connection import dev_state
+    from tracemq.cli.plugin import dev_state
 
     return str((dev_state() or {}).get("lake") or DEFAULT_LAKE)
 
@@ -211,7 +211,7 @@ def _run(console: Any, **kw: Any) -> int:
             raise ReconcileError(f"--{name} file not found: {given}")
     tmp: tempfile.TemporaryDirectory[str] | None = None
     if not params.subscriptions or not params.offsets:
-        from tracemq.cli._connection import resolve
+        from tracemq.cli.plugin import resolve
         from tracemq.redis_url import redact
 
         from tracemq_spark import inputs

@@ -6,6 +6,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from tracemq import lake
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -58,11 +60,12 @@ class HadoopFS:
         ]
 
     def data_files(self, uri: str) -> list[str]:
-        """Parquet data files directly in a directory (hidden and ``_``-files skipped)."""
+        """Files directly in a directory that a reader reads (:func:`tracemq.lake.is_hidden`
+        ones skipped)."""
         return [
             self.join(uri, name)
             for name, is_dir, _ in self.list(uri)
-            if not is_dir and not name.startswith(("_", ".")) and not name.endswith(".crc")
+            if not is_dir and not lake.is_hidden(name)
         ]
 
     # -- changes --------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tracemq.redis_url import redact
+from tracemq.routing.keys import DEFAULT_PREFIX
 
 
 def _store_addr(address: str) -> str:
@@ -47,7 +48,9 @@ def _store_addr(address: str) -> str:
     return f"{ip}:{port or 0}"
 
 
-async def export_subscriptions(redis_url: str, prefix: str = "tmq:") -> list[dict[str, Any]]:
+async def export_subscriptions(
+    redis_url: str, prefix: str = DEFAULT_PREFIX
+) -> list[dict[str, Any]]:
     from tracemq.routing.registry import RegistryReader, connect
 
     redis = connect(redis_url)
@@ -77,7 +80,10 @@ def _pairs(history: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
 
 
 async def export_offsets(
-    redis_url: str, history: list[dict[str, Any]], prefix: str = "tmq:", timeout_s: float = 20.0
+    redis_url: str,
+    history: list[dict[str, Any]],
+    prefix: str = DEFAULT_PREFIX,
+    timeout_s: float = 20.0,
 ) -> list[dict[str, Any]]:
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from tracemq import kafka_security
@@ -197,7 +203,7 @@ async def _broadcast_group_ids(
 async def export_copies(
     redis_url: str,
     history: list[dict[str, Any]],
-    prefix: str = "tmq:",
+    prefix: str = DEFAULT_PREFIX,
     since_ms: int | None = None,
     timeout_s: float = 60.0,
 ) -> list[dict[str, Any]]:
@@ -291,7 +297,7 @@ async def export_copies(
 
 
 def export(
-    redis_url: str, directory: Path, prefix: str = "tmq:", since_ms: int | None = None
+    redis_url: str, directory: Path, prefix: str = DEFAULT_PREFIX, since_ms: int | None = None
 ) -> tuple[Path, Path]:
     """Export both inputs into ``directory`` (created); returns their paths. ``since_ms``: the
     retry and dead-letter copies written before it are not needed (the start of the read

@@ -1,8 +1,9 @@
 """Stage "lake scan" of the reconciliation job (:mod:`tracemq_spark.job`): which Parquet files
 of the trace lake a run reads, and one pre-flight scan of them.
 
-:meth:`LakeScan.discover` lists the hour partitions overlapping the read range, drops files a
-compaction superseded (:func:`_live_files`) and checks every file's schema version (footer
+The lake's layout, file rules and schema are :mod:`tracemq.lake`, shared with the collector
+that writes it. :meth:`LakeScan.discover` lists the hour partitions overlapping the read range,
+drops files a compaction superseded (:func:`tracemq.lake.live_files`) and checks every file's schema version (footer
 metadata); :meth:`LakeScan.preflight` reads a few columns once: every row's schema version, the
 row counts (an empty window is an error), the strings of the hashed columns (the xxhash64
 dictionary the outputs decode with) and the consuming clients of broadcasting groups.
@@ -12,18 +13,16 @@ becomes a :class:`~tracemq_spark.params.ReconcileError` naming it (:func:`_corru
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from tracemq import lake_schema
+from tracemq import lake
 
 from tracemq_spark.input_files import OffsetRow, SubRow
-from tracemq_spark.params import HOUR_MS, KNOWN_SCHEMA_VERSIONS, ReconcileError, _iso
+from tracemq_spark.params import KNOWN_SCHEMA_VERSIONS, ReconcileError, _iso
 from tracemq_spark.session import spark_schema
 
 
@@ -63,23 +62,11 @@ class LakeScan:
         """The Parquet files of the hour partitions that overlap the read range, and their
         schema version (footer metadata)."""
         fs = self.fs
-        first_hour = self.read_lo // HOUR_MS
-        last_hour = (self.read_hi - 1) // HOUR_MS
-        wanted: dict[str, set[int]] = {}
-        for hour in range(first_hour, last_hour + 1):
-            day = datetime.fromtimestamp(hour * 3600, tz=UTC).strftime("%Y-%m-%d")
-            wanted.setdefault(day, set()).add(hour % 24)
         files: list[str] = []
-        for day, hours in sorted(wanted.items()):
-            day_dir = fs.join(self.lake, f"date={day}")
+        for day, hours in sorted(lake.hours_overlapping(self.read_lo, self.read_hi).items()):
+            day_dir = fs.join(self.lake, lake.date_dir(day))
             for name, is_dir, _ in fs.list(day_dir):
-                if not is_dir or not name.startswith("hour="):
-                    continue
-                try:
-                    hour = int(name[5:])
-                except ValueError:
-                    continue
-                if hour in hours:
+                if is_dir and lake.parse_hour_dir(name) in hours:
                     files.extend(fs.data_files(fs.join(day_dir, name)))
         if not files:
             raise ReconcileError(
@@ -87,8 +74,8 @@ class LakeScan:
                 f"[{_iso(self.read_lo)}, {_iso(self.read_hi)}) (window [{_iso(self.f_ms)}, "
                 f"{_iso(self.t_ms)}) plus the horizon)"
             )
-        version_key = lake_schema.METADATA_KEY.decode()
-        compacted_key = lake_schema.COMPACTED_FROM_KEY.decode()
+        version_key = lake.METADATA_KEY.decode()
+        compacted_key = lake.COMPACTED_FROM_KEY.decode()
         try:
             meta = fs.parquet_metadata(files, (version_key, compacted_key))
         except Exception as exc:
@@ -216,22 +203,17 @@ def _known_version(v: str) -> bool:
 def _live_files(
     meta: dict[str, dict[str, str | None]], compacted_key: str
 ) -> tuple[list[str], int]:
-    """The lake's compaction rule (``tracemq_collector.lake``): a file named in the
-    ``compacted_from`` list of a file in the same directory is superseded by it — read only the
-    compacted file, or its rows would be read twice. Returns (live files, superseded count)."""
-    superseded: set[str] = set()
+    """The lake's compaction rule (:func:`tracemq.lake.live_files`) over the files' footers:
+    read only a compacted file, not the files it replaces, or their rows would be read twice.
+    Returns (live files, superseded count)."""
+    names: dict[str, list[str]] = {}
     for uri, kv in meta.items():
-        raw = kv.get(compacted_key)
-        if raw is None:
-            continue
-        parent = uri.rsplit("/", 1)[0]
         try:
-            names = json.loads(raw)
+            names[uri] = lake.compacted_from(kv.get(compacted_key))
         except ValueError:
             raise ReconcileError(f"unreadable {compacted_key} metadata in {uri}") from None
-        superseded.update(f"{parent}/{n}" for n in names if f"{parent}/{n}" != uri)
-    live = [f for f in meta if f not in superseded]
-    return live, len(meta) - len(live)
+    live, superseded = lake.live_files(names)
+    return live, len(superseded)
 
 
 def _corrupt_message(exc: BaseException, files: list[str]) -> str:

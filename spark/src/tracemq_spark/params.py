@@ -12,6 +12,9 @@ from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from tracemq import lake
+from tracemq.errors import TracemqError
+
 HOUR_MS = 3_600_000
 DAY_MS = 86_400_000
 MINUTE_MS = 60_000
@@ -42,7 +45,8 @@ METRICS = {
 }
 #: a latency outside [0, SKEW_LIMIT_MS] is a clock-skew suspect: flagged, not in percentiles
 SKEW_LIMIT_MS = DAY_MS
-KNOWN_SCHEMA_VERSIONS = frozenset({1})
+#: lake schema versions this job reads: the one its Spark schema is built from (tracemq.lake)
+KNOWN_SCHEMA_VERSIONS = frozenset({lake.SCHEMA_VERSION})
 #: up to this many anomalies, their msgIds' hashes are broadcast to fetch their Pub details
 #: (8 bytes each in the driver and every executor); beyond, the look-up shuffles both sides
 BROADCAST_IDS_MAX = 20_000_000
@@ -56,8 +60,9 @@ _MSG_HALF = 1
 _MSG_DELAY = 3
 
 
-class ReconcileError(Exception):
-    """Bad input or a run that cannot proceed: one clear message, the output left untouched."""
+class ReconcileError(TracemqError):
+    """Root of the reconciliation job's exceptions (see :mod:`tracemq.errors`): bad input or a
+    run that cannot proceed; one clear message, the output left untouched."""
 
 
 # ----------------------------------------------------------------------------- parameters

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
-from tracemq import lake_schema
+from tracemq import lake
 
 
 def build_session(
@@ -86,7 +86,7 @@ _RUNTIME_CONF = {
 
 
 def spark_schema() -> T.StructType:
-    """The lake schema (:mod:`tracemq.lake_schema`) as a Spark schema."""
+    """The lake schema (:data:`tracemq.lake.COLUMNS`) as a Spark schema."""
     mapping = {
         "string": T.StringType(),
         "int64": T.LongType(),
@@ -94,8 +94,5 @@ def spark_schema() -> T.StructType:
         "bool": T.BooleanType(),
     }
     return T.StructType(
-        [
-            T.StructField(name, mapping[str(typ)], nullable)
-            for name, typ, nullable, _ in lake_schema.COLUMNS
-        ]
+        [T.StructField(name, mapping[typ], nullable) for name, typ, nullable, _ in lake.COLUMNS]
     )

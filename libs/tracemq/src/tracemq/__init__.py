@@ -7,7 +7,14 @@ The client API::
 
 Public modules: :mod:`tracemq.trace` (RocketMQ-compatible trace model, codec, dispatcher),
 :mod:`tracemq.message_id`, :mod:`tracemq.hooks`, :mod:`tracemq.routing`, :mod:`tracemq.admin`,
-:mod:`tracemq.naming`, :mod:`tracemq.errors`, :mod:`tracemq.devstack` (the embedded stack).
+:mod:`tracemq.naming`, :mod:`tracemq.errors` (the one exception tree), :mod:`tracemq.settings`,
+:mod:`tracemq.collector_client` (the collector's query API), :mod:`tracemq.tasks` (owned
+background tasks), :mod:`tracemq.clock`, :mod:`tracemq.cli.plugin` (for command plugins);
+:mod:`tracemq.cli` (the ``tracemq`` command, with the ``cli`` extra: typer, rich).
+
+A client install (``pip install tracemq``) needs only aiokafka, redis, msgpack, structlog,
+pydantic(-settings), prometheus-client and aiohttp. The embedded stack, ``tracemq dev`` and
+``tracemq demo`` live in the separate dev kit (``tracemq-devkit``, :mod:`tracemq_devkit`).
 """
 
 from typing import TYPE_CHECKING, Any
@@ -23,23 +30,23 @@ if TYPE_CHECKING:
         MessageModel,
         PushConsumer,
     )
+    from tracemq.errors import (
+        BatchSendError,
+        RecallError,
+        RecallHandleError,
+        RecallTimeoutError,
+        SendError,
+        TracemqError,
+    )
     from tracemq.message import Message, MessageExt, MessageQueue, SendResult, SendStatus
     from tracemq.producer import (
-        BatchSendError,
         LocalTransactionState,
         Producer,
-        SendError,
         TransactionListener,
         TransactionProducer,
         TransactionSendResult,
     )
-    from tracemq.producer.recall import (
-        RecallError,
-        RecallResult,
-        RecallStatus,
-        RecallTimeoutError,
-    )
-    from tracemq.protocol.recall import RecallHandleError
+    from tracemq.producer.recall import RecallResult, RecallStatus
 
 #: where each public name lives: imported on first use, so that ``tracemq.cli`` (which
 #: imports this package) does not pay a second for the client it may never use
@@ -62,21 +69,26 @@ _LAZY = {
     ),
     **dict.fromkeys(
         (
-            "BatchSendError",
             "LocalTransactionState",
             "Producer",
-            "SendError",
             "TransactionListener",
             "TransactionProducer",
             "TransactionSendResult",
         ),
         "tracemq.producer",
     ),
+    **dict.fromkeys(("RecallResult", "RecallStatus"), "tracemq.producer.recall"),
     **dict.fromkeys(
-        ("RecallError", "RecallResult", "RecallStatus", "RecallTimeoutError"),
-        "tracemq.producer.recall",
+        (
+            "BatchSendError",
+            "RecallError",
+            "RecallHandleError",
+            "RecallTimeoutError",
+            "SendError",
+            "TracemqError",
+        ),
+        "tracemq.errors",
     ),
-    "RecallHandleError": "tracemq.protocol.recall",
 }
 
 
@@ -119,4 +131,5 @@ __all__ = [
     "TransactionListener",
     "TransactionProducer",
     "TransactionSendResult",
+    "TracemqError",
 ]

@@ -1,5 +1,13 @@
 """What every client (producer or consumer) owns: routes, Kafka producers, heartbeats to the
-nameserver, and — when message trace is on — its own trace dispatcher.
+nameserver, and — when message trace is on — its own trace dispatcher (:class:`ClientRuntime`);
+and the lifecycle every client shares (:class:`ClientBase`).
+
+Lifecycle (``Producer``, ``TransactionProducer``, ``PushConsumer``, ``LitePullConsumer``):
+``start()`` once — a second start, or a start after ``shutdown()``, raises
+:class:`~tracemq.errors.ClientStateError` (create a new client); a start that fails releases what
+it had started and raises its error. ``shutdown()`` is idempotent (a client never started just
+becomes shut down) and cancels and awaits every task the client owns. ``async with client:``
+starts it and shuts it down on the way out, letting the block's exception through.
 
 Each client owns its own runtime (no process-wide singleton), so several producers and consumers
 in one process are all traced independently (a RocketMQ bug once traced only one of them).
@@ -21,39 +29,37 @@ import asyncio
 import contextlib
 import os
 import socket
-import time
 import weakref
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Self
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from tracemq._kafka import ProducerPool
 from tracemq.auth import SignerSettings
-from tracemq.errors import ConfigError
+from tracemq.clock import now_ms
+from tracemq.errors import ClientStateError, ConfigError
 from tracemq.log import get_logger
 from tracemq.message_id import local_ipv4, msgid_zone
-from tracemq.naming import TRACE_TOPIC, validate_topic
+from tracemq.naming import TRACE_TOPIC, validate_group, validate_topic
 from tracemq.protocol import control
 from tracemq.protocol.signing import maybe_seal
 from tracemq.routing import RouteCache
-from tracemq.settings import ENV_PREFIX
+from tracemq.settings import ENV_PREFIX, ConnectionSettings, load_settings
+from tracemq.tasks import TaskGroup
 
 log = get_logger("client")
 
 
-class ClientSettings(SignerSettings, BaseSettings):
-    """Where a client finds the stack (``TRACEMQ_*`` variables, or keyword arguments), and the
-    client key its heartbeats are signed with (``TRACEMQ_ACCESS_KEY_ID`` /
-    ``TRACEMQ_SECRET_KEY``; without one the nameserver refuses them, counted as ``unsigned``)."""
+class ClientSettings(SignerSettings, ConnectionSettings):
+    """Where a client finds the stack (:class:`~tracemq.settings.ConnectionSettings`:
+    ``TRACEMQ_*`` variables, or keyword arguments), and the client key its heartbeats are signed
+    with (``TRACEMQ_ACCESS_KEY_ID`` / ``TRACEMQ_SECRET_KEY``; without one the nameserver refuses
+    them, counted as ``unsigned``)."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    redis_prefix: str = "tmq:"
-    control_bootstrap: str = "127.0.0.1:9092"
-    control_topic: str = "tracemq.namesrv"
     client_heartbeat_interval_ms: int = Field(default=30_000, ge=100)
     route_refresh_interval_ms: int = Field(default=30_000, ge=100)
     #: RocketMQ's instanceName: ``DEFAULT`` means the process id (+ ``#n``), see the module
@@ -64,18 +70,15 @@ class ClientSettings(SignerSettings, BaseSettings):
     def from_overrides(
         cls, redis_url: str | None = None, control_bootstrap: str | None = None
     ) -> ClientSettings:
-        """The environment's settings with the given connection values on top."""
-        base = cls()
+        """The environment's settings with the given connection values on top; a bad variable
+        raises :class:`ConfigError` naming it."""
+        base = load_settings(cls)
         update = {
             k: v
             for k, v in (("redis_url", redis_url), ("control_bootstrap", control_bootstrap))
             if v
         }
         return base.model_copy(update=update) if update else base
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 #: ``ClientSettings.instance_name`` that asks for the process-derived default (RocketMQ's value)
@@ -154,7 +157,7 @@ class ClientRuntime:
                 group=group,
             )
         self._subscriptions = subscriptions or list
-        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._tasks = TaskGroup(f"client {group}")
         self.enable_msg_trace = enable_msg_trace
         self.trace_topic = validate_topic(trace_topic) if trace_topic else TRACE_TOPIC
         self._trace_customized = trace_topic is not None and trace_topic != TRACE_TOPIC
@@ -177,15 +180,10 @@ class ClientRuntime:
             )
             await self.dispatcher.start()
         await self.heartbeat()
-        self._heartbeat_task = asyncio.create_task(
-            self._heartbeat_loop(), name=f"heartbeat-{self.group}"
-        )
+        self._tasks.spawn(self._heartbeat_loop(), name=f"heartbeat-{self.group}")
 
     async def stop(self, trace_timeout_s: float = 5.0) -> None:
-        if self._heartbeat_task is not None:
-            self._heartbeat_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._heartbeat_task
+        await self._tasks.aclose()
         if self.dispatcher is not None:
             await self.dispatcher.shutdown(trace_timeout_s)
         with contextlib.suppress(Exception):
@@ -244,3 +242,80 @@ class ClientRuntime:
                 await self.heartbeat()
             except Exception as exc:  # keep trying; the nameserver expires us if this persists
                 log.warning("client heartbeat failed", group=self.group, error=repr(exc))
+
+
+ClientState = Literal["created", "starting", "running", "shutdown"]
+
+
+class ClientBase:
+    """start / shutdown / ``async with`` of every client; see the module docstring.
+
+    A client implements :meth:`_start` (what starting does), :meth:`_close` (release everything;
+    also run after a start that failed: it must cope with a half start) and, when shutting down
+    gracefully does more than closing (drain, flush, commit), :meth:`_stop`. Its background
+    tasks go in ``self._tasks``, which :meth:`_close` cancels and awaits.
+    """
+
+    #: how errors name the client: ``producer`` or ``consumer``
+    kind: ClassVar[str] = "client"
+
+    def __init__(self, group: str) -> None:
+        self.group = validate_group(group)
+        self._state: ClientState = "created"
+        self._tasks = TaskGroup(f"{self.kind} {self.group}")
+
+    async def start(self) -> None:
+        if self._state != "created":
+            raise ClientStateError(f"{self.kind} {self.group!r} is {self._state}; create a new one")
+        self._check_startable()
+        self._state = "starting"
+        try:
+            await self._start()
+        except BaseException:
+            self._state = "shutdown"
+            await self._close()
+            raise
+        self._state = "running"
+
+    async def shutdown(self) -> None:
+        """Stop gracefully and release everything; idempotent."""
+        if self._begin_shutdown():
+            await self._stop()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    def _begin_shutdown(self) -> bool:
+        """Mark the client shut down; True when it had started (there is something to stop)."""
+        started = self._state in ("starting", "running")
+        self._state = "shutdown"
+        return started
+
+    def _check_running(self) -> None:
+        """Raise :class:`ClientStateError` unless the client is running."""
+        if self._state == "running":
+            return
+        why = {
+            "created": "it is not started; call start() first",
+            "starting": "it is still starting",
+            "shutdown": "it has been shut down",
+        }[self._state]
+        raise ClientStateError(f"{self.kind} {self.group!r} is not running: {why}")
+
+    def _check_startable(self) -> None:
+        """What must hold before a start begins (raise ClientStateError); the client stays
+        ``created`` when this raises, so it can be fixed and started."""
+
+    async def _start(self) -> None:
+        raise NotImplementedError
+
+    async def _stop(self) -> None:
+        """The graceful part of a shutdown, then :meth:`_close`."""
+        await self._close()
+
+    async def _close(self) -> None:
+        await self._tasks.aclose()

@@ -38,6 +38,7 @@ from tracemq.naming import (
 from tracemq.protocol import admin as proto
 from tracemq.protocol._envelope import ProtocolError
 from tracemq.protocol.signing import Signer, maybe_seal
+from tracemq.routing.keys import DEFAULT_PREFIX
 from tracemq.routing.registry import RegistryReader, connect
 from tracemq.settings import load_settings
 
@@ -58,7 +59,7 @@ class AdminClient:
         control_bootstrap: str,
         redis_url: str,
         *,
-        redis_prefix: str = "tmq:",
+        redis_prefix: str = DEFAULT_PREFIX,
         timeout_s: float = 15.0,
         signer: Signer | None = None,
     ) -> None:

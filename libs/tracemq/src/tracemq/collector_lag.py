@@ -29,7 +29,7 @@ from tracemq import kafka_security
 from tracemq.naming import TRACE_TOPIC, kafka_topic
 from tracemq.offset_reset import LogProbe, OffsetReset, classify
 from tracemq.routing import RegistryReader, connect
-from tracemq.routing.keys import RedisKeys
+from tracemq.routing.keys import DEFAULT_PREFIX, RedisKeys
 
 #: the collectors' Kafka consumer group (``TRACEMQ_COLLECTOR_GROUP``'s default)
 DEFAULT_GROUP = "tracemq-collector"
@@ -111,7 +111,7 @@ class _Offsets:
         self.by_cluster: dict[str, tuple[Any, list[tuple[str, str, Any]]]] = {}
         self.probes: dict[str, LogProbe] = {}
         self.redis: Any = None
-        self.prefix = "tmq:"
+        self.prefix = DEFAULT_PREFIX
 
     async def open(self, redis_url: str, trace_topics: tuple[str, ...], prefix: str) -> None:
         from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -179,7 +179,7 @@ async def collector_lag(
     *,
     group: str = DEFAULT_GROUP,
     trace_topics: tuple[str, ...] = (TRACE_TOPIC,),
-    redis_prefix: str = "tmq:",
+    redis_prefix: str = DEFAULT_PREFIX,
     timeout_s: float = 10.0,
 ) -> list[PartitionLag]:
     """Per trace partition: its end offset and the collectors' committed offset (0 if none)."""
@@ -198,7 +198,7 @@ async def wait_caught_up(
     poll_s: float = 0.25,
     group: str = DEFAULT_GROUP,
     trace_topics: tuple[str, ...] = (TRACE_TOPIC,),
-    redis_prefix: str = "tmq:",
+    redis_prefix: str = DEFAULT_PREFIX,
 ) -> list[PartitionLag]:
     """Wait until the collectors have stored and written to the lake everything that is in the
     trace topics *now* (the end offsets read at the call); raise ``TimeoutError`` naming what

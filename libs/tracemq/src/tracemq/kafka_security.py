@@ -43,19 +43,13 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from tracemq.errors import ConfigError, TracemqError
+from tracemq.errors import ConfigError, KafkaConnectError
 from tracemq.settings import load_settings
 
 ENV_PREFIX = "TRACEMQ_KAFKA_"
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 DEFAULT_CLUSTER = "default"
-
-
-class KafkaConnectError(TracemqError):
-    """A Kafka client could not connect to its cluster at start (refused, TLS or SASL failed)."""
-
-    retriable = True
 
 
 class ClusterOverride(BaseModel):

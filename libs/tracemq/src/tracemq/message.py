@@ -10,7 +10,7 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tracemq.errors import TracemqError
+from tracemq.errors import InvalidMessageError
 from tracemq.naming import validate_topic
 
 
@@ -56,10 +56,6 @@ SYSTEM_PROPERTIES = frozenset(
         MessageConst.REAL_QID,
     }
 )
-
-
-class InvalidMessageError(TracemqError, ValueError):
-    """A message field has a wrong type or value (the message names the field)."""
 
 
 def _keys(keys: str | Iterable[str] | None) -> list[str]:

@@ -44,12 +44,13 @@ import re
 import secrets
 import socket
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from tracemq.clock import now_ms as _now_ms
 
 __all__ = [
     "MAX_KAFKA_OFFSET",
@@ -78,10 +79,6 @@ _PROBE_ADDRESS = ("192.0.2.1", 9)
 
 MAX_QUEUE_ID = 0xFFFF
 MAX_KAFKA_OFFSET = 2**48 - 1
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 MSGID_TIMEZONE_ENV = "TRACEMQ_MSGID_TIMEZONE"

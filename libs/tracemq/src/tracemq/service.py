@@ -26,6 +26,7 @@ from typing import Any, Protocol, TypeVar
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from tracemq.errors import ServiceTaskEnded
 from tracemq.log import configure_logging, get_logger
 from tracemq.settings import CommonSettings
 
@@ -47,10 +48,6 @@ class Service(Protocol):
 RouteAdder = Callable[[web.Application], None]
 
 T = TypeVar("T")
-
-
-class ServiceTaskEnded(RuntimeError):
-    """A task handed to :func:`spawn` returned, though it should run until cancelled."""
 
 
 @dataclass

@@ -3,6 +3,11 @@
 Every setting is an environment variable ``TRACEMQ_<NAME>``; each service adds its own block
 (see the services' ``settings.py``). :func:`load_settings` turns a validation failure into a
 :class:`~tracemq.errors.ConfigError` naming the variable and the bad value.
+
+Where the stack is — the routing database, its key prefix, the control cluster — is
+:class:`ConnectionSettings`, the one connection model: the services' :class:`CommonSettings`
+and the clients' ``ClientSettings`` extend it, and the command line's look-up
+(``tracemq.cli.plugin.resolve``) falls back on its defaults.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from tracemq.errors import ConfigError
 from tracemq.redis_url import redact, split
+from tracemq.routing.keys import DEFAULT_PREFIX
 
 ENV_PREFIX = "TRACEMQ_"
 
@@ -36,26 +42,39 @@ def shown_value(field: str, value: object) -> object:
     return value
 
 
-class CommonSettings(BaseSettings):
-    """Settings every service reads."""
+#: where a process looks for the stack when nothing says otherwise (the embedded dev stack)
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_CONTROL_BOOTSTRAP = "127.0.0.1:9092"
+DEFAULT_CONTROL_TOPIC = "tracemq.namesrv"
+
+
+class ConnectionSettings(BaseSettings):
+    """Where the stack is: what every service, client and command connects to."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
-    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Routing database (Redis 6+).")
-    redis_prefix: str = Field("tmq:", description="Prefix of every Redis key tracemq writes.")
+    redis_url: str = Field(DEFAULT_REDIS_URL, description="Routing database (Redis 6+).")
+    redis_prefix: str = Field(
+        DEFAULT_PREFIX, description="Prefix of every Redis key tracemq writes."
+    )
     control_bootstrap: str = Field(
-        "127.0.0.1:9092",
+        DEFAULT_CONTROL_BOOTSTRAP,
         description="Kafka bootstrap of the control cluster (nameserver topic, admin topics).",
     )
-    control_topic: str = Field("tracemq.namesrv", description="Nameserver control topic.")
+    control_topic: str = Field(DEFAULT_CONTROL_TOPIC, description="Nameserver control topic.")
+
+    _redis = field_validator("redis_url")(check_redis_url)
+
+
+class CommonSettings(ConnectionSettings):
+    """Settings every service reads."""
+
     http_host: str = Field("127.0.0.1", description="Bind address of /healthz and /metrics.")
     http_port: int = Field(8080, ge=0, le=65535, description="Port of /healthz and /metrics.")
     log_level: str = Field("INFO", description="DEBUG, INFO, WARNING or ERROR.")
     shutdown_timeout_ms: int = Field(
         10_000, ge=0, description="How long a graceful stop may take before tasks are cancelled."
     )
-
-    _redis = field_validator("redis_url")(check_redis_url)
 
 
 S = TypeVar("S", bound=BaseSettings)

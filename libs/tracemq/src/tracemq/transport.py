@@ -15,7 +15,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
 
 from tracemq import kafka_security
-from tracemq._kafka import TRANSPORT_MAX_BYTES
+from tracemq._kafka import MAX_MESSAGE_SIZE as MAX_MESSAGE_SIZE  # a message body's limit
+from tracemq._kafka import PRODUCER_DEFAULTS as PRODUCER_DEFAULTS  # every producer's settings
+from tracemq._kafka import TRANSPORT_MAX_BYTES as TRANSPORT_MAX_BYTES  # the records' limit
 from tracemq.errors import NotSupportedByTransportError, TracemqError
 
 ADMIN_TIMEOUT_MS = 10_000

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
-from tracemq.errors import NotSupportedByTransportError, TracemqError
+from tracemq.errors import NotSupportedByTransportError
 from tracemq.naming import (
     DLQ_GROUP_PREFIX,
     RETRY_GROUP_PREFIX,
@@ -22,11 +22,8 @@ from tracemq.protocol.admin import AdminRequest
 from tracemq.protocol.control import PERM_RW, TopicConfig
 from tracemq.transport import delete_topic, ensure_topic
 
+from tracemq_broker.errors import AdminRejected
 from tracemq_broker.topic_table import TopicTable
-
-
-class AdminRejected(TracemqError):
-    """The request is invalid; the reply carries this message."""
 
 
 class TopicAdmin:

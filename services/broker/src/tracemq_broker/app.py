@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from tracemq import kafka_security
+from tracemq.clock import now_ms
 from tracemq.errors import ConfigError
 from tracemq.log import get_logger
 from tracemq.naming import (
@@ -39,9 +39,8 @@ from tracemq.naming import (
     SCHEDULE_TOPIC,
     kafka_topic,
 )
+from tracemq.protocol import ProtocolError, control, show
 from tracemq.protocol import admin as admin_proto
-from tracemq.protocol import control
-from tracemq.protocol._envelope import ProtocolError, show
 from tracemq.protocol.control import PERM_RW, BrokerInfo, TopicConfig
 from tracemq.protocol.signing import (
     ReplayGuard,
@@ -52,6 +51,7 @@ from tracemq.protocol.signing import (
 )
 from tracemq.protocol.transaction import TXCHECK_TOPIC
 from tracemq.service import spawn
+from tracemq.tasks import TaskGroup, cancel_and_wait
 from tracemq.transport import ADMIN_TIMEOUT_MS, ensure_topic
 
 from tracemq_broker import metrics
@@ -67,10 +67,6 @@ log = get_logger("broker")
 ADMIN_REPLIES_MAX = 64
 #: How long one admin reply may take to be acknowledged by the control cluster.
 ADMIN_REPLY_TIMEOUT_S = 10.0
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class Broker:
@@ -95,7 +91,7 @@ class Broker:
         self.topic_admin: TopicAdmin | None = None
         self.schedule: ScheduleService | None = None
         self.transactions: TransactionService | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = TaskGroup("broker", spawner=spawn)
         self._replies: set[asyncio.Task[None]] = set()
         self._register_now = asyncio.Event()
         self.last_registered_ms = 0
@@ -200,11 +196,9 @@ class Broker:
         await kafka_security.start(self.admin_consumer, s.control_bootstrap)
         await self._position_admin_consumer()
         await self.register()
-        self._tasks = [
-            spawn(self._heartbeat_loop(), name="broker-heartbeat"),
-            spawn(self._heal_loop(), name="broker-heal-topics"),
-            spawn(self._admin_loop(), name="broker-admin"),
-        ]
+        self._tasks.spawn(self._heartbeat_loop(), name="broker-heartbeat")
+        self._tasks.spawn(self._heal_loop(), name="broker-heal-topics")
+        self._tasks.spawn(self._admin_loop(), name="broker-admin")
         metrics.TOPICS.set(len(self.table.topics))
         log.info(
             "broker started",
@@ -224,16 +218,10 @@ class Broker:
             await self.admin_consumer.position(tp)
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await self._tasks.aclose()
         if self._replies:  # let the last replies out (each is bounded), then go on
             await asyncio.wait(set(self._replies), timeout=ADMIN_REPLY_TIMEOUT_S)
-            for t in list(self._replies):
-                t.cancel()
-            await asyncio.gather(*self._replies, return_exceptions=True)
+            await cancel_and_wait(self._replies)
         for svc in (self.schedule, self.transactions):
             if svc is not None:
                 with contextlib.suppress(Exception):
@@ -242,7 +230,7 @@ class Broker:
             with contextlib.suppress(Exception):
                 await self._send_control(
                     control.BrokerUnregister(
-                        ts=_now_ms(),
+                        ts=now_ms(),
                         cluster=self.settings.broker_cluster,
                         broker_name=self.settings.broker_name,
                     )
@@ -258,7 +246,7 @@ class Broker:
                     await a.close()
 
     def health(self) -> dict[str, Any]:
-        ok = bool(self._tasks) and all(not t.done() for t in self._tasks)
+        ok = self._tasks.alive()
         out: dict[str, Any] = {
             "broker": self.settings.broker_name,
             "role": self.settings.broker_role,
@@ -314,7 +302,7 @@ class Broker:
     async def register(self) -> None:
         rec = control.BrokerRegister(
             type="broker.heartbeat" if self.last_registered_ms else "broker.register",
-            ts=_now_ms(),
+            ts=now_ms(),
             broker=self.info,
             topics=dict(self.table.topics),
         )

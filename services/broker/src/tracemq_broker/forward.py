@@ -33,11 +33,11 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import ConsumerRecord, RecordMetadata
 from tracemq import kafka_security
-from tracemq._kafka import TRANSPORT_MAX_BYTES
 from tracemq.log import get_logger
 from tracemq.message import MessageConst
 from tracemq.naming import MAX_QUEUES, validate_topic
-from tracemq.protocol._envelope import show
+from tracemq.protocol import show
+from tracemq.transport import TRANSPORT_MAX_BYTES
 
 log = get_logger("broker.forward")
 

@@ -59,7 +59,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,10 +67,11 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 from tracemq import kafka_security
+from tracemq.clock import now_ms
 from tracemq.log import get_logger
 from tracemq.message import MessageConst
 from tracemq.naming import SCHEDULE_TOPIC, kafka_topic
-from tracemq.protocol._envelope import ProtocolError
+from tracemq.protocol import ProtocolError
 from tracemq.protocol.forwarding import SCHEDULE_OFFSET
 from tracemq.protocol.recall import (
     RECALL_HEADER,
@@ -81,6 +81,7 @@ from tracemq.protocol.recall import (
     decode_request,
 )
 from tracemq.service import spawn
+from tracemq.tasks import TaskGroup, cancel_and_wait
 
 from tracemq_broker import metrics
 from tracemq_broker.forward import (
@@ -113,10 +114,6 @@ MAX_FLIGHTS = 2
 CATCH_UP_S = 10.0
 #: Recalled offsets remembered below the progress, for the answer to a repeated recall.
 RECALL_MEMORY = 10_000
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _done() -> asyncio.Future[None]:
@@ -199,7 +196,7 @@ class ScheduleService:
         ]
         self.forwarder = Forwarder(bootstrap, SCHEDULE_OFFSET, name="schedule")
         self.consumer: AIOKafkaConsumer | None = None
-        self.tasks: list[asyncio.Task[None]] = []
+        self.tasks = TaskGroup("schedule", spawner=spawn)
         self._paused: set[TopicPartition] = set()
         self._catch_up_deadline = 0.0
         self._gauges = [metrics.SCHEDULE_BUFFERED.labels(str(lv.level)) for lv in self.levels]
@@ -231,10 +228,9 @@ class ScheduleService:
             lv.catch_up = end[self.tp(lv)]
             lv.caught_up = lv.next >= lv.catch_up
         self._catch_up_deadline = asyncio.get_running_loop().time() + CATCH_UP_S
-        self.tasks = [spawn(self._read(), name="schedule-reader")]
-        self.tasks += [
-            spawn(self._run(lv), name=f"schedule-level-{lv.level}") for lv in self.levels
-        ]
+        self.tasks.spawn(self._read(), name="schedule-reader")
+        for lv in self.levels:
+            self.tasks.spawn(self._run(lv), name=f"schedule-level-{lv.level}")
         log.info(
             "schedule service started",
             levels=len(self.levels),
@@ -274,18 +270,8 @@ class ScheduleService:
             await write_json(lv.path, lv.state())
 
     async def stop(self) -> None:
-        for t in self.tasks:
-            t.cancel()
-        for t in self.tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        for lv in self.levels:
-            for f in lv.flights:
-                f.task.cancel()
-            for f in lv.flights:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await f.task
-        self.tasks = []
+        await self.tasks.aclose()
+        await cancel_and_wait(f.task for lv in self.levels for f in lv.flights)
         for lv in self.levels:
             if lv.dirty and not lv.forwarding:
                 with contextlib.suppress(Exception):
@@ -296,7 +282,7 @@ class ScheduleService:
         await self.forwarder.stop()
 
     def healthy(self) -> bool:
-        return bool(self.tasks) and all(not t.done() for t in self.tasks)
+        return self.tasks.alive()
 
     def lag(self) -> dict[int, int]:
         """Buffered (fetched, not yet delivered) records per level."""

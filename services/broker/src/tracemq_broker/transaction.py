@@ -47,11 +47,12 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 from tracemq import kafka_security
+from tracemq.clock import now_ms
 from tracemq.log import get_logger
 from tracemq.message import MessageConst
 from tracemq.naming import HALF_TOPIC, OP_HALF_TOPIC, kafka_topic
+from tracemq.protocol import ProtocolError
 from tracemq.protocol import transaction as txp
-from tracemq.protocol._envelope import ProtocolError
 from tracemq.protocol.forwarding import TRAN_HALF_OFFSET
 from tracemq.service import spawn
 
@@ -67,10 +68,6 @@ CheckSender = Callable[[bytes, bytes], Awaitable[None]]
 
 EARLY_MAX = 100_000
 SAVE_INTERVAL_S = 1.0
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @dataclass(slots=True)

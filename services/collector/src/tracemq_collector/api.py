@@ -25,6 +25,7 @@ from aiohttp import web
 from redis.exceptions import RedisError
 from tracemq.message_id import decode_offset_msg_id
 
+from tracemq_collector.errors import BadParameter
 from tracemq_collector.events import MAX_TIMESTAMP_MS
 from tracemq_collector.groups import GroupHealth, UnknownGroup, add_outcomes
 from tracemq_collector.openapi import LOOKUP_ID_PATTERN, OPENAPI
@@ -43,12 +44,6 @@ _CURSOR = re.compile(r"[0-9A-Za-z_=-]+")
 _MAX_CURSOR_CHARS = 6000
 #: Widest window a peer's activity is asked for (a group status asks for the last hour).
 MAX_ACTIVITY_WINDOW_MS = 2 * 3_600_000
-
-
-class BadParameter(Exception):
-    def __init__(self, parameter: str, message: str) -> None:
-        super().__init__(message)
-        self.parameter = parameter
 
 
 def _error(status: int, message: str, parameter: str | None = None, **extra: Any) -> web.Response:

@@ -17,6 +17,7 @@ from tracemq.routing import RouteCache, connect
 from tracemq.routing.keys import RedisKeys
 from tracemq.routing.registry import check_reachable
 from tracemq.service import spawn
+from tracemq.tasks import TaskGroup
 
 from tracemq_collector import metrics
 from tracemq_collector.api import add_routes
@@ -64,7 +65,7 @@ class Collector:
             sample_interval_s=settings.collector_group_sample_interval_s,
             max_events=settings.collector_group_max_events,
         )
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = TaskGroup("collector", spawner=spawn)
         self._opened = False
 
     def add_routes(self, app: web.Application) -> None:
@@ -92,12 +93,10 @@ class Collector:
         await self.routes.start()
         await self.ingestor.start()
         await self._register()
-        self._tasks = [
-            spawn(self._registration_loop(), name="collector-register"),
-            spawn(self._retention_loop(), name="collector-retention"),
-            spawn(self._compaction_loop(), name="collector-compaction"),
-            spawn(self.groups.run_sampler(), name="collector-group-sampler"),
-        ]
+        self._tasks.spawn(self._registration_loop(), name="collector-register")
+        self._tasks.spawn(self._retention_loop(), name="collector-retention")
+        self._tasks.spawn(self._compaction_loop(), name="collector-compaction")
+        self._tasks.spawn(self.groups.run_sampler(), name="collector-group-sampler")
         log.info(
             "collector started",
             api=self.settings.api_url,
@@ -105,11 +104,7 @@ class Collector:
         )
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await self._tasks.aclose()
         await self._unregister()
         await self.ingestor.stop()  # flushes the lake and commits
         await self.routes.stop()
@@ -121,7 +116,7 @@ class Collector:
         await self.redis.aclose()
 
     def health(self) -> dict[str, Any]:
-        ok = self.ingestor.healthy() and all(not t.done() for t in self._tasks)
+        ok = self.ingestor.healthy() and self._tasks.alive()
         return {
             "ok": ok,
             "events_stored": self.ingestor.events_stored,

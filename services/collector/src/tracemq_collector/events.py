@@ -3,8 +3,8 @@
 A trace message (one Kafka record of the trace topic) holds records in RocketMQ's text format
 (DESIGN §3). :func:`rows_from_record` turns it into
 
-* **event rows**: one per good record, a dict with every column of
-  :data:`tracemq.lake_schema.COLUMNS` (:data:`LAKE_COLUMNS`) plus four keys that are not lake columns: ``date``
+* **event rows**: one per good record, a dict with every column of the lake
+  (:data:`tracemq.lake.COLUMNS`) plus four keys that are not lake columns: ``date``
   (``YYYY-MM-DD``) and ``hour`` (0-23), the UTC Hive partition of the event, ``record``, the
   record's text (without its ``\\x02``), which the trace store keeps instead of thirty columns
   and decodes again with :func:`event_from_stored`, and ``client_id``, the writing client's id
@@ -24,14 +24,13 @@ The function never raises, whatever the bytes: the ingest loop must not stop on 
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from operator import itemgetter
 from typing import Any
 
+from tracemq import lake
 from tracemq.message_id import decode_offset_msg_id
 from tracemq.trace import (
     CONTENT_SPLITOR,
@@ -46,13 +45,12 @@ __all__ = [
     "EMPTY_MESSAGE",
     "MAX_FIELD_CHARS",
     "MAX_KEYS_PER_MESSAGE",
-    "LAKE_COLUMNS",
-    "LAKE_SCHEMA_VERSION",
     "MAX_RAW_BYTES",
     "MAX_TIMESTAMP_MS",
     "EXTRA_KEYS",
     "QUARANTINE_KEYS",
     "ROW_NAMES",
+    "STORE_COLUMNS",
     "STORE_ROW",
     "DecodedChunk",
     "KEY_SHIFT",
@@ -82,45 +80,6 @@ EMPTY_MESSAGE = "empty trace message"
 #: Business keys indexed per message (in sorted order); more are kept in the event, unindexed.
 MAX_KEYS_PER_MESSAGE = 256
 
-#: The lake's columns, in :data:`tracemq.lake_schema.COLUMN_NAMES` order, and its schema
-#: version. Written out because importing ``tracemq.lake_schema`` imports pyarrow, which the
-#: ingest worker process (it only writes SQLite) does without; ``tracemq_collector.lake``
-#: checks on import that they agree.
-LAKE_COLUMNS: tuple[str, ...] = (
-    "trace_type",
-    "timestamp",
-    "region_id",
-    "group_name",
-    "request_id",
-    "cost_time",
-    "success",
-    "context_code",
-    "topic",
-    "msg_id",
-    "offset_msg_id",
-    "tags",
-    "keys",
-    "store_host",
-    "client_host",
-    "store_time",
-    "retry_times",
-    "body_length",
-    "msg_type",
-    "transaction_id",
-    "transaction_state",
-    "from_transaction_check",
-    "trace_topic",
-    "trace_partition",
-    "trace_offset",
-    "trace_index",
-    "ingest_ts",
-    "store_addr",
-    "queue_id",
-    "queue_offset",
-    "schema_version",
-)
-LAKE_SCHEMA_VERSION = 1
-
 #: Keys an event row has on top of the lake columns.
 EXTRA_KEYS = ("date", "hour", "record", "client_id")
 #: Keys of a quarantine row.
@@ -135,15 +94,9 @@ QUARANTINE_KEYS = (
 )
 
 _RECORD_END = FIELD_SPLITOR.encode()
-_HOUR_MS = 3_600_000
-_EPOCH_ORDINAL = _dt.date(1970, 1, 1).toordinal()
-
-
-@lru_cache(maxsize=4096)
-def _partition_of_hour(hour_number: int) -> tuple[str, int]:
-    # Events arrive clustered in a few hours, so a small cache saves a date computation per row.
-    day, hour = divmod(hour_number, 24)
-    return _dt.date.fromordinal(_EPOCH_ORDINAL + day).isoformat(), hour
+_HOUR_MS = lake.HOUR_MS
+# Bound here: the decoders call it once per event.
+_partition_of_hour = lake.partition_of_hour
 
 
 def hour_partition(timestamp_ms: int) -> tuple[str, int]:
@@ -251,7 +204,7 @@ def _event_row(
         "store_addr": store_addr,
         "queue_id": queue_id,
         "queue_offset": queue_offset,
-        "schema_version": LAKE_SCHEMA_VERSION,
+        "schema_version": lake.SCHEMA_VERSION,
         "date": date,
         "hour": hour,
         "record": record,
@@ -330,28 +283,32 @@ def _decode_piece(
 # partition can hold — which then takes the general path above. Whenever it answers, its row
 # is the one the general path builds (tests/unit/test_collector_events.py compares the two).
 
-#: The columns of an event the trace store keeps, in its table's order (after ``id``).
-STORE_ROW = (
-    "trace_topic",
-    "trace_partition",
-    "trace_offset",
-    "trace_index",
-    "trace_type",
-    "timestamp",
-    "msg_id",
-    "topic",
-    "client_host",
-    "store_time",
-    "ingest_ts",
-    "record",
-    "client_id",
+#: The columns of an event the trace store keeps, in its ``events`` table's order (after
+#: ``id``), with their SQLite declarations: the one list of them, from which the store creates
+#: and checks its table (``tracemq_collector.store``).
+STORE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("trace_topic", "TEXT NOT NULL"),
+    ("trace_partition", "INTEGER NOT NULL"),
+    ("trace_offset", "INTEGER NOT NULL"),
+    ("trace_index", "INTEGER NOT NULL"),
+    ("trace_type", "TEXT NOT NULL"),
+    ("timestamp", "INTEGER NOT NULL"),
+    ("msg_id", "TEXT"),
+    ("topic", "TEXT"),
+    ("client_host", "TEXT"),
+    ("store_time", "INTEGER NOT NULL"),
+    ("ingest_ts", "INTEGER NOT NULL"),
+    ("record", "TEXT NOT NULL"),
+    ("client_id", "TEXT"),
 )
+#: The names of :data:`STORE_COLUMNS`.
+STORE_ROW = tuple(name for name, _ in STORE_COLUMNS)
 #: Keys of an event row, in the order of the tuples :func:`decode_message` produces: the
 #: store's columns (:data:`STORE_ROW`, so that a slice is the store's row), then the other
 #: lake columns, then ``date`` and ``hour``.
 ROW_NAMES: tuple[str, ...] = (
     *STORE_ROW,
-    *(c for c in LAKE_COLUMNS if c not in STORE_ROW),
+    *(c for c in lake.COLUMN_NAMES if c not in STORE_ROW),
     "date",
     "hour",
 )
@@ -362,7 +319,7 @@ _C = CONTENT_SPLITOR
 _INT_MAX = 2**31 - 1
 _LONG_MAX = 2**63 - 1
 _MSG_TYPE_MAX = len(MessageType) - 1
-_SCHEMA_VERSION = LAKE_SCHEMA_VERSION
+_SCHEMA_VERSION = lake.SCHEMA_VERSION
 _KAFKA_OFFSET_MASK = 2**48 - 1
 _store_addrs: dict[bytes, str] = {}
 
@@ -617,7 +574,7 @@ def split_keys(keys: str) -> list[str]:
 _I_TYPE, _I_MSG_ID, _I_KEYS = COL["trace_type"], COL["msg_id"], COL["keys"]
 _I_TOPIC, _I_TIMESTAMP = COL["topic"], COL["timestamp"]
 _I_DATE, _I_HOUR = COL["date"], COL["hour"]
-_LAKE_GETTERS = [itemgetter(COL[name]) for name in LAKE_COLUMNS]
+_LAKE_GETTERS = [itemgetter(COL[name]) for name in lake.COLUMN_NAMES]
 #: A key row's id is ``event id << KEY_SHIFT | n`` (n < :data:`MAX_KEYS_PER_MESSAGE`).
 KEY_SHIFT = 8
 
@@ -626,7 +583,7 @@ KEY_SHIFT = 8
 class PartitionChunk:
     """The events of one trace partition in a :class:`DecodedChunk`.
 
-    ``lake`` holds them as Arrow record batches of :data:`tracemq.lake_schema.SCHEMA`, one per
+    ``lake`` holds them as Arrow record batches of :func:`tracemq.lake.arrow_schema`, one per
     UTC ``(date, hour)``, each in trace offset and index order: what the lake files of the
     offsets ``[first_offset, end_offset)`` hold.
     """
@@ -714,9 +671,8 @@ def store_rows(
 def lake_batch(rows: list[tuple[Any, ...]]) -> Any:
     """Event tuples (:data:`ROW_NAMES` order) → an Arrow record batch of the lake schema."""
     import pyarrow as pa
-    from tracemq import lake_schema
 
-    schema = lake_schema.SCHEMA
+    schema = lake.arrow_schema()
     return pa.RecordBatch.from_arrays(
         [
             pa.array(list(map(get, rows)), type=schema.field(i).type)

@@ -48,7 +48,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.exceptions import RedisError
-from tracemq.consumer._tags import matches, parse
+from tracemq.consumer.tags import matches, parse
 from tracemq.log import get_logger
 from tracemq.message import InvalidMessageError
 from tracemq.naming import DLQ_GROUP_PREFIX, RETRY_GROUP_PREFIX, kafka_topic
@@ -56,6 +56,7 @@ from tracemq.offset_reset import LogProbe
 from tracemq.routing import RegistryReader
 
 from tracemq_collector import metrics
+from tracemq_collector.errors import UnknownGroup
 from tracemq_collector.queries import PeerFailure, Queries, _failed, _first_error
 
 log = get_logger("collector.groups")
@@ -71,10 +72,6 @@ OFFSET_CONCURRENCY = 4
 KAFKA_TIMEOUT_S = 10.0
 UNKNOWN_TOPIC = "?"
 _COUNTS = ("consumed", "failed", "retried", "dead_lettered")
-
-
-class UnknownGroup(LookupError):
-    """No subscription of this group was ever seen."""
 
 
 # -- the activity each collector reports (local part of the fan-out) -------------------------

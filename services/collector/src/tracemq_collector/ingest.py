@@ -43,6 +43,7 @@ from typing import Any
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 from redis.exceptions import RedisError
+from tracemq.clock import now_ms as _now_ms
 from tracemq.collector_lag import record_reset
 from tracemq.kafka.fleet import Fleet, FleetCluster, Placement, place
 from tracemq.log import get_logger
@@ -74,10 +75,6 @@ FETCH_MAX_BYTES = 16 * 1024 * 1024
 FETCH_MAX_WAIT_MS = 100
 #: Attempts at a chunk after its first failure (each on a new worker) before ingest stops.
 WORKER_RETRIES = 2
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class _ClusterIngest:

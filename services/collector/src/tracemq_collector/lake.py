@@ -1,9 +1,8 @@
 """The Parquet trace lake: the store's events, Hive-partitioned by event date and hour.
 
-Layout (the row schema is :data:`tracemq.lake_schema.SCHEMA`, version in the file metadata)::
-
-    <root>/date=YYYY-MM-DD/hour=HH/part-<trace topic>-<partition:05d>-<start:020d>-<end:020d>.parquet
-    <root>/date=YYYY-MM-DD/hour=HH/compacted-<min start:020d>-<max end:020d>-<parts:05d>.parquet
+The lake's contract — columns, version, the ``date=/hour=`` layout, the ``part-`` and
+``compacted-`` file names and which files are live — is :mod:`tracemq.lake`, shared with the
+Spark job; this module writes, compacts and reads a lake by it.
 
 Exactly once, by file names
 ---------------------------
@@ -25,10 +24,10 @@ Compaction
 :meth:`TraceLake.compact` merges the files of a closed hour into one ``compacted-`` file whose
 footer metadata (key ``tracemq.lake.compacted_from``) lists the files it replaces. The
 compacted file is written completely (temporary name, fsync, rename) *before* any source is
-deleted. The rule, for readers and for reruns: **a file named in the ``compacted_from`` list
-of another file in the same directory is superseded; skip it.** A crash between the rename and
-the deletes thus never doubles a row for a reader that applies the rule (:meth:`TraceLake.files`,
-:meth:`TraceLake.read_all`); the next :meth:`TraceLake.compact` or :meth:`TraceLake.recover`
+deleted. The rule, for readers and for reruns (:func:`tracemq.lake.live_files`): **a file
+named in the ``compacted_from`` list of another file in the same directory is superseded; skip
+it.** A crash between the rename and the deletes thus never doubles a row for a reader that
+applies the rule (:meth:`TraceLake.files`, :meth:`TraceLake.read_all`); the next :meth:`TraceLake.compact` or :meth:`TraceLake.recover`
 deletes the leftovers. A reader that lists files itself may also drop duplicates by
 ``(trace_topic, trace_partition, trace_offset, trace_index)``, which is unique per event.
 Files of a segment still being written (recorded as pending) are never compacted, so a redo
@@ -43,10 +42,7 @@ directory per collector), which Spark can read together.
 
 from __future__ import annotations
 
-import calendar
-import json
 import os
-import re
 import threading
 import uuid
 from collections.abc import Iterable
@@ -56,33 +52,17 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
-from tracemq import lake_schema
+from tracemq import lake
 
-from tracemq_collector.events import LAKE_COLUMNS, LAKE_SCHEMA_VERSION
 from tracemq_collector.store import TraceStore
 
 __all__ = ["COMPACTED_FROM_KEY", "SORT_KEYS", "TraceLake"]
 
-#: Footer metadata key of a compacted file: JSON list of the file names it replaces (defined
-#: with the row schema: the Spark job applies the same rule).
-COMPACTED_FROM_KEY = lake_schema.COMPACTED_FROM_KEY
+#: Footer metadata key of a compacted file (:data:`tracemq.lake.COMPACTED_FROM_KEY`).
+COMPACTED_FROM_KEY = lake.COMPACTED_FROM_KEY
 #: Row order of a compacted file.
 SORT_KEYS = ("trace_topic", "trace_partition", "trace_offset", "trace_index")
 
-_HOUR_MS = 3_600_000
-
-if (tuple(lake_schema.COLUMN_NAMES), lake_schema.SCHEMA_VERSION) != (
-    LAKE_COLUMNS,
-    LAKE_SCHEMA_VERSION,
-):  # pragma: no cover - caught by the unit tests too
-    raise RuntimeError("tracemq_collector.events.LAKE_COLUMNS disagree with tracemq.lake_schema")
-_PART = re.compile(
-    r"part-(?P<topic>.+)-(?P<partition>\d{5})-(?P<start>\d{20})-(?P<end>\d{20})\.parquet"
-)
-_COMPACTED = re.compile(r"compacted-(?P<start>\d{20})-(?P<end>\d{20})-(?P<parts>\d{5,})\.parquet")
-_DATE_DIR = re.compile(r"date=(\d{4})-(\d{2})-(\d{2})")
-_HOUR_DIR = re.compile(r"hour=(\d{2})")
-_TMP_PREFIX = ".tmp-"
 _PARTITIONING = ds.partitioning(
     pa.schema([("date", pa.string()), ("hour", pa.int32())]), flavor="hive"
 )
@@ -97,27 +77,21 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _is_data_file(path: Path) -> bool:
-    return path.suffix == ".parquet" and (
-        _PART.fullmatch(path.name) is not None or _COMPACTED.fullmatch(path.name) is not None
-    )
-
-
 def _compacted_from(path: Path) -> list[str]:
-    metadata = pq.read_schema(path).metadata or {}
-    raw = metadata.get(COMPACTED_FROM_KEY)
-    return [] if raw is None else [str(name) for name in json.loads(raw)]
+    return lake.compacted_from((pq.read_schema(path).metadata or {}).get(COMPACTED_FROM_KEY))
 
 
 def _live_files(hour_dir: Path) -> tuple[list[Path], list[Path]]:
-    """``(live, superseded)`` data files of one hour directory, by the compaction rule."""
-    files = sorted(p for p in hour_dir.iterdir() if _is_data_file(p))
-    superseded: set[str] = set()
-    for path in files:
-        if _COMPACTED.fullmatch(path.name):
-            superseded.update(n for n in _compacted_from(path) if n != path.name)
-    live = [p for p in files if p.name not in superseded]
-    return live, [p for p in files if p.name in superseded]
+    """``(live, superseded)`` collector files of one hour directory, by the compaction rule
+    (:func:`tracemq.lake.live_files`). Only a ``compacted-`` file's footer is read: no other
+    file of ours names any."""
+    names = {}
+    for path in sorted(hour_dir.iterdir()):
+        parsed = lake.parse_file_name(path.name)
+        if parsed is not None:
+            names[path.as_posix()] = _compacted_from(path) if parsed.compacted else []
+    live, superseded = lake.live_files(names)
+    return [Path(p) for p in live], [Path(p) for p in superseded]
 
 
 class TraceLake:
@@ -157,7 +131,7 @@ class TraceLake:
         First rewrites any segment of this partition left pending by a crash. A range with no
         event (all quarantined) still moves the lake progress.
         """
-        _check_topic(trace_topic)
+        lake.check_trace_topic(trace_topic)
         with self._lock:
             written = self._redo_pending(
                 s for s in self.store.pending_lake_segments() if s[:2] == (trace_topic, partition)
@@ -197,7 +171,7 @@ class TraceLake:
                 were stored (None: the partition had none); it must be the lake's progress,
                 so that the segments hold exactly the events the store holds in their ranges.
             segments: ``(start, end, {(date, hour): record batches})``, consecutive, each
-                batch of :data:`tracemq.lake_schema.SCHEMA` in offset and index order.
+                batch of :func:`tracemq.lake.arrow_schema` in offset and index order.
 
         Returns:
             The files written, or None when the lake is not where ``after`` says, or a
@@ -207,7 +181,7 @@ class TraceLake:
         The segment protocol is :meth:`flush`'s: each range is recorded before its files are
         written, so a crash rewrites exactly the same files from the store (:meth:`recover`).
         """
-        _check_topic(trace_topic)
+        lake.check_trace_topic(trace_topic)
         key = (trace_topic, partition)
         with self._lock:
             if self.store.lake_progress().get(key) != after or any(
@@ -217,10 +191,10 @@ class TraceLake:
             written: list[Path] = []
             for start, end, groups in segments:
                 self.store.begin_lake_segment(trace_topic, partition, start, end)
-                name = f"part-{trace_topic}-{partition:05d}-{start:020d}-{end:020d}.parquet"
+                name = lake.part_name(trace_topic, partition, start, end)
                 for (date, hour), batches in sorted(groups.items()):
-                    table = pa.Table.from_batches(batches, schema=lake_schema.SCHEMA)
-                    path = self.root / f"date={date}" / f"hour={hour:02d}" / name
+                    table = pa.Table.from_batches(batches, schema=lake.arrow_schema())
+                    path = self.root / lake.hour_dir(date, hour) / name
                     self._write_atomic(table, path)
                     written.append(path)
                 self.store.finish_lake_segment(trace_topic, partition, end)
@@ -241,7 +215,7 @@ class TraceLake:
         """
         with self._lock:
             if self.root.is_dir():
-                for tmp in self.root.glob(f"date=*/hour=*/{_TMP_PREFIX}*"):
+                for tmp in self.root.glob(f"date=*/hour=*/{lake.TMP_PREFIX}*"):
                     tmp.unlink(missing_ok=True)
                 for hour_dir in self._hour_dirs():
                     self._delete_superseded(hour_dir)
@@ -259,13 +233,13 @@ class TraceLake:
         for row in self.store.events_in_range(trace_topic, partition, start, end):
             groups.setdefault((row["date"], row["hour"]), []).append(row)
         written = []
-        name = f"part-{trace_topic}-{partition:05d}-{start:020d}-{end:020d}.parquet"
+        name = lake.part_name(trace_topic, partition, start, end)
         for (date, hour), rows in sorted(groups.items()):
             table = pa.Table.from_pydict(
-                {column: [row[column] for row in rows] for column in lake_schema.COLUMN_NAMES},
-                schema=lake_schema.SCHEMA,
+                {column: [row[column] for row in rows] for column in lake.COLUMN_NAMES},
+                schema=lake.arrow_schema(),
             )
-            path = self.root / f"date={date}" / f"hour={hour:02d}" / name
+            path = self.root / lake.hour_dir(date, hour) / name
             self._write_atomic(table, path)
             written.append(path)
         self.store.finish_lake_segment(trace_topic, partition, end)
@@ -278,7 +252,7 @@ class TraceLake:
             # New directory entries must be durable before the file they lead to matters.
             _fsync_dir(directory.parent)
             _fsync_dir(directory.parent.parent)
-        tmp = directory / f"{_TMP_PREFIX}{uuid.uuid4().hex}-{path.name}"
+        tmp = directory / f"{lake.TMP_PREFIX}{uuid.uuid4().hex}-{path.name}"
         try:
             with open(tmp, "wb") as fh:
                 pq.write_table(table, fh, compression=self.compression)
@@ -303,8 +277,8 @@ class TraceLake:
         with self._lock:
             compacted = 0
             for hour_dir in self._hour_dirs():
-                hour_start = _hour_start_ms(hour_dir)
-                if hour_start is None or hour_start + _HOUR_MS > closed_before_ms:
+                hour_start = lake.hour_start_ms(hour_dir.parent.name, hour_dir.name)
+                if hour_start is None or hour_start + lake.HOUR_MS > closed_before_ms:
                     continue
                 self._delete_superseded(hour_dir)
                 live, _ = _live_files(hour_dir)
@@ -320,8 +294,7 @@ class TraceLake:
         tables = []
         for path in sources:
             table = pq.ParquetFile(path).read()
-            version = (table.schema.metadata or {}).get(lake_schema.METADATA_KEY)
-            if version != lake_schema.SCHEMA.metadata[lake_schema.METADATA_KEY]:
+            if not lake.is_current_version((table.schema.metadata or {}).get(lake.METADATA_KEY)):
                 return False  # another schema version: not ours to rewrite
             tables.append(table.replace_schema_metadata(None))
         merged = pa.concat_tables(tables).sort_by([(key, "ascending") for key in SORT_KEYS])
@@ -333,12 +306,13 @@ class TraceLake:
             parts += count
         # Counting the original parts makes the name grow with every merge, so the new name
         # can never be one of its sources (which would be deleted after the rename).
-        name = f"compacted-{min(starts):020d}-{max(ends):020d}-{parts:05d}.parquet"
+        name = lake.compacted_name(min(starts), max(ends), parts)
         if name in {p.name for p in sources}:
             raise RuntimeError(f"compaction of {hour_dir} would overwrite its source {name}")
-        metadata = dict(lake_schema.SCHEMA.metadata)
-        metadata[COMPACTED_FROM_KEY] = json.dumps(sorted(p.name for p in sources)).encode()
-        self._write_atomic(merged.cast(lake_schema.SCHEMA.with_metadata(metadata)), hour_dir / name)
+        metadata = lake.file_metadata(compacted_from=[p.name for p in sources])
+        self._write_atomic(
+            merged.cast(lake.arrow_schema().with_metadata(metadata)), hour_dir / name
+        )
         for path in sources:
             path.unlink()
         _fsync_dir(hour_dir)
@@ -357,9 +331,9 @@ class TraceLake:
         return sorted(
             hour_dir
             for date_dir in self.root.iterdir()
-            if date_dir.is_dir() and _DATE_DIR.fullmatch(date_dir.name)
+            if date_dir.is_dir() and lake.parse_date_dir(date_dir.name) is not None
             for hour_dir in date_dir.iterdir()
-            if hour_dir.is_dir() and _HOUR_DIR.fullmatch(hour_dir.name)
+            if hour_dir.is_dir() and lake.parse_hour_dir(hour_dir.name) is not None
         )
 
     # ------------------------------------------------------------------ reading
@@ -371,18 +345,13 @@ class TraceLake:
     def read_all(self) -> pa.Table:
         """The whole lake as one table: the lake columns plus ``date`` and ``hour``."""
         files = self.files()
+        schema = lake.arrow_schema().append(pa.field("date", pa.string()))
+        schema = schema.append(pa.field("hour", pa.int32()))
         if not files:
-            return pa.Table.from_pylist(
-                [],
-                schema=lake_schema.SCHEMA.append(pa.field("date", pa.string())).append(
-                    pa.field("hour", pa.int32())
-                ),
-            )
+            return pa.Table.from_pylist([], schema=schema)
         dataset = ds.dataset(
             [str(p) for p in files],
-            schema=lake_schema.SCHEMA.append(pa.field("date", pa.string())).append(
-                pa.field("hour", pa.int32())
-            ),
+            schema=schema,
             format="parquet",
             partitioning=_PARTITIONING,
             partition_base_dir=str(self.root),
@@ -390,43 +359,16 @@ class TraceLake:
         return dataset.to_table()
 
 
-def _check_topic(trace_topic: str) -> None:
-    if not trace_topic or "/" in trace_topic or "\x00" in trace_topic or trace_topic[0] == ".":
-        # It becomes part of a file name.
-        raise ValueError(f"trace topic {trace_topic!r} cannot name a lake file")
-
-
-def _hour_start_ms(hour_dir: Path) -> int | None:
-    date = _DATE_DIR.fullmatch(hour_dir.parent.name)
-    hour = _HOUR_DIR.fullmatch(hour_dir.name)
-    if date is None or hour is None:
-        return None
-    year, month, day = (int(g) for g in date.groups())
-    try:
-        day_start = calendar.timegm((year, month, day, 0, 0, 0))
-    except ValueError:
-        return None
-    return day_start * 1000 + int(hour.group(1)) * _HOUR_MS
-
-
 def _part_segment(path: Path) -> tuple[str, int, int, int] | None:
-    match = _PART.fullmatch(path.name)
-    if match is None:
-        return None
-    return (
-        match["topic"],
-        int(match["partition"]),
-        int(match["start"]),
-        int(match["end"]),
-    )
+    name = lake.parse_file_name(path.name)
+    if name is None or name.topic is None or name.partition is None:
+        return None  # not a part- file
+    return (name.topic, name.partition, name.start, name.end)
 
 
 def _name_range(path: Path) -> tuple[int, int, int]:
     """``(start, end, original part count)`` a data file's name states."""
-    part = _PART.fullmatch(path.name)
-    if part is not None:
-        return int(part["start"]), int(part["end"]), 1
-    compacted = _COMPACTED.fullmatch(path.name)
-    if compacted is None:  # _is_data_file let only these two shapes through
+    name = lake.parse_file_name(path.name)
+    if name is None:  # _live_files let only collector names through
         raise ValueError(f"not a lake data file: {path}")
-    return int(compacted["start"]), int(compacted["end"]), int(compacted["parts"])
+    return name.start, name.end, name.parts

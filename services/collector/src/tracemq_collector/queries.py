@@ -34,15 +34,15 @@ from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 import aiohttp
-import pyarrow as pa
 import redis.asyncio as aioredis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from redis.exceptions import RedisError
-from tracemq.lake_schema import COLUMNS
+from tracemq.lake import COLUMNS
 from tracemq.log import get_logger
 from tracemq.routing.keys import RedisKeys
 
 from tracemq_collector import metrics
+from tracemq_collector.errors import BadCursor, PeerFailure
 from tracemq_collector.events import MAX_FIELD_CHARS
 from tracemq_collector.store import TraceStore
 
@@ -63,10 +63,6 @@ MAX_PEER_CURSOR_CHARS = 256
 MSG_ID_PATTERN = r"^[0-9A-Za-z_.:-]{1,128}$"
 _CURSOR_PATTERN = r"^[0-9A-Za-z_=-]+$"
 _SIGNED = b"tracemq-collector-registration\n"
-
-
-class BadCursor(ValueError):
-    """The client's page cursor is not one this collector handed out."""
 
 
 # -- registration proof ----------------------------------------------------------------------
@@ -141,10 +137,10 @@ class PeerTrace(BaseModel):
     events: list[Any] = Field(max_length=100_000)
 
 
-def _column_type(typ: pa.DataType) -> Any:
-    if pa.types.is_boolean(typ):
+def _column_type(typ: str) -> Any:
+    if typ == "bool":
         return bool
-    if pa.types.is_integer(typ):
+    if typ.startswith("int"):
         return _Int64
     return _Text
 
@@ -158,13 +154,6 @@ PeerEvent: type[BaseModel] = create_model(  # type: ignore[call-overload]
         for name, typ, nullable, _ in COLUMNS
     },
 )
-
-
-class PeerFailure(Exception):
-    def __init__(self, reason: str, error: str) -> None:
-        super().__init__(f"{reason}: {error}")
-        self.reason = reason
-        self.error = error
 
 
 def _failed(peer: str, reason: str, error: str) -> dict[str, str]:

@@ -87,15 +87,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from tracemq.errors import TracemqError
+from tracemq import lake
 from tracemq.log import get_logger
 from tracemq.message_id import decode_offset_msg_id
 
+from tracemq_collector.errors import StoreSchemaError, TraceStoreError
 from tracemq_collector.events import (
     KEY_SHIFT,
-    LAKE_COLUMNS,
     MAX_KEYS_PER_MESSAGE,
     ROW_NAMES,
+    STORE_COLUMNS,
     STORE_ROW,
     StoreRows,
     event_from_stored,
@@ -128,37 +129,18 @@ MAX_PAGE_SIZE = 1000
 #: Business keys indexed per message (in sorted order); more are kept in the event, unindexed.
 
 
-class TraceStoreError(TracemqError):
-    """The trace store cannot serve the call: it is not open, or its file is unusable."""
-
-
-class StoreSchemaError(TraceStoreError):
-    """The store file has a schema version or layout this collector does not know."""
-
-
 _T = TypeVar("_T")
 log = get_logger("collector.store")
 _KEY_SHIFT = KEY_SHIFT
 _KEY_MASK = (1 << KEY_SHIFT) - 1
-_LAKE_COLUMNS = LAKE_COLUMNS
+_LAKE_COLUMNS = lake.COLUMN_NAMES
 
+# The events table is created from STORE_COLUMNS, the one list of its columns.
 _SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID;
 CREATE TABLE events (
     id INTEGER PRIMARY KEY,
-    trace_topic TEXT NOT NULL,
-    trace_partition INTEGER NOT NULL,
-    trace_offset INTEGER NOT NULL,
-    trace_index INTEGER NOT NULL,
-    trace_type TEXT NOT NULL,
-    timestamp INTEGER NOT NULL,
-    msg_id TEXT,
-    topic TEXT,
-    client_host TEXT,
-    store_time INTEGER NOT NULL,
-    ingest_ts INTEGER NOT NULL,
-    record TEXT NOT NULL,
-    client_id TEXT,
+    {event_columns},
     UNIQUE (trace_topic, trace_partition, trace_offset, trace_index)
 );
 CREATE INDEX events_msg_id ON events (msg_id);
@@ -210,26 +192,20 @@ CREATE TABLE lake_pending (
     end_offset INTEGER NOT NULL,
     PRIMARY KEY (trace_topic, partition, start_offset, end_offset)
 ) WITHOUT ROWID;
-"""
+""".replace("{event_columns}", ",\n    ".join(f"{name} {decl}" for name, decl in STORE_COLUMNS))
 # The events table's columns in order (checked against the file when a store opens).
 _EVENT_COLUMNS = ["id", *STORE_ROW]
 # What a stored event is rebuilt from: event_from_stored's arguments, then the stored columns
-# that win over what the record decodes to.
-_STORED_COLUMNS = (
+# that win over what the record decodes to (all the others, in table order).
+_REBUILT_FROM = (
     "record",
     "trace_topic",
     "trace_partition",
     "trace_offset",
     "trace_index",
     "ingest_ts",
-    "trace_type",
-    "timestamp",
-    "msg_id",
-    "topic",
-    "client_host",
-    "store_time",
-    "client_id",
 )
+_STORED_COLUMNS = (*_REBUILT_FROM, *(c for c in STORE_ROW if c not in _REBUILT_FROM))
 _STORED = ", ".join(_STORED_COLUMNS)
 _STORED_AS_E = ", ".join(f"e.{c}" for c in _STORED_COLUMNS)
 _AUTHORITATIVE = _STORED_COLUMNS[6:]

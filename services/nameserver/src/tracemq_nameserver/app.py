@@ -25,20 +25,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
 from redis.exceptions import RedisError, ResponseError
 from tracemq import kafka_security
+from tracemq.clock import now_ms
 from tracemq.log import get_logger
 from tracemq.offset_reset import KAFKA_AUTO_OFFSET_RESET, OffsetGuard
-from tracemq.protocol import control
-from tracemq.protocol._envelope import ProtocolError
+from tracemq.protocol import ProtocolError, control
 from tracemq.protocol.signing import SignatureError, coordinates
 from tracemq.routing.registry import check_reachable, connect
 from tracemq.service import spawn
+from tracemq.tasks import TaskGroup
 from tracemq.transport import admin_client, ensure_topic
 
 from tracemq_nameserver import metrics
@@ -49,10 +49,6 @@ log = get_logger("nameserver")
 
 #: Times Redis may refuse (answer with an error to) one record's write before it is rejected.
 REDIS_REFUSALS_MAX = 5
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class NameServer:
@@ -68,7 +64,7 @@ class NameServer:
         )
         self.verifier = settings.verifier("nameserver", ("broker", "client"))
         self.consumer: AIOKafkaConsumer | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = TaskGroup("nameserver", spawner=spawn)
         self._stopping = asyncio.Event()
         self.applied = 0
         self.last_error: str | None = None
@@ -104,18 +100,12 @@ class NameServer:
         # probed the log held up a rebalance on Tansu long enough that a restarted nameserver
         # never got its partitions after a failover.)
         await kafka_security.start(self.consumer, self.settings.control_bootstrap)
-        self._tasks = [
-            spawn(self._consume(), name="namesrv-consume"),
-            spawn(self._expire_loop(), name="namesrv-expire"),
-        ]
+        self._tasks.spawn(self._consume(), name="namesrv-consume")
+        self._tasks.spawn(self._expire_loop(), name="namesrv-expire")
 
     async def stop(self) -> None:
         self._stopping.set()
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await self._tasks.aclose()
         if self.consumer is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.consumer.stop(), 10)
@@ -123,7 +113,7 @@ class NameServer:
         await self.redis.aclose()
 
     def health(self) -> dict[str, Any]:
-        ok = all(not t.done() for t in self._tasks) and bool(self._tasks)
+        ok = self._tasks.alive()
         return {"ok": ok, "applied": self.applied, "last_error": self.last_error}
 
     # -- control topic ---------------------------------------------------------------------
@@ -207,7 +197,7 @@ class NameServer:
         """Decode and apply one control record. Returns what happened (for tests and logs).
 
         ``where`` (topic, partition, offset) goes into the log line of a rejected record."""
-        now = _now_ms()
+        now = now_ms()
         try:
             record, seal = self.verifier.open(
                 data, "control", control.decode, control.signer_roles, now
@@ -272,7 +262,7 @@ class NameServer:
         interval = self.settings.namesrv_scan_interval_ms / 1000
         while True:
             await asyncio.sleep(interval)
-            cutoff = _now_ms() - self.settings.namesrv_expiry_ms
+            cutoff = now_ms() - self.settings.namesrv_expiry_ms
             try:
                 brokers = await self.writer.expire_brokers(cutoff)
                 clients = await self.writer.expire_clients(cutoff)

@@ -1,5 +1,6 @@
-"""The ``tracemq`` command. Services plug their own sub-commands in through the
-``tracemq.commands`` entry-point group, so the library never imports a service.
+"""The ``tracemq`` command (needs the ``cli`` extra: typer, rich). Services and the dev kit
+(``tracemq dev``, ``tracemq demo`` from ``tracemq-devkit``) plug their own sub-commands in
+through the ``tracemq.commands`` entry-point group, so the library never imports either.
 
 Every sub-command is imported only when it runs (or its own ``--help`` is asked for): the
 client, Redis, aiokafka and Spark take seconds to import, and ``tracemq --help`` must not pay
@@ -20,16 +21,11 @@ from typer.core import TyperGroup
 
 #: name → (where its typer app or function lives, one-line help shown by ``tracemq --help``)
 BUILTIN: dict[str, tuple[str, str]] = {
-    "dev": (
-        "tracemq.cli.dev:app",
-        "Run the embedded stack (Tansu ×2, Redis, nameserver, brokers).",
-    ),
     "topic": ("tracemq.cli.topic:app", "Create, update, delete and list topics on a broker."),
     "route": ("tracemq.cli.route:app", "Inspect routes."),
     "trace": ("tracemq.cli.trace:app", "Look up message traces through the collector."),
     "group": ("tracemq.cli.group:app", "Consumer-group health (lag, rates) via the collector."),
     "health": ("tracemq.cli.health:health", "Check a service's /healthz; exit 0 if healthy."),
-    "demo": ("tracemq.cli.demo:demo", "Run the demo on the embedded stack."),
 }
 PLUGIN_GROUP = "tracemq.commands"
 
@@ -159,10 +155,12 @@ def _one_line(exc: BaseException) -> str:
 
 def _exit_code(exc: BaseException) -> int:
     from tracemq.cli._errors import CliError
-    from tracemq.errors import InvalidNameError, StackError, TracemqError
+    from tracemq.errors import CollectorError, InvalidNameError, StackError, TracemqError
 
     if isinstance(exc, CliError):
         return exc.exit_code
+    if isinstance(exc, CollectorError):  # a dependency that refused: the user checks the stack
+        return 1
     if isinstance(exc, (InvalidNameError, StackError)):
         return 2
     if isinstance(exc, TracemqError):

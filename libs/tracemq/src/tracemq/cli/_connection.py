@@ -105,6 +105,10 @@ def _admin_signer(state: dict[str, Any] | None) -> Signer | None:
 
 
 def resolve(redis_url: str | None = None, control_bootstrap: str | None = None) -> Connection:
+    # the connection model's defaults, imported here: they cost the CLI's start a Redis client
+    from tracemq.routing.keys import DEFAULT_PREFIX
+    from tracemq.settings import DEFAULT_CONTROL_BOOTSTRAP, DEFAULT_REDIS_URL
+
     env_redis = os.environ.get("TRACEMQ_REDIS_URL")
     env_bootstrap = os.environ.get("TRACEMQ_CONTROL_BOOTSTRAP")
     # the stack is looked up only when needed: with several running, explicit settings win
@@ -113,7 +117,7 @@ def resolve(redis_url: str | None = None, control_bootstrap: str | None = None) 
     )
     if state is None:
         state = dev_state() or {}
-    url = redis_url or env_redis or str(state.get("redis_url") or "redis://127.0.0.1:6379/0")
+    url = redis_url or env_redis or str(state.get("redis_url") or DEFAULT_REDIS_URL)
     try:
         split_redis_url(url)
     except ValueError as exc:
@@ -123,8 +127,8 @@ def resolve(redis_url: str | None = None, control_bootstrap: str | None = None) 
         redis_url=url,
         control_bootstrap=control_bootstrap
         or env_bootstrap
-        or str(state.get("business_bootstrap") or "127.0.0.1:9092"),
-        redis_prefix=os.environ.get("TRACEMQ_REDIS_PREFIX", "tmq:"),
+        or str(state.get("business_bootstrap") or DEFAULT_CONTROL_BOOTSTRAP),
+        redis_prefix=os.environ.get("TRACEMQ_REDIS_PREFIX", DEFAULT_PREFIX),
         admin_signer=_admin_signer(state or None),
     )
     if not any(k.startswith("TRACEMQ_KAFKA_") for k in os.environ):

@@ -8,13 +8,12 @@ Exit 0 with a table (or ``--json``); exit 1 for a group the routing database nev
 from __future__ import annotations
 
 import json
-import urllib.parse
-from typing import Any
 
 import typer
 
+from tracemq import collector_client
 from tracemq.cli._console import console, fit
-from tracemq.cli.trace import _ts, collector_url, get_json
+from tracemq.cli.trace import _ts
 
 app = typer.Typer(help="Consumer-group health.", no_args_is_help=True)
 
@@ -45,9 +44,7 @@ def status(
 ) -> None:
     """Lag (messages and age of the oldest unconsumed one), rates per minute over the last
     5 minutes, and the last consume, per consumer group and topic."""
-    base = collector_url(url)
-    path = "/api/v1/groups" + (f"/{urllib.parse.quote(group, safe='')}" if group else "")
-    res: dict[str, Any] = get_json(base, path)
+    res = collector_client.locate(url).groups(group)
     if as_json:
         typer.echo(json.dumps(res, indent=2))
         return

@@ -4,98 +4,20 @@ collector API (``--url``, ``TRACEMQ_COLLECTOR_URL`` or the running ``tracemq dev
 from __future__ import annotations
 
 import json
-import os
-import urllib.error
-import urllib.parse
-import urllib.request
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import typer
 
-from tracemq.cli._connection import dev_state
+from tracemq import collector_client
 from tracemq.cli._console import console, fit
-from tracemq.cli._errors import CliError, Unreachable, UsageError
+from tracemq.cli._errors import Unreachable, UsageError
 from tracemq.cli._time import TIME_HELP, parse_time
 
 if TYPE_CHECKING:
     from rich.table import Table
 
 app = typer.Typer(help="Look up message traces through the collector.", no_args_is_help=True)
-
-
-class LookupError_(CliError):
-    """The collector answered with an error (a missing trace, a refused query)."""
-
-
-def collector_url(url: str | None) -> str:
-    found = (
-        url or os.environ.get("TRACEMQ_COLLECTOR_URL") or (dev_state() or {}).get("collector_api")
-    )
-    if not found:
-        raise Unreachable(
-            "no collector: pass --url, set TRACEMQ_COLLECTOR_URL, or run "
-            "`tracemq dev up --collector`"
-        )
-    found = str(found).rstrip("/")
-    parts = urllib.parse.urlsplit(found)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        where = (
-            "--url"
-            if url
-            else "TRACEMQ_COLLECTOR_URL"
-            if os.environ.get("TRACEMQ_COLLECTOR_URL")
-            else "the running stack's collector URL"
-        )
-        raise UsageError(f"{where}: {found!r} is not a collector URL (like http://127.0.0.1:8080)")
-    return found
-
-
-def collector_token(url: str) -> str | None:
-    """``TRACEMQ_COLLECTOR_API_TOKEN``, else the running stack's when ``url`` is its collector
-    (``tracemq dev up`` generates one and keeps it in its 0600 state file; it is never sent to
-    another URL), else none."""
-    env = os.environ.get("TRACEMQ_COLLECTOR_API_TOKEN")
-    if env:
-        return env
-    try:
-        state = dev_state() or {}
-    except UsageError:  # several stacks and none picked: no token to guess
-        return None
-    if str(state.get("collector_api") or "").rstrip("/") == url:
-        return str(state.get("collector_api_token") or "") or None
-    return None
-
-
-def get_json(url: str, path: str, params: dict[str, Any] | None = None) -> Any:
-    """The one place the CLI builds a request to the collector API (its bearer token too)."""
-    query = urllib.parse.urlencode({k: v for k, v in (params or {}).items() if v is not None})
-    req = urllib.request.Request(f"{url}{path}" + (f"?{query}" if query else ""))  # noqa: S310
-    token = collector_token(url)
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=15) as resp:  # noqa: S310
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            detail = json.loads(exc.read()).get("error")
-        except ValueError:
-            detail = exc.reason
-        if exc.code == 401:
-            raise LookupError_(
-                f"the collector at {url} refused the token ({detail}); set "
-                "TRACEMQ_COLLECTOR_API_TOKEN (`tracemq dev status` shows the dev stack's)"
-            ) from None
-        raise LookupError_(f"the collector at {url} answered {exc.code}: {detail}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise Unreachable(
-            f"the collector at {url} did not answer ({reason}); check `tracemq dev status`, "
-            "--url or TRACEMQ_COLLECTOR_URL"
-        ) from None
-    except ValueError as exc:  # not JSON: something else listens there (the viewer page?)
-        raise LookupError_(f"{url}{path} did not answer JSON: {exc}") from None
 
 
 def _ts(ms: int | None) -> str:
@@ -170,7 +92,7 @@ def show(
     url: str | None = typer.Option(None, help="Collector API URL."),
 ) -> None:
     """The trace of one message: producer, transactions, every consumer group's attempts."""
-    view = get_json(collector_url(url), f"/api/v1/traces/{urllib.parse.quote(msg_id)}")
+    view = collector_client.locate(url).trace(msg_id)
     if as_json:
         typer.echo(json.dumps(view, indent=2))
     else:
@@ -197,10 +119,8 @@ def find(
             raise UsageError(f"--topic: {exc}") from None
     begin_ms = parse_time(begin, "--begin") if begin else None
     end_ms = parse_time(end, "--end") if end else None
-    res = get_json(
-        collector_url(url),
-        "/api/v1/traces",
-        {"key": key, "topic": topic, "begin": begin_ms, "end": end_ms, "limit": limit},
+    res = collector_client.locate(url).find(
+        key, topic=topic, begin_ms=begin_ms, end_ms=end_ms, limit=limit
     )
     if as_json:
         typer.echo(json.dumps(res, indent=2))

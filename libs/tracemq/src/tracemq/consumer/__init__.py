@@ -1,5 +1,6 @@
 """Consumers: :class:`PushConsumer` and :class:`LitePullConsumer`."""
 
+from tracemq.consumer._fetch import FETCH_MAX_WAIT_MS
 from tracemq.consumer.listener import (
     ConsumeConcurrentlyStatus,
     ConsumeContext,
@@ -11,6 +12,7 @@ from tracemq.consumer.lite_pull import LitePullConsumer
 from tracemq.consumer.push import PushConsumer
 
 __all__ = [
+    "FETCH_MAX_WAIT_MS",
     "ConsumeConcurrentlyStatus",
     "ConsumeContext",
     "ConsumeFromWhere",

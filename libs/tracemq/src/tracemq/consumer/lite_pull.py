@@ -32,8 +32,9 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
 from tracemq import kafka_security
-from tracemq._client import ClientRuntime, ClientSettings, now_ms
-from tracemq.consumer import _tags
+from tracemq._client import ClientBase, ClientRuntime, ClientSettings
+from tracemq.clock import now_ms
+from tracemq.consumer import tags as _tags
 from tracemq.consumer._fetch import FETCH_MAX_WAIT_MS
 from tracemq.consumer._process_queue import ProcessQueue
 from tracemq.consumer._records import to_message_ext
@@ -44,7 +45,7 @@ from tracemq.hooks import ConsumeMessageContext, ConsumeMessageHook, call_hooks
 from tracemq.log import get_logger
 from tracemq.message import MessageExt, MessageQueue
 from tracemq.message_id import new_request_id
-from tracemq.naming import kafka_topic, validate_group, validate_topic
+from tracemq.naming import kafka_topic, validate_topic
 from tracemq.offset_reset import (
     IDLE_CHECK_S,
     KAFKA_AUTO_OFFSET_RESET,
@@ -70,8 +71,10 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         await self.owner._guards[self.bootstrap].assigned(assigned)
 
 
-class LitePullConsumer:
+class LitePullConsumer(ClientBase):
     """``subscribe`` (group-managed queues) or ``assign`` (explicit queues), then ``poll``."""
+
+    kind = "consumer"
 
     def __init__(
         self,
@@ -93,7 +96,7 @@ class LitePullConsumer:
         control_bootstrap: str | None = None,
         trace_options: dict[str, Any] | None = None,
     ) -> None:
-        self.group = validate_group(group)
+        super().__init__(group)
         self.consume_from = ConsumeFromWhere(consume_from)
         self.auto_commit = auto_commit
         self.auto_commit_interval_ms = auto_commit_interval_ms
@@ -138,8 +141,6 @@ class LitePullConsumer:
         self._redeliver: list[MessageExt] = []
         #: msgIds polled and not yet begun (per_message_cost)
         self._unbegun: set[str] = set()
-        self._commit_task: asyncio.Task[None] | None = None
-        self._state = "created"
 
     def subscribe(self, topic: str, expression: str = "*") -> None:
         validate_topic(topic)
@@ -155,42 +156,27 @@ class LitePullConsumer:
     def trace_dispatcher(self) -> Any:
         return self._runtime.dispatcher
 
-    async def start(self) -> None:
-        if self._state != "created":
-            raise ClientStateError(f"consumer {self.group!r} is {self._state}")
-        self._state = "starting"
-        try:
-            await self._runtime.start()
-            if self._runtime.dispatcher is not None:
-                from tracemq.trace._hooks import ConsumeMessageTraceHook
+    async def _start(self) -> None:
+        await self._runtime.start()
+        if self._runtime.dispatcher is not None:
+            from tracemq.trace._hooks import ConsumeMessageTraceHook
 
-                self._hooks.append(
-                    ConsumeMessageTraceHook(self._runtime.dispatcher, self._runtime.trace_topic)
-                )
-            if self._subs:
-                await self._subscribe_all()
-            if self.auto_commit:
-                self._commit_task = asyncio.create_task(self._auto_commit())
-        except BaseException:
-            self._state = "shutdown"
-            await self._close()
-            raise
-        self._state = "running"
+            self._hooks.append(
+                ConsumeMessageTraceHook(self._runtime.dispatcher, self._runtime.trace_topic)
+            )
+        if self._subs:
+            await self._subscribe_all()
+        if self.auto_commit:
+            self._tasks.spawn(self._auto_commit(), name=f"autocommit-{self.group}")
 
-    async def shutdown(self) -> None:
-        if self._state in ("created", "shutdown"):
-            self._state = "shutdown"
-            return
-        self._state = "shutdown"
-        if self._commit_task:
-            self._commit_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._commit_task
+    async def _stop(self) -> None:
+        await self._tasks.aclose()  # no auto-commit racing the last commit
         with contextlib.suppress(Exception):
             await self.commit()
         await self._close()
 
     async def _close(self) -> None:
+        await super()._close()
         for c in self._consumers.values():
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(c.stop(), 10)
@@ -198,13 +184,6 @@ class LitePullConsumer:
             await g.close()
         self._consumers.clear()
         await self._runtime.stop()
-
-    async def __aenter__(self) -> LitePullConsumer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.shutdown()
 
     def _consumer(self, bootstrap: str) -> AIOKafkaConsumer:
         c = self._consumers.get(bootstrap)
@@ -289,8 +268,7 @@ class LitePullConsumer:
         """Consume exactly these queues (no group rebalancing)."""
         if self._subs:
             raise ClientStateError("subscribe() and assign() cannot be mixed")
-        if self._state != "running":
-            raise ClientStateError("start() the consumer before assign()")
+        self._check_running()
         self._assigned = list(queues)
         by_cluster: dict[str, list[TopicPartition]] = defaultdict(list)
         for mq in queues:
@@ -319,8 +297,7 @@ class LitePullConsumer:
 
     async def poll(self, timeout: float = 5.0) -> list[MessageExt]:
         """Messages that arrived within ``timeout`` seconds (possibly none)."""
-        if self._state != "running":
-            raise ClientStateError(f"consumer {self.group!r} is not running")
+        self._check_running()
         out: list[MessageExt] = []
         if self._redeliver:
             out, self._redeliver = (

@@ -61,8 +61,8 @@ from typing import Any
 from aiokafka import TopicPartition
 from prometheus_client import Counter
 
-from tracemq._client import ClientRuntime, ClientSettings, now_ms
-from tracemq.consumer import _tags
+from tracemq._client import ClientBase, ClientRuntime, ClientSettings, now_ms
+from tracemq.consumer import tags as _tags
 from tracemq.consumer._fetch import FETCH_MAX_WAIT_MS
 from tracemq.consumer._process_queue import ProcessQueue
 from tracemq.consumer._records import to_message_ext
@@ -82,7 +82,7 @@ from tracemq.kafka.fleet import Fleet, FleetCluster, Placement, place
 from tracemq.log import get_logger
 from tracemq.message import MessageConst, MessageExt
 from tracemq.message_id import new_request_id
-from tracemq.naming import dlq_topic, validate_group, validate_topic
+from tracemq.naming import dlq_topic, validate_topic
 from tracemq.offset_reset import IDLE_CHECK_S, OffsetReset, OffsetResetPolicy
 from tracemq.protocol.control import Subscription
 from tracemq.routing import QueueRoute
@@ -296,8 +296,10 @@ class _ClusterQueues:
             self.last_commit = time.monotonic()
 
 
-class PushConsumer:
+class PushConsumer(ClientBase):
     """Subscribe, register a listener, start. See the module docstring for the guarantees."""
+
+    kind = "consumer"
 
     def __init__(
         self,
@@ -326,7 +328,7 @@ class PushConsumer:
         control_bootstrap: str | None = None,
         trace_options: dict[str, Any] | None = None,
     ) -> None:
-        self.group = validate_group(group)
+        super().__init__(group)
         self.message_model = MessageModel(message_model)
         self.consume_from = ConsumeFromWhere(consume_from)
         self.consume_timestamp_ms = consume_timestamp_ms
@@ -384,7 +386,6 @@ class PushConsumer:
         self._workers: list[asyncio.Task[None]] = []
         self._orderly_queues: dict[TopicPartition, asyncio.Queue[tuple[Any, ...]]] = {}
         self._orderly_tasks: dict[TopicPartition, asyncio.Task[None]] = {}
-        self._state = "created"
         self._in_flight = 0
         self._listener_is_async = False
         self._outcome_counters: dict[ConsumeReturnType, Any] = {}
@@ -478,8 +479,7 @@ class PushConsumer:
         was sent meanwhile is delivered after it; with LAST_OFFSET (the default) it starts at
         the queue's end then, so send only after this returns. True if that happened within
         ``timeout_s``."""
-        if self._state != "running":
-            raise ClientStateError(f"consumer {self.group!r} is {self._state}, not running")
+        self._check_running()
         waits = [c.joined.wait() for c in self._fleet.clusters.values()]
         try:
             await asyncio.wait_for(asyncio.gather(*waits), timeout_s)
@@ -515,9 +515,7 @@ class PushConsumer:
         return self._runtime.dispatcher
 
     # -- lifecycle -------------------------------------------------------------------------
-    async def start(self) -> None:
-        if self._state != "created":
-            raise ClientStateError(f"consumer {self.group!r} is {self._state}; create a new one")
+    def _check_startable(self) -> None:
         if not self._subscriptions:
             raise ClientStateError("subscribe to at least one topic before start()")
         if self._listener is None:
@@ -535,34 +533,29 @@ class PushConsumer:
                 )
             _RUNNING_BROADCAST_GROUPS.add(self.broadcast_group_id)
             self._holds_broadcast_group = True
-        self._state = "starting"
-        try:
-            await self._runtime.start()
-            if self._runtime.dispatcher is not None:
-                from tracemq.trace._hooks import ConsumeMessageTraceHook, SendMessageTraceHook
 
-                self._hooks.append(
-                    ConsumeMessageTraceHook(self._runtime.dispatcher, self._runtime.trace_topic)
-                )
-                self._sendback.dlq_trace = SendMessageTraceHook(
-                    self._runtime.dispatcher, self._runtime.trace_topic
-                )
-            self._work = asyncio.Queue(maxsize=self.consume_concurrency * 2)
-            if not self._orderly:
-                self._workers = [self._spawn_worker(i) for i in range(self.consume_concurrency)]
-            await self._fleet.start()
-        except BaseException:
-            self._state = "shutdown"
-            await self._close()
-            raise
-        self._state = "running"
+    async def _start(self) -> None:
+        await self._runtime.start()
+        if self._runtime.dispatcher is not None:
+            from tracemq.trace._hooks import ConsumeMessageTraceHook, SendMessageTraceHook
+
+            self._hooks.append(
+                ConsumeMessageTraceHook(self._runtime.dispatcher, self._runtime.trace_topic)
+            )
+            self._sendback.dlq_trace = SendMessageTraceHook(
+                self._runtime.dispatcher, self._runtime.trace_topic
+            )
+        self._work = asyncio.Queue(maxsize=self.consume_concurrency * 2)
+        if not self._orderly:
+            self._workers = [self._spawn_worker(i) for i in range(self.consume_concurrency)]
+        await self._fleet.start()
 
     async def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop fetching, let running listeners finish (bounded), commit, flush traces, close."""
-        if self._state in ("created", "shutdown"):
-            self._state = "shutdown"
-            return
-        self._state = "shutdown"
+        if self._begin_shutdown():
+            await self._stop(timeout_s)
+
+    async def _stop(self, timeout_s: float = 10.0) -> None:
         self._fleet.halt()
         if self._in_flight:
             self._idle.clear()
@@ -571,6 +564,7 @@ class PushConsumer:
         await self._close()
 
     async def _close(self) -> None:
+        await super()._close()
         for t in [*self._workers, *self._orderly_tasks.values(), *self._sendback.tasks]:
             t.cancel()
         for t in [*self._workers, *self._orderly_tasks.values(), *self._sendback.tasks]:
@@ -581,13 +575,6 @@ class PushConsumer:
             self._holds_broadcast_group = False
             _RUNNING_BROADCAST_GROUPS.discard(self.broadcast_group_id)
         await self._runtime.stop()
-
-    async def __aenter__(self) -> PushConsumer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.shutdown()
 
     # -- routes ----------------------------------------------------------------------------
     def _route_for(self, ktopic: str) -> QueueRoute | None:

@@ -55,9 +55,10 @@ from typing import Any
 
 from aiokafka.structs import RecordMetadata
 
-from tracemq._client import ClientRuntime, ClientSettings, now_ms
+from tracemq._client import ClientBase, ClientRuntime, ClientSettings
 from tracemq._kafka import MAX_MESSAGE_SIZE, record_size
-from tracemq.errors import ClientStateError, TracemqError
+from tracemq.clock import now_ms
+from tracemq.errors import BatchSendError, SendError
 from tracemq.hooks import SendMessageContext, SendMessageHook, call_hooks
 from tracemq.log import get_logger
 from tracemq.message import (
@@ -69,7 +70,7 @@ from tracemq.message import (
     SendStatus,
 )
 from tracemq.message_id import encode_offset_msg_id, new_msg_id
-from tracemq.naming import HALF_TOPIC, SCHEDULE_TOPIC, kafka_topic, validate_group
+from tracemq.naming import HALF_TOPIC, SCHEDULE_TOPIC, kafka_topic
 from tracemq.producer._fault import FaultTolerance
 from tracemq.producer.recall import (
     RecallError,
@@ -88,36 +89,6 @@ MessageQueueSelector = Callable[[list[MessageQueue], Message, Any], MessageQueue
 DEFAULT_MAX_MESSAGE_SIZE = MAX_MESSAGE_SIZE
 
 
-class SendError(TracemqError):
-    """Every attempt of a send failed; ``__cause__`` is the last failure."""
-
-    retriable = True
-
-
-class BatchSendError(SendError):
-    """Some members of a :meth:`Producer.send_batch` failed every attempt; the others are stored.
-
-    ``results[i]`` is the :class:`SendResult` of member ``i`` (stored and traced) or None, and
-    ``errors[i]`` the last failure of a member that was not stored (else None), in the order of
-    the batch. A caller that resends only the failed members duplicates nothing.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        results: list[SendResult | None],
-        errors: list[BaseException | None],
-    ) -> None:
-        super().__init__(message)
-        self.results = results
-        self.errors = errors
-
-    @property
-    def failed(self) -> list[int]:
-        """Indices of the members that were not stored."""
-        return [i for i, r in enumerate(self.results) if r is None]
-
-
 @dataclass(frozen=True, slots=True)
 class _Placement:
     """Where a message is physically written, and the queue its SendResult reports."""
@@ -128,12 +99,14 @@ class _Placement:
     headers: tuple[tuple[str, bytes], ...] = ()
 
 
-class Producer:
+class Producer(ClientBase):
     """Sends messages; ``enable_msg_trace=True`` records a Pub trace for every message.
 
     Connection settings come from ``TRACEMQ_REDIS_URL`` / ``TRACEMQ_CONTROL_BOOTSTRAP`` (or pass
     ``redis_url`` / ``control_bootstrap``, or a whole :class:`ClientSettings`).
     """
+
+    kind = "producer"
 
     def __init__(
         self,
@@ -150,7 +123,7 @@ class Producer:
         fault_isolation_ms: int = 30_000,
         trace_options: dict[str, Any] | None = None,
     ) -> None:
-        self.group = validate_group(group)
+        super().__init__(group)
         self.settings = settings or ClientSettings.from_overrides(redis_url, control_bootstrap)
         self.send_msg_timeout_ms = send_msg_timeout_ms
         self.retry_times_when_send_failed = retry_times_when_send_failed
@@ -171,47 +144,35 @@ class Producer:
         self._faults = FaultTolerance(fault_isolation_ms)
         self._hooks: list[SendMessageHook] = []
         self._rr = 0
-        self._state = "created"
         self._replies: ReplyListener | None = None
         self._recall_lock = asyncio.Lock()
 
     # -- lifecycle -------------------------------------------------------------------------
-    async def start(self) -> None:
-        if self._state != "created":
-            raise ClientStateError(f"producer {self.group!r} is {self._state}; create a new one")
-        self._state = "starting"
-        try:
-            await self._runtime.start()
-        except BaseException:
-            self._state = "shutdown"
-            await self._runtime.stop()
-            raise
+    async def _start(self) -> None:
+        await self._runtime.start()
         if self._runtime.dispatcher is not None:
             from tracemq.trace._hooks import SendMessageTraceHook
 
             self._hooks.append(
                 SendMessageTraceHook(self._runtime.dispatcher, self._runtime.trace_topic)
             )
-        self._state = "running"
 
     async def shutdown(self, trace_timeout_s: float = 5.0) -> None:
         """Stop sending; flush what is buffered and the trace dispatcher (bounded), then close."""
-        if self._state in ("shutdown", "created"):
-            self._state = "shutdown"
-            return
-        self._state = "shutdown"
+        if self._begin_shutdown():
+            await self._stop(trace_timeout_s)
+
+    async def _stop(self, trace_timeout_s: float = 5.0) -> None:
+        await self._tasks.aclose()
         if self._replies is not None:
             await self._replies.stop()
         for p in list(self._runtime.pool._producers.values()):
             await p.flush()
+        await self._close(trace_timeout_s)
+
+    async def _close(self, trace_timeout_s: float = 5.0) -> None:
+        await super()._close()
         await self._runtime.stop(trace_timeout_s)
-
-    async def __aenter__(self) -> Producer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.shutdown()
 
     def register_send_hook(self, hook: SendMessageHook) -> None:
         self._hooks.append(hook)
@@ -225,12 +186,6 @@ class Producer:
         return self._runtime.dispatcher
 
     # -- sending ---------------------------------------------------------------------------
-    def _check_running(self) -> None:
-        if self._state != "running":
-            if self._state == "shutdown":
-                raise ClientStateError(f"producer {self.group!r} has been shut down")
-            raise ClientStateError(f"producer {self.group!r} is not started; call start() first")
-
     def _check(self, msg: object) -> Message:
         self._check_running()
         if not isinstance(msg, Message):

@@ -27,25 +27,13 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from tracemq.admin import REPLIES_REJECTED
-from tracemq.errors import TracemqError
+from tracemq.errors import RecallError
+from tracemq.errors import RecallTimeoutError as RecallTimeoutError  # its old home
 from tracemq.log import get_logger
 from tracemq.protocol import admin as admin_proto
 from tracemq.protocol._envelope import ProtocolError
 
 log = get_logger("producer.recall")
-
-
-class RecallError(TracemqError):
-    """The broker did not recall the message and says why (``str(exc)``): no such delayed
-    message at the handle's coordinates, or a handle of another broker, topic or level."""
-
-
-class RecallTimeoutError(RecallError):
-    """No answer from the broker in time. The recall request is stored on the broker's schedule
-    queue and is applied if the broker reads it before the message is due: recall again with the
-    same handle to learn the outcome (a repeated recall is one recall)."""
-
-    retriable = True
 
 
 class RecallStatus(enum.StrEnum):

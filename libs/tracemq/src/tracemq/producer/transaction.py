@@ -40,7 +40,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from prometheus_client import Counter
 
 from tracemq import kafka_security
-from tracemq._client import now_ms
+from tracemq.clock import now_ms
 from tracemq.hooks import EndTransactionContext, EndTransactionHook, call_hooks
 from tracemq.log import get_logger
 from tracemq.message import InvalidMessageError, Message, MessageConst, MessageExt, MessageQueue
@@ -105,35 +105,29 @@ class TransactionProducer(Producer):
         self.listener = listener
         self._end_hooks: list[EndTransactionHook] = []
         self._check_consumer: AIOKafkaConsumer | None = None
-        self._check_task: asyncio.Task[None] | None = None
         self._check_slots = asyncio.Semaphore(check_concurrency)
-        self._check_tasks: set[asyncio.Task[None]] = set()
 
     def register_end_transaction_hook(self, hook: EndTransactionHook) -> None:
         self._end_hooks.append(hook)
 
-    async def start(self) -> None:
-        await super().start()
-        try:
-            if self._runtime.dispatcher is not None:
-                from tracemq.trace._hooks import EndTransactionTraceHook
+    async def _start(self) -> None:
+        await super()._start()
+        if self._runtime.dispatcher is not None:
+            from tracemq.trace._hooks import EndTransactionTraceHook
 
-                self._end_hooks.append(
-                    EndTransactionTraceHook(self._runtime.dispatcher, self._runtime.trace_topic)
-                )
-            self._check_consumer = AIOKafkaConsumer(
-                bootstrap_servers=self.settings.control_bootstrap,
-                **kafka_security.client_kwargs(self.settings.control_bootstrap),
-                group_id=None,
-                enable_auto_commit=False,
-                fetch_max_wait_ms=200,
+            self._end_hooks.append(
+                EndTransactionTraceHook(self._runtime.dispatcher, self._runtime.trace_topic)
             )
-            await kafka_security.start(self._check_consumer, self.settings.control_bootstrap)
-            await self._follow_checks()
-        except BaseException:
-            await self.shutdown()
-            raise
-        self._check_task = asyncio.create_task(self._check_loop(), name=f"txcheck-{self.group}")
+        self._check_consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.settings.control_bootstrap,
+            **kafka_security.client_kwargs(self.settings.control_bootstrap),
+            group_id=None,
+            enable_auto_commit=False,
+            fetch_max_wait_ms=200,
+        )
+        await kafka_security.start(self._check_consumer, self.settings.control_bootstrap)
+        await self._follow_checks()
+        self._tasks.spawn(self._check_loop(), name=f"txcheck-{self.group}")
 
     async def _follow_checks(self) -> bool:
         """Assign the check topic (from its end) once it exists; False while it does not."""
@@ -151,24 +145,13 @@ class TransactionProducer(Producer):
             await self._check_consumer.position(tp)
         return True
 
-    async def shutdown(self, trace_timeout_s: float = 5.0) -> None:
-        for t in [self._check_task, *self._check_tasks]:
-            if t is not None:
-                t.cancel()
-        for t in [self._check_task, *self._check_tasks]:
-            if t is not None:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
-        self._check_task = None
+    async def _close(self, trace_timeout_s: float = 5.0) -> None:
+        await self._tasks.aclose()  # the check loop and the checks under way
         if self._check_consumer is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._check_consumer.stop(), 10)
             self._check_consumer = None
-        await super().shutdown(trace_timeout_s)
-
-    async def __aenter__(self) -> TransactionProducer:
-        await self.start()
-        return self
+        await super()._close(trace_timeout_s)
 
     # -- sending ---------------------------------------------------------------------------
     async def send_message_in_transaction(
@@ -294,8 +277,7 @@ class TransactionProducer(Producer):
                 if req.group != self.group:
                     continue
                 await self._check_slots.acquire()
-                task = asyncio.create_task(self._check_back(req, where))
-                self._check_tasks.add(task)
+                task = self._tasks.spawn(self._check_back(req, where), name="txcheck-back")
                 task.add_done_callback(self._check_done)
 
     def _reject_check(self, reason: str, error: str, where: dict[str, Any]) -> None:
@@ -303,7 +285,6 @@ class TransactionProducer(Producer):
         log.warning("check request rejected", group=self.group, reason=reason, error=error, **where)
 
     def _check_done(self, task: asyncio.Task[None]) -> None:
-        self._check_tasks.discard(task)
         self._check_slots.release()
 
     async def _check_back(self, req: txp.CheckRequest, where: dict[str, Any]) -> None:

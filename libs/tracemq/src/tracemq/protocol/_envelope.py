@@ -14,19 +14,12 @@ from typing import Any, Literal
 import msgpack
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from tracemq.errors import ProtocolError
+
 SCHEMA_VERSION: Literal[1] = 1
 
 #: How much of an offending value an error message quotes: a hostile record can be a megabyte.
 SHOW_MAX = 80
-
-
-class ProtocolError(ValueError):
-    """A record on a tracemq topic could not be understood (garbage, wrong schema, bad field)."""
-
-    def __init__(self, reason: str, kind: str) -> None:
-        super().__init__(reason)
-        #: short label for metrics: ``garbage``, ``version``, ``type``, ``schema``
-        self.kind = kind
 
 
 def show(value: object, limit: int = SHOW_MAX) -> str:

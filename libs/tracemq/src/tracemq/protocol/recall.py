@@ -38,7 +38,7 @@ from typing import Literal
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from tracemq.errors import TracemqError
+from tracemq.errors import RecallHandleError
 from tracemq.naming import validate_broker_name, validate_topic
 from tracemq.protocol._envelope import (
     SCHEMA_VERSION,
@@ -62,14 +62,6 @@ RECALLED_RESULTS = frozenset({"RECALLED", "ALREADY_RECALLED"})
 
 _DIGITS = re.compile(r"^[0-9]{1,19}$")
 _MSG_ID = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no space (the field separator)
-
-
-class RecallHandleError(ProtocolError, TracemqError):
-    """A recall handle cannot be decoded, or is not a tracemq delayed message's handle; the
-    message names the problem."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"invalid recall handle: {reason}", "handle")
 
 
 @dataclass(frozen=True, slots=True)

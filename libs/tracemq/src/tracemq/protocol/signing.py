@@ -48,6 +48,7 @@ from typing import Any, Literal, TypeVar
 
 import msgpack
 
+from tracemq.errors import SignatureError
 from tracemq.protocol._envelope import SCHEMA_VERSION, ProtocolError, show, unpack_dict
 
 SIGNED_TYPE = "signed"
@@ -65,15 +66,6 @@ TS_MAX = 2**63 - 1
 _TAG = b"tracemq-sig-v1"
 
 T = TypeVar("T")
-
-
-class SignatureError(ProtocolError):
-    """A record is refused for want of a valid signature: ``kind`` is ``unsigned``, ``forged``,
-    ``expired``, ``wrong_role`` or ``replayed``; ``key_id`` is the access key id it claimed."""
-
-    def __init__(self, reason: str, kind: str, key_id: str | None = None) -> None:
-        super().__init__(reason, kind)
-        self.key_id = key_id
 
 
 @dataclass(frozen=True)

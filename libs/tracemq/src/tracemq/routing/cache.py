@@ -18,9 +18,10 @@ from redis.exceptions import RedisError
 
 from tracemq.errors import NoRouteError, RoutingUnavailableError
 from tracemq.log import get_logger
-from tracemq.routing.keys import RedisKeys
+from tracemq.routing.keys import DEFAULT_PREFIX, RedisKeys
 from tracemq.routing.model import TopicRoute
 from tracemq.routing.registry import RegistryReader, connect, describe_failure
+from tracemq.tasks import TaskGroup
 
 ROUTE_REFRESH_ERRORS = Counter(
     "tracemq_route_refresh_errors_total",
@@ -42,7 +43,7 @@ class RouteCache:
         self,
         redis_url: str,
         *,
-        prefix: str = "tmq:",
+        prefix: str = DEFAULT_PREFIX,
         refresh_interval_s: float = 30.0,
         redis: aioredis.Redis | None = None,
     ) -> None:
@@ -52,7 +53,7 @@ class RouteCache:
         self._keys = RedisKeys(prefix)
         self._refresh_interval_s = refresh_interval_s
         self._routes: dict[str, TopicRoute] = {}
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = TaskGroup("route cache")
         self._inflight: dict[str, asyncio.Future[TopicRoute]] = {}
         self._listeners: list[asyncio.Queue[str]] = []
         self._redis_url = redis_url
@@ -65,20 +66,13 @@ class RouteCache:
         return self._reader
 
     async def start(self) -> None:
-        if self._tasks:
+        if len(self._tasks):
             return
-        self._tasks = [
-            asyncio.create_task(self._listen(), name="route-change-listener"),
-            asyncio.create_task(self._periodic(), name="route-periodic-refresh"),
-        ]
+        self._tasks.spawn(self._listen(), name="route-change-listener")
+        self._tasks.spawn(self._periodic(), name="route-periodic-refresh")
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        self._tasks = []
+        await self._tasks.aclose()
         if self._own_redis:
             await self._redis.aclose()
 

@@ -39,12 +39,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+#: the key prefix when ``TRACEMQ_REDIS_PREFIX`` is not set
+DEFAULT_PREFIX = "tmq:"
+
 
 @dataclass(frozen=True, slots=True)
 class RedisKeys:
     """Builds the keys above for one prefix."""
 
-    prefix: str = "tmq:"
+    prefix: str = DEFAULT_PREFIX
 
     def offset_resets(self, group: str) -> str:
         return f"{self.prefix}offset-resets:{group}"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -18,14 +17,11 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from tracemq.clock import now_ms as now_ms  # re-exported by tracemq.routing
 from tracemq.errors import ConfigError, RedisUnavailableError
 from tracemq.redis_url import redact, split
-from tracemq.routing.keys import RedisKeys
+from tracemq.routing.keys import DEFAULT_PREFIX, RedisKeys
 from tracemq.routing.model import QueueRoute, TopicRoute
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def connect(url: str) -> aioredis.Redis:
@@ -98,7 +94,7 @@ async def check_reachable(
 class RegistryReader:
     """Reads brokers, routes and subscriptions; used by clients, the CLI and the collector."""
 
-    def __init__(self, redis: aioredis.Redis, prefix: str = "tmq:") -> None:
+    def __init__(self, redis: aioredis.Redis, prefix: str = DEFAULT_PREFIX) -> None:
         self.redis = redis
         self.keys = RedisKeys(prefix)
 

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from tracemq.errors import ClientStateError, TracemqError
+from tracemq.errors import ClientStateError, TraceTopicError
 from tracemq.log import get_logger
 from tracemq.message import MessageConst
 from tracemq.message_id import local_ipv4, new_msg_id
@@ -126,10 +126,6 @@ TRACE_SEND_SECONDS = Histogram(
 
 
 # ----------------------------------------------------------------------------- interfaces
-
-
-class TraceTopicError(TracemqError):
-    """A customized trace topic cannot be written: no broker hosts it."""
 
 
 class TraceSender(Protocol):

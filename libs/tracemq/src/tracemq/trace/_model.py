@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from tracemq.errors import TracemqError
+from tracemq.errors import DecodeError
 
 __all__ = [
     "ConsumeReturnType",
@@ -171,11 +171,3 @@ class DecodeResult:
 
     contexts: list[TraceContext] = field(default_factory=list)
     errors: list[MalformedRecord] = field(default_factory=list)
-
-
-class DecodeError(TracemqError, ValueError):
-    """A trace record is malformed.
-
-    The per-record parsers raise it; :func:`tracemq.trace.decode_report` turns it into a
-    :class:`MalformedRecord`, so decoding a whole message never raises.
-    """

@@ -3,7 +3,7 @@
 Vectorized with numpy and pyarrow: 10 million messages (about 45 million trace events) are
 generated in chunks of ``chunk_messages`` messages, each written as its own Parquet files into
 the lake's ``date=YYYY-MM-DD/hour=HH`` directories, in the lake schema of
-:mod:`tracemq.lake_schema`.
+:mod:`tracemq.lake`.
 
 The world it simulates (see :func:`topology`):
 
@@ -33,10 +33,10 @@ The world it simulates (see :func:`topology`):
   the window.
 
 Where things live: the simulated world's constants, behaviours and groups in
-:mod:`~tracemq_spark.gen_world`; the columnar id/string/table builders in
-:mod:`~tracemq_spark.gen_columns`; the consume-side records (attempts, orphans) in
-:mod:`~tracemq_spark.gen_consume`; the ground truth per chunk in
-:mod:`~tracemq_spark.gen_truth`; here the scenario and the chunked generation (``_Gen``: Pubs,
+:mod:`~tracemq_devkit.gen_world`; the columnar id/string/table builders in
+:mod:`~tracemq_devkit.gen_columns`; the consume-side records (attempts, orphans) in
+:mod:`~tracemq_devkit.gen_consume`; the ground truth per chunk in
+:mod:`~tracemq_devkit.gen_truth`; here the scenario and the chunked generation (``_Gen``: Pubs,
 expected pairs, retry copies, committed offsets).
 
 The ground truth (:attr:`GeneratedLake.truth`) is the outcome the reconciliation must find for
@@ -57,7 +57,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tracemq_spark.gen_columns import (
+from tracemq_devkit.gen_columns import (
     _COLS,
     _frame,
     _keys,
@@ -65,9 +65,9 @@ from tracemq_spark.gen_columns import (
     _take,
     msg_ids,
 )
-from tracemq_spark.gen_consume import attempt_events, orphans
-from tracemq_spark.gen_truth import record_truth
-from tracemq_spark.gen_world import (
+from tracemq_devkit.gen_consume import attempt_events, orphans
+from tracemq_devkit.gen_truth import record_truth
+from tracemq_devkit.gen_world import (
     _BEHAVIOUR_P,
     _BLOCKERS,
     _RETRYING,
@@ -360,11 +360,11 @@ class _Gen:
         tags_arr = np.full(n, -1)
         tag_strings: list[str | None] = []
         for t in range(len(TOPICS)):
-            base = len(tag_strings)
+            first_tag = len(tag_strings)
             tag_strings.extend(TAGS[t])
             sel = topic == t
             tag_vals = np.array(
-                [base + i if TAGS[t][i] is not None else -1 for i in range(len(TAGS[t]))]
+                [first_tag + i if TAGS[t][i] is not None else -1 for i in range(len(TAGS[t]))]
             )
             tags_arr[sel] = tag_vals[tag[sel]]
         tag_col = _take(tag_strings, tags_arr)
@@ -637,8 +637,8 @@ class _Gen:
 
         # --- committed-offset blockers ---------------------------------------------------
         gi_arr = all_group[:P]
-        for b in _BLOCKERS:
-            sel = np.flatnonzero((all_beh[:P] == b) & ok[p_msg])
+        for blocking in _BLOCKERS:
+            sel = np.flatnonzero((all_beh[:P] == blocking) & ok[p_msg])
             if len(sel):
                 m = p_msg[sel]
                 np.minimum.at(
@@ -792,10 +792,11 @@ class _Gen:
             if g.broadcasting or not g.rows:
                 continue
             for bi, (bname, addr) in enumerate(BROKERS):
-                for topic, c in (
+                copy_committed: tuple[tuple[str, int | None], ...] = (
                     (f"%RETRY%{g.name}", int(retry_committed[gi, bi])),
                     (f"%DLQ%{g.name}", None),  # nobody consumes a dead-letter queue
-                ):
+                )
+                for topic, committed_at in copy_committed:
                     offsets.append(
                         {
                             "group": g.name,
@@ -803,7 +804,7 @@ class _Gen:
                             "broker": bname,
                             "store_addr": addr,
                             "queue_id": 0,
-                            "committed": c,
+                            "committed": committed_at,
                             "client_host": None,
                         }
                     )
@@ -865,20 +866,20 @@ class _Gen:
             for ids, grp, first in self.orphan_batches:
                 inw = (first >= sc.start_ms) & (first < sc.end_ms)
                 sel = pa.array(inw)
-                g = grp[inw]
+                gsel = grp[inw]
                 self.truth.append(
                     pa.table(
                         {
                             "window_start": (first[inw] // w) * w,
                             "msg_id": ids.filter(sel),
-                            "group": _take(gnames, g),
+                            "group": _take(gnames, gsel),
                             "client_host": pc.if_else(
-                                pa.array(g == bc),
-                                self._orphan_host(g),
-                                pa.nulls(len(g), pa.string()),
+                                pa.array(gsel == bc),
+                                self._orphan_host(gsel),
+                                pa.nulls(len(gsel), pa.string()),
                             ),
-                            "outcome": pa.array(["ORPHAN_CONSUME"] * len(g), type=pa.string()),
-                            "skew_suspect": np.zeros(len(g), dtype=bool),
+                            "outcome": pa.array(["ORPHAN_CONSUME"] * len(gsel), type=pa.string()),
+                            "skew_suspect": np.zeros(len(gsel), dtype=np.bool_),
                         }
                     )
                 )

@@ -20,7 +20,6 @@ import shutil
 import signal
 import subprocess
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -31,17 +30,19 @@ import typer
 from pydantic import SecretStr
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-
-from tracemq._client import ClientSettings
+from tracemq import ClientSettings
 from tracemq.admin import AdminClient
-from tracemq.cli._console import console, fit
+from tracemq.cli.plugin import console, fit
 from tracemq.cli.trace import trace_table
+from tracemq.collector_client import CollectorClient
 from tracemq.collector_lag import wait_caught_up
-from tracemq.devstack import EmbeddedStack, StackConfig
-from tracemq.devstack.stack import tracemq_command
+from tracemq.errors import CollectorError
 from tracemq.protocol.signing import Signer
 from tracemq.redis_url import redact
 from tracemq.routing import RegistryReader, TopicRoute, connect
+
+from tracemq_devkit.devstack import EmbeddedStack, StackConfig
+from tracemq_devkit.devstack.stack import tracemq_command
 
 DEMO_TOPIC = "TopicTest"
 GROUPS = ("demo_healthy", "demo_flaky", "demo_stopped")
@@ -310,22 +311,17 @@ class Workload:
             self.trace_stats[name] = client.trace_dispatcher.stats()
 
 
-def _get(url: str, token: str) -> Any:
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})  # noqa: S310
-    with urllib.request.urlopen(req, timeout=5) as resp:  # noqa: S310 - our own collector
-        return json.loads(resp.read())
-
-
 def _wait_trace(
     api: str, token: str, msg_id: str, groups: int, timeout: float = 30
 ) -> dict[str, Any] | None:
+    collector = CollectorClient(api, token, timeout_s=5)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            view = _get(f"{api}/api/v1/traces/{msg_id}", token)
+            view = collector.trace(msg_id)
             if view["producer"] and len(view["consumers"]) >= groups:
-                return view  # type: ignore[no-any-return]
-        except (OSError, ValueError):
+                return view
+        except CollectorError:  # not there yet (404), or the collector is busy
             pass
         time.sleep(0.2)
     return None
@@ -463,7 +459,7 @@ def demo(
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
-    from tracemq.cli._registry import register_stack, unregister_stack
+    from tracemq.cli.plugin import register_stack, unregister_stack
 
     # with --keep-running the stack's lake outlives the demo, for `tracemq reconcile` later
     workdir = Path(".tracemq/demo").resolve() if keep_running else None

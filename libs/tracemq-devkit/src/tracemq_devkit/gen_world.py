@@ -1,4 +1,4 @@
-"""The world :mod:`tracemq_spark.generator` simulates: time units, brokers, topics and tags,
+"""The world :mod:`tracemq_devkit.generator` simulates: time units, brokers, topics and tags,
 producers, the per-delivery behaviours and their odds, and the consumer groups with their
 subscription history (:func:`topology`, :func:`subscription_rows`). Plain data, no I/O.
 """

@@ -31,18 +31,19 @@ from typing import Any
 from urllib.parse import quote
 
 from tracemq import redis_url
-from tracemq.devstack import secure
-from tracemq.devstack.binaries import (
+from tracemq.errors import StackError
+from tracemq.redis_url import redact
+
+from tracemq_devkit.devstack import secure
+from tracemq_devkit.devstack.binaries import (
     kafka_broker_bin,
     redis_server_bin,
     redis_tls_server_bin,
     s3_server_bin,
 )
-from tracemq.devstack.process import ManagedProcess
-from tracemq.devstack.secrets import StackSecrets
-from tracemq.devstack.supervisor import RestartPolicy, Supervisor
-from tracemq.errors import StackError
-from tracemq.redis_url import redact
+from tracemq_devkit.devstack.process import ManagedProcess
+from tracemq_devkit.devstack.secrets import StackSecrets
+from tracemq_devkit.devstack.supervisor import RestartPolicy, Supervisor
 
 BUSINESS_CLUSTER = "business"
 TRACE_CLUSTER = "trace"
@@ -118,7 +119,7 @@ class StackConfig:
     (addresses, ports, data directories) wins over both.
 
     ``supervise`` restarts a crashed process with backoff (``restart_policy``; see
-    :mod:`tracemq.devstack.supervisor`). ``tracemq dev up`` turns it on; it is off by default
+    :mod:`tracemq_devkit.devstack.supervisor`). ``tracemq dev up`` turns it on; it is off by default
     because tests that kill a broker on purpose watch it stay dead (expiry, failover).
     ``control_dir`` lets other processes send ``kill``/``restart`` to a supervised stack.
 
@@ -129,7 +130,7 @@ class StackConfig:
 
     ``secure`` puts both Kafka clusters behind TLS (a throw-away CA) and SASL (the generated
     ``secrets.kafka_users``); every service and this process's clients connect that way (see
-    :mod:`tracemq.devstack.secure`).
+    :mod:`tracemq_devkit.devstack.secure`).
     """
 
     workdir: Path | None = None

@@ -2,7 +2,7 @@
 
 At start the stack makes a throw-away CA and one server certificate for ``127.0.0.1`` and
 ``localhost`` (``<workdir>/tls``: ``ca.pem``, ``server.pem``, ``server.key``); nothing outlives
-the stack's workdir. Each cluster gets a :mod:`~tracemq.devstack.kafka_gateway` (TLS + SASL)
+the stack's workdir. Each cluster gets a :mod:`~tracemq_devkit.devstack.kafka_gateway` (TLS + SASL)
 in front of its Tansu, with that cluster's generated user (``StackSecrets.kafka_users``: the
 business and trace clusters have different users). Every service the stack spawns gets
 :func:`kafka_env` (``TRACEMQ_KAFKA_*``: ``SASL_SSL``, ``SCRAM-SHA-512``, the CA and one override
@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import SecretStr
-
 from tracemq import kafka_security
-from tracemq.devstack.process import ManagedProcess
+
+from tracemq_devkit.devstack.process import ManagedProcess
 
 if TYPE_CHECKING:
-    from tracemq.devstack.stack import EmbeddedStack
+    from tracemq_devkit.devstack.stack import EmbeddedStack
 
 MECHANISM: kafka_security.SaslMechanism = "SCRAM-SHA-512"
 PROTOCOL: kafka_security.SecurityProtocol = "SASL_SSL"
@@ -76,7 +76,7 @@ def start_gateway(
         argv=[
             sys.executable,
             "-m",
-            "tracemq.devstack.kafka_gateway",
+            "tracemq_devkit.devstack.kafka_gateway",
             "--listen",
             f"127.0.0.1:{listen_port}",
             "--upstream",

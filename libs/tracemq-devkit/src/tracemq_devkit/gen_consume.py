@@ -1,4 +1,4 @@
-"""The consume side of :mod:`tracemq_spark.generator`: each (message, group[, client]) pair's
+"""The consume side of :mod:`tracemq_devkit.generator`: each (message, group[, client]) pair's
 attempts as SubBefore/SubAfter records (:func:`attempt_events`, with its behaviour's retries,
 lost records and dead-letter moves), and the consumes of messages without a Pub in the window
 (:func:`orphans`, :func:`raw_consumes`).
@@ -12,13 +12,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tracemq_spark.gen_columns import (
+from tracemq_devkit.gen_columns import (
     _frame,
     _request_ids,
     _take,
     msg_ids,
 )
-from tracemq_spark.gen_world import (
+from tracemq_devkit.gen_world import (
     _RETRYING,
     AFTER_LOST,
     DLQ,
@@ -35,7 +35,7 @@ from tracemq_spark.gen_world import (
 )
 
 if TYPE_CHECKING:
-    from tracemq_spark.generator import _Gen
+    from tracemq_devkit.generator import _Gen
 
 
 def attempt_events(
@@ -92,7 +92,7 @@ def attempt_events(
         pick[sel] = np.searchsorted(np.cumsum(wts / wts.sum()), pick_p[sel], side="right")
     pick = pick.clip(0, None)[pair]
     c = np.where(c < 0, pick, c)
-    host_tab = [[h for h, _ in gr.clients] or [None] for gr in gen.groups]
+    host_tab: list[list[str | None]] = [[h for h, _ in gr.clients] or [None] for gr in gen.groups]
     skew_tab = [[s for _, s in gr.clients] or [0] for gr in gen.groups]
     width = max(len(h) for h in host_tab)
     hosts_flat = [h for hs in host_tab for h in (hs + [None] * (width - len(hs)))]

@@ -1,4 +1,4 @@
-"""The ground truth of :mod:`tracemq_spark.generator`: for each chunk's window messages, the
+"""The ground truth of :mod:`tracemq_devkit.generator`: for each chunk's window messages, the
 outcome the reconciliation must find per (window, msgId, group[, client]) — what each
 behaviour means given which events fall inside the job's read range, the committed offsets and
 the cutoff (:func:`record_truth`, appended to the generator's ``truth`` tables).
@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from tracemq_spark.gen_columns import (
+from tracemq_devkit.gen_columns import (
     _take,
 )
-from tracemq_spark.gen_world import (
+from tracemq_devkit.gen_world import (
     BEHAVIOURS,
     DAY,
     DLQ,
@@ -29,7 +29,7 @@ from tracemq_spark.gen_world import (
 )
 
 if TYPE_CHECKING:
-    from tracemq_spark.generator import _Gen
+    from tracemq_devkit.generator import _Gen
 
 
 def record_truth(

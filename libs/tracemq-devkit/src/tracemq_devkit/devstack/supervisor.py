@@ -1,6 +1,6 @@
 """Supervision of the embedded stack: a crashed process is started again, with backoff.
 
-One thread per supervised :class:`~tracemq.devstack.stack.EmbeddedStack`. Every
+One thread per supervised :class:`~tracemq_devkit.devstack.stack.EmbeddedStack`. Every
 ``tick_s`` it looks at each process: one that exited without being asked to is a crash; it is
 started again (same command, environment, port and data directory) after
 ``min(initial_backoff_s * 2**(failures-1), max_backoff_s)``, where ``failures`` counts the
@@ -31,11 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tracemq.cli.plugin import pid_alive
 from tracemq.errors import StackError
 from tracemq.log import get_logger
 
 if TYPE_CHECKING:
-    from tracemq.devstack.stack import EmbeddedStack
+    from tracemq_devkit.devstack.stack import EmbeddedStack
 
 log = get_logger("supervisor")
 
@@ -291,7 +292,7 @@ class ControlChannel:
                     if not answer.get("ok"):
                         raise StackError(str(answer.get("error")))
                     return answer
-                if not _pid_alive(launcher_pid):
+                if not pid_alive(launcher_pid):
                     raise StackError("the launcher exited before answering; is the stack running?")
                 time.sleep(0.05)
         finally:
@@ -304,17 +305,3 @@ def _write_atomic(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True

@@ -21,7 +21,7 @@ Limits: no SaslAuthenticate v2 (flexible encoding; aiokafka uses v1), no re-auth
 At most ``MAX_CONNECTIONS`` connections at once (more are closed at accept); a request before
 authentication is at most ``MAX_PREAUTH_FRAME`` bytes.
 
-Run: ``python -m tracemq.devstack.kafka_gateway --listen H:P --upstream H:P --cert PEM --key
+Run: ``python -m tracemq_devkit.devstack.kafka_gateway --listen H:P --upstream H:P --cert PEM --key
 PEM --name CLUSTER``; users come as JSON ``{"user": "password"}`` in
 ``TRACEMQ_DEV_GATEWAY_USERS`` (never on the command line).
 """
@@ -42,6 +42,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tracemq.errors import StackError
 from tracemq.log import configure_logging, get_logger
 
 log = get_logger("kafka-gateway")
@@ -59,7 +60,7 @@ MAX_PREAUTH_FRAME = 64 * 1024
 AUTH_TIMEOUT_S = 30.0
 
 
-class AuthFailed(Exception):
+class AuthFailed(StackError):
     """The client's SASL exchange failed; the message goes back to it."""
 
 
@@ -413,7 +414,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m tracemq.devstack.kafka_gateway")
+    p = argparse.ArgumentParser(prog="python -m tracemq_devkit.devstack.kafka_gateway")
     p.add_argument("--listen", required=True)
     p.add_argument("--upstream", required=True)
     p.add_argument("--name", required=True)

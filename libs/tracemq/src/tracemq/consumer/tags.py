@@ -1,4 +1,5 @@
-"""RocketMQ tag expressions: ``*`` (everything) or ``TagA || TagB``."""
+"""RocketMQ tag expressions: ``*`` (everything) or ``TagA || TagB`` — how a consumer filters
+by tag, and how the collector tells which groups a message was meant for."""
 
 from __future__ import annotations
 

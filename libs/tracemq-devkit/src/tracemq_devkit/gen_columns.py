@@ -1,4 +1,4 @@
-"""Columnar building blocks of :mod:`tracemq_spark.generator`: msgIds, requestIds and
+"""Columnar building blocks of :mod:`tracemq_devkit.generator`: msgIds, requestIds and
 offsetMsgIds as vectorized numpy/arrow arrays (:func:`msg_ids`), strings by code, and
 :func:`_frame`, a lake-schema table from given columns and the lake's defaults.
 """
@@ -14,9 +14,9 @@ from zoneinfo import ZoneInfo
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from tracemq import lake_schema
+from tracemq import lake
 
-from tracemq_spark.gen_world import BROKERS, PRODUCERS, TRACE_TOPIC
+from tracemq_devkit.gen_world import BROKERS, PRODUCERS, TRACE_TOPIC
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -139,8 +139,8 @@ def _keys(index: np.ndarray) -> pa.Array:
 
 # ----------------------------------------------------------------------------- events
 
-_COLS = lake_schema.COLUMN_NAMES
-_TYPES = {name: typ for name, typ, _, _ in lake_schema.COLUMNS}
+_COLS = lake.COLUMN_NAMES
+_TYPES = {field.name: field.type for field in lake.arrow_schema()}
 _DEFAULTS: dict[str, Any] = {
     "cost_time": 0,
     "success": True,
@@ -153,7 +153,7 @@ _DEFAULTS: dict[str, Any] = {
     "trace_offset": 0,
     "trace_index": 0,
     "ingest_ts": 0,
-    "schema_version": lake_schema.SCHEMA_VERSION,
+    "schema_version": lake.SCHEMA_VERSION,
     "trace_topic": TRACE_TOPIC,
 }
 
@@ -181,4 +181,4 @@ def _frame(n: int, **cols: Any) -> pa.Table:
         else:
             arr = pa.nulls(n, typ)
         arrays.append(arr)
-    return pa.Table.from_arrays(arrays, schema=lake_schema.SCHEMA)
+    return pa.Table.from_arrays(arrays, schema=lake.arrow_schema())

@@ -18,11 +18,17 @@ from typing import Any
 
 import typer
 from rich.table import Table
-
-from tracemq.cli._connection import dev_home, dev_state, home_state
-from tracemq.cli._console import console, fit
-from tracemq.cli._errors import UsageError
-from tracemq.cli._registry import pid_alive, register_stack, unregister_stack
+from tracemq.cli.plugin import (
+    UsageError,
+    console,
+    dev_home,
+    dev_state,
+    fit,
+    home_state,
+    pid_alive,
+    register_stack,
+    unregister_stack,
+)
 from tracemq.errors import StackError
 
 app = typer.Typer(
@@ -171,7 +177,7 @@ def up(
         return
     (home / "state.json").unlink(missing_ok=True)
     shutil.rmtree(home / "stack", ignore_errors=True)
-    from tracemq.devstack import EmbeddedStack, StackConfig
+    from tracemq_devkit.devstack import EmbeddedStack, StackConfig
 
     def on_term(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt
@@ -233,7 +239,7 @@ def _up_detached(
     every: dict[str, str],
     per: dict[str, dict[str, str]],
 ) -> None:
-    from tracemq.devstack.stack import tracemq_command
+    from tracemq_devkit.devstack.stack import tracemq_command
 
     log = open(home / "launcher.log", "wb")  # noqa: SIM115 - handed to the child
     argv = [*tracemq_command(), "dev", "up", "--collector" if collector else "--no-collector"]
@@ -388,7 +394,7 @@ def _print_processes(out: dict[str, Any]) -> None:
 
 
 def _control(op: str, process: str, timeout: float) -> dict[str, Any]:
-    from tracemq.devstack.supervisor import ControlChannel
+    from tracemq_devkit.devstack.supervisor import ControlChannel
 
     state = dev_state() or {}
     pid = int(state.get("launcher_pid") or 0)
