@@ -360,11 +360,15 @@ def test_a_crash_between_compacted_write_and_deletes_never_doubles_rows(
     on_disk = sorted(p.name for p in hour_dir.iterdir())
     assert len(on_disk) == 4  # the three parts and the compacted file
     # A reader applying the rule sees every row once.
-    assert [p.name for p in lake.files()] == [f"compacted-{TOPIC}-00000-{0:020d}-{3:020d}-00003.parquet"]
+    assert [p.name for p in lake.files()] == [
+        f"compacted-{TOPIC}-00000-{0:020d}-{3:020d}-00003.parquet"
+    ]
     assert lake_rows(lake) == before
 
     assert lake.compact(LATER) == 0  # the rerun only finishes the deletes
-    assert [p.name for p in hour_dir.iterdir()] == [f"compacted-{TOPIC}-00000-{0:020d}-{3:020d}-00003.parquet"]
+    assert [p.name for p in hour_dir.iterdir()] == [
+        f"compacted-{TOPIC}-00000-{0:020d}-{3:020d}-00003.parquet"
+    ]
     assert lake_rows(lake) == before
 
 

@@ -219,7 +219,8 @@ def lake_files(draw: Any) -> dict[str, list[str] | None]:
     footer), over two hour directories: part and compacted files, a compaction's temporary
     file and a ``_SUCCESS`` marker."""
     names = {
-        d: draw(st.lists(st.one_of(_PART, _COMPACTED, _LEGACY), max_size=7, unique=True)) for d in HOURS
+        d: draw(st.lists(st.one_of(_PART, _COMPACTED, _LEGACY), max_size=7, unique=True))
+        for d in HOURS
     }
     pool = sorted({_GONE, *(n for listed in names.values() for n in listed)})
     files: dict[str, list[str] | None] = {}
@@ -274,15 +275,16 @@ def _expected_live(files: dict[str, list[str] | None]) -> list[str]:
             if not (x.start <= y.start and y.end <= x.end):
                 continue
             wider = x.end - x.start > y.end - y.start
-            if wider or (not y.compacted) or x.parts > y.parts or (
-                x.parts == y.parts and other > path
+            if (
+                wider
+                or (not y.compacted)
+                or x.parts > y.parts
+                or (x.parts == y.parts and other > path)
             ):
                 return True
         return False
 
-    return sorted(
-        p for p in data if tuple(p.rsplit("/", 1)) not in named and not covered(p)
-    )
+    return sorted(p for p in data if tuple(p.rsplit("/", 1)) not in named and not covered(p))
 
 
 def test_the_collector_and_the_job_pick_the_same_live_files_for_any_files(

@@ -121,7 +121,10 @@ def lake_filesystem(
         "force_virtual_addressing": s3_virtual_addressing,
     }
     if (s3_access_key is None) != (s3_secret_key is None):
-        raise ValueError("the S3 access key and secret key go together: set both or neither")
+        raise ValueError(
+            "TRACEMQ_COLLECTOR_LAKE_S3_ACCESS_KEY and TRACEMQ_COLLECTOR_LAKE_S3_SECRET_KEY go "
+            "together: set both or neither"
+        )
     if s3_endpoint:
         endpoint = urlsplit(s3_endpoint)
         if endpoint.scheme not in ("http", "https") or not endpoint.netloc:
@@ -349,9 +352,7 @@ class TraceLake:
 
     # ------------------------------------------------------------------ compaction
 
-    def compact(
-        self, closed_before_ms: int, owned: set[tuple[str, int]] | None = None
-    ) -> int:
+    def compact(self, closed_before_ms: int, owned: set[tuple[str, int]] | None = None) -> int:
         """Merge, per trace partition, the files of every hour that ended at or before
         ``closed_before_ms``; only the partitions in ``owned`` (None: all, for a lake this
         store alone writes). Returns how many (hour, partition) merges were done.
