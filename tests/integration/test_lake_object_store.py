@@ -10,86 +10,31 @@ read by the job's discovery exactly like a local lake of the same events.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow.fs as pafs
 import pytest
 from tracemq import lake
 from tracemq.trace import MessageType, TraceBean, TraceContext, TraceType, encode_many
 from tracemq_collector.events import rows_from_record
-from tracemq_collector.lake import TraceLake, lake_filesystem
+from tracemq_collector.lake import TraceLake
 from tracemq_collector.store import TraceStore
-from tracemq_devkit.devstack.binaries import s3_server_bin
-from tracemq_devkit.devstack.stack import free_ports
-from tracemq_devkit.waiting import eventually_sync
 
 from tests.support.lake import read_lake_as_spark
+from tests.support.seaweed import BUCKET, download, s3_lake, seaweedfs
 
 TOPIC = "RMQ_SYS_TRACE_TOPIC"
 T0 = 1_704_067_200_000  # 2024-01-01T00:00:00Z
 LATER = T0 + 10 * lake.HOUR_MS
 KEY = ["trace_topic", "trace_partition", "trace_offset", "trace_index"]
-BUCKET = "lake"
 
 
 @pytest.fixture
-def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A SeaweedFS S3 endpoint with the bucket ``lake`` and the credentials tracemq/tracemq
-    (``weed mini`` creates them from the AWS variables); yields its URL."""
-    names = ("master", "volume", "filer", "s3", "admin")
-    chosen = free_ports(2 * len(names) + 1)
-    data = tmp_path_factory.mktemp("seaweed")
-    argv = [s3_server_bin(), "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
-    for i, n in enumerate(names):
-        argv += [f"-{n}.port={chosen[i]}", f"-{n}.port.grpc={chosen[len(names) + i]}"]
-    argv += [
-        f"-metricsPort={chosen[-1]}", "-admin.ui=false", "-webdav=false",
-        "-s3.port.iceberg=0", "-s3.port.lance=0", f"-bucket={BUCKET}",
-    ]  # fmt: skip
-    endpoint = f"http://127.0.0.1:{chosen[3]}"
-    with open(data / "weed.log", "wb") as log:
-        env = {**os.environ, "AWS_ACCESS_KEY_ID": "tracemq", "AWS_SECRET_ACCESS_KEY": "tracemq"}
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
-    try:
-
-        def bucket_up() -> bool:
-            filesystem, _ = lake_filesystem(
-                f"s3://{BUCKET}", s3_endpoint=endpoint, s3_region="us-east-1",
-                s3_access_key="tracemq", s3_secret_key="tracemq",
-            )  # fmt: skip
-            try:
-                return bool(filesystem.get_file_info(BUCKET).type == pafs.FileType.Directory)
-            except OSError:
-                return False
-
-        eventually_sync(bucket_up, timeout=60, what="SeaweedFS bucket up")
+def seaweed(tmp_path: Path) -> Iterator[str]:
+    with seaweedfs(tmp_path / "seaweed", BUCKET) as endpoint:
         yield endpoint
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        for port in chosen:  # SeaweedFS leaves unix sockets named by port
-            for leftover in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):  # noqa: S108
-                leftover.unlink(missing_ok=True)
-
-
-def s3_lake(endpoint: str, prefix: str, store: TraceStore) -> TraceLake:
-    filesystem, root = lake_filesystem(
-        f"s3://{BUCKET}/{prefix}",
-        s3_endpoint=endpoint,
-        s3_region="us-east-1",
-        s3_access_key="tracemq",
-        s3_secret_key="tracemq",
-    )
-    return TraceLake(root, store, filesystem=filesystem)
 
 
 def ingest(store: TraceStore, partition: int, offsets: range) -> None:
@@ -116,15 +61,6 @@ def ingest(store: TraceStore, partition: int, offsets: range) -> None:
 def keys(table: object) -> Counter[tuple[object, ...]]:
     data = table.select(KEY).to_pylist()  # type: ignore[attr-defined]
     return Counter(tuple(row[k] for k in KEY) for row in data)
-
-
-def download(filesystem: pafs.FileSystem, root: str, to: Path) -> None:
-    for info in filesystem.get_file_info(pafs.FileSelector(root, recursive=True)):
-        if info.type == pafs.FileType.File:
-            target = to / os.path.relpath(info.path, root)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with filesystem.open_input_stream(info.path) as src:
-                target.write_bytes(src.read())
 
 
 @pytest.mark.timeout(120)

@@ -397,7 +397,12 @@ class TraceLake:
     def _merge(self, hour_dir: PurePath, key: tuple[str, int], sources: list[PurePath]) -> bool:
         tables = []
         for path in sources:
-            table = pq.read_table(path.as_posix(), filesystem=self.fs)
+            try:
+                table = pq.read_table(path.as_posix(), filesystem=self.fs)
+            except FileNotFoundError:
+                # another owner of the partition compacted it meanwhile: its compacted file
+                # holds these rows; the next round merges what is left
+                return False
             if not lake.is_current_version((table.schema.metadata or {}).get(lake.METADATA_KEY)):
                 return False  # another schema version: not ours to rewrite
             tables.append(table.replace_schema_metadata(None))
@@ -445,7 +450,10 @@ class TraceLake:
             parsed = lake.parse_file_name(name)
             if parsed is not None and not is_dir:
                 path = hour_dir / name
-                names[path.as_posix()] = self._compacted_from(path) if parsed.compacted else []
+                try:
+                    names[path.as_posix()] = self._compacted_from(path) if parsed.compacted else []
+                except FileNotFoundError:
+                    continue  # deleted since the listing: superseded by another's compaction
         live, superseded = lake.live_files(names)
         kind = Path if self.local else PurePosixPath
         return [kind(p) for p in live], [kind(p) for p in superseded]
