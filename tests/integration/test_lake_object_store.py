@@ -131,7 +131,7 @@ def test_two_collectors_share_one_bucket_through_a_change_of_owner(
         job_rows = read_lake_as_spark(copy2, list(lake.COLUMN_NAMES)).sort_by(
             [(k, "ascending") for k in KEY]
         )
-        local_rows = read_lake_as_spark(local.root, list(lake.COLUMN_NAMES)).sort_by(
+        local_rows = read_lake_as_spark(Path(local.root), list(lake.COLUMN_NAMES)).sort_by(
             [(k, "ascending") for k in KEY]
         )
         assert job_rows.to_pylist() == local_rows.to_pylist()
