@@ -44,6 +44,7 @@ def test_a_cluster_picks_its_credentials_provider_and_virtual_hosts() -> None:
             "InstanceProfileCredentialsProvider",
             "TRACEMQ_SPARK_S3A_PATH_STYLE": "false",
             "TRACEMQ_SPARK_S3A_ENDPOINT": "https://s3.eu-west-1.amazonaws.com",
+            "TRACEMQ_SPARK_S3A_PACKAGES": "org.apache.hadoop:hadoop-aws:3.4.1",
         }
     )
     assert opts is not None
@@ -54,6 +55,7 @@ def test_a_cluster_picks_its_credentials_provider_and_virtual_hosts() -> None:
         "InstanceProfileCredentialsProvider"
     )
     assert "spark.hadoop.fs.s3a.access.key" not in conf
+    assert conf["spark.jars.packages"] == "org.apache.hadoop:hadoop-aws:3.4.1"
 
 
 def test_no_s3a_settings_without_the_variables(monkeypatch: pytest.MonkeyPatch) -> None:

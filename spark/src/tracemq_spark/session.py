@@ -37,6 +37,9 @@ class S3AOptions:
         credentials_provider: S3A credentials provider class(es), comma-separated; default: the
             simple key pair when keys are given, else S3A's own chain (environment, instance
             role, …).
+        packages: Maven coordinates for ``spark.jars.packages`` (e.g.
+            ``org.apache.hadoop:hadoop-aws:3.4.1``, which brings the AWS SDK bundle), for a
+            Spark without the connector on its class path; fetched when the session starts.
     """
 
     endpoint: str | None = None
@@ -45,17 +48,18 @@ class S3AOptions:
     region: str | None = None
     access_key: str | None = None
     secret_key: str | None = None
+    packages: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> S3AOptions | None:
         """From ``TRACEMQ_SPARK_S3A_{ENDPOINT,PATH_STYLE,CREDENTIALS_PROVIDER,REGION,ACCESS_KEY,
-        SECRET_KEY}`` (None when none is set). Raises ValueError naming a bad variable."""
+        SECRET_KEY,PACKAGES}`` (None when none is set). Raises ValueError naming a bad variable."""
         env = os.environ if env is None else env
         values = {k[len(_ENV) :].lower(): v for k, v in env.items() if k.startswith(_ENV) and v}
         if not values:
             return None
         known = {"endpoint", "path_style", "credentials_provider", "region", "access_key",
-                 "secret_key"}  # fmt: skip
+                 "secret_key", "packages"}  # fmt: skip
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"{_ENV}{unknown[0].upper()}: unknown setting")
@@ -76,7 +80,8 @@ class S3AOptions:
             raise ValueError(f"{_ENV}ACCESS_KEY and {_ENV}SECRET_KEY go together")
 
     def conf(self) -> dict[str, str]:
-        """The ``spark.hadoop.fs.s3a.*`` settings (and ``fs.s3.impl``) of a SparkConf."""
+        """The ``spark.hadoop.fs.s3a.*`` settings (and ``fs.s3.impl``, ``spark.jars.packages``)
+        of a SparkConf."""
         p = "spark.hadoop.fs.s3a."
         out = {
             "spark.hadoop.fs.s3.impl": _S3A,
@@ -98,6 +103,8 @@ class S3AOptions:
         if self.access_key is not None and self.secret_key is not None:
             out[f"{p}access.key"] = self.access_key
             out[f"{p}secret.key"] = self.secret_key
+        if self.packages is not None:
+            out["spark.jars.packages"] = self.packages
         return out
 
 
