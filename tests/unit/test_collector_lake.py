@@ -474,3 +474,26 @@ def test_ingest_batches_are_refused_when_the_lake_is_elsewhere(store: TraceStore
     lake.flush(TOPIC, 0)
     counts = coordinates(lake)
     assert sum(counts.values()) == 8 and set(counts.values()) == {1}
+
+
+def test_compaction_merges_only_the_partitions_it_is_given(
+    store: TraceStore, lake: TraceLake
+) -> None:
+    """A collector sharing a lake compacts only the trace partitions it owns, one compacted
+    file per partition and hour, named by the partition and its range."""
+    ingests = [Ingest(store, partition=p) for p in (0, 1)]
+    for _ in range(2):
+        for ingest in ingests:
+            ingest.messages(T0)
+        lake.flush_all()
+    before = lake_rows(lake)
+    assert lake.compact(LATER, {(TOPIC, 0)}) == 1
+    names = sorted(p.name for p in lake.files())
+    assert names == [
+        f"compacted-{TOPIC}-00000-{0:020d}-{2:020d}-00002.parquet",
+        f"part-{TOPIC}-00001-{0:020d}-{1:020d}.parquet",
+        f"part-{TOPIC}-00001-{1:020d}-{2:020d}.parquet",
+    ]
+    assert lake.compact(LATER, set()) == 0  # owning nothing: touches nothing
+    assert lake.compact(LATER, {(TOPIC, 1)}) == 1
+    assert lake_rows(lake) == before

@@ -415,6 +415,13 @@ class TraceLake:
         keep[1:] = (offsets[1:] != offsets[:-1]) | (indexes[1:] != indexes[:-1])
         if not keep.all():
             merged = merged.filter(pa.array(keep))
+            log.info(
+                "compaction merged overlapping files of two owners",
+                trace_topic=key[0],
+                partition=key[1],
+                hour_dir=hour_dir.as_posix(),
+                duplicates=int(len(keep) - keep.sum()),
+            )
         starts, ends, parts = [], [], 0
         for path in sources:
             start, end, count = _name_range(path)
