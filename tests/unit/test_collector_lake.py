@@ -495,5 +495,6 @@ def test_compaction_merges_only_the_partitions_it_is_given(
         f"part-{TOPIC}-00001-{1:020d}-{2:020d}.parquet",
     ]
     assert lake.compact(LATER, set()) == 0  # owning nothing: touches nothing
+    assert lake.compact(LATER, {(TOPIC, 1)}, since_ms=T0 + HOUR) == 0  # hour 00 is too old
     assert lake.compact(LATER, {(TOPIC, 1)}) == 1
     assert lake_rows(lake) == before

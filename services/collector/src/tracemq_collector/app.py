@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -201,7 +202,10 @@ class Collector:
                     for c in self.ingestor.clusters.values()
                     for tp in c.assigned
                 }
-                merged = await self._run(self.lake.compact, cutoff, owned)
+                since = cutoff - self.settings.collector_compact_lookback_ms
+                merged = await self._run(
+                    functools.partial(self.lake.compact, cutoff, owned, since_ms=since)
+                )
                 if merged:
                     log.info("lake compacted", hours=merged)
             except Exception as exc:

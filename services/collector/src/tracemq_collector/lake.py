@@ -352,10 +352,18 @@ class TraceLake:
 
     # ------------------------------------------------------------------ compaction
 
-    def compact(self, closed_before_ms: int, owned: set[tuple[str, int]] | None = None) -> int:
+    def compact(
+        self,
+        closed_before_ms: int,
+        owned: set[tuple[str, int]] | None = None,
+        *,
+        since_ms: int | None = None,
+    ) -> int:
         """Merge, per trace partition, the files of every hour that ended at or before
         ``closed_before_ms``; only the partitions in ``owned`` (None: all, for a lake this
-        store alone writes). Returns how many (hour, partition) merges were done.
+        store alone writes); with ``since_ms``, only hours that ended after it (in an object
+        store every hour looked at costs requests, every round). Returns how many (hour,
+        partition) merges were done.
 
         A partition's files of an hour (``part-`` or ``compacted-``, any collector's) become one
         ``compacted-`` file, rows sorted by :data:`SORT_KEYS` and each event once; the sources
@@ -375,6 +383,8 @@ class TraceLake:
             for hour_dir in self._hour_dirs():
                 hour_start = lake.hour_start_ms(hour_dir.parent.name, hour_dir.name)
                 if hour_start is None or hour_start + lake.HOUR_MS > closed_before_ms:
+                    continue
+                if since_ms is not None and hour_start + lake.HOUR_MS <= since_ms:
                     continue
                 live, superseded = self._live_files(hour_dir)
                 by_partition: dict[tuple[str, int], list[PurePath]] = {}

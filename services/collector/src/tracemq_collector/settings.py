@@ -69,6 +69,13 @@ class CollectorSettings(CommonSettings):
     collector_compact_after_ms: int = Field(
         3_600_000, ge=0, description="Hours closed this long ago get their small files merged."
     )
+    collector_compact_lookback_ms: int = Field(
+        7 * 86_400_000,
+        ge=3_600_000,
+        description="Compaction looks at hours that closed at most this long before its cutoff "
+        "(older ones keep the files a very late event adds; each hour looked at costs requests "
+        "in an object store).",
+    )
     collector_group_sample_interval_s: float = Field(
         60.0,
         ge=0,
