@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/collector_ingest.py [--events 1000000] [--partitions 4]
                                                [--per-message 25] [--env KEY=VALUE ...]
+                                               [--object-store]
 
 1. Starts its own embedded stack and creates a trace topic of ``--partitions`` queues on
    trace-broker.
@@ -19,6 +20,9 @@
    every 100 ms; VmHWM catches spikes between polls.
 4. Checks that the store holds exactly the expected events (count, no quarantine) and that the
    lake holds each of them exactly once.
+
+``--object-store``: the lake in a bucket of the stack's SeaweedFS (``StackConfig.object_store``,
+what ``tracemq dev up --object-store`` runs), written through pyarrow's S3 client.
 
 Rates: ``sustained`` counts from the first stored event to the moment store AND lake reached
 the end (the lake's flush interval, 5 s by default, adds its tail); ``store_only`` stops at the
@@ -113,14 +117,29 @@ def _start_profilers(out_dir: str, pid: int) -> list[Any]:
     return procs
 
 
-def _lake_check(lake_dir: Path, expected_total: int) -> dict[str, Any]:
+def _lake_check(lake_dir: Path, expected_total: int, s3: dict[str, str]) -> dict[str, Any]:
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
+    import pyarrow.fs as pafs
+    from tracemq_collector.lake import lake_filesystem
 
-    if not lake_dir.exists():
+    filesystem = None
+    if s3:  # the stack's bucket (StackConfig.object_store)
+        filesystem, root = lake_filesystem(
+            s3["TRACEMQ_COLLECTOR_LAKE_URI"],
+            s3_endpoint=s3["TRACEMQ_COLLECTOR_LAKE_S3_ENDPOINT"],
+            s3_region=s3["TRACEMQ_COLLECTOR_LAKE_S3_REGION"],
+            s3_access_key=s3["TRACEMQ_COLLECTOR_LAKE_S3_ACCESS_KEY"],
+            s3_secret_key=s3["TRACEMQ_COLLECTOR_LAKE_S3_SECRET_KEY"],
+        )
+        assert filesystem is not None
+        infos = filesystem.get_file_info(pafs.FileSelector(root.as_posix(), recursive=True))
+        files = [i.path for i in infos if i.path.endswith(".parquet") and "/." not in i.path]
+    elif not lake_dir.exists():
         return {"rows": 0, "unique": 0, "files": 0}
-    files = [str(p) for p in lake_dir.glob("date=*/hour=*/*.parquet")]
-    t = ds.dataset(files, format="parquet").to_table(
+    else:
+        files = [str(p) for p in lake_dir.glob("date=*/hour=*/*.parquet")]
+    t = ds.dataset(files, format="parquet", filesystem=filesystem).to_table(
         columns=["trace_partition", "trace_offset", "trace_index"]
     )
     key = pc.add(
@@ -240,7 +259,7 @@ async def bench(stack: EmbeddedStack, args: argparse.Namespace) -> dict[str, Any
     quarantined = probe.count("SELECT count(*) FROM quarantine")
     probe.close()
     proc.stop()
-    lake = _lake_check(data / "lake", exp.total)
+    lake = _lake_check(data / "lake", exp.total, stack.lake_env)
     db_bytes = sum(p.stat().st_size for p in data.glob("traces.db*") if p.is_file())
     correct = (
         stored == exp.total
@@ -328,6 +347,9 @@ def main() -> int:
         metavar="KEY=VALUE",
         help="extra environment for the collector, e.g. TRACEMQ_COLLECTOR_BATCH_MAX_RECORDS=200",
     )
+    p.add_argument(
+        "--object-store", action="store_true", help="the lake in the stack's SeaweedFS bucket"
+    )
     p.add_argument("--log-level", default="WARNING")
     p.add_argument(
         "--profile", metavar="DIR", help="py-spy record the collector (and children) into DIR"
@@ -335,7 +357,12 @@ def main() -> int:
     args = p.parse_args()
     if args.events < 1 or args.partitions < 1 or args.per_message < 1:
         raise SystemExit("--events, --partitions and --per-message must be at least 1")
-    return run_stack_bench("collector_ingest", args, bench)
+    config = None
+    if args.object_store:
+        from tracemq_devkit.devstack import StackConfig
+
+        config = StackConfig(object_store=True)
+    return run_stack_bench("collector_ingest", args, bench, config=config)
 
 
 if __name__ == "__main__":

@@ -289,7 +289,7 @@ async def test_rebalance_hands_queues_over_without_duplicates(
     await first.start()
     try:
         assert await first.wait_assigned(30)  # the group's first rebalance is over
-        (cluster,) = first._clusters.values()
+        (cluster,) = first._fleet.clusters.values()
         assert {tp.partition for tp in cluster.consumer.assignment() if "Rebal_" in tp.topic} == {
             0,
             1,

@@ -31,6 +31,7 @@ from tracemq.collector_lag import wait_caught_up
 from tracemq.kafka_security import KafkaSecuritySettings
 from tracemq.routing import RegistryReader, connect
 from tracemq_broker.settings import BrokerSettings
+from tracemq_collector.lake import lake_filesystem
 from tracemq_collector.settings import CollectorSettings
 from tracemq_devkit.devstack import EmbeddedStack, StackConfig, free_port
 from tracemq_devkit.devstack.secrets import StackSecrets
@@ -39,6 +40,7 @@ from tracemq_devkit.waiting import eventually
 from tracemq_nameserver.settings import NamesrvSettings
 
 from tests.support.collector_api import http
+from tests.support.seaweed import download
 
 pytestmark = [pytest.mark.compose, pytest.mark.stack]
 
@@ -176,6 +178,7 @@ def infra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedStack]:
             start_services=False,
             secrets=secrets,
             secure=True,  # SASL as compose's Redpanda (with TLS on top: see _embedded_kafka)
+            object_store=True,  # compose's seaweedfs: the collector's lake bucket
             redis_tls=False,  # compose's Redis: a password on a private network, no TLS
         )
     )
@@ -201,6 +204,7 @@ def test_every_compose_service_runs_healthy_on_the_embedded_stack(
         "redis:6379": infra.redis_url.split("@")[1].split("/")[0],
         "redpanda-business:9092": infra.business_bootstrap,
         "redpanda-trace:9092": infra.trace_bootstrap,
+        "seaweedfs:8333": infra.lake_env["TRACEMQ_COLLECTOR_LAKE_S3_ENDPOINT"].split("//")[1],
         **{f"{n}:8080": f"127.0.0.1:{p}" for n, p in ports.items()},
     }
 
@@ -219,6 +223,7 @@ def test_every_compose_service_runs_healthy_on_the_embedded_stack(
         env = _embedded_kafka(
             infra, {k: mapped(name, str(v)) for k, v in svc["environment"].items()}
         )
+        env = _embedded_s3(infra, env)
         env["TRACEMQ_HTTP_PORT"] = str(ports[name])
         started.append(infra.spawn_service(f"compose-{name}", svc["command"][1:], env))
     assert len(started) == len(services) >= 4
@@ -263,13 +268,21 @@ def test_every_compose_service_runs_healthy_on_the_embedded_stack(
     assert _data_volume(job) == _data_volume(compose["services"]["collector"])
     entrypoint = _dockerfile_entrypoint("reconcile")
     assert entrypoint == ["tracemq", "reconcile"]
+    # The job reads the collector's own lake URI through S3A; this machine has no hadoop-aws
+    # (nor the network to fetch it), so it reads a local copy of the bucket's objects instead.
+    lake_uri = job["command"][job["command"].index("--lake") + 1]
+    assert lake_uri == compose["services"]["collector"]["environment"]["TRACEMQ_COLLECTOR_LAKE_URI"]
+    copy = tmp_path / "lake-copy"
+    _download_lake(infra, lake_uri, copy)
+    command = [str(copy) if a == lake_uri else mapped("reconcile", a) for a in job["command"]]
+    job_env = {k: mapped("reconcile", str(v)) for k, v in job["environment"].items()}
+    assert job_env.keys() >= {"TRACEMQ_SPARK_S3A_ENDPOINT", "TRACEMQ_SPARK_S3A_PACKAGES"}
+    job_env = {k: v for k, v in job_env.items() if not k.startswith("TRACEMQ_SPARK_S3A_")}
     res = subprocess.run(
-        [*tracemq_command(), *entrypoint[1:], *(mapped("reconcile", a) for a in job["command"])],
+        [*tracemq_command(), *entrypoint[1:], *command],
         env={
-            **os.environ,
-            **_embedded_kafka(
-                infra, {k: mapped("reconcile", str(v)) for k, v in job["environment"].items()}
-            ),
+            **{k: v for k, v in os.environ.items() if not k.startswith("TRACEMQ_SPARK_S3A_")},
+            **_embedded_kafka(infra, job_env),
         },
         capture_output=True,
         text=True,
@@ -300,6 +313,25 @@ def _embedded_kafka(infra: EmbeddedStack, env: dict[str, str]) -> dict[str, str]
             "TRACEMQ_KAFKA_SSL_CAFILE": str(infra.tls.ca),
         }
     return env
+
+
+def _embedded_s3(infra: EmbeddedStack, env: dict[str, str]) -> dict[str, str]:
+    """compose's lake key pair (``.env``) → the embedded SeaweedFS's."""
+    return {k: infra.lake_env.get(k, v) if k.endswith("_KEY") else v for k, v in env.items()}
+
+
+def _download_lake(infra: EmbeddedStack, uri: str, to: Path) -> None:
+    env = infra.lake_env
+    filesystem, root = lake_filesystem(
+        uri,
+        s3_endpoint=env["TRACEMQ_COLLECTOR_LAKE_S3_ENDPOINT"],
+        s3_region=env["TRACEMQ_COLLECTOR_LAKE_S3_REGION"],
+        s3_access_key=env["TRACEMQ_COLLECTOR_LAKE_S3_ACCESS_KEY"],
+        s3_secret_key=env["TRACEMQ_COLLECTOR_LAKE_S3_SECRET_KEY"],
+    )
+    assert filesystem is not None
+    download(filesystem, root.as_posix(), to)
+    assert any(to.rglob("part-*.parquet")), f"nothing in {uri}"
 
 
 def _data_volume(service: dict[str, Any]) -> str:

@@ -310,7 +310,7 @@ def test_send_back_headers() -> None:
             "user": "kept",
         },
     )
-    h = {k: v.decode() for k, v in c._back_headers(m)}
+    h = {k: v.decode() for k, v in c._sendback.back_headers(m)}
     assert h == {
         "UNIQ_KEY": "M" * 32,
         "TAGS": "A",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +15,7 @@ import pytest
 from tracemq import lake as lake_contract
 from tracemq.trace import MessageType, TraceBean, TraceContext, TraceType, encode_many
 from tracemq_collector.events import rows_from_record
-from tracemq_collector.lake import COMPACTED_FROM_KEY, SORT_KEYS, TraceLake
+from tracemq_collector.lake import COMPACTED_FROM_KEY, SORT_KEYS, TMP_MAX_AGE_S, TraceLake
 from tracemq_collector.store import TraceStore
 
 TOPIC = "RMQ_SYS_TRACE_TOPIC"
@@ -279,8 +281,13 @@ def test_a_crash_while_writing_a_file_leaves_only_a_hidden_temporary(
     hour_dir = lake.root / "date=2024-01-01" / "hour=00"
     assert list(hour_dir.iterdir()) == []  # the temporary was removed on the way out
     (hour_dir / ".tmp-left-by-a-kill-9.parquet").write_bytes(b"PAR1 torn")
+    old = time.time() - TMP_MAX_AGE_S - 1
+    os.utime(hour_dir / ".tmp-left-by-a-kill-9.parquet", (old, old))
+    # a young temporary may be another collector's write in progress: kept
+    (hour_dir / ".tmp-in-progress.parquet").write_bytes(b"PAR1")
     assert lake.files() == []
     lake.recover()
+    (hour_dir / ".tmp-in-progress.parquet").unlink()
     assert [p.name for p in hour_dir.iterdir()] == [f"part-{TOPIC}-00000-{0:020d}-{1:020d}.parquet"]
     assert len(lake.read_all()) == 2
 
@@ -307,7 +314,7 @@ def test_compaction_leaves_one_file_per_closed_hour_with_the_same_rows(
     assert by_hour == {"hour=00": 1, "hour=01": 1, "hour=02": 2}
     compacted = lake.root / "date=2024-01-01" / "hour=00"
     [path] = list(compacted.iterdir())
-    assert path.name == f"compacted-{0:020d}-{6:020d}-00003.parquet"
+    assert path.name == f"compacted-{TOPIC}-00000-{0:020d}-{6:020d}-00003.parquet"
     table = pq.read_table(path)
     keys = list(zip(*(table[k].to_pylist() for k in SORT_KEYS), strict=True))
     assert keys == sorted(keys)
@@ -328,7 +335,7 @@ def test_a_late_event_is_merged_into_the_compacted_hour(store: TraceStore, lake:
     lake.flush(TOPIC, 0)
     assert lake.compact(LATER) == 1
     [path] = lake.files()
-    assert path.name == f"compacted-{0:020d}-{3:020d}-00003.parquet"
+    assert path.name == f"compacted-{TOPIC}-00000-{0:020d}-{3:020d}-00003.parquet"
     assert lake_rows(lake) == stored_rows(store)
 
 
@@ -353,15 +360,19 @@ def test_a_crash_between_compacted_write_and_deletes_never_doubles_rows(
     on_disk = sorted(p.name for p in hour_dir.iterdir())
     assert len(on_disk) == 4  # the three parts and the compacted file
     # A reader applying the rule sees every row once.
-    assert [p.name for p in lake.files()] == [f"compacted-{0:020d}-{3:020d}-00003.parquet"]
+    assert [p.name for p in lake.files()] == [
+        f"compacted-{TOPIC}-00000-{0:020d}-{3:020d}-00003.parquet"
+    ]
     assert lake_rows(lake) == before
 
     assert lake.compact(LATER) == 0  # the rerun only finishes the deletes
-    assert [p.name for p in hour_dir.iterdir()] == [f"compacted-{0:020d}-{3:020d}-00003.parquet"]
+    assert [p.name for p in hour_dir.iterdir()] == [
+        f"compacted-{TOPIC}-00000-{0:020d}-{3:020d}-00003.parquet"
+    ]
     assert lake_rows(lake) == before
 
 
-def test_recover_finishes_an_interrupted_compaction(
+def test_the_next_compaction_finishes_an_interrupted_one(
     store: TraceStore, lake: TraceLake, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ingest = Ingest(store)
@@ -376,9 +387,12 @@ def test_recover_finishes_an_interrupted_compaction(
         patch.setattr(Path, "unlink", crash)
         with pytest.raises(Crash):
             lake.compact(LATER)
+    compacted = f"compacted-{TOPIC}-00000-{0:020d}-{2:020d}-00002.parquet"
+    assert [p.name for p in lake.files()] == [compacted]  # readers skip the leftovers
     lake.recover()
+    assert lake.compact(LATER) == 0  # nothing left to merge; the leftovers deleted
     hour_dir = lake.root / "date=2024-01-01" / "hour=00"
-    assert [p.name for p in hour_dir.iterdir()] == [f"compacted-{0:020d}-{2:020d}-00002.parquet"]
+    assert [p.name for p in hour_dir.iterdir()] == [compacted]
 
 
 def test_compaction_leaves_the_files_of_a_pending_segment_alone(
@@ -398,7 +412,7 @@ def test_compaction_leaves_the_files_of_a_pending_segment_alone(
 
     assert lake.compact(LATER) == 1
     names = sorted(p.name for p in lake.files())
-    assert names == [f"compacted-{0:020d}-{2:020d}-00002.parquet", pending_name]
+    assert names == [f"compacted-{TOPIC}-00000-{0:020d}-{2:020d}-00002.parquet", pending_name]
     lake.recover()  # rewrites the pending part; the compacted file never had its rows
     counts = coordinates(lake)
     assert sum(counts.values()) == 6 and set(counts.values()) == {1}
@@ -460,3 +474,27 @@ def test_ingest_batches_are_refused_when_the_lake_is_elsewhere(store: TraceStore
     lake.flush(TOPIC, 0)
     counts = coordinates(lake)
     assert sum(counts.values()) == 8 and set(counts.values()) == {1}
+
+
+def test_compaction_merges_only_the_partitions_it_is_given(
+    store: TraceStore, lake: TraceLake
+) -> None:
+    """A collector sharing a lake compacts only the trace partitions it owns, one compacted
+    file per partition and hour, named by the partition and its range."""
+    ingests = [Ingest(store, partition=p) for p in (0, 1)]
+    for _ in range(2):
+        for ingest in ingests:
+            ingest.messages(T0)
+        lake.flush_all()
+    before = lake_rows(lake)
+    assert lake.compact(LATER, {(TOPIC, 0)}) == 1
+    names = sorted(p.name for p in lake.files())
+    assert names == [
+        f"compacted-{TOPIC}-00000-{0:020d}-{2:020d}-00002.parquet",
+        f"part-{TOPIC}-00001-{0:020d}-{1:020d}.parquet",
+        f"part-{TOPIC}-00001-{1:020d}-{2:020d}.parquet",
+    ]
+    assert lake.compact(LATER, set()) == 0  # owning nothing: touches nothing
+    assert lake.compact(LATER, {(TOPIC, 1)}, since_ms=T0 + HOUR) == 0  # hour 00 is too old
+    assert lake.compact(LATER, {(TOPIC, 1)}) == 1
+    assert lake_rows(lake) == before

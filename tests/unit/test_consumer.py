@@ -2,7 +2,7 @@
 nothing new starts on it, the running listener calls finish before the commit, and what was
 fetched but not started stays uncommitted (the next owner consumes it); ``fetch_max_wait_ms``
 reaches the Kafka consumer. The Kafka consumer is a fake here; the real rebalance is in
-tests/integration/test_client_features.py."""
+tests/integration/test_client_features.py; the fleet's own contract in tests/unit/test_fleet.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import asyncio
 import pytest
 from aiokafka import TopicPartition
 from tracemq.consumer._process_queue import ProcessQueue
-from tracemq.consumer.push import PushConsumer, _ClusterConsumer
+from tracemq.consumer.push import PushConsumer, _ClusterQueues
+from tracemq.kafka.fleet import FleetCluster
 from tracemq.offset_reset import OffsetGuard, OffsetReset, ResetReason
 
 
@@ -35,19 +36,30 @@ class _FakeKafka:
         self.subscribed.append(topics)
         self.assigned = False
 
+    async def stop(self) -> None:
+        pass
 
-def _cluster(drain_ms: int = 5_000) -> tuple[_ClusterConsumer, _FakeKafka]:
+
+def _cluster(drain_ms: int = 5_000) -> tuple[_ClusterQueues, _FakeKafka]:
+    """The consumer's fleet with a fake Kafka client: the bookkeeping of one cluster."""
     parent = PushConsumer(
         "CG_revoke",
         redis_url="redis://127.0.0.1:1",
         control_bootstrap="127.0.0.1:1",
         revoke_drain_timeout_ms=drain_ms,
     )
-    cc = _ClusterConsumer.__new__(_ClusterConsumer)  # no Kafka client: only the bookkeeping
     fake = _FakeKafka()
-    cc.parent, cc.consumer, cc.pqs, cc.paused = parent, fake, {}, set()
-    cc.guard = OffsetGuard(fake)
+    parent._fleet.consumer_factory = lambda **kw: fake
+    c = FleetCluster(parent._fleet, "k:1", {"t", "b.T"})
+    parent._fleet.clusters["k:1"] = c
+    cc: _ClusterQueues = c.state
     return cc, fake
+
+
+def _assign(cc: _ClusterQueues, tp: TopicPartition) -> ProcessQueue:
+    cc.cluster.assigned.add(tp)
+    pq = cc.pqs[tp] = ProcessQueue()
+    return pq
 
 
 def test_process_queue_refuses_new_calls_once_dropped() -> None:
@@ -62,7 +74,7 @@ def test_process_queue_refuses_new_calls_once_dropped() -> None:
 async def test_revocation_waits_for_running_calls_then_commits_past_them() -> None:
     cc, fake = _cluster()
     tp = TopicPartition("t", 0)
-    pq = cc.pqs[tp] = ProcessQueue()
+    pq = _assign(cc, tp)
     for off in (0, 1, 2):
         pq.add(off)
     assert pq.begin()  # offset 0's listener call is running; 1 and 2 wait in the work queue
@@ -73,7 +85,7 @@ async def test_revocation_waits_for_running_calls_then_commits_past_them() -> No
         pq.end()
 
     finisher = asyncio.create_task(finish_later())
-    await cc.on_revoked([tp])
+    await cc.parent._fleet.revoke(cc.cluster, [tp])
     await finisher
     # committed after offset 0 was done, before 1 and 2 (never started: the next owner's)
     assert fake.commits == [{tp: 1}]
@@ -93,10 +105,10 @@ async def test_revocation_gives_up_waiting_at_the_deadline() -> None:
     before = timeouts()
     cc, fake = _cluster(drain_ms=50)
     tp = TopicPartition("t", 1)
-    pq = cc.pqs[tp] = ProcessQueue()
+    pq = _assign(cc, tp)
     pq.add(7)
     assert pq.begin()  # a listener that outlives the deadline
-    await asyncio.wait_for(cc.on_revoked([tp]), 2)
+    await asyncio.wait_for(cc.parent._fleet.revoke(cc.cluster, [tp]), 2)
     assert fake.commits == [{tp: 7}]  # the next owner starts at 7: consumed again there
     assert tp not in cc.pqs
     assert timeouts() == before + 1  # counted (and logged)
@@ -104,31 +116,43 @@ async def test_revocation_gives_up_waiting_at_the_deadline() -> None:
 
 async def test_a_subscription_change_commits_before_the_assignment_is_dropped() -> None:
     """A broker's route expired (or came back): the subscription changes. aiokafka drops the
-    assignment at once, so the queues are handed over (drained, committed) before that."""
+    assignment at once, so the queues are handed over (drained, committed) before that; the
+    rebalance's own revocation later finds nothing left (the queue is counted revoked once)."""
+    from prometheus_client import REGISTRY
+
+    def revoked() -> float:
+        v = REGISTRY.get_sample_value(
+            "tracemq_consumer_revoked_queues_total", {"group": "CG_revoke"}
+        )
+        return v or 0.0
+
+    before = revoked()
     cc, fake = _cluster()
-    cc.topics = {"a.T", "b.T"}
+    cc.cluster.topics = {"a.T", "b.T"}
     tp = TopicPartition("b.T", 0)
-    pq = cc.pqs[tp] = ProcessQueue()
+    pq = _assign(cc, tp)
     for off in (4, 5, 6):
         pq.add(off)
     pq.done(4)
     pq.done(5)
-    await cc.resubscribe({"b.T"})
+    await cc.parent._fleet._resubscribe(cc.cluster, {"b.T"})
     assert fake.commits == [{tp: 6}] and fake.subscribed == [["b.T"]]
     assert pq.dropped and tp not in cc.pqs  # offset 6: its next owner's, not run here again
-    await cc.on_revoked([tp])  # the rebalance's own call later: nothing left to commit
+    # the rebalance's own call later: nothing left to commit
+    await cc.parent._fleet.revoke(cc.cluster, [tp])
     assert fake.commits == [{tp: 6}]
+    assert revoked() == before + 1
 
 
 async def test_a_reset_queue_commits_in_its_new_log() -> None:
     cc, fake = _cluster()
     tp = TopicPartition("b.T", 0)
-    old = cc.pqs[tp] = ProcessQueue()
+    old = _assign(cc, tp)
     old.add(577)
     old.done(577)
     await cc.commit()
     assert fake.commits == [{tp: 578}]
-    cc._on_reset(tp, OffsetReset("b.T", 0, 578, 0, 0, 20, ResetReason.PAST_END, 0))
+    cc.reset(tp, OffsetReset("b.T", 0, 578, 0, 0, 20, ResetReason.PAST_END, 0))
     new = cc.pqs[tp]
     assert new is not old and not old.dropped  # old-log calls still finish on the old queue
     new.add(0)
@@ -154,7 +178,7 @@ async def test_fetch_max_wait_reaches_the_kafka_consumer_and_is_validated() -> N
     env = {"redis_url": "redis://127.0.0.1:1", "control_bootstrap": "127.0.0.1:1"}
     assert PushConsumer("CG_f", **env).fetch_max_wait_ms == FETCH_MAX_WAIT_MS == 100
     c = PushConsumer("CG_f", fetch_max_wait_ms=250, **env)
-    cc = _ClusterConsumer(c, "127.0.0.1:1", {"t"})  # no connection before start()
+    cc = FleetCluster(c._fleet, "127.0.0.1:1", {"t"})  # no connection before start()
     assert cc.consumer._fetch_max_wait_ms == 250
     await cc.consumer.stop()
     lite = LitePullConsumer("CG_f", fetch_max_wait_ms=30, **env)

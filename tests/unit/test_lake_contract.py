@@ -143,8 +143,10 @@ def test_names_and_directories_read_back_as_written(
         return
     part = lake.parse_file_name(lake.part_name(topic, partition, start, end))
     assert part == lake.LakeFileName(False, topic, partition, start, end, 1)
-    compacted = lake.parse_file_name(lake.compacted_name(start, end, parts))
-    assert compacted == lake.LakeFileName(True, None, None, start, end, parts)
+    compacted = lake.parse_file_name(lake.compacted_name(topic, partition, start, end, parts))
+    assert compacted == lake.LakeFileName(True, topic, partition, start, end, parts)
+    legacy = lake.parse_file_name(_legacy_compacted(start, end, parts))
+    assert legacy == lake.LakeFileName(True, None, None, start, end, parts)
     date, hour = lake.partition_of_hour(hour_number)
     date_name, hour_name = lake.hour_dir(date, hour).split("/")
     assert date_name == lake.date_dir(date)
@@ -189,7 +191,21 @@ _PART = st.builds(
     st.integers(1, 2),
 )
 _COMPACTED = st.builds(
-    lambda s, n, k: lake.compacted_name(s, s + n, k),
+    lambda p, s, n, k: lake.compacted_name(TOPIC, p, s, s + n, k),
+    st.integers(0, 2),
+    st.integers(0, 4),
+    st.integers(1, 4),
+    st.integers(2, 3),
+)
+
+
+def _legacy_compacted(start: int, end: int, parts: int) -> str:
+    # the name compaction gave before it was per trace partition: still read
+    return f"compacted-{start:020d}-{end:020d}-{parts:05d}.parquet"
+
+
+_LEGACY = st.builds(
+    lambda s, n, k: _legacy_compacted(s, s + n, k),
     st.integers(0, 4),
     st.integers(1, 2),
     st.integers(2, 3),
@@ -203,7 +219,8 @@ def lake_files(draw: Any) -> dict[str, list[str] | None]:
     footer), over two hour directories: part and compacted files, a compaction's temporary
     file and a ``_SUCCESS`` marker."""
     names = {
-        d: draw(st.lists(st.one_of(_PART, _COMPACTED), max_size=6, unique=True)) for d in HOURS
+        d: draw(st.lists(st.one_of(_PART, _COMPACTED, _LEGACY), max_size=7, unique=True))
+        for d in HOURS
     }
     pool = sorted({_GONE, *(n for listed in names.values() for n in listed)})
     files: dict[str, list[str] | None] = {}
@@ -214,7 +231,7 @@ def lake_files(draw: Any) -> dict[str, list[str] | None]:
             else:
                 files[f"{d}/{name}"] = None
         if listed and draw(st.booleans()):  # a compaction being written names every file
-            files[f"{d}/{lake.TMP_PREFIX}0-{lake.compacted_name(0, 9, 9)}"] = listed
+            files[f"{d}/{lake.TMP_PREFIX}0-{lake.compacted_name(TOPIC, 0, 0, 9, 9)}"] = listed
         if draw(st.booleans()):
             files[f"{d}/_SUCCESS"] = None
     return files
@@ -234,13 +251,40 @@ def _write(root: Path, files: dict[str, list[str] | None]) -> None:
 
 def _expected_live(files: dict[str, list[str] | None]) -> list[str]:
     # The rule in plain words: of the data files (not hidden), those that no other data file
-    # of their directory names.
+    # of their directory names, and whose rows no other compacted file of their partition and
+    # directory holds: one with a wider range around theirs, or the same range and a higher
+    # rank (compacted over part, then more parts, then the larger name).
     data = {p: n or [] for p, n in files.items() if not p.rsplit("/", 1)[1].startswith((".", "_"))}
     named = {
         (p.rsplit("/", 1)[0], n) for p, listed in data.items() for n in listed
         if n != p.rsplit("/", 1)[1]
     }  # fmt: skip
-    return sorted(p for p in data if tuple(p.rsplit("/", 1)) not in named)
+
+    def covered(path: str) -> bool:
+        d, name = path.rsplit("/", 1)
+        y = lake.parse_file_name(name)
+        if y is None or y.topic is None:
+            return False
+        for other in data:
+            od, oname = other.rsplit("/", 1)
+            x = lake.parse_file_name(oname)
+            if other == path or od != d or x is None or not x.compacted or x.topic is None:
+                continue
+            if (x.topic, x.partition) != (y.topic, y.partition):
+                continue
+            if not (x.start <= y.start and y.end <= x.end):
+                continue
+            wider = x.end - x.start > y.end - y.start
+            if (
+                wider
+                or (not y.compacted)
+                or x.parts > y.parts
+                or (x.parts == y.parts and other > path)
+            ):
+                return True
+        return False
+
+    return sorted(p for p in data if tuple(p.rsplit("/", 1)) not in named and not covered(p))
 
 
 def test_the_collector_and_the_job_pick_the_same_live_files_for_any_files(
@@ -264,7 +308,7 @@ def test_the_collector_and_the_job_apply_one_live_file_function(
 ) -> None:
     files = {
         f"{HOURS[0]}/{lake.part_name(TOPIC, 0, 0, 1)}": None,
-        f"{HOURS[0]}/{lake.compacted_name(0, 1, 2)}": [lake.part_name(TOPIC, 0, 0, 1)],
+        f"{HOURS[0]}/{lake.compacted_name(TOPIC, 0, 0, 1, 2)}": [lake.part_name(TOPIC, 0, 0, 1)],
     }
     _write(tmp_path / "lake", files)
     calls: list[list[str]] = []
@@ -277,5 +321,5 @@ def test_the_collector_and_the_job_apply_one_live_file_function(
     monkeypatch.setattr(lake, "live_files", spy)
     collector = collector_files(TraceLake(tmp_path / "lake", store))
     job = job_files(tmp_path / "lake", T0, T0 + lake.HOUR_MS)
-    assert collector == job == [f"{HOURS[0]}/{lake.compacted_name(0, 1, 2)}"]
+    assert collector == job == [f"{HOURS[0]}/{lake.compacted_name(TOPIC, 0, 0, 1, 2)}"]
     assert len(calls) == 2  # once by the collector, once by the job

@@ -262,10 +262,19 @@ def _session(master: str, driver_memory: str, partitions: int, say: Any) -> tupl
 
     if SparkContext._active_spark_context is not None:  # type: ignore[attr-defined]
         return SparkSession.builder.getOrCreate(), False
+    from tracemq_spark.session import S3AOptions
+
+    try:  # a lake in an object store: TRACEMQ_SPARK_S3A_* (checked before a JVM starts)
+        s3a = S3AOptions.from_env()
+    except ValueError as exc:
+        raise ReconcileError(str(exc)) from None
     say(f"starting Spark ({master})")
     local = master.startswith("local")
     return job.build_session(
-        master, driver_memory=driver_memory if local else None, shuffle_partitions=partitions
+        master,
+        driver_memory=driver_memory if local else None,
+        shuffle_partitions=partitions,
+        s3a=s3a,
     ), True
 
 

@@ -1,16 +1,111 @@
 """Stage "session" of the reconciliation job (:mod:`tracemq_spark.job`): the SparkSession it
 runs on (:func:`build_session`, with the JVM flags it relies on), the runtime settings it sets
-on any session it is given (``RUNTIME_CONF``) and the lake schema as a Spark schema.
+on any session it is given (``RUNTIME_CONF``), the S3A settings of a lake in an object store
+(:class:`S3AOptions`) and the lake schema as a Spark schema.
 """
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 from tracemq import lake
+
+#: S3A's credentials provider for a fixed access key and secret key
+_SIMPLE_CREDENTIALS = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
+_S3A = "org.apache.hadoop.fs.s3a.S3AFileSystem"
+_ENV = "TRACEMQ_SPARK_S3A_"
+
+
+@dataclass(frozen=True)
+class S3AOptions:
+    """How the job reaches a lake in an S3-compatible object store through Hadoop's S3A
+    connector (a cluster needs ``hadoop-aws`` of its Hadoop version and the AWS SDK bundle on
+    its class path: see the README). :meth:`conf` maps ``s3://`` to S3A as well, so the job reads
+    the collector's own lake URI (``s3://bucket/prefix``) unchanged.
+
+    Attributes:
+        endpoint: ``http(s)://host:port`` of an S3-compatible server (None: AWS).
+        path_style: path-style requests (``host/bucket/key``), which most S3-compatible
+            servers (SeaweedFS, MinIO) need.
+        credentials_provider: S3A credentials provider class(es), comma-separated; default: the
+            simple key pair when keys are given, else S3A's own chain (environment, instance
+            role, …).
+        packages: Maven coordinates for ``spark.jars.packages`` (e.g.
+            ``org.apache.hadoop:hadoop-aws:3.4.1``, which brings the AWS SDK bundle), for a
+            Spark without the connector on its class path; fetched when the session starts.
+    """
+
+    endpoint: str | None = None
+    path_style: bool = True
+    credentials_provider: str | None = None
+    region: str | None = None
+    access_key: str | None = None
+    secret_key: str | None = None
+    packages: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> S3AOptions | None:
+        """From ``TRACEMQ_SPARK_S3A_{ENDPOINT,PATH_STYLE,CREDENTIALS_PROVIDER,REGION,ACCESS_KEY,
+        SECRET_KEY,PACKAGES}`` (None when none is set). Raises ValueError naming a bad variable."""
+        env = os.environ if env is None else env
+        values = {k[len(_ENV) :].lower(): v for k, v in env.items() if k.startswith(_ENV) and v}
+        if not values:
+            return None
+        known = {"endpoint", "path_style", "credentials_provider", "region", "access_key",
+                 "secret_key", "packages"}  # fmt: skip
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"{_ENV}{unknown[0].upper()}: unknown setting")
+        path_style = values.pop("path_style", "true").strip().lower()
+        if path_style not in ("true", "false"):
+            raise ValueError(f"{_ENV}PATH_STYLE={path_style!r}: expected true or false")
+        opts = cls(path_style=path_style == "true", **values)
+        opts.check()
+        return opts
+
+    def check(self) -> None:
+        """Raise ValueError naming what is wrong."""
+        if self.endpoint is not None:
+            parts = urlsplit(self.endpoint)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise ValueError(f"{_ENV}ENDPOINT={self.endpoint!r}: expected http(s)://host:port")
+        if (self.access_key is None) != (self.secret_key is None):
+            raise ValueError(f"{_ENV}ACCESS_KEY and {_ENV}SECRET_KEY go together")
+
+    def conf(self) -> dict[str, str]:
+        """The ``spark.hadoop.fs.s3a.*`` settings (and ``fs.s3.impl``, ``spark.jars.packages``)
+        of a SparkConf."""
+        p = "spark.hadoop.fs.s3a."
+        out = {
+            "spark.hadoop.fs.s3.impl": _S3A,
+            "spark.hadoop.fs.s3a.impl": _S3A,
+            f"{p}path.style.access": "true" if self.path_style else "false",
+        }
+        if self.endpoint is not None:
+            out[f"{p}endpoint"] = self.endpoint
+            out[f"{p}connection.ssl.enabled"] = (
+                "true" if urlsplit(self.endpoint).scheme == "https" else "false"
+            )
+        if self.region is not None:
+            out[f"{p}endpoint.region"] = self.region
+        provider = self.credentials_provider
+        if provider is None and self.access_key is not None:
+            provider = _SIMPLE_CREDENTIALS
+        if provider is not None:
+            out[f"{p}aws.credentials.provider"] = provider
+        if self.access_key is not None and self.secret_key is not None:
+            out[f"{p}access.key"] = self.access_key
+            out[f"{p}secret.key"] = self.secret_key
+        if self.packages is not None:
+            out["spark.jars.packages"] = self.packages
+        return out
 
 
 def build_session(
@@ -20,13 +115,30 @@ def build_session(
     driver_memory: str | None = None,
     shuffle_partitions: int | None = None,
     extra: dict[str, str] | None = None,
+    s3a: S3AOptions | None = None,
 ) -> SparkSession:
-    """A SparkSession for the job. ``master=None`` leaves it to spark-submit."""
+    """A SparkSession for the job. ``master=None`` leaves it to spark-submit. ``s3a``: the
+    object store's settings (default: :meth:`S3AOptions.from_env`)."""
     b = SparkSession.builder.appName(app_name)
     if master:
         b = b.master(master)
     if driver_memory:
         b = b.config("spark.driver.memory", driver_memory)
+    for k, v in session_conf(shuffle_partitions=shuffle_partitions, extra=extra, s3a=s3a).items():
+        b = b.config(k, v)
+    spark = b.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def session_conf(
+    *,
+    shuffle_partitions: int | None = None,
+    extra: dict[str, str] | None = None,
+    s3a: S3AOptions | None = None,
+) -> dict[str, str]:
+    """The SparkConf settings :func:`build_session` gives a new session (``extra`` last)."""
+    s3a = s3a if s3a is not None else S3AOptions.from_env()
     conf = {
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",
@@ -36,6 +148,8 @@ def build_session(
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         "spark.sql.requireAllClusterKeysForCoPartition": "false",
     }
+    if s3a is not None:
+        conf.update(s3a.conf())
     conf.update(extra or {})
     # Spark's startup warnings (hostname, native Hadoop, default log4j profile) are noise on
     # the console of a one-shot job: a quiet log4j2 configuration unless one is given
@@ -50,11 +164,7 @@ def build_session(
     conf["spark.executor.extraJavaOptions"] = _with_jvm_flags(
         conf.get("spark.executor.extraJavaOptions", "")
     )
-    for k, v in conf.items():
-        b = b.config(k, v)
-    spark = b.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return conf
 
 
 #: HotSpot flag: JIT-compile methods over 8 000 bytes of bytecode (Spark's generated code)

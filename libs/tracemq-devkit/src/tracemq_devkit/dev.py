@@ -59,6 +59,8 @@ def _print_endpoints(ep: dict[str, Any]) -> None:
         table.add_row("collector API / viewer", ep["collector_api"])
     if ep.get("collector_api_token"):
         table.add_row("collector API token (Bearer)", ep["collector_api_token"])
+    if ep.get("lake"):
+        table.add_row("trace lake", str(ep["lake"]))
     table.add_row("logs", str(Path(ep["workdir"]) / "logs"))
     console().print(fit(table))
     token = ep.get("collector_api_token")
@@ -141,6 +143,12 @@ def up(
         help="Keep Kafka data on disk (Tansu on a private S3 store), so a restarted Kafka keeps "
         "topics, records and committed offsets. Default: in memory.",
     ),
+    object_store: bool = typer.Option(
+        False,
+        "--object-store",
+        help="The collector writes its trace lake to a bucket of a SeaweedFS S3 store in the "
+        "stack's workdir (s3://tracemq-lake/lake) instead of its data dir.",
+    ),
     secure: bool = typer.Option(
         False,
         "--secure",
@@ -173,7 +181,7 @@ def up(
     every, per = parse_service_env(env, env_file)
     home.mkdir(parents=True, exist_ok=True)
     if detach:
-        _up_detached(home, collector, durable, secure, every, per)
+        _up_detached(home, collector, durable, secure, every, per, object_store=object_store)
         return
     (home / "state.json").unlink(missing_ok=True)
     shutil.rmtree(home / "stack", ignore_errors=True)
@@ -190,6 +198,7 @@ def up(
             supervise=True,
             control_dir=home / "control",
             durable=durable,
+            object_store=object_store,
             secure=secure,
             service_env=every,
             process_env=per,
@@ -238,6 +247,8 @@ def _up_detached(
     secure: bool,
     every: dict[str, str],
     per: dict[str, dict[str, str]],
+    *,
+    object_store: bool = False,
 ) -> None:
     from tracemq_devkit.devstack.stack import tracemq_command
 
@@ -245,6 +256,8 @@ def _up_detached(
     argv = [*tracemq_command(), "dev", "up", "--collector" if collector else "--no-collector"]
     if durable:
         argv.append("--durable")
+    if object_store:
+        argv.append("--object-store")
     if secure:
         argv.append("--secure")
     for name, value in every.items():
@@ -323,6 +336,7 @@ def status(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
                     "collector_api_token",
                     "workdir",
                     "durable",
+                    "object_store",
                     "secure",
                     "kafka_security",
                     "lake",

@@ -9,10 +9,11 @@ data and no error at all, so the consumer waits there until new records pass the
 skipping every one before. Both lose messages silently.
 
 :class:`OffsetGuard` is the one mechanism every tracemq Kafka consumer of records that matter
-uses (the collector's trace ingest, :class:`~tracemq.consumer.PushConsumer`,
-:class:`~tracemq.consumer.LitePullConsumer`). Its consumer runs with
-``auto_offset_reset="none"`` (:data:`KAFKA_AUTO_OFFSET_RESET`) so that nothing moves a position
-behind its back, and it checks positions against the log's start and end offsets:
+uses (the collector's trace ingest and :class:`~tracemq.consumer.PushConsumer`, both wired
+through :mod:`tracemq.kafka.fleet`, and :class:`~tracemq.consumer.LitePullConsumer`). Its
+consumer runs with ``auto_offset_reset="none"`` (:data:`KAFKA_AUTO_OFFSET_RESET`) so that
+nothing moves a position behind its back, and it checks positions against the log's start and
+end offsets:
 
 * on assignment (:meth:`OffsetGuard.assigned`): a partition starts at the position its owner
   knows (the collector's store), else at the group's committed offset, else at the offset this

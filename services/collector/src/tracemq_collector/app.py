@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -25,7 +26,7 @@ from tracemq_collector import metrics
 from tracemq_collector.api import add_routes
 from tracemq_collector.groups import GroupHealth
 from tracemq_collector.ingest import Ingestor
-from tracemq_collector.lake import TraceLake
+from tracemq_collector.lake import TraceLake, lake_filesystem
 from tracemq_collector.otlp import OtlpReceiver
 from tracemq_collector.queries import Queries, sign_registration
 from tracemq_collector.settings import CollectorSettings
@@ -49,8 +50,19 @@ class Collector:
         self.settings = settings
         data = settings.collector_data_dir
         self.store = TraceStore(data / "traces.db")
+        filesystem, root = lake_filesystem(
+            settings.lake_uri(),
+            s3_endpoint=settings.collector_lake_s3_endpoint,
+            s3_region=settings.collector_lake_s3_region,
+            s3_access_key=settings.collector_lake_s3_access_key,
+            s3_secret_key=settings.collector_lake_s3_secret_key,
+            s3_virtual_addressing=settings.collector_lake_s3_virtual_addressing,
+        )
         self.lake = TraceLake(
-            data / "lake", self.store, segment_max_rows=settings.collector_lake_segment_rows
+            root,
+            self.store,
+            segment_max_rows=settings.collector_lake_segment_rows,
+            filesystem=filesystem,
         )
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-writer")
         self.redis = connect(settings.redis_url)
@@ -152,6 +164,7 @@ class Collector:
                 for tp in c.assigned
             ),
             "api": self.settings.api_url,
+            "lake": self.settings.lake_uri(),
             # a reset recovered from a lost log (ok stays true), but the operator must see it
             "offset_resets": self.ingestor.offset_resets(),
         }
@@ -203,7 +216,17 @@ class Collector:
             await asyncio.sleep(COMPACT_INTERVAL_S)
             cutoff = int(time.time() * 1000) - self.settings.collector_compact_after_ms
             try:
-                merged = await self._run(self.lake.compact, cutoff)
+                # only the partitions this collector owns now: a shared lake's other
+                # partitions are their owners' to compact
+                owned = {
+                    (tp.topic, tp.partition)
+                    for c in self.ingestor.clusters.values()
+                    for tp in c.assigned
+                }
+                since = cutoff - self.settings.collector_compact_lookback_ms
+                merged = await self._run(
+                    functools.partial(self.lake.compact, cutoff, owned, since_ms=since)
+                )
                 if merged:
                     log.info("lake compacted", hours=merged)
             except Exception as exc:

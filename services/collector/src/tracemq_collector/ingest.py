@@ -7,6 +7,11 @@ recorded, replayable offset range. Kafka offsets are committed only up to what b
 and the lake hold, so a partition that moves to another collector resumes at a point where
 nothing can be lost.
 
+The Kafka side — following the trace topics' routes with one consumer per trace cluster in the
+collector group, the rebalance, the offset guard — is :mod:`tracemq.kafka.fleet`'s (shared with
+PushConsumer); this module takes its fetches (``on_batch``), says where an assigned partition
+starts (the store) and what a revoked one may commit (``flush``).
+
 The write path is a pipeline over two cores:
 
 * fetches are cut into chunks of about :data:`CHUNK_BYTES`; a decode thread turns a chunk into
@@ -35,15 +40,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 from redis.exceptions import RedisError
-from tracemq import kafka_security
 from tracemq.clock import now_ms as _now_ms
 from tracemq.collector_lag import record_reset
+from tracemq.kafka.fleet import Fleet, FleetCluster, Placement, place
 from tracemq.log import get_logger
-from tracemq.naming import kafka_topic
-from tracemq.offset_reset import KAFKA_AUTO_OFFSET_RESET, OffsetGuard, OffsetReset
+from tracemq.offset_reset import OffsetReset
 from tracemq.routing import RouteCache, connect
 from tracemq.service import spawn
 
@@ -73,66 +77,19 @@ FETCH_MAX_WAIT_MS = 100
 WORKER_RETRIES = 2
 
 
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, owner: _ClusterIngest) -> None:
-        self.owner = owner
-
-    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        await self.owner.ingestor.flush_and_commit(self.owner, revoked)
-        # what this member owns now (health's "assigned", the flush at stop)
-        self.owner.assigned.difference_update(revoked)
-
-    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        await self.owner.on_assigned(assigned)
-
-
 class _ClusterIngest:
-    def __init__(self, ingestor: Ingestor, bootstrap: str, topics: set[str]) -> None:
+    """The ingest's bookkeeping of one trace cluster (``FleetCluster.state``; the Kafka
+    consumer, the group and the offset guard are :mod:`tracemq.kafka.fleet`'s): the offset
+    bases of the partitions whose log was reset."""
+
+    def __init__(self, ingestor: Ingestor, cluster: FleetCluster) -> None:
         self.ingestor = ingestor
-        self.bootstrap = bootstrap
-        self.topics = topics
-        s = ingestor.settings
-        self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap,
-            **kafka_security.client_kwargs(bootstrap),
-            group_id=s.collector_group,
-            enable_auto_commit=False,
-            auto_offset_reset=KAFKA_AUTO_OFFSET_RESET,  # the guard resets, counted
-            max_poll_records=s.collector_batch_max_records,
-            session_timeout_ms=s.collector_session_timeout_ms,
-            heartbeat_interval_ms=max(300, s.collector_session_timeout_ms // 5),
-            fetch_max_bytes=FETCH_MAX_BYTES,
-            max_partition_fetch_bytes=16 * 1024 * 1024,
-            # How long the broker may hold a fetch while it has nothing new: the bound on how
-            # late a trace message is seen once written (aiokafka's default is 500 ms).
-            fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
-        )
-        self.task: asyncio.Task[None] | None = None
-        self.assigned: set[TopicPartition] = set()
+        self.cluster = cluster
         #: (trace topic, partition) → base: store offset = Kafka offset + base (see _on_reset)
         self.bases: dict[tuple[str, int], int] = {}
-        self.guard = OffsetGuard(
-            self.consumer,
-            policy=s.collector_offset_reset,
-            counter=metrics.OFFSET_RESETS,
-            on_reset=self._on_reset,
-            on_fresh=self._from_beginning,
-            idle_check_s=s.collector_offset_check_interval_ms / 1000,
-            context={"group": s.collector_group, "bootstrap": bootstrap},
-            bootstrap=bootstrap,
-        )
 
-    async def start(self) -> None:
-        await kafka_security.start(self.consumer, self.bootstrap)
-        self.consumer.subscribe(sorted(self.topics), listener=_Rebalance(self))
-        self.task = spawn(self._loop(), name=f"ingest-{self.bootstrap}")
-
-    def resubscribe(self, topics: set[str]) -> None:
-        if topics != self.topics:
-            self.topics = topics
-            self.consumer.subscribe(sorted(topics), listener=_Rebalance(self))
-
-    async def on_assigned(self, assigned: list[TopicPartition]) -> None:
+    async def on_assigned(self, assigned: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """Where the partitions start: the store is the truth of what we hold."""
         store = self.ingestor.store
         progress = await self.ingestor.run(store.progress)
         self.bases.update(await self.ingestor.run(store.offset_bases))
@@ -140,18 +97,14 @@ class _ClusterIngest:
         for tp in assigned:
             key = (tp.topic, tp.partition)
             nxt = progress.get(key)
-            if nxt is not None:  # the store is the truth of what we hold
+            if nxt is not None:
                 starts[tp] = nxt - self.bases.get(key, 0)
-        self.assigned.update(assigned)
         log.info(
             "trace partitions assigned",
-            bootstrap=self.bootstrap,
+            bootstrap=self.cluster.bootstrap,
             partitions=sorted(f"{tp.topic}/{tp.partition}" for tp in assigned),
         )
-        await self.guard.assigned(assigned, starts)
-
-    async def _from_beginning(self, tps: list[TopicPartition]) -> None:
-        await self.consumer.seek_to_beginning(*tps)
+        return starts
 
     async def _on_reset(self, tp: TopicPartition, reset: OffsetReset) -> None:
         """The partition's log no longer holds our position (a restarted in-memory cluster
@@ -180,29 +133,6 @@ class _ClusterIngest:
             base = self.bases.get((tp.topic, tp.partition), 0)
             out[tp] = [replace(r, offset=r.offset + base) for r in records] if base else records
         return out
-
-    async def stop(self) -> None:
-        if self.task:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self.task
-        with contextlib.suppress(Exception):
-            await self.ingestor.flush_and_commit(self, list(self.assigned))
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.consumer.stop(), 10)
-        await self.guard.close()
-
-    async def _loop(self) -> None:
-        ing = self.ingestor
-        while True:
-            data = await self.guard.getmany(
-                timeout_ms=200,
-                max_records=min(ing.settings.collector_batch_max_records, MAX_FETCH_RECORDS),
-            )
-            if data:
-                await ing.ingest(self._store_offsets(data))
-            # Caught up (nothing fetched): the lake gets what is waiting without delay.
-            await ing.maybe_flush(self, idle=not data)
 
 
 @dataclass
@@ -253,9 +183,8 @@ class Ingestor:
         self.lake = lake
         self.routes = routes
         self.writer = writer
-        self.clusters: dict[str, _ClusterIngest] = {}
         self._discovered: set[str] = set()  # trace topics last found on trace brokers
-        self._watch: asyncio.Task[None] | None = None
+        self._fleet = self._new_fleet()
         self.events_stored = 0
         self.last_batch_ms = 0
         self._worker: ProcessPoolExecutor | None = None
@@ -271,6 +200,56 @@ class Ingestor:
         self._inflight = 0  # chunks handed to the pipeline and not stored yet
         self._redis: Any = None  # opened on the first offset reset (recorded for `trace lag`)
 
+    @property
+    def clusters(self) -> dict[str, FleetCluster]:
+        """The followed trace clusters by bootstrap (``topics``, ``assigned``, ``task``)."""
+        return self._fleet.clusters
+
+    def _new_fleet(self) -> Fleet:
+        """The route-following Kafka consumers of the trace topics (:mod:`tracemq.kafka.fleet`),
+        one per trace cluster in the collector group; ingest keeps the processing."""
+        s = self.settings
+
+        async def on_assigned(c: FleetCluster, tps: list[TopicPartition]) -> Any:
+            return await c.state.on_assigned(tps)
+
+        async def on_revoked(c: FleetCluster, tps: list[TopicPartition]) -> Any:
+            return await self.flush(c, tps)
+
+        async def on_fresh(c: FleetCluster, tps: list[TopicPartition]) -> None:
+            await c.consumer.seek_to_beginning(*tps)
+
+        return Fleet(
+            name="ingest",
+            group_id=s.collector_group,
+            routes=self.routes,
+            plan=self._plan,
+            on_assigned=on_assigned,
+            on_revoked=on_revoked,
+            on_batch=self._on_batch,
+            on_reset=lambda c, tp, r: c.state._on_reset(tp, r),
+            on_fresh=on_fresh,
+            make_state=lambda c: _ClusterIngest(self, c),
+            max_records=min(s.collector_batch_max_records, MAX_FETCH_RECORDS),
+            session_timeout_ms=s.collector_session_timeout_ms,
+            # How long the broker may hold a fetch while it has nothing new: the bound on how
+            # late a trace message is seen once written (aiokafka's default is 500 ms).
+            fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+            consumer_kwargs={
+                "max_poll_records": s.collector_batch_max_records,
+                "fetch_max_bytes": FETCH_MAX_BYTES,
+                "max_partition_fetch_bytes": 16 * 1024 * 1024,
+            },
+            offset_reset=s.collector_offset_reset,
+            offset_counter=metrics.OFFSET_RESETS,
+            idle_check_s=s.collector_offset_check_interval_ms / 1000,
+            context={"group": s.collector_group},
+            # the store says where a partition resumes, not the Kafka commit
+            handover_on_resubscribe=False,
+            announce="following trace topics",
+            spawn=spawn,  # a dead fetch loop or route watch stops the service
+        )
+
     async def run(self, fn: Any, *args: Any) -> Any:
         """Run store work on the single writer thread (never on the event loop)."""
         return await asyncio.get_running_loop().run_in_executor(self.writer, fn, *args)
@@ -282,8 +261,7 @@ class Ingestor:
         self._queue = asyncio.Queue(maxsize=PIPELINE_DEPTH)
         self._stage = spawn(self._store_stage(), name="ingest-store")
         self._start_worker()
-        await self.sync_clusters()
-        self._watch = spawn(self._watch_routes(), name="ingest-routes")
+        await self._fleet.start()
 
     def _start_worker(self) -> None:
         try:
@@ -302,13 +280,7 @@ class Ingestor:
             worker.shutdown(wait=wait)
 
     async def stop(self) -> None:
-        if self._watch:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._watch
-        for c in list(self.clusters.values()):
-            await c.stop()
-        self.clusters.clear()
+        await self._fleet.stop()  # the last flush and commit need the store stage
         if self._stage:
             self._stage.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -373,33 +345,18 @@ class Ingestor:
             topics |= found
         return sorted(topics)
 
-    async def sync_clusters(self) -> None:
-        wanted: dict[str, set[str]] = defaultdict(set)
-        for topic in await self.trace_topics():
-            route = await self.routes.get(topic)
-            for q in route.queues:
-                wanted[q.data_bootstrap].add(kafka_topic(q.broker, topic))
-        for bootstrap, topics in wanted.items():
-            c = self.clusters.get(bootstrap)
-            if c is None:
-                c = _ClusterIngest(self, bootstrap, topics)
-                self.clusters[bootstrap] = c
-                await c.start()
-                log.info("following trace topics", bootstrap=bootstrap, topics=sorted(topics))
-            else:
-                if topics != c.topics:
-                    log.info("following trace topics", bootstrap=bootstrap, topics=sorted(topics))
-                c.resubscribe(topics)
+    async def _plan(self, initial: bool) -> Placement:
+        """Every queue of the trace topics (readable or not: trace messages are read as long
+        as they are there); a trace topic without a route yet is followed once it has one."""
+        return await place(self.routes, await self.trace_topics(), readable_only=False)
 
-    async def _watch_routes(self) -> None:
-        changes = self.routes.subscribe_changes()
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changes.get(), 5.0)
-            try:
-                await self.sync_clusters()
-            except Exception as exc:
-                log.warning("trace route refresh failed", error=repr(exc))
+    async def _on_batch(
+        self, cluster: FleetCluster, data: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
+    ) -> None:
+        if data:
+            await self.ingest(cluster.state._store_offsets(data))
+        # Caught up (nothing fetched): the lake gets what is waiting without delay.
+        await self.maybe_flush(cluster, idle=not data)
 
     # -- the write path --------------------------------------------------------------------
     async def ingest(self, data: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
@@ -509,7 +466,7 @@ class Ingestor:
                 return  # join() would wait forever on a dead stage
             await asyncio.sleep(0.005)
 
-    async def maybe_flush(self, cluster: _ClusterIngest, *, idle: bool = False) -> None:
+    async def maybe_flush(self, cluster: FleetCluster, *, idle: bool = False) -> None:
         """Start a lake flush of the partitions that are due, in the background.
 
         Due: ``collector_lake_segment_rows`` events wait (in one partition or in all), or the
@@ -550,7 +507,7 @@ class Ingestor:
         due = [tp for tp in due if tp in cluster.assigned]
         if due:
             self._flushing = asyncio.create_task(
-                self.flush_and_commit(cluster, due, drain=False), name="lake-flush"
+                self.flush_and_commit(cluster, due), name="lake-flush"
             )
 
     async def _flush_one(self, tp: TopicPartition) -> list[Path]:
@@ -569,15 +526,27 @@ class Ingestor:
         return list(await self._in_lake_thread(self.lake.flush, tp.topic, tp.partition))
 
     async def flush_and_commit(
-        self, cluster: _ClusterIngest, tps: list[TopicPartition], *, drain: bool = True
+        self, cluster: FleetCluster, tps: list[TopicPartition], *, drain: bool = False
     ) -> None:
-        """Write the lake up to the store, then commit Kafka up to what both hold.
+        """Write the lake up to the store, then commit Kafka up to what both hold (the
+        periodic flush; the fleet commits what :meth:`flush` returns at a revocation)."""
+        offsets = await self.flush(cluster, tps, drain=drain)
+        if offsets:
+            try:
+                await cluster.commit(offsets)
+            except Exception as exc:  # rebalancing: the next owner resumes from the commit
+                log.warning("trace offset commit failed", error=repr(exc))
+
+    async def flush(
+        self, cluster: FleetCluster, tps: list[TopicPartition], *, drain: bool = True
+    ) -> dict[TopicPartition, int]:
+        """Write the lake up to the store; returns the Kafka offsets both hold.
 
         ``drain``: first wait for the chunks in the pipeline (partitions changing owner,
         shutdown); a periodic flush writes what is stored so far and lets ingest go on.
         """
         if not tps:
-            return
+            return {}
         if drain:
             await self.drain()
             if self._flushing is not None and self._flushing is not asyncio.current_task():
@@ -590,18 +559,15 @@ class Ingestor:
         await self._in_lake_thread(release_free_memory)
         lake = await self.run(self.store.lake_progress)
         store = await self.run(self.store.progress)
+        bases = cluster.state.bases
         offsets = {}
         for tp in tps:
             key = (tp.topic, tp.partition)
             # back to Kafka's offsets; below the base: nothing of the current log is done yet
-            both = min(store.get(key, 0), lake.get(key, 0)) - cluster.bases.get(key, 0)
+            both = min(store.get(key, 0), lake.get(key, 0)) - bases.get(key, 0)
             if both > 0:
                 offsets[tp] = both
-        if offsets:
-            try:
-                await cluster.consumer.commit(offsets)
-            except Exception as exc:  # rebalancing: the next owner resumes from the commit
-                log.warning("trace offset commit failed", error=repr(exc))
+        return offsets
 
 
 def _segments(

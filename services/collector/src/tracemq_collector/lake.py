@@ -10,7 +10,8 @@ A *segment* is a range ``[start, end)`` of trace offsets of one trace partition.
 
 1. :meth:`TraceStore.begin_lake_segment` records the exact range, durably;
 2. the range's events are read from the store, grouped by (date, hour), and each group is
-   written to its ``part-`` file: a temporary file in the same directory, fsync, rename;
+   written to its ``part-`` file whole or not at all: on a local disk a temporary file in the
+   same directory, fsync, rename; in an object store (S3) one PUT, which is atomic;
 3. :meth:`TraceStore.finish_lake_segment` moves the lake progress to ``end`` and clears the
    record, in one transaction.
 
@@ -19,53 +20,120 @@ A crash anywhere leaves either nothing to do or a recorded segment, which :meth:
 the same rows give the same file names, which are overwritten, never duplicated. Temporary
 files start with ``.``, which Parquet readers (pyarrow, Spark) skip.
 
+Where: a local directory or any ``s3://bucket/prefix`` (:func:`lake_filesystem`, pyarrow's
+file-system layer). File names are a function of the trace partition and the offset range, so
+any number of collectors write one lake without a clash.
+
 Compaction
 ----------
-:meth:`TraceLake.compact` merges the files of a closed hour into one ``compacted-`` file whose
-footer metadata (key ``tracemq.lake.compacted_from``) lists the files it replaces. The
-compacted file is written completely (temporary name, fsync, rename) *before* any source is
-deleted. The rule, for readers and for reruns (:func:`tracemq.lake.live_files`): **a file
-named in the ``compacted_from`` list of another file in the same directory is superseded; skip
-it.** A crash between the rename and the deletes thus never doubles a row for a reader that
-applies the rule (:meth:`TraceLake.files`, :meth:`TraceLake.read_all`); the next :meth:`TraceLake.compact` or :meth:`TraceLake.recover`
-deletes the leftovers. A reader that lists files itself may also drop duplicates by
-``(trace_topic, trace_partition, trace_offset, trace_index)``, which is unique per event.
-Files of a segment still being written (recorded as pending) are never compacted, so a redo
-cannot bring back rows a compacted file already holds. Compaction holds one hour of rows in
-memory.
-
-One lake root belongs to one store: compaction consults that store's pending segments, and
-two compactions of the same hour would each write a compacted file naming only its own
-sources. Collectors that share storage should each write their own root (for example one
-directory per collector), which Spark can read together.
+:meth:`TraceLake.compact` merges, per trace partition, the files of a closed hour into one
+``compacted-`` file whose footer metadata (key ``tracemq.lake.compacted_from``) lists the files
+it replaces; only the partition's current owner does (the collector passes the partitions it
+is assigned). The compacted file is written completely *before* any source is deleted. The
+rule, for readers and for reruns (:func:`tracemq.lake.live_files`): **a file named in the
+``compacted_from`` list of another file in the same directory is superseded, and so is a file
+of a partition whose offset range lies inside another compacted file's of the same partition**
+(ties broken by rank). A crash between the write and the deletes thus never doubles a row for
+a reader that applies the rule (:meth:`TraceLake.files`, :meth:`TraceLake.read_all`); the
+next :meth:`TraceLake.compact` deletes the leftovers. An old and a new owner compacting one
+hour at once are safe: same sources give the same name and rows, different sources a smaller
+range the larger one supersedes (why a compacted file holds every event of its range: see
+:meth:`TraceLake.compact`). A reader that lists files itself may also drop duplicates by
+``(trace_topic, trace_partition, trace_offset, trace_index)``, which is unique per event (an
+old owner's late write can overlap the new owner's files until they are compacted).
+Compaction holds one partition's hour of rows in memory.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterable
-from pathlib import Path
+from pathlib import Path, PurePath, PurePosixPath
 from typing import Any
+from urllib.parse import urlsplit
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from tracemq import lake
+from tracemq.log import get_logger
 
 from tracemq_collector.store import TraceStore
 
-__all__ = ["COMPACTED_FROM_KEY", "SORT_KEYS", "TraceLake"]
+__all__ = ["COMPACTED_FROM_KEY", "SORT_KEYS", "TraceLake", "lake_filesystem"]
+
+log = get_logger("collector.lake")
 
 #: Footer metadata key of a compacted file (:data:`tracemq.lake.COMPACTED_FROM_KEY`).
 COMPACTED_FROM_KEY = lake.COMPACTED_FROM_KEY
 #: Row order of a compacted file.
 SORT_KEYS = ("trace_topic", "trace_partition", "trace_offset", "trace_index")
+#: A temporary file this much older than now is a crashed writer's (any collector's) leftover.
+TMP_MAX_AGE_S = 600.0
 
 _PARTITIONING = ds.partitioning(
     pa.schema([("date", pa.string()), ("hour", pa.int32())]), flavor="hive"
 )
+
+
+def lake_filesystem(
+    uri: str | Path,
+    *,
+    s3_endpoint: str | None = None,
+    s3_region: str | None = None,
+    s3_access_key: str | None = None,
+    s3_secret_key: str | None = None,
+    s3_session_token: str | None = None,
+    s3_virtual_addressing: bool = False,
+) -> tuple[pafs.FileSystem | None, PurePath]:
+    """Where a lake URI points: ``(file system, root)``; the file system is None for a local
+    lake (a bare path or ``file://``), whose root is then a :class:`~pathlib.Path`.
+
+    ``s3://bucket/prefix`` opens pyarrow's S3 client: ``s3_endpoint`` (``http://host:port``
+    for an S3-compatible server; the scheme picks TLS) and ``s3_region``; keys not given are
+    found the AWS SDK's usual way (environment, profile, instance role). Path-style requests
+    unless ``s3_virtual_addressing``. Raises ValueError naming what is wrong.
+    """
+    text = str(uri)
+    parts = urlsplit(text)
+    if parts.scheme in ("", "file"):
+        path = parts.path if parts.scheme == "file" else text
+        if parts.scheme == "file" and parts.netloc not in ("", "localhost"):
+            raise ValueError(f"lake URI {text!r}: a file URI names no host (file:///path)")
+        if not path:
+            raise ValueError(f"lake URI {text!r} names no directory")
+        return None, Path(path)
+    if parts.scheme not in ("s3", "s3a"):
+        raise ValueError(f"lake URI {text!r}: the scheme must be file:// or s3://")
+    if not parts.netloc:
+        raise ValueError(f"lake URI {text!r} names no bucket (s3://bucket/prefix)")
+    options: dict[str, Any] = {
+        "region": s3_region,
+        "access_key": s3_access_key,
+        "secret_key": s3_secret_key,
+        "session_token": s3_session_token,
+        "force_virtual_addressing": s3_virtual_addressing,
+    }
+    if (s3_access_key is None) != (s3_secret_key is None):
+        raise ValueError(
+            "TRACEMQ_COLLECTOR_LAKE_S3_ACCESS_KEY and TRACEMQ_COLLECTOR_LAKE_S3_SECRET_KEY go "
+            "together: set both or neither"
+        )
+    if s3_endpoint:
+        endpoint = urlsplit(s3_endpoint)
+        if endpoint.scheme not in ("http", "https") or not endpoint.netloc:
+            raise ValueError(f"S3 endpoint {s3_endpoint!r}: expected http(s)://host[:port]")
+        options["scheme"] = endpoint.scheme
+        options["endpoint_override"] = endpoint.netloc
+    filesystem = pafs.S3FileSystem(**{k: v for k, v in options.items() if v is not None})
+    root = PurePosixPath(parts.netloc, *[p for p in parts.path.split("/") if p])
+    return filesystem, root
 
 
 def _fsync_dir(path: Path) -> None:
@@ -77,31 +145,16 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _compacted_from(path: Path) -> list[str]:
-    return lake.compacted_from((pq.read_schema(path).metadata or {}).get(COMPACTED_FROM_KEY))
-
-
-def _live_files(hour_dir: Path) -> tuple[list[Path], list[Path]]:
-    """``(live, superseded)`` collector files of one hour directory, by the compaction rule
-    (:func:`tracemq.lake.live_files`). Only a ``compacted-`` file's footer is read: no other
-    file of ours names any."""
-    names = {}
-    for path in sorted(hour_dir.iterdir()):
-        parsed = lake.parse_file_name(path.name)
-        if parsed is not None:
-            names[path.as_posix()] = _compacted_from(path) if parsed.compacted else []
-    live, superseded = lake.live_files(names)
-    return [Path(p) for p in live], [Path(p) for p in superseded]
-
-
 class TraceLake:
     """Writes the trace store's events to Parquet, exactly once per event; compacts closed hours.
 
     Args:
-        root: the lake directory (created if missing).
+        root: the lake directory (created if missing), or with ``filesystem`` the lake's root
+            in it (``bucket/prefix`` for S3: see :func:`lake_filesystem`).
         store: the open trace store the events and the lake bookkeeping live in.
         segment_max_rows: most events per segment; a longer range is cut into several.
         compression: Parquet codec of the files written.
+        filesystem: a pyarrow file system other than the local disk (S3).
 
     Methods are synchronous and serialised by a lock (they may be called from any thread).
     The protocol and the compaction rule: see the module docstring.
@@ -109,15 +162,19 @@ class TraceLake:
 
     def __init__(
         self,
-        root: Path,
+        root: PurePath | str,
         store: TraceStore,
         *,
         segment_max_rows: int = 200_000,
         compression: str = "zstd",
+        filesystem: pafs.FileSystem | None = None,
     ) -> None:
         if segment_max_rows < 1:
             raise ValueError(f"segment_max_rows must be at least 1, got {segment_max_rows}")
-        self.root = Path(root)
+        self.local = filesystem is None or isinstance(filesystem, pafs.LocalFileSystem)
+        #: the lake's files are Paths on the local disk, PurePosixPaths in an object store
+        self.root: PurePath = Path(root).absolute() if self.local else PurePosixPath(root)
+        self.fs: pafs.FileSystem = pafs.LocalFileSystem() if self.local else filesystem
         self.store = store
         self.segment_max_rows = segment_max_rows
         self.compression = compression
@@ -125,7 +182,7 @@ class TraceLake:
 
     # ------------------------------------------------------------------ writing
 
-    def flush(self, trace_topic: str, partition: int) -> list[Path]:
+    def flush(self, trace_topic: str, partition: int) -> list[PurePath]:
         """Write the partition's events the store holds and the lake does not; return the files.
 
         First rewrites any segment of this partition left pending by a crash. A range with no
@@ -163,7 +220,7 @@ class TraceLake:
         partition: int,
         after: int | None,
         segments: list[tuple[int, int, dict[tuple[str, int], list[pa.RecordBatch]]]],
-    ) -> list[Path] | None:
+    ) -> list[PurePath] | None:
         """Write segments from events decoded by ingest, without reading the store again.
 
         Args:
@@ -188,7 +245,7 @@ class TraceLake:
                 s[:2] == key for s in self.store.pending_lake_segments()
             ):
                 return None
-            written: list[Path] = []
+            written: list[PurePath] = []
             for start, end, groups in segments:
                 self.store.begin_lake_segment(trace_topic, partition, start, end)
                 name = lake.part_name(trace_topic, partition, start, end)
@@ -200,34 +257,39 @@ class TraceLake:
                 self.store.finish_lake_segment(trace_topic, partition, end)
             return written
 
-    def flush_all(self) -> list[Path]:
+    def flush_all(self) -> list[PurePath]:
         """:meth:`flush` every partition the store has progress for."""
-        written: list[Path] = []
+        written: list[PurePath] = []
         for trace_topic, partition in sorted(self.store.progress()):
             written += self.flush(trace_topic, partition)
         return written
 
-    def recover(self) -> list[Path]:
+    def recover(self) -> list[PurePath]:
         """Repair the lake after a crash; call at start, before anything else writes to it.
 
-        Deletes temporary files, finishes interrupted compactions (deletes superseded files),
-        and rewrites every pending segment with exactly its recorded range.
+        On a local lake, deletes temporary files older than :data:`TMP_MAX_AGE_S` (younger ones
+        may be another collector's writes in progress). Rewrites every pending segment with
+        exactly its recorded range. Superseded files are deleted by :meth:`compact`, per
+        partition, by the partition's owner.
         """
         with self._lock:
-            if self.root.is_dir():
-                for tmp in self.root.glob(f"date=*/hour=*/{lake.TMP_PREFIX}*"):
-                    tmp.unlink(missing_ok=True)
-                for hour_dir in self._hour_dirs():
-                    self._delete_superseded(hour_dir)
+            if self.local and Path(self.root).is_dir():
+                old = time.time() - TMP_MAX_AGE_S
+                for tmp in Path(self.root).glob(f"date=*/hour=*/{lake.TMP_PREFIX}*"):
+                    try:
+                        if tmp.stat().st_mtime < old:
+                            tmp.unlink(missing_ok=True)
+                    except FileNotFoundError:
+                        pass
             return self._redo_pending(self.store.pending_lake_segments())
 
-    def _redo_pending(self, segments: Iterable[tuple[str, int, int, int]]) -> list[Path]:
-        written: list[Path] = []
+    def _redo_pending(self, segments: Iterable[tuple[str, int, int, int]]) -> list[PurePath]:
+        written: list[PurePath] = []
         for trace_topic, partition, start, end in list(segments):
             written += self._segment(trace_topic, partition, start, end)
         return written
 
-    def _segment(self, trace_topic: str, partition: int, start: int, end: int) -> list[Path]:
+    def _segment(self, trace_topic: str, partition: int, start: int, end: int) -> list[PurePath]:
         self.store.begin_lake_segment(trace_topic, partition, start, end)
         groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for row in self.store.events_in_range(trace_topic, partition, start, end):
@@ -245,7 +307,17 @@ class TraceLake:
         self.store.finish_lake_segment(trace_topic, partition, end)
         return written
 
-    def _write_atomic(self, table: pa.Table, path: Path) -> None:
+    def _write_atomic(self, table: pa.Table, path: PurePath) -> None:
+        """Write ``path`` whole or not at all: an object store's PUT is atomic (the Parquet
+        bytes are built in memory first, so a failed upload leaves no object); on a local disk,
+        a temporary file, fsync, rename."""
+        if not self.local:
+            buf = io.BytesIO()
+            pq.write_table(table, buf, compression=self.compression)
+            with self.fs.open_output_stream(path.as_posix()) as out:
+                out.write(buf.getbuffer())
+            return
+        path = Path(path)
         directory = path.parent
         if not directory.is_dir():
             directory.mkdir(parents=True, exist_ok=True)
@@ -264,40 +336,102 @@ class TraceLake:
             raise
         _fsync_dir(directory)
 
+    def _delete(self, paths: list[PurePath]) -> None:
+        if not paths:
+            return
+        for path in paths:
+            if self.local:
+                Path(path).unlink(missing_ok=True)
+            else:
+                try:
+                    self.fs.delete_file(path.as_posix())
+                except FileNotFoundError:
+                    pass  # another owner deleted it first
+        if self.local:
+            _fsync_dir(Path(paths[0]).parent)
+
     # ------------------------------------------------------------------ compaction
 
-    def compact(self, closed_before_ms: int) -> int:
-        """Merge the files of every hour that ended at or before ``closed_before_ms``.
+    def compact(
+        self,
+        closed_before_ms: int,
+        owned: set[tuple[str, int]] | None = None,
+        *,
+        since_ms: int | None = None,
+    ) -> int:
+        """Merge, per trace partition, the files of every hour that ended at or before
+        ``closed_before_ms``; only the partitions in ``owned`` (None: all, for a lake this
+        store alone writes); with ``since_ms``, only hours that ended after it (in an object
+        store every hour looked at costs requests, every round). Returns how many (hour,
+        partition) merges were done.
 
-        An hour with two or more live files (``part-`` or ``compacted-``) becomes one
-        ``compacted-`` file, rows sorted by :data:`SORT_KEYS`; the sources are deleted after
-        it is durable. Files of pending segments are left alone. Returns how many hours were
-        compacted.
+        A partition's files of an hour (``part-`` or ``compacted-``, any collector's) become one
+        ``compacted-`` file, rows sorted by :data:`SORT_KEYS` and each event once; the sources
+        are deleted after it is durable, and so are files of the partition the rule says are
+        superseded. Taken as sources: the live files ending at or before this store's lake
+        progress of the partition (read before listing; so never a pending segment's). So the sources
+        cover their whole offset range (below where this collector started, the previous
+        owners' files were written before their Kafka commit; above, this collector's segments
+        are contiguous), and a compacted file holds every event of its range and hour: the
+        second rule of :func:`tracemq.lake.live_files` relies on it, which makes an old and a
+        new owner compacting the same hour at once harmless (same sources: the same name and
+        rows; different sources: the smaller range is superseded).
         """
         with self._lock:
             compacted = 0
+            progress = self.store.lake_progress()
             for hour_dir in self._hour_dirs():
                 hour_start = lake.hour_start_ms(hour_dir.parent.name, hour_dir.name)
                 if hour_start is None or hour_start + lake.HOUR_MS > closed_before_ms:
                     continue
-                self._delete_superseded(hour_dir)
-                live, _ = _live_files(hour_dir)
-                # Pending segments are read after listing: a file listed was written after its
-                # segment was recorded, so a segment still pending is sure to be seen here.
-                pending = {(t, p, s, e) for t, p, s, e in self.store.pending_lake_segments()}
-                sources = [p for p in live if _part_segment(p) not in pending]
-                if len(sources) >= 2 and self._merge(hour_dir, sources):
-                    compacted += 1
+                if since_ms is not None and hour_start + lake.HOUR_MS <= since_ms:
+                    continue
+                live, superseded = self._live_files(hour_dir)
+                by_partition: dict[tuple[str, int], list[PurePath]] = {}
+                for path in live:
+                    name = lake.parse_file_name(path.name)
+                    if name is not None and name.topic is not None and name.partition is not None:
+                        key = (name.topic, name.partition)
+                        # A pending segment starts at the lake progress: its files are past it.
+                        if name.end <= progress.get(key, -1):
+                            by_partition.setdefault(key, []).append(path)
+                mine = [p for p in superseded if owned is None or _partition(p) in owned]
+                self._delete(mine)
+                for key, sources in sorted(by_partition.items()):
+                    if owned is not None and key not in owned:
+                        continue
+                    if len(sources) >= 2 and self._merge(hour_dir, key, sources):
+                        compacted += 1
             return compacted
 
-    def _merge(self, hour_dir: Path, sources: list[Path]) -> bool:
+    def _merge(self, hour_dir: PurePath, key: tuple[str, int], sources: list[PurePath]) -> bool:
         tables = []
         for path in sources:
-            table = pq.ParquetFile(path).read()
+            try:
+                table = pq.read_table(path.as_posix(), filesystem=self.fs)
+            except FileNotFoundError:
+                # another owner of the partition compacted it meanwhile: its compacted file
+                # holds these rows; the next round merges what is left
+                return False
             if not lake.is_current_version((table.schema.metadata or {}).get(lake.METADATA_KEY)):
                 return False  # another schema version: not ours to rewrite
             tables.append(table.replace_schema_metadata(None))
-        merged = pa.concat_tables(tables).sort_by([(key, "ascending") for key in SORT_KEYS])
+        merged = pa.concat_tables(tables).sort_by([(k, "ascending") for k in SORT_KEYS])
+        # Files of two owners of the partition may overlap (a late write of the old owner):
+        # each event once, by its key (one partition here: offset and index decide).
+        offsets = merged.column("trace_offset").to_numpy()
+        indexes = merged.column("trace_index").to_numpy()
+        keep = np.ones(len(offsets), dtype=np.bool_)
+        keep[1:] = (offsets[1:] != offsets[:-1]) | (indexes[1:] != indexes[:-1])
+        if not keep.all():
+            merged = merged.filter(pa.array(keep))
+            log.info(
+                "compaction merged overlapping files of two owners",
+                trace_topic=key[0],
+                partition=key[1],
+                hour_dir=hour_dir.as_posix(),
+                duplicates=int(len(keep) - keep.sum()),
+            )
         starts, ends, parts = [], [], 0
         for path in sources:
             start, end, count = _name_range(path)
@@ -305,42 +439,60 @@ class TraceLake:
             ends.append(end)
             parts += count
         # Counting the original parts makes the name grow with every merge, so the new name
-        # can never be one of its sources (which would be deleted after the rename).
-        name = lake.compacted_name(min(starts), max(ends), parts)
+        # can never be one of its sources (which are deleted after it is written).
+        name = lake.compacted_name(key[0], key[1], min(starts), max(ends), parts)
         if name in {p.name for p in sources}:
             raise RuntimeError(f"compaction of {hour_dir} would overwrite its source {name}")
         metadata = lake.file_metadata(compacted_from=[p.name for p in sources])
         self._write_atomic(
             merged.cast(lake.arrow_schema().with_metadata(metadata)), hour_dir / name
         )
-        for path in sources:
-            path.unlink()
-        _fsync_dir(hour_dir)
+        self._delete(sources)
         return True
 
-    def _delete_superseded(self, hour_dir: Path) -> None:
-        _, superseded = _live_files(hour_dir)
-        for path in superseded:
-            path.unlink(missing_ok=True)
-        if superseded:
-            _fsync_dir(hour_dir)
+    def _list(self, directory: PurePath) -> list[tuple[str, bool]]:
+        """``(name, is directory)`` of the entries of ``directory`` ([] if it is missing)."""
+        selector = pafs.FileSelector(directory.as_posix(), allow_not_found=True)
+        return [
+            (info.base_name, info.type == pafs.FileType.Directory)
+            for info in self.fs.get_file_info(selector)
+        ]
 
-    def _hour_dirs(self) -> list[Path]:
-        if not self.root.is_dir():
-            return []
+    def _live_files(self, hour_dir: PurePath) -> tuple[list[PurePath], list[PurePath]]:
+        """``(live, superseded)`` collector files of one hour directory, by the compaction rule
+        (:func:`tracemq.lake.live_files`). Only a ``compacted-`` file's footer is read: no other
+        file of ours names any."""
+        names = {}
+        for name, is_dir in sorted(self._list(hour_dir)):
+            parsed = lake.parse_file_name(name)
+            if parsed is not None and not is_dir:
+                path = hour_dir / name
+                try:
+                    names[path.as_posix()] = self._compacted_from(path) if parsed.compacted else []
+                except FileNotFoundError:
+                    continue  # deleted since the listing: superseded by another's compaction
+        live, superseded = lake.live_files(names)
+        kind = Path if self.local else PurePosixPath
+        return [kind(p) for p in live], [kind(p) for p in superseded]
+
+    def _compacted_from(self, path: PurePath) -> list[str]:
+        schema = pq.read_schema(path.as_posix(), filesystem=self.fs)
+        return lake.compacted_from((schema.metadata or {}).get(COMPACTED_FROM_KEY))
+
+    def _hour_dirs(self) -> list[PurePath]:
         return sorted(
-            hour_dir
-            for date_dir in self.root.iterdir()
-            if date_dir.is_dir() and lake.parse_date_dir(date_dir.name) is not None
-            for hour_dir in date_dir.iterdir()
-            if hour_dir.is_dir() and lake.parse_hour_dir(hour_dir.name) is not None
+            self.root / date / hour
+            for date, date_is_dir in self._list(self.root)
+            if date_is_dir and lake.parse_date_dir(date) is not None
+            for hour, hour_is_dir in self._list(self.root / date)
+            if hour_is_dir and lake.parse_hour_dir(hour) is not None
         )
 
     # ------------------------------------------------------------------ reading
 
-    def files(self) -> list[Path]:
+    def files(self) -> list[PurePath]:
         """The live data files of the lake (superseded and temporary files left out)."""
-        return [path for hour_dir in self._hour_dirs() for path in _live_files(hour_dir)[0]]
+        return [path for hour_dir in self._hour_dirs() for path in self._live_files(hour_dir)[0]]
 
     def read_all(self) -> pa.Table:
         """The whole lake as one table: the lake columns plus ``date`` and ``hour``."""
@@ -350,23 +502,24 @@ class TraceLake:
         if not files:
             return pa.Table.from_pylist([], schema=schema)
         dataset = ds.dataset(
-            [str(p) for p in files],
+            [p.as_posix() for p in files],
             schema=schema,
             format="parquet",
             partitioning=_PARTITIONING,
-            partition_base_dir=str(self.root),
+            partition_base_dir=self.root.as_posix(),
+            filesystem=self.fs,
         )
         return dataset.to_table()
 
 
-def _part_segment(path: Path) -> tuple[str, int, int, int] | None:
+def _partition(path: PurePath) -> tuple[str, int] | None:
     name = lake.parse_file_name(path.name)
     if name is None or name.topic is None or name.partition is None:
-        return None  # not a part- file
-    return (name.topic, name.partition, name.start, name.end)
+        return None  # a legacy compacted file: no partition
+    return (name.topic, name.partition)
 
 
-def _name_range(path: Path) -> tuple[int, int, int]:
+def _name_range(path: PurePath) -> tuple[int, int, int]:
     """``(start, end, original part count)`` a data file's name states."""
     name = lake.parse_file_name(path.name)
     if name is None:  # _live_files let only collector names through

