@@ -202,3 +202,59 @@ def _b64_to_hex(v: str) -> str:
     import base64
 
     return base64.b64decode(v).hex()
+
+
+class _Dispatcher:
+    """A trace dispatcher stand-in: keeps what it is given; ``settles`` decides the flush."""
+
+    def __init__(self, settles: bool = True) -> None:
+        self.contexts: list[Any] = []
+        self.settles = settles
+
+    def append(self, ctx: Any) -> bool:
+        self.contexts.append(ctx)
+        return True
+
+    async def flush(self, timeout_s: float) -> bool:
+        return self.settles
+
+
+async def test_a_resent_request_adds_no_trace_record_twice() -> None:
+    from tracemq_collector import metrics
+    from tracemq_collector.otlp import OtlpReceiver
+
+    body = encode_spans(_spans(_kafka_pair)).SerializeToString()
+    dispatcher = _Dispatcher(settles=False)  # the first answer is a 503: the exporter resends
+    receiver = OtlpReceiver(dispatcher)
+    before = metrics.OTLP_SPANS.labels("duplicate")._value.get()
+
+    status, _, _ = await receiver.export(body, PROTOBUF)
+    assert status == 503
+    first = len(dispatcher.contexts)
+    assert first == 3  # the Pub, SubBefore and SubAfter of the one message
+
+    dispatcher.settles = True
+    status, _, _ = await receiver.export(body, PROTOBUF)  # the resend
+    assert status == 200
+    status, _, _ = await receiver.export(body, PROTOBUF)  # and a resend after a lost answer
+    assert status == 200
+    assert len(dispatcher.contexts) == first
+    assert metrics.OTLP_SPANS.labels("duplicate")._value.get() - before == 4  # 2 spans x 2
+
+
+def test_seen_spans_are_bounded_in_count_and_time() -> None:
+    from tracemq_collector.otlp import SeenSpans, Span
+
+    def span(i: int) -> Span:
+        return Span(f"{i:032x}", f"{i:016x}", "", "s", 0, 0, 0, {})
+
+    seen = SeenSpans(ttl_s=600, max_entries=3)
+    seen.remember([span(i) for i in range(5)])
+    assert len(seen) == 3
+    fresh, repeated = seen.fresh([span(0), span(4), span(4)])
+    assert [s.span_id for s in fresh] == [span(0).span_id] and repeated == 2
+
+    aged = SeenSpans(ttl_s=0.0)
+    aged.remember([span(1)])
+    fresh, repeated = aged.fresh([span(1)])  # forgotten once older than the ttl
+    assert len(fresh) == 1 and repeated == 0

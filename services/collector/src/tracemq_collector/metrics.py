@@ -45,7 +45,7 @@ OTLP_SPANS = Counter(
     "tracemq_collector_otlp_spans_total",
     "OTLP spans received, by result: stored (as trace records), pending (a Kafka send waiting"
     " for its msgId; counted again when stored or given up), not_messaging, native (a tracemq"
-    " client's own span), no_msg_id, no_group, invalid",
+    " client's own span), no_msg_id, no_group, invalid, duplicate (a resent span, skipped)",
     ["result"],
 )
 OTLP_REJECTED = Counter(

@@ -28,6 +28,10 @@ their trace records themselves.
 
 The contexts go through the collector's own trace dispatcher to the trace topic, so they are
 stored, deduplicated, written to the lake and reconciled exactly as client-written records.
+An exporter resends a request it got no 2xx for (a timeout, a 503): :class:`SeenSpans`
+remembers the (trace id, span id) of every span handed to the dispatcher (bounded in count and
+time), and a span seen again is counted ``duplicate`` and skipped, so a retry never doubles a
+Pub or a consume. A retry that reaches *another* collector is not caught.
 The consumer groups the spans name are merged into the subscription history (``P subhistory``,
 expression ``*``, CLUSTERING; first/last seen = the Pub time of the messages they consumed where
 the collector knows it, else the consume's start), as the nameserver does for heartbeating
@@ -611,6 +615,45 @@ def contexts_of(spans: list[Span], join: OtlpJoin) -> tuple[list[TraceContext], 
     return out, counts
 
 
+class SeenSpans:
+    """The (trace id, span id) of the spans handed to the dispatcher in the last ``ttl_s``
+    seconds, at most ``max_entries`` (the oldest forgotten first)."""
+
+    def __init__(self, ttl_s: float = 600.0, max_entries: int = 200_000) -> None:
+        self.ttl_s, self.max_entries = ttl_s, max_entries
+        self._seen: OrderedDict[tuple[str, str], float] = OrderedDict()
+
+    def _expire(self, now: float) -> None:
+        while self._seen and (
+            len(self._seen) > self.max_entries or next(iter(self._seen.values())) < now - self.ttl_s
+        ):
+            self._seen.popitem(last=False)
+
+    def fresh(self, spans: list[Span]) -> tuple[list[Span], int]:
+        """``spans`` without those seen before (and without repeats within the request), and
+        how many were left out."""
+        self._expire(time.monotonic())
+        out: list[Span] = []
+        ids: set[tuple[str, str]] = set()
+        for span in spans:
+            sid = (span.trace_id, span.span_id)
+            if sid in self._seen or sid in ids:
+                continue
+            ids.add(sid)
+            out.append(span)
+        return out, len(spans) - len(out)
+
+    def remember(self, spans: list[Span]) -> None:
+        now = time.monotonic()
+        for span in spans:
+            self._seen[(span.trace_id, span.span_id)] = now
+            self._seen.move_to_end((span.trace_id, span.span_id))
+        self._expire(now)
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+
 class OtlpReceiver:
     """``POST /v1/traces``: decode, map, hand the contexts to the trace dispatcher and wait
     until they are on the trace topic. Answers (status, body, content type): 200 with an
@@ -631,6 +674,7 @@ class OtlpReceiver:
         self.dispatcher = dispatcher
         self.flush_timeout_s = flush_timeout_s
         self.join = join or OtlpJoin()
+        self.seen = SeenSpans()
         self.redis, self.subhistory_key = redis, subhistory_key
 
     async def record_subscriptions(self) -> None:
@@ -662,12 +706,19 @@ class OtlpReceiver:
             log.warning("OTLP request refused", reason=exc.reason, error=str(exc)[:200])
             status = 415 if exc.reason == "unsupported_media_type" else 400
             return status, json.dumps({"error": str(exc)[:300]}).encode(), JSON
+        spans, repeated = self.seen.fresh(spans)
+        if repeated:
+            metrics.OTLP_SPANS.labels("duplicate").inc(repeated)
+            log.info("OTLP spans already received skipped", spans=repeated)
         ctxs, counts = contexts_of(spans, self.join)
         for result, n in counts.items():
             metrics.OTLP_SPANS.labels(result).inc(n)
-        if not all(self.dispatcher.append(c) for c in ctxs) or not await self.dispatcher.flush(
-            self.flush_timeout_s
-        ):
+        appended = all(self.dispatcher.append(c) for c in ctxs)
+        if appended:
+            # handed over: the dispatcher delivers them or counts them failed; a resend of this
+            # request (after a 503 below, or a lost answer) must not add them twice
+            self.seen.remember(spans)
+        if not appended or not await self.dispatcher.flush(self.flush_timeout_s):
             metrics.OTLP_REJECTED.labels("unavailable").inc()
             return (
                 503,
