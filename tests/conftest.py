@@ -21,6 +21,9 @@ SESSION_SECRETS = StackSecrets.generate()
 #: Child processes a session fixture keeps on purpose (the Spark JVM): not leaks.
 SESSION_PIDS: set[int] = set()
 
+#: What the tests' own clients (and the services' clients) take from the environment.
+CLIENT_TEST_ENV = {"TRACEMQ_CONSUMER_SESSION_TIMEOUT_MS": "3000"}
+
 #: Fast timings so expiry and failover are observable within a test.
 TEST_SERVICE_ENV = {
     "TRACEMQ_BROKER_HEARTBEAT_INTERVAL_MS": "1000",
@@ -29,6 +32,10 @@ TEST_SERVICE_ENV = {
     # at most half the expiry: a failover must not let the survivor expire live brokers
     "TRACEMQ_NAMESRV_SESSION_TIMEOUT_MS": "3000",
     "TRACEMQ_SHUTDOWN_TIMEOUT_MS": "8000",
+    # Tansu holds a new group member's first join for half the session timeout (5 s with the
+    # default 10 s): every consumer start of the suite would pay it
+    "TRACEMQ_COLLECTOR_SESSION_TIMEOUT_MS": "3000",
+    **CLIENT_TEST_ENV,
 }
 
 
@@ -48,7 +55,7 @@ def signing_env(secrets: StackSecrets) -> dict[str, str]:
 def session_signing_env() -> Iterator[None]:
     """Clients and admin clients of the tests sign with the session stacks' keys."""
     with pytest.MonkeyPatch.context() as mp:
-        for k, v in signing_env(SESSION_SECRETS).items():
+        for k, v in {**signing_env(SESSION_SECRETS), **CLIENT_TEST_ENV}.items():
             mp.setenv(k, v)
         yield
 

@@ -22,7 +22,7 @@ from tracemq.message_id import decode_msg_id, decode_offset_msg_id
 from tracemq.trace import ConsumeReturnType, MessageType, TraceType
 from tracemq_devkit.devstack import EmbeddedStack
 from tracemq_devkit.reading import read_trace_topic
-from tracemq_devkit.waiting import eventually
+from tracemq_devkit.waiting import WaitTimeout, eventually
 
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 
@@ -99,7 +99,14 @@ async def test_traces_match_what_happened(
     async def all_consumed() -> bool:
         return all(len(s) == total for s in done.values())
 
-    await eventually(all_consumed, timeout=90, what="both groups consumed everything")
+    try:
+        await eventually(all_consumed, timeout=90, what="both groups consumed everything")
+    except WaitTimeout:
+        missing = {g: sorted(set(range(total)) - s) for g, s in done.items()}
+        pytest.fail(
+            "not every message consumed within 90 s; missing per group: "
+            + ", ".join(f"{g}: {len(m)} {m[:20]}" for g, m in missing.items())
+        )
     for c in consumers:
         await c.shutdown()
     for p in producers:

@@ -29,7 +29,7 @@ from tracemq.message_id import new_msg_id
 from tracemq.naming import kafka_topic
 from tracemq_devkit.devstack import EmbeddedStack
 from tracemq_devkit.devstack.process import ManagedProcess
-from tracemq_devkit.waiting import eventually
+from tracemq_devkit.waiting import WaitTimeout, eventually
 
 from tests.support import rocketmq_format as rf
 from tests.support.collector_api import TOKEN, http
@@ -424,7 +424,14 @@ async def test_kill_9_mid_ingest_loses_and_duplicates_nothing(
         async def all_in() -> bool:
             return _store_rows(data) >= len(expected) and _lake_rows(data) >= len(expected)
 
-        await eventually(all_in, timeout=90, interval=0.5, what="everything ingested after restart")
+        try:
+            await eventually(all_in, timeout=90, interval=0.5, what="ingested after restart")
+        except WaitTimeout:
+            pytest.fail(
+                f"after the restart {_store_rows(data)} store rows and {_lake_rows(data)} lake "
+                f"rows of {len(expected)} within 90 s; collector log tail:\n"
+                + stack.processes[name].log_tail(60)
+            )
     finally:
         stack.processes[name].stop()
     store = _store_keys(data)

@@ -65,6 +65,11 @@ class ClientSettings(SignerSettings, ConnectionSettings):
     #: RocketMQ's instanceName: ``DEFAULT`` means the process id (+ ``#n``), see the module
     #: docstring; a stable name lets a BROADCASTING consumer resume after a restart
     instance_name: str = Field(default="DEFAULT", min_length=1, max_length=128)
+    #: a consumer's Kafka group session timeout (``TRACEMQ_CONSUMER_SESSION_TIMEOUT_MS``; the
+    #: ``session_timeout_ms`` argument wins): how long a silent member keeps its queues before
+    #: they move to the others. Tansu also holds a new member's first join for half of it, so a
+    #: shorter one starts a consumer faster and a longer one rides out longer stalls.
+    consumer_session_timeout_ms: int = Field(default=10_000, ge=1000, le=300_000)
 
     @classmethod
     def from_overrides(

@@ -91,6 +91,7 @@ class LitePullConsumer(ClientBase):
         fetch_max_wait_ms: int = FETCH_MAX_WAIT_MS,
         offset_reset: OffsetResetPolicy | str = OffsetResetPolicy.EARLIEST,
         offset_check_interval_ms: int = int(IDLE_CHECK_S * 1000),
+        session_timeout_ms: int | None = None,
         settings: ClientSettings | None = None,
         redis_url: str | None = None,
         control_bootstrap: str | None = None,
@@ -117,6 +118,9 @@ class LitePullConsumer(ClientBase):
             )
         self.offset_check_interval_s = offset_check_interval_ms / 1000
         self.settings = settings or ClientSettings.from_overrides(redis_url, control_bootstrap)
+        #: the group session timeout of subscribe() (``ClientSettings.consumer_session_timeout_ms``
+        #: by default)
+        self.session_timeout_ms = session_timeout_ms or self.settings.consumer_session_timeout_ms
         self._subs: dict[str, frozenset[str] | None] = {}
         self._expressions: dict[str, str] = {}
         self._assigned: list[MessageQueue] | None = None
@@ -197,6 +201,8 @@ class LitePullConsumer(ClientBase):
                 auto_offset_reset=KAFKA_AUTO_OFFSET_RESET,
                 max_poll_records=self.pull_batch_size,
                 fetch_max_wait_ms=self.fetch_max_wait_ms,
+                session_timeout_ms=self.session_timeout_ms,
+                heartbeat_interval_ms=max(300, self.session_timeout_ms // 5),
             )
             self._consumers[bootstrap] = c
             self._guards[bootstrap] = OffsetGuard(

@@ -318,7 +318,7 @@ class PushConsumer(ClientBase):
         pull_threshold_per_queue: int = 1000,
         in_process_retry_delay_ms: int = 1000,
         commit_interval_ms: int = 1000,
-        session_timeout_ms: int = 10_000,
+        session_timeout_ms: int | None = None,
         revoke_drain_timeout_ms: int = 10_000,
         fetch_max_wait_ms: int = FETCH_MAX_WAIT_MS,
         offset_reset: OffsetResetPolicy | str = OffsetResetPolicy.EARLIEST,
@@ -358,11 +358,12 @@ class PushConsumer(ClientBase):
         #: delay before consuming a message again locally when its send-back failed
         self.in_process_retry_delay_ms = in_process_retry_delay_ms
         self.commit_interval_ms = commit_interval_ms
-        self.session_timeout_ms = session_timeout_ms
         #: how long a rebalance waits for the listener calls running on a revoked queue
         #: (aiokafka's rebalance timeout, max_poll_interval_ms, is 5 minutes)
         self.revoke_drain_timeout_ms = revoke_drain_timeout_ms
         self.settings = settings or ClientSettings.from_overrides(redis_url, control_bootstrap)
+        #: the group session timeout (``ClientSettings.consumer_session_timeout_ms`` by default)
+        self.session_timeout_ms = session_timeout_ms or self.settings.consumer_session_timeout_ms
         self._subscriptions: dict[str, frozenset[str] | None] = {}
         self._expressions: dict[str, str] = {}
         self._runtime = ClientRuntime(
