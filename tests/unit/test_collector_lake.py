@@ -498,3 +498,39 @@ def test_compaction_merges_only_the_partitions_it_is_given(
     assert lake.compact(LATER, {(TOPIC, 1)}, since_ms=T0 + HOUR) == 0  # hour 00 is too old
     assert lake.compact(LATER, {(TOPIC, 1)}) == 1
     assert lake_rows(lake) == before
+
+
+def test_a_source_deleted_by_another_owner_mid_compaction_is_left_to_the_next_round(
+    store: TraceStore, lake: TraceLake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On S3 a GET of an object deleted between the listing and the read is a plain OSError
+    (``RESOURCE_NOT_FOUND``), not FileNotFoundError: the compaction thread must not die on it."""
+    import tracemq_collector.lake as lake_module
+
+    ingest = Ingest(store)
+    for i in range(2):
+        ingest.messages(T0 + i)
+        lake.flush(TOPIC, 0)
+    real_read = lake_module.pq.read_table
+    calls = 0
+
+    def read_after_another_owner_deleted(path: str, **kw: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            os.unlink(path)
+            raise OSError("AWS Error RESOURCE_NOT_FOUND during GetObject operation")
+        return real_read(path, **kw)
+
+    monkeypatch.setattr(lake_module.pq, "read_table", read_after_another_owner_deleted)
+    assert lake.compact(T0 + 2 * HOUR) == 0  # nothing merged, nothing raised
+    monkeypatch.setattr(lake_module.pq, "read_table", real_read)
+
+    def read_failing(path: str, **kw: Any) -> Any:
+        raise OSError("AWS Error NETWORK_CONNECTION during GetObject operation")
+
+    ingest.messages(T0 + 3)
+    lake.flush(TOPIC, 0)
+    monkeypatch.setattr(lake_module.pq, "read_table", read_failing)
+    with pytest.raises(OSError, match="NETWORK_CONNECTION"):  # an object still there: raised
+        lake.compact(T0 + 2 * HOUR)

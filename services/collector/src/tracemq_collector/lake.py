@@ -409,7 +409,9 @@ class TraceLake:
         for path in sources:
             try:
                 table = pq.read_table(path.as_posix(), filesystem=self.fs)
-            except FileNotFoundError:
+            except OSError as exc:
+                if not self._vanished(path, exc):
+                    raise
                 # another owner of the partition compacted it meanwhile: its compacted file
                 # holds these rows; the next round merges what is left
                 return False
@@ -469,11 +471,25 @@ class TraceLake:
                 path = hour_dir / name
                 try:
                     names[path.as_posix()] = self._compacted_from(path) if parsed.compacted else []
-                except FileNotFoundError:
+                except OSError as exc:
+                    if not self._vanished(path, exc):
+                        raise
                     continue  # deleted since the listing: superseded by another's compaction
         live, superseded = lake.live_files(names)
         kind = Path if self.local else PurePosixPath
         return [kind(p) for p in live], [kind(p) for p in superseded]
+
+    def _vanished(self, path: PurePath, exc: OSError) -> bool:
+        """Whether a read of ``path`` failed because the file is gone. A local file system says
+        FileNotFoundError; S3 says so for a HEAD but a GET of an object deleted between the
+        listing and the read (a concurrent compaction) is a plain OSError
+        (``RESOURCE_NOT_FOUND``), so the object is looked up again."""
+        if isinstance(exc, FileNotFoundError):
+            return True
+        try:
+            return self.fs.get_file_info(path.as_posix()).type == pafs.FileType.NotFound
+        except OSError:
+            return False
 
     def _compacted_from(self, path: PurePath) -> list[str]:
         schema = pq.read_schema(path.as_posix(), filesystem=self.fs)
