@@ -208,6 +208,7 @@ class MessageIdGenerator:
         "__weakref__",
         "_clock",
         "_counter",
+        "_head",
         "_ip_bytes",
         "_last_ms",
         "_lock",
@@ -242,6 +243,8 @@ class MessageIdGenerator:
         self._salt = secrets.randbits(32)
         prefix = self._ip_bytes + self._pid.to_bytes(2, "big") + self._salt.to_bytes(4, "big")
         self._prefix = prefix.hex().upper()
+        self._head = ""  # prefix and time field of _last_ms, rendered
+        self._last_ms = -1  # the head must be re-rendered with the new prefix
         self._counter = 0
 
     @property
@@ -268,15 +271,18 @@ class MessageIdGenerator:
         """Return a new msgId: 32 upper-case hex characters (56 with an IPv6 address)."""
         with self._lock:
             now = self._clock()
+            counter = self._counter
+            self._counter = (counter + 1) & 0xFFFF
+            if now == self._last_ms:  # the usual case under load: the head is rendered already
+                return f"{self._head}{counter:04X}"
             if not self._month_start <= now < self._next_month_start:
                 self._month_start, self._next_month_start = _month_bounds(now, self._zone)
             elif now < self._last_ms:
                 # The wall clock stepped back; reusing earlier stamps could repeat ids.
                 now = self._last_ms
             self._last_ms = now
-            counter = self._counter
-            self._counter = (counter + 1) & 0xFFFF
-            return f"{self._prefix}{now - self._month_start:08X}{counter:04X}"
+            self._head = f"{self._prefix}{now - self._month_start:08X}"
+            return f"{self._head}{counter:04X}"
 
 
 def _renew_after_fork() -> None:
@@ -434,13 +440,19 @@ def encode_offset_msg_id(store_host: str, queue_id: int, kafka_offset: int) -> s
     Raises:
         ValueError: an argument is malformed or out of range; the message names it.
     """
-    ip, port = _parse_store_host(store_host)
+    head = _store_host_head(store_host)
     if not 0 <= queue_id <= MAX_QUEUE_ID:
         raise ValueError(f"queue_id must be in 0..{MAX_QUEUE_ID}, got {queue_id}")
     if not 0 <= kafka_offset <= MAX_KAFKA_OFFSET:
         raise ValueError(f"kafka_offset must be in 0..2**48-1, got {kafka_offset}")
-    physical = (queue_id << 48) | kafka_offset
-    return (ip + port.to_bytes(4, "big") + physical.to_bytes(8, "big")).hex().upper()
+    return f"{head}{(queue_id << 48) | kafka_offset:016X}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _store_host_head(store_host: str) -> str:
+    """The store host's part of an offsetMsgId (address and port), rendered once per host."""
+    ip, port = _parse_store_host(store_host)
+    return (ip + port.to_bytes(4, "big")).hex().upper()
 
 
 def decode_offset_msg_id(offset_msg_id: str) -> OffsetMsgIdInfo:
