@@ -276,7 +276,7 @@ class AsyncTraceDispatcher:
         trace_topic: str = TRACE_TOPIC,
         customized: bool = False,
         client_id: str | None = None,
-        queue_size: int = 2048,
+        queue_size: int = 16384,
         batch_size: int = 1000,
         flush_interval_ms: int = 100,
         max_message_size: int = 128_000,
