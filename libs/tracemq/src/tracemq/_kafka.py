@@ -79,11 +79,29 @@ class ProducerPool:
     def __init__(self, **producer_kwargs: Any) -> None:
         self._kwargs = {**PRODUCER_DEFAULTS, **producer_kwargs}
         self._producers: dict[str, AIOKafkaProducer] = {}
+        # bootstrap -> (accumulator, cluster metadata, enqueue timeout): see send()
+        self._fast: dict[str, tuple[Any, Any, float]] = {}
         self._starting: dict[str, asyncio.Task[AIOKafkaProducer]] = {}
 
     def started(self, bootstrap: str) -> AIOKafkaProducer | None:
         """The producer of ``bootstrap`` if it is started (no await on the send path)."""
         return self._producers.get(bootstrap)
+
+    async def send(
+        self, bootstrap: str, tp: TopicPartition, value: bytes, headers: list[tuple[str, bytes]]
+    ) -> asyncio.Future[RecordMetadata]:
+        """:func:`enqueue` a checked record on the producer of ``bootstrap`` (started on first
+        use); the future of its acknowledgement. The common case is one call into aiokafka."""
+        fast = self._fast.get(bootstrap)
+        if fast is not None:
+            acc, cluster, timeout_s = fast
+            known = cluster._partitions.get(tp.topic)  # replaced, not mutated, on updates
+            if known is not None and tp.partition in known:
+                return await acc.add_message(  # type: ignore[no-any-return]
+                    tp, None, value, timeout_s, timestamp_ms=None, headers=headers
+                )
+        producer = self._producers.get(bootstrap) or await self.get(bootstrap)
+        return await enqueue(producer, tp, value, headers)
 
     async def get(self, bootstrap: str) -> AIOKafkaProducer:
         p = self._producers.get(bootstrap)
@@ -109,11 +127,19 @@ class ProducerPool:
             await p.stop()
             raise
         self._producers[bootstrap] = p
+        cluster = getattr(getattr(p, "client", None), "cluster", None)
+        if (
+            getattr(p, "_message_accumulator", None) is not None
+            and type(getattr(cluster, "_partitions", None)) is dict
+            and getattr(p, "_txn_manager", True) is None
+        ):  # what enqueue() checks per record, checked once: see send()
+            self._fast[bootstrap] = (p._message_accumulator, cluster, p._request_timeout_ms / 1000)
         return p
 
     async def close(self) -> None:
         for t in self._starting.values():
             t.cancel()
         producers, self._producers = list(self._producers.values()), {}
+        self._fast.clear()
         for p in producers:
             await p.stop()

@@ -44,6 +44,7 @@ import re
 import secrets
 import socket
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,6 +65,7 @@ __all__ = [
     "encode_offset_msg_id",
     "local_ipv4",
     "msg_id_created_ms",
+    "msg_id_source",
     "msgid_zone",
     "new_msg_id",
     "zone_named",
@@ -229,7 +231,7 @@ class MessageIdGenerator:
     ) -> None:
         self._ip_bytes = _ip_bytes(local_ipv4() if ip is None else ip, "ip")
         self._zone = msgid_zone() if tz is None else zone_named(tz) if isinstance(tz, str) else tz
-        self._clock = _now_ms if clock is None else clock
+        self._clock = clock  # None: the system clock (tracemq.clock.now_ms), read inline
         # An empty window forces the month to be computed on the first call.
         self._month_start = 0
         self._next_month_start = 0
@@ -270,7 +272,7 @@ class MessageIdGenerator:
     def next(self) -> str:
         """Return a new msgId: 32 upper-case hex characters (56 with an IPv6 address)."""
         with self._lock:
-            now = self._clock()
+            now = time.time_ns() // 1_000_000 if self._clock is None else self._clock()
             counter = self._counter
             self._counter = (counter + 1) & 0xFFFF
             if now == self._last_ms:  # the usual case under load: the head is rendered already
@@ -313,6 +315,12 @@ def _default() -> MessageIdGenerator:
 def new_msg_id() -> str:
     """Return a new msgId from the process-wide default generator."""
     return _default().next()
+
+
+def msg_id_source() -> Callable[[], str]:
+    """:func:`new_msg_id` without its look-up of the default generator, for a caller that makes
+    one per message (the generator renews its identity in a forked child, so it stays valid)."""
+    return _default().next
 
 
 _request_counter = itertools.count()

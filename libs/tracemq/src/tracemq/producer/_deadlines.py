@@ -37,14 +37,14 @@ _LIVE, _DONE, _EXPIRED, _CANCELLED = 0, 1, 2, 3
 class SendDeadlines:
     """The deadlines of one producer's sends in progress (one event loop)."""
 
-    __slots__ = ("_heap", "_seq", "_timer", "_timer_at", "_live")
+    __slots__ = ("_heap", "_seq", "_timer", "_timer_at", "_compact_at")
 
     def __init__(self) -> None:
         self._heap: list[list[Any]] = []
         self._seq = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
-        self._live = 0
+        self._compact_at = 1024  # heap length that triggers dropping finished entries
 
     def enqueue(self, loop: asyncio.AbstractEventLoop, deadline: float) -> list[Any]:
         """Watch the current task until :meth:`wait_ack` or :meth:`done`: it is cancelled at
@@ -52,11 +52,11 @@ class SendDeadlines:
         task = asyncio.current_task(loop)
         entry = [deadline, next(self._seq), task, None, _LIVE, task.cancelling() if task else 0]
         heap = self._heap
-        if len(heap) > 1024 and len(heap) > 4 * self._live:
+        if len(heap) > self._compact_at:
             heap[:] = [e for e in heap if e[_STATE] == _LIVE]
             heapq.heapify(heap)
+            self._compact_at = max(1024, 4 * len(heap))
         heapq.heappush(heap, entry)
-        self._live += 1
         if self._timer is None or deadline + RESOLUTION_S < self._timer_at:
             self._arm(loop, deadline)
         return entry
@@ -67,11 +67,11 @@ class SendDeadlines:
         entry[_TASK] = None
         entry[_FUT] = fut
 
-    def done(self, entry: list[Any]) -> None:
+    @staticmethod
+    def done(entry: list[Any]) -> None:
         """The send attempt ended (any way): forget its deadline."""
         if entry[_STATE] == _LIVE:
             entry[_STATE] = _DONE
-            self._live -= 1
         entry[_TASK] = entry[_FUT] = None
 
     @staticmethod
@@ -102,7 +102,6 @@ class SendDeadlines:
             entry = heapq.heappop(heap)
             if entry[_STATE] != _LIVE:
                 continue
-            self._live -= 1
             entry[_STATE] = _EXPIRED
             fut, task = entry[_FUT], entry[_TASK]
             if fut is not None:

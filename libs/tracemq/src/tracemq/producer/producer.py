@@ -57,7 +57,7 @@ from typing import Any
 from aiokafka.structs import RecordMetadata, TopicPartition
 
 from tracemq._client import ClientBase, ClientRuntime, ClientSettings
-from tracemq._kafka import MAX_MESSAGE_SIZE, enqueue, record_size
+from tracemq._kafka import MAX_MESSAGE_SIZE, record_size
 from tracemq.clock import now_ms
 from tracemq.errors import BatchSendError, SendError
 from tracemq.hooks import SendMessageContext, SendMessageHook, call_hooks
@@ -70,7 +70,7 @@ from tracemq.message import (
     SendResult,
     SendStatus,
 )
-from tracemq.message_id import encode_offset_msg_id, new_msg_id
+from tracemq.message_id import encode_offset_msg_id, msg_id_source, new_msg_id
 from tracemq.naming import HALF_TOPIC, SCHEDULE_TOPIC, kafka_topic
 from tracemq.producer._deadlines import SendDeadlines
 from tracemq.producer._fault import FaultTolerance
@@ -88,6 +88,9 @@ from tracemq.trace import MessageType, TraceBean, TraceContext, TraceType
 log = get_logger("producer")
 
 MessageQueueSelector = Callable[[list[MessageQueue], Message, Any], MessageQueue]
+# (enum members read once: a class attribute look-up on an Enum is slow, and these are per send)
+_NORMAL_MSG, _ORDER_MSG = MessageType.Normal_Msg, MessageType.Order_Msg
+_SEND_OK = SendStatus.SEND_OK
 DEFAULT_MAX_MESSAGE_SIZE = MAX_MESSAGE_SIZE
 
 
@@ -168,6 +171,22 @@ class Producer(ClientBase):
             (MessageConst.BORN_HOST, self._runtime.client_host.encode()),
             (MessageConst.PRODUCER_GROUP, self.group.encode()),
         )
+        # The record size of a plain message (no tags, keys or properties) with an empty body,
+        # at the largest its headers and length fields get: one with a body within the limit
+        # less this needs no exact size estimate.
+        self._plain_room = (
+            self.max_message_size
+            - 16
+            - record_size(
+                b"",
+                [
+                    (MessageConst.UNIQ_KEY, b"0" * 56),
+                    (MessageConst.BORN_TIMESTAMP, b"9" * 20),
+                    *self._born_headers,
+                ],
+            )
+        )
+        self._next_msg_id = msg_id_source()
         self._replies: ReplyListener | None = None
         self._recall_lock = asyncio.Lock()
 
@@ -246,6 +265,8 @@ class Producer(ClientBase):
         placement adds none; a delayed or half message's differ only in REAL_QID, longest for
         the highest queue id."""
         if not half and not msg.delay_level:
+            if len(msg.body) <= self._plain_room and not (msg.tags or msg.keys or msg.properties):
+                return  # well within the limit whatever the headers' exact sizes
             self._check_size(msg, headers)
             return
         q, i = max(queues, key=lambda qi: qi[1])
@@ -332,6 +353,9 @@ class Producer(ClientBase):
         n = len(queues)
         rr = self._rr
         faults = self._faults
+        if avoid is None and faults.none_failed():  # the usual case: plain round robin
+            self._rr = rr = rr + 1 if rr + 1 < n else 0
+            return rr
         for _ in range(n):
             rr = rr + 1 if rr + 1 < n else 0
             broker = queues[rr][0].broker
@@ -378,11 +402,12 @@ class Producer(ClientBase):
     async def _produce(
         self, q: QueueRoute, place: _Placement, msg: Message, headers: list[tuple[str, bytes]]
     ) -> asyncio.Future[RecordMetadata]:
-        pool = self._runtime.pool
-        producer = pool.started(q.data_bootstrap) or await pool.get(q.data_bootstrap)
-        # the record was checked against max_message_size: enqueue skips aiokafka's re-checks
-        return await enqueue(
-            producer, place.tp, msg.body, [*headers, *place.headers] if place.headers else headers
+        # the record was checked against max_message_size: the pool skips aiokafka's re-checks
+        return await self._runtime.pool.send(
+            q.data_bootstrap,
+            place.tp,
+            msg.body,
+            [*headers, *place.headers] if place.headers else headers,
         )
 
     async def _result(
@@ -403,16 +428,16 @@ class Producer(ClientBase):
                 level=place.partition + 1,
                 offset=md.offset,
             ).encode()
-        return SendResult(
-            send_status=SendStatus.SEND_OK,
-            msg_id=msg_id,
-            offset_msg_id=encode_offset_msg_id(store_host, place.partition, md.offset),
-            queue=place.queue,
-            queue_offset=md.offset,
-            region_id=q.region_id,
-            trace_on=q.trace_on,
-            store_timestamp=store_ts,
-            recall_handle=handle,
+        return SendResult._of(
+            _SEND_OK,
+            msg_id,
+            encode_offset_msg_id(store_host, place.partition, md.offset),
+            place.queue,
+            md.offset,
+            q.region_id,
+            q.trace_on,
+            store_ts,
+            handle,
         )
 
     async def send(
@@ -441,7 +466,7 @@ class Producer(ClientBase):
         arg: Any = None,
         half: bool = False,
     ) -> tuple[SendResult, QueueRoute]:
-        msg_id = new_msg_id()
+        msg_id = self._next_msg_id()
         places: list[_Placement] | None = None
         if half or msg.delay_level:
             _, queues = await self._queues(msg.topic, delay_level=msg.delay_level, half=half)
@@ -455,7 +480,7 @@ class Producer(ClientBase):
         elif msg.delay_level:
             msg_type = MessageType.Delay_Msg
         else:
-            msg_type = MessageType.Order_Msg if selector else MessageType.Normal_Msg
+            msg_type = _ORDER_MSG if selector else _NORMAL_MSG
         headers = self._headers(msg, msg_id)
         self._check_placed_size(msg, headers, queues, half)
         hooks = self._hooks
@@ -701,7 +726,8 @@ class Producer(ClientBase):
         if plan is None or plan.route is not self._runtime.routes.cached(topic):
             plan = await self._plan(topic)
         queues, places = plan.queues, plan.places
-        msg_ids = [new_msg_id() for _ in checked]
+        next_id = self._next_msg_id
+        msg_ids = [next_id() for _ in checked]
         headers = [self._headers(m, i) for m, i in zip(checked, msg_ids, strict=True)]
         total = 0
         for n, (m, h) in enumerate(zip(checked, headers, strict=True)):
