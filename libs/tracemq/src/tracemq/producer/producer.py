@@ -163,6 +163,9 @@ class Producer(ClientBase):
         )
         self._faults = FaultTolerance(fault_isolation_ms)
         self._hooks: list[SendMessageHook] = []
+        # the hooks whose send_message_before does something (a hook says it does not with
+        # ``observes_send_before = False``: the trace hook, whose Pub is written after the send)
+        self._before_hooks: list[SendMessageHook] = []
         self._rr = 0
         self._plans: dict[str, _TopicPlan] = {}
         self._deadlines = SendDeadlines()
@@ -196,7 +199,7 @@ class Producer(ClientBase):
         if self._runtime.dispatcher is not None:
             from tracemq.trace._hooks import SendMessageTraceHook
 
-            self._hooks.append(
+            self.register_send_hook(
                 SendMessageTraceHook(self._runtime.dispatcher, self._runtime.trace_topic)
             )
 
@@ -220,6 +223,8 @@ class Producer(ClientBase):
 
     def register_send_hook(self, hook: SendMessageHook) -> None:
         self._hooks.append(hook)
+        if getattr(hook, "observes_send_before", True):
+            self._before_hooks.append(hook)
 
     @property
     def client_id(self) -> str:
@@ -514,7 +519,8 @@ class Producer(ClientBase):
                     )
                 ctx.attempt, ctx.queue, ctx.begin_timestamp = attempt + 1, place.queue, now_ms()
                 ctx.broker_address, ctx.region_id, ctx.trace_on = q.address, q.region_id, q.trace_on
-                call_hooks(hooks, "send_message_before", ctx)
+                if self._before_hooks:
+                    call_hooks(self._before_hooks, "send_message_before", ctx)
             entry = None
             try:
                 if deadline <= loop.time():
@@ -680,7 +686,7 @@ class Producer(ClientBase):
             begin_timestamp=now_ms(),
             headers=headers,
         )
-        call_hooks(self._hooks, "send_message_before", ctx)
+        call_hooks(self._before_hooks, "send_message_before", ctx)
         fut = await self._produce(q, place, msg, headers)
         fut.add_done_callback(lambda f: asyncio.ensure_future(self._oneway_done(f, ctx, q, place)))
 
@@ -780,7 +786,8 @@ class Producer(ClientBase):
                         )  # fmt: skip
                     c.attempt, c.queue, c.begin_timestamp = attempt + 1, place.queue, begin
                     c.broker_address, c.region_id, c.trace_on = q.address, q.region_id, q.trace_on
-                    call_hooks(hooks, "send_message_before", c)
+                    if self._before_hooks:
+                        call_hooks(self._before_hooks, "send_message_before", c)
             futs: list[asyncio.Future[RecordMetadata] | BaseException] = []
             for i in pending:
                 try:
