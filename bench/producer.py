@@ -1,13 +1,19 @@
 """Producer throughput: raw aiokafka vs tracemq Producer (trace off) vs Producer (trace on).
 
     .venv/bin/python bench/producer.py [--messages 100000] [--concurrency 64] [--rounds 3]
-                                       [--size 200]
+                                       [--size 200] [--batch 64] [--batch-concurrency 16]
 
 Every variant sends ``--messages`` messages of ``--size`` bytes with ``--concurrency`` sender
 coroutines, each awaiting its send (``send_and_wait`` for raw aiokafka, ``Producer.send`` for
 tracemq), to its own fresh topic of 8 queues on broker-a. Raw aiokafka writes the same Kafka
 topic layout tracemq uses (``kafka_topic("broker-a", topic)``, partitions 0..n-1 round robin)
 with the same AIOKafkaProducer settings as tracemq's ProducerPool.
+
+Then the CPU-bound phase (``--batch`` > 0): the same three producers, each with
+``--batch-concurrency`` coroutines that each send ``--batch`` messages at a time and await them
+all — ``Producer.send_batch`` for tracemq, ``send`` of every member to one partition then the
+acknowledgements for raw aiokafka — so that enough is in flight for the client's CPU, not the
+round trip, to decide the rate. Its target is tracemq (trace off) >= 0.7 x raw aiokafka.
 
 The variants are interleaved to share the machine's noise: ``--rounds`` rounds, each sending
 messages/rounds per variant, the order rotated every round; a variant's rate is its messages
@@ -62,6 +68,9 @@ from tracemq_devkit.devstack import EmbeddedStack  # noqa: E402
 VARIANTS = ("raw", "off", "on")
 TARGET_ON_VS_OFF = 0.90
 TARGET_OFF_VS_RAW = 0.70
+TARGET_OFF_US = 20.0  # bench CPU per message, trace off, latency-bound phase
+TARGET_TRACE_US = 3.0  # what trace on adds to it
+TARGET_BATCH_OFF_VS_RAW = 0.70
 BROKER = "broker-a"
 
 
@@ -82,6 +91,8 @@ class Variant:
 
     async def send_one(self) -> None: ...
 
+    async def send_batch(self, k: int) -> None: ...
+
     async def stop(self) -> None: ...
 
 
@@ -101,6 +112,11 @@ class RawVariant(Variant):
 
     async def send_one(self) -> None:
         await self.producer.send_and_wait(self.ktopic, self.body, partition=next(self.partitions))
+
+    async def send_batch(self, k: int) -> None:
+        part = next(self.partitions)
+        futs = [await self.producer.send(self.ktopic, self.body, partition=part) for _ in range(k)]
+        await asyncio.gather(*futs)
 
     async def stop(self) -> None:
         await bounded(self.producer.stop(), 30, "stopping the raw AIOKafkaProducer")
@@ -133,6 +149,10 @@ class TracemqVariant(Variant):
         result = await self.producer.send(Message(self.topic, self.body))
         self.msg_ids.append(result.msg_id)
 
+    async def send_batch(self, k: int) -> None:
+        results = await self.producer.send_batch([Message(self.topic, self.body) for _ in range(k)])
+        self.msg_ids.extend(r.msg_id for r in results)
+
     async def flush_traces(self) -> None:
         d = self.producer.trace_dispatcher
         if d is not None:
@@ -157,14 +177,24 @@ def _sent_of(v: Variant) -> Callable[[], int]:
     return lambda: v.sent
 
 
-async def send_many(v: Variant, count: int, concurrency: int, timeout_s: float) -> float:
-    """``count`` sends spread over ``concurrency`` coroutines; the elapsed seconds."""
-    shares = [s for s in split(count, concurrency) if s]
+async def send_many(
+    v: Variant, count: int, concurrency: int, timeout_s: float, batch: int = 0
+) -> float:
+    """``count`` sends spread over ``concurrency`` coroutines (``batch`` > 0: ``batch`` messages
+    at a time, ``count`` rounded down to whole batches); the elapsed seconds."""
+    if batch:
+        shares = [s for s in split(count // batch, concurrency) if s]
+    else:
+        shares = [s for s in split(count, concurrency) if s]
 
     async def worker(k: int) -> None:
         for _ in range(k):
-            await v.send_one()
-            v.sent += 1
+            if batch:
+                await v.send_batch(batch)
+                v.sent += batch
+            else:
+                await v.send_one()
+                v.sent += 1
 
     t0 = time.perf_counter()
     await bounded(
@@ -195,6 +225,7 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
         f"AIOKafkaProducer settings (tracemq ProducerPool's, used by raw too): "
         f"{producer_pool_kwargs()}"
     )
+    batch_stats = {n: {"seconds": 0.0, "messages": 0, "bench_cpu_s": 0.0} for n in VARIANTS}
     try:
         for v in variants.values():
             await v.start()
@@ -241,6 +272,33 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
                 if isinstance(v, TracemqVariant):
                     await v.flush_traces()  # untimed: keep its backlog out of the next variant
             order = order[1:] + order[:1]
+
+        # -- the CPU-bound phase: batches, many in flight ----------------------------------
+        if args.batch:
+            per_round = (args.messages // args.rounds // args.batch) * args.batch
+            for r in range(args.rounds):
+                say(
+                    f"CPU-bound round {r + 1}/{args.rounds}: {per_round} messages per variant in "
+                    f"batches of {args.batch}, {args.batch_concurrency} in flight, order {order}"
+                )
+                for name in order:
+                    v = variants[name]
+                    before = cpu_snapshot(stack)
+                    dt = await send_many(
+                        v, per_round, args.batch_concurrency, max(120.0, per_round / 200),
+                        args.batch,
+                    )  # fmt: skip
+                    delta = cpu_delta(before, cpu_snapshot(stack))
+                    batch_stats[name]["seconds"] += dt
+                    batch_stats[name]["messages"] += per_round
+                    batch_stats[name]["bench_cpu_s"] += delta.get("bench", 0.0)
+                    say(
+                        f"  {name:>3}: {per_round} msgs in {dt:6.2f}s = "
+                        f"{rate(per_round, dt):9,.0f} msg/s (bench CPU {delta.get('bench', 0):.2f}s)"
+                    )
+                    if isinstance(v, TracemqVariant):
+                        await v.flush_traces()
+                order = order[1:] + order[:1]
     finally:
         for v in variants.values():
             try:
@@ -254,10 +312,31 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
         "on_vs_off": ratio(mps["on"], mps["off"]),
         "on_vs_raw": ratio(mps["on"], mps["raw"]),
     }
+    cpu_us = {
+        n: round(v.cpu.get("bench", 0.0) / args.messages * 1e6, 1) for n, v in variants.items()
+    }
+    trace_us = round(cpu_us["on"] - cpu_us["off"], 1)
+    batch_mps = {
+        n: round(rate(int(b["messages"]), b["seconds"]), 1) for n, b in batch_stats.items()
+    }
+    batch_cpu_us = {
+        n: round(b["bench_cpu_s"] / b["messages"] * 1e6, 1) if b["messages"] else 0.0
+        for n, b in batch_stats.items()
+    }
+    batch_ratios = {
+        "off_vs_raw": ratio(batch_mps["off"], batch_mps["raw"]),
+        "on_vs_raw": ratio(batch_mps["on"], batch_mps["raw"]),
+        "on_vs_off": ratio(batch_mps["on"], batch_mps["off"]),
+    }
     targets = {
         "on_vs_off_ge_0.90": ratios["on_vs_off"] >= TARGET_ON_VS_OFF,
         "off_vs_raw_ge_0.70": ratios["off_vs_raw"] >= TARGET_OFF_VS_RAW,
+        "off_cpu_us_le_20": cpu_us["off"] <= TARGET_OFF_US,
+        "off_cpu_le_1.5x_raw": cpu_us["off"] <= 1.5 * cpu_us["raw"],
+        "trace_cpu_us_le_3": trace_us <= TARGET_TRACE_US,
     }
+    if args.batch:
+        targets["batch_off_vs_raw_ge_0.70"] = batch_ratios["off_vs_raw"] >= TARGET_BATCH_OFF_VS_RAW
     say("results:")
     for n, v in variants.items():
         cpu_per_msg = v.cpu.get("bench", 0.0) / args.messages * 1e6
@@ -273,6 +352,24 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
         f"  trace-on / trace-off = {ratios['on_vs_off']:.3f} (target >= {TARGET_ON_VS_OFF}: "
         f"{'met' if targets['on_vs_off_ge_0.90'] else 'MISSED'})"
     )
+    say(
+        f"  bench CPU per message: raw {cpu_us['raw']} us, trace off {cpu_us['off']} us (target "
+        f"<= {TARGET_OFF_US} and <= 1.5 x raw: "
+        f"{'met' if targets['off_cpu_us_le_20'] and targets['off_cpu_le_1.5x_raw'] else 'MISSED'}"
+        f"), trace on adds {trace_us} us (target <= {TARGET_TRACE_US}: "
+        f"{'met' if targets['trace_cpu_us_le_3'] else 'MISSED'})"
+    )
+    if args.batch:
+        for n in VARIANTS:
+            say(
+                f"  CPU-bound {n:>3}: {batch_mps[n]:9,.0f} msg/s, bench CPU {batch_cpu_us[n]} us/msg"
+            )
+        say(
+            f"  CPU-bound trace-off / raw = {batch_ratios['off_vs_raw']:.3f} (target >= "
+            f"{TARGET_BATCH_OFF_VS_RAW}: "
+            f"{'met' if targets['batch_off_vs_raw_ge_0.70'] else 'MISSED'}), trace-on / raw = "
+            f"{batch_ratios['on_vs_raw']:.3f}"
+        )
 
     # -- trace completeness ----------------------------------------------------------------
     on = variants["on"]
@@ -341,12 +438,25 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
         "msgs_per_s": mps,
         "seconds": {n: round(v.seconds, 3) for n, v in variants.items()},
         "ratios": ratios,
-        "targets": {"on_vs_off": TARGET_ON_VS_OFF, "off_vs_raw": TARGET_OFF_VS_RAW},
+        "targets": {
+            "on_vs_off": TARGET_ON_VS_OFF,
+            "off_vs_raw": TARGET_OFF_VS_RAW,
+            "off_cpu_us_per_msg": TARGET_OFF_US,
+            "trace_cpu_us_per_msg": TARGET_TRACE_US,
+            "cpu_bound_off_vs_raw": TARGET_BATCH_OFF_VS_RAW,
+        },
         "targets_met": targets,
         "per_round": {n: v.rounds for n, v in variants.items()},
         "cpu_s": {n: v.cpu for n, v in variants.items()},
-        "bench_cpu_us_per_msg": {
-            n: round(v.cpu.get("bench", 0.0) / args.messages * 1e6, 1) for n, v in variants.items()
+        "bench_cpu_us_per_msg": cpu_us,
+        "trace_cpu_us_per_msg": trace_us,
+        "cpu_bound": {
+            "batch": args.batch,
+            "in_flight_batches": args.batch_concurrency,
+            "msgs_per_s": batch_mps,
+            "bench_cpu_us_per_msg": batch_cpu_us,
+            "ratios": batch_ratios,
+            "seconds": {n: round(b["seconds"], 3) for n, b in batch_stats.items()},
         },
         "warmup_messages": warm,
         "queues": args.queues,
@@ -362,8 +472,22 @@ def main() -> int:
         concurrency=64,
         rounds=3,
     )
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=64,
+        help="CPU-bound phase: messages per send_batch (default 64; 0 skips the phase)",
+    )
+    parser.add_argument(
+        "--batch-concurrency",
+        type=int,
+        default=16,
+        help="CPU-bound phase: batches in flight per variant (default 16)",
+    )
     args = parser.parse_args()
     check_args(args)
+    if args.batch < 0 or args.batch_concurrency < 1:
+        raise SystemExit("--batch must be >= 0 and --batch-concurrency >= 1")
     return run_bench("producer", args, bench)
 
 

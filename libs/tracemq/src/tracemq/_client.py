@@ -199,6 +199,10 @@ class ClientRuntime:
         await self.routes.stop()
         self._release()  # the identity is free for a new client of this process
 
+    def cached_store_host(self, address: str) -> str | None:
+        """:meth:`store_host` if it was resolved already (no await on the send path)."""
+        return self._store_hosts.get(address)
+
     async def store_host(self, address: str) -> str:
         """A broker address as IPv4:port (offsetMsgId needs an IPv4), resolved once."""
         cached = self._store_hosts.get(address)

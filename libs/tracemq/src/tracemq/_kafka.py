@@ -9,6 +9,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from aiokafka.structs import RecordMetadata, TopicPartition
 
 from tracemq import kafka_security
 
@@ -31,6 +32,37 @@ def record_size(value: bytes | None, headers: Sequence[tuple[str, bytes]]) -> in
     return int(DefaultRecordBatchBuilder.estimate_size_in_bytes(None, value, list(headers)))
 
 
+async def enqueue(
+    producer: AIOKafkaProducer,
+    tp: TopicPartition,
+    value: bytes,
+    headers: list[tuple[str, bytes]],
+) -> asyncio.Future[RecordMetadata]:
+    """``producer.send(tp.topic, value, partition=tp.partition, headers=headers)`` for a record
+    tracemq has already checked: what ``send`` redoes for every record (a metadata look-up
+    building two sets of partitions, serializers, a size estimate) is skipped once the topic's
+    partition is known. Anything else — unknown metadata, a transactional producer, an aiokafka
+    without these internals — takes ``send`` itself, so behaviour never depends on the shortcut.
+
+    The caller guarantees the record is within ``max_request_size`` (tracemq's
+    ``max_message_size`` check, see :func:`record_size`) and has no key.
+    """
+    acc = getattr(producer, "_message_accumulator", None)
+    client = getattr(producer, "client", None)
+    partitions = getattr(getattr(client, "cluster", None), "_partitions", None)
+    known = partitions.get(tp.topic) if type(partitions) is dict else None
+    if (
+        acc is None
+        or known is None
+        or tp.partition not in known
+        or getattr(producer, "_txn_manager", True) is not None
+    ):
+        return await producer.send(tp.topic, value, partition=tp.partition, headers=headers)
+    return await acc.add_message(
+        tp, None, value, producer._request_timeout_ms / 1000, timestamp_ms=None, headers=headers
+    )
+
+
 #: The AIOKafkaProducer settings of every tracemq producer (the benches give raw aiokafka the
 #: same ones, to compare like with like).
 PRODUCER_DEFAULTS: dict[str, Any] = {
@@ -47,7 +79,29 @@ class ProducerPool:
     def __init__(self, **producer_kwargs: Any) -> None:
         self._kwargs = {**PRODUCER_DEFAULTS, **producer_kwargs}
         self._producers: dict[str, AIOKafkaProducer] = {}
+        # bootstrap -> (accumulator, cluster metadata, enqueue timeout): see send()
+        self._fast: dict[str, tuple[Any, Any, float]] = {}
         self._starting: dict[str, asyncio.Task[AIOKafkaProducer]] = {}
+
+    def started(self, bootstrap: str) -> AIOKafkaProducer | None:
+        """The producer of ``bootstrap`` if it is started (no await on the send path)."""
+        return self._producers.get(bootstrap)
+
+    async def send(
+        self, bootstrap: str, tp: TopicPartition, value: bytes, headers: list[tuple[str, bytes]]
+    ) -> asyncio.Future[RecordMetadata]:
+        """:func:`enqueue` a checked record on the producer of ``bootstrap`` (started on first
+        use); the future of its acknowledgement. The common case is one call into aiokafka."""
+        fast = self._fast.get(bootstrap)
+        if fast is not None:
+            acc, cluster, timeout_s = fast
+            known = cluster._partitions.get(tp.topic)  # replaced, not mutated, on updates
+            if known is not None and tp.partition in known:
+                return await acc.add_message(  # type: ignore[no-any-return]
+                    tp, None, value, timeout_s, timestamp_ms=None, headers=headers
+                )
+        producer = self._producers.get(bootstrap) or await self.get(bootstrap)
+        return await enqueue(producer, tp, value, headers)
 
     async def get(self, bootstrap: str) -> AIOKafkaProducer:
         p = self._producers.get(bootstrap)
@@ -73,11 +127,19 @@ class ProducerPool:
             await p.stop()
             raise
         self._producers[bootstrap] = p
+        cluster = getattr(getattr(p, "client", None), "cluster", None)
+        if (
+            getattr(p, "_message_accumulator", None) is not None
+            and type(getattr(cluster, "_partitions", None)) is dict
+            and getattr(p, "_txn_manager", True) is None
+        ):  # what enqueue() checks per record, checked once: see send()
+            self._fast[bootstrap] = (p._message_accumulator, cluster, p._request_timeout_ms / 1000)
         return p
 
     async def close(self) -> None:
         for t in self._starting.values():
             t.cancel()
         producers, self._producers = list(self._producers.values()), {}
+        self._fast.clear()
         for p in producers:
             await p.stop()

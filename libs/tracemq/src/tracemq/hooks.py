@@ -2,7 +2,9 @@
 ConsumeMessageHook, EndTransactionHook). Message trace is one implementation; an OpenTelemetry
 exporter could be another.
 
-Any number of hooks may be registered on a client. A hook that raises is logged and counted in
+Any number of hooks may be registered on a client. A send hook whose ``send_message_before``
+does nothing may say so with a class attribute ``observes_send_before = False``; the producer
+then skips that call. A hook that raises is logged and counted in
 ``tracemq_hook_errors_total`` and never breaks the send or the consume it observes. Hooks run on
 the event loop: they must not block.
 """

@@ -87,16 +87,18 @@ class Message:
     delay_level: int = 0
 
     def __post_init__(self) -> None:
+        # (type() checks first: a Message is built per send; the general checks follow)
         validate_topic(self.topic)
-        if isinstance(self.body, bytearray | memoryview):
-            self.body = bytes(self.body)
-        if not isinstance(self.body, bytes):
-            raise InvalidMessageError(
-                f"body must be bytes, got {type(self.body).__name__} (encode text first)"
-            )
+        if type(self.body) is not bytes:
+            if isinstance(self.body, bytearray | memoryview):
+                self.body = bytes(self.body)
+            if not isinstance(self.body, bytes):
+                raise InvalidMessageError(
+                    f"body must be bytes, got {type(self.body).__name__} (encode text first)"
+                )
         if self.tags is not None and (not isinstance(self.tags, str) or "||" in self.tags):
             raise InvalidMessageError(f"tags must be a str without '||', got {self.tags!r}")
-        self.keys = _keys(self.keys)
+        self.keys = [] if self.keys is None else _keys(self.keys)
         if self.properties is not None:
             if not isinstance(self.properties, Mapping):
                 raise InvalidMessageError(
@@ -107,11 +109,11 @@ class Message:
                     raise InvalidMessageError(f"property {k!r}={v!r}: names and values must be str")
                 if k in SYSTEM_PROPERTIES:
                     raise InvalidMessageError(f"property {k!r} is set by tracemq, not by users")
-        if (
-            isinstance(self.delay_level, bool)
-            or not isinstance(self.delay_level, int)
-            or self.delay_level < 0
+        if type(self.delay_level) is not int and (
+            isinstance(self.delay_level, bool) or not isinstance(self.delay_level, int)
         ):
+            raise InvalidMessageError(f"delay_level must be an int >= 0, got {self.delay_level!r}")
+        if self.delay_level < 0:
             raise InvalidMessageError(f"delay_level must be an int >= 0, got {self.delay_level!r}")
 
     @property
@@ -156,6 +158,54 @@ class SendResult:
     store_timestamp: int = 0
     #: a delayed message's handle for :meth:`tracemq.Producer.recall` (None otherwise)
     recall_handle: str | None = None
+
+    @classmethod
+    def _of(
+        cls,
+        send_status: SendStatus,
+        msg_id: str,
+        offset_msg_id: str,
+        queue: MessageQueue,
+        queue_offset: int,
+        region_id: str,
+        trace_on: bool,
+        store_timestamp: int,
+        recall_handle: str | None,
+    ) -> SendResult:
+        """The producer's constructor, one per sent message: the same object as ``__init__``
+        makes, its slots set directly (a frozen dataclass's ``__init__`` pays a
+        ``object.__setattr__`` look-up per field)."""
+        r = object.__new__(cls)
+        _SR_SLOTS[0](r, send_status)
+        _SR_SLOTS[1](r, msg_id)
+        _SR_SLOTS[2](r, offset_msg_id)
+        _SR_SLOTS[3](r, queue)
+        _SR_SLOTS[4](r, queue_offset)
+        _SR_SLOTS[5](r, region_id)
+        _SR_SLOTS[6](r, trace_on)
+        _SR_SLOTS[7](r, store_timestamp)
+        _SR_SLOTS[8](r, recall_handle)
+        return r
+
+
+_SR_SLOTS = tuple(
+    SendResult.__dict__[f].__set__
+    for f in (
+        "send_status",
+        "msg_id",
+        "offset_msg_id",
+        "queue",
+        "queue_offset",
+        "region_id",
+        "trace_on",
+        "store_timestamp",
+        "recall_handle",
+    )
+)
+assert [f for f in SendResult.__dataclass_fields__] == [  # _of() sets every field
+    "send_status", "msg_id", "offset_msg_id", "queue", "queue_offset", "region_id", "trace_on",
+    "store_timestamp", "recall_handle",
+]  # fmt: skip
 
 
 @dataclass(slots=True)

@@ -44,6 +44,7 @@ import re
 import secrets
 import socket
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,6 +65,7 @@ __all__ = [
     "encode_offset_msg_id",
     "local_ipv4",
     "msg_id_created_ms",
+    "msg_id_source",
     "msgid_zone",
     "new_msg_id",
     "zone_named",
@@ -208,6 +210,7 @@ class MessageIdGenerator:
         "__weakref__",
         "_clock",
         "_counter",
+        "_head",
         "_ip_bytes",
         "_last_ms",
         "_lock",
@@ -228,7 +231,7 @@ class MessageIdGenerator:
     ) -> None:
         self._ip_bytes = _ip_bytes(local_ipv4() if ip is None else ip, "ip")
         self._zone = msgid_zone() if tz is None else zone_named(tz) if isinstance(tz, str) else tz
-        self._clock = _now_ms if clock is None else clock
+        self._clock = clock  # None: the system clock (tracemq.clock.now_ms), read inline
         # An empty window forces the month to be computed on the first call.
         self._month_start = 0
         self._next_month_start = 0
@@ -242,6 +245,8 @@ class MessageIdGenerator:
         self._salt = secrets.randbits(32)
         prefix = self._ip_bytes + self._pid.to_bytes(2, "big") + self._salt.to_bytes(4, "big")
         self._prefix = prefix.hex().upper()
+        self._head = ""  # prefix and time field of _last_ms, rendered
+        self._last_ms = -1  # the head must be re-rendered with the new prefix
         self._counter = 0
 
     @property
@@ -267,16 +272,19 @@ class MessageIdGenerator:
     def next(self) -> str:
         """Return a new msgId: 32 upper-case hex characters (56 with an IPv6 address)."""
         with self._lock:
-            now = self._clock()
+            now = time.time_ns() // 1_000_000 if self._clock is None else self._clock()
+            counter = self._counter
+            self._counter = (counter + 1) & 0xFFFF
+            if now == self._last_ms:  # the usual case under load: the head is rendered already
+                return f"{self._head}{counter:04X}"
             if not self._month_start <= now < self._next_month_start:
                 self._month_start, self._next_month_start = _month_bounds(now, self._zone)
             elif now < self._last_ms:
                 # The wall clock stepped back; reusing earlier stamps could repeat ids.
                 now = self._last_ms
             self._last_ms = now
-            counter = self._counter
-            self._counter = (counter + 1) & 0xFFFF
-            return f"{self._prefix}{now - self._month_start:08X}{counter:04X}"
+            self._head = f"{self._prefix}{now - self._month_start:08X}"
+            return f"{self._head}{counter:04X}"
 
 
 def _renew_after_fork() -> None:
@@ -307,6 +315,12 @@ def _default() -> MessageIdGenerator:
 def new_msg_id() -> str:
     """Return a new msgId from the process-wide default generator."""
     return _default().next()
+
+
+def msg_id_source() -> Callable[[], str]:
+    """:func:`new_msg_id` without its look-up of the default generator, for a caller that makes
+    one per message (the generator renews its identity in a forked child, so it stays valid)."""
+    return _default().next
 
 
 _request_counter = itertools.count()
@@ -434,13 +448,19 @@ def encode_offset_msg_id(store_host: str, queue_id: int, kafka_offset: int) -> s
     Raises:
         ValueError: an argument is malformed or out of range; the message names it.
     """
-    ip, port = _parse_store_host(store_host)
+    head = _store_host_head(store_host)
     if not 0 <= queue_id <= MAX_QUEUE_ID:
         raise ValueError(f"queue_id must be in 0..{MAX_QUEUE_ID}, got {queue_id}")
     if not 0 <= kafka_offset <= MAX_KAFKA_OFFSET:
         raise ValueError(f"kafka_offset must be in 0..2**48-1, got {kafka_offset}")
-    physical = (queue_id << 48) | kafka_offset
-    return (ip + port.to_bytes(4, "big") + physical.to_bytes(8, "big")).hex().upper()
+    return f"{head}{(queue_id << 48) | kafka_offset:016X}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _store_host_head(store_host: str) -> str:
+    """The store host's part of an offsetMsgId (address and port), rendered once per host."""
+    ip, port = _parse_store_host(store_host)
+    return (ip + port.to_bytes(4, "big")).hex().upper()
 
 
 def decode_offset_msg_id(offset_msg_id: str) -> OffsetMsgIdInfo:

@@ -49,6 +49,9 @@ _NAME_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 _BROKER_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _ESCAPE = {"%": ".p", "|": ".i"}
 _UNESCAPE = {"p": "%", "i": "|"}
+#: names :func:`validate_topic` accepted (with system names allowed): a Message is built per
+#: send, and its topic is nearly always one seen before. Bounded; cleared when full.
+_VALID_TOPICS: set[str] = set()
 
 
 def validate_topic(topic: object, *, allow_system: bool = True) -> str:
@@ -57,6 +60,8 @@ def validate_topic(topic: object, *, allow_system: bool = True) -> str:
     ``allow_system=False`` also rejects reserved system names (what an admin or a client may
     not create).
     """
+    if type(topic) is str and allow_system and topic in _VALID_TOPICS:
+        return topic
     if not isinstance(topic, str):
         raise InvalidNameError(f"topic must be a string, got {type(topic).__name__}: {topic!r}")
     if not topic or not topic.strip():
@@ -74,6 +79,10 @@ def validate_topic(topic: object, *, allow_system: bool = True) -> str:
         )
     if not allow_system and is_system_topic(topic):
         raise InvalidNameError(f"topic {topic!r} is a reserved system topic")
+    if type(topic) is str:
+        if len(_VALID_TOPICS) >= 4096:
+            _VALID_TOPICS.clear()
+        _VALID_TOPICS.add(topic)
     return topic
 
 

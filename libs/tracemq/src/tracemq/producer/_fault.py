@@ -17,6 +17,10 @@ class FaultTolerance:
     def succeeded(self, broker: str) -> None:
         self._until.pop(broker, None)
 
+    def none_failed(self) -> bool:
+        """No broker is being avoided (a failure not yet expired or cleared)."""
+        return not self._until
+
     def available(self, broker: str) -> bool:
         until = self._until.get(broker)
         if until is None:

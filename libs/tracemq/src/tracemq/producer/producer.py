@@ -48,12 +48,13 @@ to ``RMQ_SYS_TRANS_HALF_TOPIC`` (queue 0) with ``TRAN_MSG=true``; see that modul
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from aiokafka.structs import RecordMetadata
+from aiokafka.structs import RecordMetadata, TopicPartition
 
 from tracemq._client import ClientBase, ClientRuntime, ClientSettings
 from tracemq._kafka import MAX_MESSAGE_SIZE, record_size
@@ -69,8 +70,9 @@ from tracemq.message import (
     SendResult,
     SendStatus,
 )
-from tracemq.message_id import encode_offset_msg_id, new_msg_id
+from tracemq.message_id import encode_offset_msg_id, msg_id_source, new_msg_id
 from tracemq.naming import HALF_TOPIC, SCHEDULE_TOPIC, kafka_topic
+from tracemq.producer._deadlines import SendDeadlines
 from tracemq.producer._fault import FaultTolerance
 from tracemq.producer.recall import (
     RecallError,
@@ -86,6 +88,9 @@ from tracemq.trace import MessageType, TraceBean, TraceContext, TraceType
 log = get_logger("producer")
 
 MessageQueueSelector = Callable[[list[MessageQueue], Message, Any], MessageQueue]
+# (enum members read once: a class attribute look-up on an Enum is slow, and these are per send)
+_NORMAL_MSG, _ORDER_MSG = MessageType.Normal_Msg, MessageType.Order_Msg
+_SEND_OK = SendStatus.SEND_OK
 DEFAULT_MAX_MESSAGE_SIZE = MAX_MESSAGE_SIZE
 
 
@@ -97,6 +102,21 @@ class _Placement:
     partition: int
     queue: MessageQueue
     headers: tuple[tuple[str, bytes], ...] = ()
+    tp: TopicPartition = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tp", TopicPartition(self.ktopic, self.partition))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _TopicPlan:
+    """What every plain send to one topic needs, worked out once per route: the writable queues
+    and their placements. A route change brings a new TopicRoute object from the route cache,
+    and so a new plan (``route is not cached``); the send path itself reads no route."""
+
+    route: TopicRoute | None
+    queues: list[tuple[QueueRoute, int]]
+    places: list[_Placement]
 
 
 class Producer(ClientBase):
@@ -143,7 +163,33 @@ class Producer(ClientBase):
         )
         self._faults = FaultTolerance(fault_isolation_ms)
         self._hooks: list[SendMessageHook] = []
+        # the hooks whose send_message_before does something (a hook says it does not with
+        # ``observes_send_before = False``: the trace hook, whose Pub is written after the send)
+        self._before_hooks: list[SendMessageHook] = []
         self._rr = 0
+        self._plans: dict[str, _TopicPlan] = {}
+        self._deadlines = SendDeadlines()
+        # the headers every record of this producer carries after UNIQ_KEY and BORN_TIMESTAMP
+        self._born_headers = (
+            (MessageConst.BORN_HOST, self._runtime.client_host.encode()),
+            (MessageConst.PRODUCER_GROUP, self.group.encode()),
+        )
+        # The record size of a plain message (no tags, keys or properties) with an empty body,
+        # at the largest its headers and length fields get: one with a body within the limit
+        # less this needs no exact size estimate.
+        self._plain_room = (
+            self.max_message_size
+            - 16
+            - record_size(
+                b"",
+                [
+                    (MessageConst.UNIQ_KEY, b"0" * 56),
+                    (MessageConst.BORN_TIMESTAMP, b"9" * 20),
+                    *self._born_headers,
+                ],
+            )
+        )
+        self._next_msg_id = msg_id_source()
         self._replies: ReplyListener | None = None
         self._recall_lock = asyncio.Lock()
 
@@ -153,7 +199,7 @@ class Producer(ClientBase):
         if self._runtime.dispatcher is not None:
             from tracemq.trace._hooks import SendMessageTraceHook
 
-            self._hooks.append(
+            self.register_send_hook(
                 SendMessageTraceHook(self._runtime.dispatcher, self._runtime.trace_topic)
             )
 
@@ -171,11 +217,14 @@ class Producer(ClientBase):
         await self._close(trace_timeout_s)
 
     async def _close(self, trace_timeout_s: float = 5.0) -> None:
+        self._deadlines.close()
         await super()._close()
         await self._runtime.stop(trace_timeout_s)
 
     def register_send_hook(self, hook: SendMessageHook) -> None:
         self._hooks.append(hook)
+        if getattr(hook, "observes_send_before", True):
+            self._before_hooks.append(hook)
 
     @property
     def client_id(self) -> str:
@@ -217,12 +266,16 @@ class Producer(ClientBase):
         half: bool = False,
     ) -> None:
         """Check with the largest placement headers any candidate queue would add (a retry may
-        land on another queue), so that the check holds for every attempt."""
-        extra = max(
-            (self._place(q, i, msg, half=half).headers for q, i in queues),
-            key=lambda hs: sum(len(k) + len(v) for k, v in hs),
-        )
-        self._check_size(msg, [*headers, *extra])
+        land on another queue), so that the check holds for every attempt. A plain message's
+        placement adds none; a delayed or half message's differ only in REAL_QID, longest for
+        the highest queue id."""
+        if not half and not msg.delay_level:
+            if len(msg.body) <= self._plain_room and not (msg.tags or msg.keys or msg.properties):
+                return  # well within the limit whatever the headers' exact sizes
+            self._check_size(msg, headers)
+            return
+        q, i = max(queues, key=lambda qi: qi[1])
+        self._check_size(msg, [*headers, *self._place(q, i, msg, half=half).headers])
 
     async def _queues(
         self, topic: str, *, delay_level: int = 0, half: bool = False
@@ -299,27 +352,49 @@ class Producer(ClientBase):
             kafka_topic(q.broker, msg.topic), qid, MessageQueue(msg.topic, q.broker, qid)
         )
 
-    def _pick(
-        self, queues: list[tuple[QueueRoute, int]], avoid: str | None
-    ) -> tuple[QueueRoute, int]:
+    def _pick(self, queues: list[tuple[QueueRoute, int]], avoid: str | None) -> int:
+        """The index in ``queues`` of the next queue, round robin, skipping ``avoid`` and
+        brokers that just failed."""
         n = len(queues)
+        rr = self._rr
+        faults = self._faults
+        if avoid is None and faults.none_failed():  # the usual case: plain round robin
+            self._rr = rr = rr + 1 if rr + 1 < n else 0
+            return rr
         for _ in range(n):
-            self._rr = (self._rr + 1) % n
-            q = queues[self._rr]
-            if q[0].broker != avoid and self._faults.available(q[0].broker):
-                return q
+            rr = rr + 1 if rr + 1 < n else 0
+            broker = queues[rr][0].broker
+            if broker != avoid and faults.available(broker):
+                self._rr = rr
+                return rr
         for _ in range(n):  # every broker is suspect: take any other broker, then anything
-            self._rr = (self._rr + 1) % n
-            if queues[self._rr][0].broker != avoid:
-                return queues[self._rr]
-        return queues[self._rr]
+            rr = rr + 1 if rr + 1 < n else 0
+            if queues[rr][0].broker != avoid:
+                break
+        self._rr = rr
+        return rr
+
+    async def _plan(self, topic: str) -> _TopicPlan:
+        """The plan of plain sends to ``topic`` (see :class:`_TopicPlan`)."""
+        plan = self._plans.get(topic)
+        if plan is not None and plan.route is self._runtime.routes.cached(topic):
+            return plan
+        route, queues = await self._queues(topic)
+        places = [
+            _Placement(kafka_topic(q.broker, topic), i, MessageQueue(topic, q.broker, i))
+            for q, i in queues
+        ]
+        plan = _TopicPlan(route, queues, places)
+        if len(self._plans) >= 4096:  # bounded: a producer of many topics re-plans the rest
+            self._plans.clear()
+        self._plans[topic] = plan
+        return plan
 
     def _headers(self, msg: Message, msg_id: str) -> list[tuple[str, bytes]]:
         h = [
             (MessageConst.UNIQ_KEY, msg_id.encode()),
-            (MessageConst.BORN_TIMESTAMP, str(now_ms()).encode()),
-            (MessageConst.BORN_HOST, self._runtime.client_host.encode()),
-            (MessageConst.PRODUCER_GROUP, self.group.encode()),
+            (MessageConst.BORN_TIMESTAMP, str(time.time_ns() // 1_000_000).encode()),
+            *self._born_headers,
         ]
         if msg.tags:
             h.append((MessageConst.TAGS, msg.tags.encode()))
@@ -332,20 +407,21 @@ class Producer(ClientBase):
     async def _produce(
         self, q: QueueRoute, place: _Placement, msg: Message, headers: list[tuple[str, bytes]]
     ) -> asyncio.Future[RecordMetadata]:
-        producer = await self._runtime.pool.get(q.data_bootstrap)
-        return await producer.send(
-            place.ktopic,
+        # the record was checked against max_message_size: the pool skips aiokafka's re-checks
+        return await self._runtime.pool.send(
+            q.data_bootstrap,
+            place.tp,
             msg.body,
-            partition=place.partition,
-            headers=[*headers, *place.headers] if place.headers else headers,
+            [*headers, *place.headers] if place.headers else headers,
         )
 
     async def _result(
         self, q: QueueRoute, place: _Placement, msg_id: str, md: RecordMetadata
     ) -> SendResult:
-        store_host = await self._runtime.store_host(q.address)
+        runtime = self._runtime
+        store_host = runtime.cached_store_host(q.address) or await runtime.store_host(q.address)
         # Kafka LogAppendTime (type 1) is the broker's store time; otherwise the ack time.
-        store_ts = md.timestamp if md.timestamp_type == 1 else now_ms()
+        store_ts = md.timestamp if md.timestamp_type == 1 else time.time_ns() // 1_000_000
         handle = None
         if place.queue.topic == SCHEDULE_TOPIC:
             real = dict(place.headers)[MessageConst.REAL_TOPIC].decode()
@@ -357,16 +433,16 @@ class Producer(ClientBase):
                 level=place.partition + 1,
                 offset=md.offset,
             ).encode()
-        return SendResult(
-            send_status=SendStatus.SEND_OK,
-            msg_id=msg_id,
-            offset_msg_id=encode_offset_msg_id(store_host, place.partition, md.offset),
-            queue=place.queue,
-            queue_offset=md.offset,
-            region_id=q.region_id,
-            trace_on=q.trace_on,
-            store_timestamp=store_ts,
-            recall_handle=handle,
+        return SendResult._of(
+            _SEND_OK,
+            msg_id,
+            encode_offset_msg_id(store_host, place.partition, md.offset),
+            place.queue,
+            md.offset,
+            q.region_id,
+            q.trace_on,
+            store_ts,
+            handle,
         )
 
     async def send(
@@ -395,54 +471,83 @@ class Producer(ClientBase):
         arg: Any = None,
         half: bool = False,
     ) -> tuple[SendResult, QueueRoute]:
-        msg_id = new_msg_id()
-        route, queues = await self._queues(msg.topic, delay_level=msg.delay_level, half=half)
+        msg_id = self._next_msg_id()
+        places: list[_Placement] | None = None
+        if half or msg.delay_level:
+            _, queues = await self._queues(msg.topic, delay_level=msg.delay_level, half=half)
+        else:  # a plain message: the topic's plan, worked out once per route
+            plan = self._plans.get(msg.topic)
+            if plan is None or plan.route is not self._runtime.routes.cached(msg.topic):
+                plan = await self._plan(msg.topic)
+            queues, places = plan.queues, plan.places
         if half:
             msg_type = MessageType.Trans_Msg_Half
         elif msg.delay_level:
             msg_type = MessageType.Delay_Msg
         else:
-            msg_type = MessageType.Order_Msg if selector else MessageType.Normal_Msg
-        ctx = SendMessageContext(
-            producer_group=self.group,
-            message=msg,
-            msg_id=msg_id,
-            msg_type=msg_type,
-            born_host=self._runtime.client_host,
-        )
-        headers = ctx.headers = self._headers(msg, msg_id)
+            msg_type = _ORDER_MSG if selector else _NORMAL_MSG
+        headers = self._headers(msg, msg_id)
         self._check_placed_size(msg, headers, queues, half)
-        deadline = asyncio.get_running_loop().time() + (timeout or self.send_msg_timeout_ms / 1000)
+        hooks = self._hooks
+        # Without hooks (no trace, no OpenTelemetry) no context is built at all.
+        ctx = (
+            SendMessageContext(
+                producer_group=self.group, message=msg, msg_id=msg_id, msg_type=msg_type,
+                born_host=self._runtime.client_host, headers=headers,
+            )
+            if hooks
+            else None
+        )  # fmt: skip
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (timeout or self.send_msg_timeout_ms / 1000)
+        deadlines = self._deadlines
         attempts = 1 + (0 if selector else self.retry_times_when_send_failed)
         avoid: str | None = None
-        fixed = self._select(queues, msg, selector, arg) if selector else None
+        fixed = queues.index(self._select(queues, msg, selector, arg)) if selector else None
         last: BaseException | None = None
         made = 0
         for attempt in range(attempts):
             made += 1
-            q, qid = fixed or self._pick(queues, avoid)
-            place = self._place(q, qid, msg, half=half)
-            # One context, and so one Pub, per attempt (RocketMQ calls its hooks per attempt).
-            ctx = replace(
-                ctx, attempt=attempt + 1, queue=place.queue, begin_timestamp=now_ms(),
-                exception=None,
-            )  # fmt: skip
-            ctx.broker_address, ctx.region_id, ctx.trace_on = q.address, q.region_id, q.trace_on
-            call_hooks(self._hooks, "send_message_before", ctx)
+            n = fixed if fixed is not None else self._pick(queues, avoid)
+            q, qid = queues[n]
+            place = places[n] if places is not None else self._place(q, qid, msg, half=half)
+            if ctx is not None:
+                # One context, and so one Pub, per attempt (RocketMQ calls its hooks per attempt).
+                if attempt:
+                    ctx = replace(
+                        ctx, exception=None, send_result=None, end_timestamp=0, last_attempt=True
+                    )
+                ctx.attempt, ctx.queue, ctx.begin_timestamp = attempt + 1, place.queue, now_ms()
+                ctx.broker_address, ctx.region_id, ctx.trace_on = q.address, q.region_id, q.trace_on
+                if self._before_hooks:
+                    call_hooks(self._before_hooks, "send_message_before", ctx)
+            entry = None
             try:
-                if deadline <= asyncio.get_running_loop().time():
+                if deadline <= loop.time():
                     raise TimeoutError(f"send timed out after {attempt} attempt(s)")
-                # One deadline for enqueue + ack; asyncio.timeout_at creates no extra task.
-                async with asyncio.timeout_at(deadline):
-                    md = await (await self._produce(q, place, msg, headers))
-            except Exception as exc:
+                # One deadline for enqueue + ack, on the producer's shared timer.
+                entry = deadlines.enqueue(loop, deadline)
+                fut = await self._produce(q, place, msg, headers)
+                deadlines.wait_ack(entry, fut)
+                md = await fut
+            except asyncio.CancelledError:
+                if entry is None or not deadlines.expired(entry):
+                    raise
+                exc: Exception = TimeoutError("send timed out waiting for the acknowledgement")
+                failed = True
+            except Exception as e:
+                exc, failed = e, True
+            else:
+                failed = False
+            finally:
+                if entry is not None:
+                    deadlines.done(entry)
+            if failed:
                 self._faults.failed(q.broker)
-                ctx.exception, ctx.end_timestamp, last = exc, now_ms(), exc
+                last = exc
                 # Out of time: no attempt (and no Pub) that never reaches the transport. Decided
                 # before the hooks so they know whether this failure is the send's last.
-                ctx.last_attempt = (
-                    attempt + 1 >= attempts or deadline <= asyncio.get_running_loop().time()
-                )
+                last_attempt = attempt + 1 >= attempts or deadline <= loop.time()
                 avoid = q.broker
                 log.warning(
                     "send attempt failed",
@@ -453,14 +558,18 @@ class Producer(ClientBase):
                     msg_id=msg_id,
                     error=repr(exc),
                 )
-                call_hooks(self._hooks, "send_message_after", ctx)
-                if ctx.last_attempt:
+                if ctx is not None:
+                    ctx.exception, ctx.end_timestamp = exc, now_ms()
+                    ctx.last_attempt = last_attempt
+                    call_hooks(hooks, "send_message_after", ctx)
+                if last_attempt:
                     break
                 continue
             self._faults.succeeded(q.broker)
             result = await self._result(q, place, msg_id, md)
-            ctx.end_timestamp, ctx.send_result, ctx.exception = now_ms(), result, None
-            call_hooks(self._hooks, "send_message_after", ctx)
+            if ctx is not None:
+                ctx.end_timestamp, ctx.send_result, ctx.exception = now_ms(), result, None
+                call_hooks(hooks, "send_message_after", ctx)
             return result, q
         raise SendError(
             f"sending {msg_id} to {msg.topic!r} failed after {made} attempt(s): {last!r}"
@@ -562,7 +671,7 @@ class Producer(ClientBase):
         _, queues = await self._queues(msg.topic, delay_level=msg.delay_level)
         headers = self._headers(msg, msg_id)
         self._check_placed_size(msg, headers, queues)
-        q, qid = self._pick(queues, None)
+        q, qid = queues[self._pick(queues, None)]
         place = self._place(q, qid, msg)
         ctx = SendMessageContext(
             producer_group=self.group,
@@ -577,7 +686,7 @@ class Producer(ClientBase):
             begin_timestamp=now_ms(),
             headers=headers,
         )
-        call_hooks(self._hooks, "send_message_before", ctx)
+        call_hooks(self._before_hooks, "send_message_before", ctx)
         fut = await self._produce(q, place, msg, headers)
         fut.add_done_callback(lambda f: asyncio.ensure_future(self._oneway_done(f, ctx, q, place)))
 
@@ -615,82 +724,119 @@ class Producer(ClientBase):
         checked = [self._check(m) for m in msgs]
         if any(m.delay_level for m in checked):
             raise InvalidMessageError("delay_level is not supported in a batch (as in RocketMQ)")
-        topics = {m.topic for m in checked}
-        if len(topics) != 1:
-            raise InvalidMessageError(f"a batch must have one topic, got {sorted(topics)}")
         topic = checked[0].topic
-        _, queues = await self._queues(topic)
-        ctxs = [
-            SendMessageContext(
-                producer_group=self.group,
-                message=m,
-                msg_id=new_msg_id(),
-                msg_type=MessageType.Normal_Msg,
-                born_host=self._runtime.client_host,
-            )
-            for m in checked
-        ]
-        headers = [self._headers(c.message, c.msg_id) for c in ctxs]
-        for c, h in zip(ctxs, headers, strict=True):
-            c.headers = h
+        if any(m.topic != topic for m in checked):
+            topics = sorted({m.topic for m in checked})
+            raise InvalidMessageError(f"a batch must have one topic, got {topics}")
+        plan = self._plans.get(topic)
+        if plan is None or plan.route is not self._runtime.routes.cached(topic):
+            plan = await self._plan(topic)
+        queues, places = plan.queues, plan.places
+        next_id = self._next_msg_id
+        msg_ids = [next_id() for _ in checked]
+        headers = [self._headers(m, i) for m, i in zip(checked, msg_ids, strict=True)]
         total = 0
-        for n, (c, h) in enumerate(zip(ctxs, headers, strict=True)):
+        for n, (m, h) in enumerate(zip(checked, headers, strict=True)):
             try:
-                total += self._check_size(c.message, h)
+                total += self._check_size(m, h)
             except InvalidMessageError as exc:
                 raise InvalidMessageError(f"batch member {n}: {exc}; nothing was sent") from None
         if total > self.max_message_size:
             raise InvalidMessageError(
-                f"batch of {len(ctxs)} messages is {total} bytes as Kafka records, which exceeds "
-                f"max_message_size {self.max_message_size} (as in RocketMQ, a batch counts as "
-                "one message); nothing was sent"
+                f"batch of {len(checked)} messages is {total} bytes as Kafka records, which "
+                f"exceeds max_message_size {self.max_message_size} (as in RocketMQ, a batch "
+                "counts as one message); nothing was sent"
             )
-        deadline = asyncio.get_running_loop().time() + (timeout or self.send_msg_timeout_ms / 1000)
-        results: list[SendResult | None] = [None] * len(ctxs)
-        errors: list[BaseException | None] = [None] * len(ctxs)
-        pending = list(range(len(ctxs)))
+        hooks = self._hooks
+        host = self._runtime.client_host
+        # Without hooks (no trace, no OpenTelemetry) no context is built at all.
+        ctxs: list[SendMessageContext] | None = (
+            [
+                SendMessageContext(
+                    producer_group=self.group, message=m, msg_id=i,
+                    msg_type=MessageType.Normal_Msg, born_host=host, headers=h,
+                )
+                for m, i, h in zip(checked, msg_ids, headers, strict=True)
+            ]
+            if hooks
+            else None
+        )  # fmt: skip
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (timeout or self.send_msg_timeout_ms / 1000)
+        deadlines = self._deadlines
+        results: list[SendResult | None] = [None] * len(checked)
+        errors: list[BaseException | None] = [None] * len(checked)
+        pending = list(range(len(checked)))
         avoid: str | None = None
         attempts = 1 + self.retry_times_when_send_failed
         for attempt in range(attempts):
             if not pending:
                 break
-            q, qid = self._pick(queues, avoid)
-            place = _Placement(
-                kafka_topic(q.broker, topic), qid, MessageQueue(topic, q.broker, qid)
-            )
-            begin = now_ms()
-            futs = []
+            k = self._pick(queues, avoid)
+            q, place = queues[k][0], places[k]
+            if ctxs is not None:
+                begin = now_ms()
+                for i in pending:
+                    # One context, and so one Pub, per member and attempt.
+                    c = ctxs[i]
+                    if attempt:
+                        c = ctxs[i] = replace(
+                            c, exception=None, send_result=None, end_timestamp=0,
+                            last_attempt=True,
+                        )  # fmt: skip
+                    c.attempt, c.queue, c.begin_timestamp = attempt + 1, place.queue, begin
+                    c.broker_address, c.region_id, c.trace_on = q.address, q.region_id, q.trace_on
+                    if self._before_hooks:
+                        call_hooks(self._before_hooks, "send_message_before", c)
+            futs: list[asyncio.Future[RecordMetadata] | BaseException] = []
             for i in pending:
-                # One context, and so one Pub, per member and attempt.
-                c = ctxs[i] = replace(
-                    ctxs[i], attempt=attempt + 1, queue=place.queue, begin_timestamp=begin,
-                    broker_address=q.address, region_id=q.region_id, trace_on=q.trace_on,
-                    exception=None,
-                )  # fmt: skip
-                call_hooks(self._hooks, "send_message_before", c)
                 try:
-                    futs.append(await self._produce(q, place, c.message, headers[i]))
+                    futs.append(await self._produce(q, place, checked[i], headers[i]))
                 except Exception as exc:
-                    futs.append(_failed(exc))
-            left = max(0.001, deadline - asyncio.get_running_loop().time())
+                    futs.append(exc)
+            # One deadline for the acknowledgements of all members (members of one request are
+            # acknowledged together: usually one wait).
+            outcomes: list[RecordMetadata | BaseException] = []
+            entry = deadlines.enqueue(loop, deadline)
             try:
-                done = await asyncio.wait_for(asyncio.gather(*futs, return_exceptions=True), left)
-            except TimeoutError as exc:
-                done = [exc] * len(futs)
+                for f in futs:
+                    if isinstance(f, BaseException):
+                        outcomes.append(f)
+                        continue
+                    try:
+                        outcomes.append(await f)
+                    except Exception as exc:
+                        outcomes.append(exc)
+            except asyncio.CancelledError:
+                if not deadlines.expired(entry):
+                    for f in futs[len(outcomes) :]:
+                        if not isinstance(f, BaseException):
+                            f.cancel()
+                    raise
+                timed_out = TimeoutError("send timed out waiting for the acknowledgement")
+                for f in futs[len(outcomes) :]:
+                    if not isinstance(f, BaseException):
+                        f.cancel()
+                outcomes.extend([timed_out] * (len(futs) - len(outcomes)))
+            finally:
+                deadlines.done(entry)
             end = now_ms()
             still = []
             # decided before the hooks, so they know whether a failure is the member's last
-            last = attempt + 1 >= attempts or asyncio.get_running_loop().time() >= deadline
-            for i, md in zip(pending, done, strict=True):
-                c = ctxs[i]
-                c.end_timestamp, c.last_attempt = end, last
+            last = attempt + 1 >= attempts or loop.time() >= deadline
+            for i, md in zip(pending, outcomes, strict=True):
                 if isinstance(md, BaseException):
-                    c.exception = errors[i] = md
+                    errors[i] = md
                     still.append(i)
+                    result = None
                 else:
-                    results[i] = c.send_result = await self._result(q, place, c.msg_id, md)
+                    result = results[i] = await self._result(q, place, msg_ids[i], md)
                     errors[i] = None
-                call_hooks(self._hooks, "send_message_after", c)
+                if ctxs is not None:
+                    c = ctxs[i]
+                    c.end_timestamp, c.last_attempt = end, last
+                    c.exception, c.send_result = errors[i], result
+                    call_hooks(hooks, "send_message_after", c)
             if still:
                 self._faults.failed(q.broker)
                 avoid = q.broker
@@ -702,16 +848,10 @@ class Producer(ClientBase):
         if pending:
             first = errors[pending[0]]
             raise BatchSendError(
-                f"{len(pending)} of {len(ctxs)} batch messages failed every attempt (members "
+                f"{len(pending)} of {len(checked)} batch messages failed every attempt (members "
                 f"{pending[:10]}{' …' if len(pending) > 10 else ''}); the other "
-                f"{len(ctxs) - len(pending)} are stored (see .results): {first!r}",
+                f"{len(checked) - len(pending)} are stored (see .results): {first!r}",
                 results,
                 errors,
             ) from first
         return [r for r in results if r is not None]
-
-
-def _failed(exc: BaseException) -> asyncio.Future[RecordMetadata]:
-    fut: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
-    fut.set_exception(exc)
-    return fut

@@ -220,10 +220,6 @@ class _DropReport:
     reasons: set[str] = field(default_factory=set)
 
 
-def _utf8_len(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode("utf-8"))
-
-
 def _targets(route: TopicRoute) -> list[_Target]:
     """Writable queues of every broker, interleaved so consecutive picks change broker."""
     per_broker = [
@@ -276,7 +272,7 @@ class AsyncTraceDispatcher:
         trace_topic: str = TRACE_TOPIC,
         customized: bool = False,
         client_id: str | None = None,
-        queue_size: int = 2048,
+        queue_size: int = 16384,
         batch_size: int = 1000,
         flush_interval_ms: int = 100,
         max_message_size: int = 128_000,
@@ -601,50 +597,53 @@ class AsyncTraceDispatcher:
 
         Contexts are encoded one by one (to know each one's size) and a message's body is
         their concatenation with the keys unioned, exactly what ``encode_many`` produces.
+        One pass over the batch (this runs once per trace record: for a consumer, two per
+        message): each (topic, region) keeps the trace message it is filling.
         """
-        # per (topic, region): (seq, record text, its keys: a set, or msgId and key string)
-        groups: dict[tuple[str | None, str | None], list[tuple[int, str, Any]]] = {}
-        bad = 0
-        for seq, item in enumerate(batch, start=first_seq):
-            if isinstance(item, tuple):  # encoded by a trace hook (append_record)
-                topic, region, data, msg_id, business_keys = item
-                groups.setdefault((topic, region), []).append((seq, data, (msg_id, business_keys)))
-                continue
-            try:
-                topic = item.trace_beans[0].topic if item.trace_beans else None
-                key = (topic, item.region_id)
-                encoded = encode(item)
-            except Exception as exc:
-                bad += 1
-                log.debug("trace context could not be encoded", group=self.group, error=str(exc))
-                continue
-            groups.setdefault(key, []).append((seq, encoded.data, encoded.keys))
+        # per (topic, region): [parts, keys, size, min_seq] of the message being filled
+        open_jobs: dict[tuple[str | None, str | None], list[Any]] = {}
         jobs: list[_Job] = []
-        for items in groups.values():
-            parts: list[str] = []
-            keys: set[str] = set()
-            size = 0
-            min_seq = 0
-            for seq, data, item_keys in items:
-                length = _utf8_len(data)
-                if length > self._max_message_size:
-                    self._oversize += 1
-                if parts and size + length > self._max_message_size:
-                    jobs.append(self._job(min_seq, parts, keys))
-                    parts, keys, size = [], set(), 0
-                if not parts:
-                    min_seq = seq
-                parts.append(data)
-                if type(item_keys) is tuple:  # (msgId, space-separated business keys)
-                    msg_id, business = item_keys
-                    keys.add(msg_id)
-                    if business:
-                        keys.update(business.split(KEY_SEPARATOR))
-                else:
-                    keys |= item_keys
-                size += length
-            if parts:
-                jobs.append(self._job(min_seq, parts, keys))
+        bad = 0
+        limit = self._max_message_size
+        sep = KEY_SEPARATOR
+        seq = first_seq - 1
+        for item in batch:
+            seq += 1
+            if type(item) is tuple:  # encoded by a trace hook (append_record)
+                topic, region, data, msg_id, business = item
+                item_keys: Any = None
+            else:
+                try:
+                    assert isinstance(item, TraceContext)
+                    topic = item.trace_beans[0].topic if item.trace_beans else None
+                    region = item.region_id
+                    encoded = encode(item)
+                except Exception as exc:
+                    bad += 1
+                    log.debug(
+                        "trace context could not be encoded", group=self.group, error=str(exc)
+                    )
+                    continue
+                data, item_keys = encoded.data, encoded.keys
+            length = len(data) if data.isascii() else len(data.encode("utf-8"))
+            if length > limit:
+                self._oversize += 1
+            job = open_jobs.get((topic, region))
+            if job is None:
+                job = open_jobs[(topic, region)] = [[], set(), 0, seq]
+            elif job[2] + length > limit:
+                jobs.append(self._job(job[3], job[0], job[1]))
+                job[0], job[1], job[2], job[3] = [], set(), 0, seq
+            job[0].append(data)
+            job[2] += length
+            if item_keys is None:
+                job[1].add(msg_id)
+                if business:
+                    job[1].update(business.split(sep))
+            else:
+                job[1] |= item_keys
+        for parts, keys, _size, min_seq in open_jobs.values():
+            jobs.append(self._job(min_seq, parts, keys))
         self._jobs.update(jobs)
         if bad:
             self._fail(bad, "trace context could not be encoded")

@@ -1,0 +1,120 @@
+"""Send time-outs on one timer per producer instead of one asyncio timer per send.
+
+``asyncio.timeout_at`` arms a TimerHandle per send; the loop keeps every one in a heap ordered by
+a Python ``__lt__`` until it expires or a purge (a cancelled timer stays there): at thousands of
+sends per second that heap costs more CPU than the rest of the send. Here a send registers a
+small entry in one heap (compared in C), and one timer, armed for the earliest deadline (no more
+often than every :data:`RESOLUTION_S`), ends what is overdue:
+
+* while the send is handing its record to the transport (``enqueue``: aiokafka may wait for room
+  or for metadata), its task is cancelled and :meth:`SendDeadlines.expired` turns that
+  cancellation into :class:`TimeoutError`, the same contract as ``asyncio.timeout_at``;
+* while it waits for the acknowledgement, the acknowledgement future gets a
+  :class:`TimeoutError` (aiokafka skips a future already done: the record may still be stored,
+  as with any time-out, which stops the wait, not the record).
+
+A deadline fires at most :data:`RESOLUTION_S` late. Entries of finished sends are dropped lazily;
+the heap is compacted when they are most of it, so it stays within a small multiple of the sends
+in progress.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from typing import Any
+
+#: How late a deadline may fire: timers are armed no more often than this (seconds).
+RESOLUTION_S = 0.005
+
+# entry: [deadline, seq, task (while enqueuing) or None, ack future or None, state,
+#         the task's cancelling() count when watched]
+_DEADLINE, _SEQ, _TASK, _FUT, _STATE, _CANCELLING = range(6)
+_LIVE, _DONE, _EXPIRED, _CANCELLED = 0, 1, 2, 3
+
+
+class SendDeadlines:
+    """The deadlines of one producer's sends in progress (one event loop)."""
+
+    __slots__ = ("_heap", "_seq", "_timer", "_timer_at", "_compact_at")
+
+    def __init__(self) -> None:
+        self._heap: list[list[Any]] = []
+        self._seq = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._compact_at = 1024  # heap length that triggers dropping finished entries
+
+    def enqueue(self, loop: asyncio.AbstractEventLoop, deadline: float) -> list[Any]:
+        """Watch the current task until :meth:`wait_ack` or :meth:`done`: it is cancelled at
+        ``deadline`` (see :meth:`expired`). Returns the entry the other calls take."""
+        task = asyncio.current_task(loop)
+        entry = [deadline, next(self._seq), task, None, _LIVE, task.cancelling() if task else 0]
+        heap = self._heap
+        if len(heap) > self._compact_at:
+            heap[:] = [e for e in heap if e[_STATE] == _LIVE]
+            heapq.heapify(heap)
+            self._compact_at = max(1024, 4 * len(heap))
+        heapq.heappush(heap, entry)
+        if self._timer is None or deadline + RESOLUTION_S < self._timer_at:
+            self._arm(loop, deadline)
+        return entry
+
+    @staticmethod
+    def wait_ack(entry: list[Any], fut: asyncio.Future[Any]) -> None:
+        """The record is handed over: from now on the deadline fails ``fut``, not the task."""
+        entry[_TASK] = None
+        entry[_FUT] = fut
+
+    @staticmethod
+    def done(entry: list[Any]) -> None:
+        """The send attempt ended (any way): forget its deadline."""
+        if entry[_STATE] == _LIVE:
+            entry[_STATE] = _DONE
+        entry[_TASK] = entry[_FUT] = None
+
+    @staticmethod
+    def expired(entry: list[Any]) -> bool:
+        """Call on CancelledError, from the task that registered ``entry``: True when the
+        cancellation was the deadline's alone (it is then withdrawn from the task, and the caller
+        raises TimeoutError instead), False when it must propagate (the task was cancelled from
+        outside too). The same contract as ``asyncio.timeout_at``."""
+        if entry[_STATE] != _CANCELLED:
+            return False
+        task = asyncio.current_task()
+        if task is None:
+            return False
+        return bool(task.uncancel() <= entry[_CANCELLING])
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        at = max(at, loop.time() + RESOLUTION_S)
+        self._timer_at = at
+        self._timer = loop.call_at(at, self._fire, loop)
+
+    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        now = loop.time()
+        heap = self._heap
+        while heap and heap[0][_DEADLINE] <= now:
+            entry = heapq.heappop(heap)
+            if entry[_STATE] != _LIVE:
+                continue
+            entry[_STATE] = _EXPIRED
+            fut, task = entry[_FUT], entry[_TASK]
+            if fut is not None:
+                entry[_FUT] = None
+                if not fut.done():
+                    fut.set_exception(TimeoutError("no acknowledgement before the send deadline"))
+            elif task is not None and not task.done():
+                entry[_STATE] = _CANCELLED
+                task.cancel()
+        if heap:
+            self._arm(loop, heap[0][_DEADLINE])
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
