@@ -27,6 +27,7 @@ from tracemq_collector.api import add_routes
 from tracemq_collector.groups import GroupHealth
 from tracemq_collector.ingest import Ingestor
 from tracemq_collector.lake import TraceLake, lake_filesystem
+from tracemq_collector.lake_lookup import LakeLookup
 from tracemq_collector.otlp import OtlpReceiver
 from tracemq_collector.queries import Queries, sign_registration
 from tracemq_collector.settings import CollectorSettings
@@ -76,6 +77,17 @@ class Collector:
             self_url=settings.api_url,
             token=settings.collector_api_token,
             fanout_timeout_s=settings.collector_fanout_timeout_ms / 1000,
+            lake=(
+                LakeLookup(
+                    self.lake.fs,
+                    self.lake.root.as_posix(),
+                    window_hours=settings.collector_lake_lookup_hours,
+                    max_search_hours=settings.collector_lake_search_hours,
+                )
+                if settings.collector_lake_lookup
+                else None
+            ),
+            lake_readers=settings.collector_lake_readers,
         )
         self.groups = GroupHealth(
             self.queries,

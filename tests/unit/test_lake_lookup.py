@@ -1,0 +1,204 @@
+"""Lake look-ups (the fallback when the live stores miss): the window a msgId's creation time
+gives, row-group pruning by msgId statistics, and answers equal to the store's, on real
+Parquet files written by the collector's lake writer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from tracemq import lake as lake_contract
+from tracemq.trace import MessageType, TraceBean, TraceContext, TraceType, encode_many
+from tracemq_collector.events import rows_from_record
+from tracemq_collector.lake import ROW_GROUP_ROWS, TraceLake
+from tracemq_collector.lake_lookup import (
+    SKEW_MS,
+    LakeLookup,
+    msg_id_hours,
+    row_groups_for,
+    search_hours,
+)
+from tracemq_collector.store import TraceStore
+
+TOPIC = "RMQ_SYS_TRACE_TOPIC"
+HOUR = 3_600_000
+T0 = 1_704_067_200_000  # 2024-01-01T00:00:00Z, a month start
+NOW = T0 + 5 * 86_400_000
+
+
+def msg_id(created_ms: int, n: int) -> str:
+    """A msgId (IPv4 form) created at ``created_ms`` (UTC month offset), counter ``n``."""
+    return f"0A000001006400{n >> 16:06X}{created_ms - T0:08X}{n & 0xFFFF:04X}"
+
+
+def test_msg_id_hours_span_the_window_after_creation_and_stop_at_now() -> None:
+    created = T0 + 10 * HOUR + 30 * 60_000  # 10:30
+    assert msg_id_hours(created, NOW, 3) == [("2024-01-01", h) for h in (10, 11, 12, 13)]
+    # five minutes of skew before creation reach back into the previous hour
+    early = T0 + 10 * HOUR + 60_000
+    assert msg_id_hours(early, NOW, 1)[0] == ("2024-01-01", 9)
+    assert SKEW_MS == 300_000
+    # across midnight, oldest first
+    late = T0 + 23 * HOUR + 30 * 60_000
+    assert msg_id_hours(late, NOW, 2) == [
+        ("2024-01-01", 23),
+        ("2024-01-02", 0),
+        ("2024-01-02", 1),
+    ]
+    # never hours that have not begun yet (now + skew)
+    assert msg_id_hours(created, created + 10 * 60_000, 48) == [("2024-01-01", 10)]
+
+
+def test_search_hours_are_newest_first_and_capped() -> None:
+    begin, end = T0 + HOUR, T0 + 4 * HOUR
+    assert search_hours(begin, end, NOW, 24) == [("2024-01-01", h) for h in (3, 2, 1)]
+    assert search_hours(begin, end, NOW, 2) == [("2024-01-01", h) for h in (3, 2)]
+    assert search_hours(None, T0 + 2 * HOUR, NOW, 2) == [("2024-01-01", h) for h in (1, 0)]
+    assert search_hours(end, begin, NOW, 24) == []
+
+
+def test_row_groups_for_uses_min_max_and_keeps_groups_without_statistics() -> None:
+    stats: list[tuple[str | None, str | None]] = [("A", "C"), ("D", "F"), (None, None)]
+    assert row_groups_for(stats, "B") == [0, 2]
+    assert row_groups_for(stats, "D") == [1, 2]
+    assert row_groups_for(stats, "Z") == [2]
+    assert row_groups_for(stats[:2], "CZ") == []
+
+
+def contexts(mid: str, ts: int, n: int) -> list[TraceContext]:
+    bean = TraceBean(
+        topic="orders" if n % 2 else "payments",
+        msg_id=mid,
+        tags="t",
+        keys=f"order-{n} shared",
+        store_host="10.0.0.9:10911",
+        msg_type=MessageType.Normal_Msg,
+    )
+    return [
+        TraceContext(TraceType.Pub, timestamp=ts, trace_beans=[bean], group_name="pg"),
+        TraceContext(
+            TraceType.SubBefore, timestamp=ts + 2 * HOUR, request_id=f"r{n}", trace_beans=[bean]
+        ),
+    ]
+
+
+class Lake:
+    """A store and the collector's lake writer; messages written as ingest writes them."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.store = TraceStore(tmp / "traces.db")
+        self.store.open()
+        self.lake = TraceLake(tmp / "lake", self.store, segment_max_rows=24_000)
+        self.offset = 0
+        self.ids: list[str] = []
+
+    def write(self, count: int, start_ms: int, step_ms: int) -> None:
+        rows: list[dict[str, Any]] = []
+        for i in range(count):
+            n = self.offset
+            ts = start_ms + i * step_ms
+            mid = msg_id(ts, n)
+            self.ids.append(mid)
+            value = encode_many(contexts(mid, ts, n)).data.encode()
+            r, _ = rows_from_record(TOPIC, 0, self.offset, value, NOW)
+            rows += r
+            self.offset += 1
+        self.store.write_batch(rows, [], {(TOPIC, 0): self.offset})
+        self.lake.flush(TOPIC, 0)
+
+
+@pytest.fixture(autouse=True)
+def _utc_msg_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRACEMQ_MSGID_TIMEZONE", "UTC")
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lake]:
+    """Shared by the read-only tests (writing it takes seconds)."""
+    lk = Lake(tmp_path_factory.mktemp("lake"))
+    # 24 000 messages over about three hours (48 000 events: consume events 2 h later), in
+    # files of up to two row groups
+    lk.write(12_000, T0 + HOUR, 450)
+    lk.write(12_000, T0 + HOUR + 12_000 * 450, 450)
+    yield lk
+    lk.store.close()
+
+
+def lookup(lk: Lake, window_hours: int = 24) -> LakeLookup:
+    return LakeLookup(None, lk.lake.root, window_hours=window_hours, max_search_hours=24)
+
+
+def test_msg_id_look_up_equals_the_store_and_reads_few_row_groups(written: Lake) -> None:
+    reader = lookup(written)
+    for mid in (written.ids[0], written.ids[12_345], written.ids[-1]):
+        events, stats = reader.by_msg_id(mid, now_ms=NOW)
+        expected = written.store.by_msg_id(mid)
+        assert events == expected
+        assert [e["trace_type"] for e in events] == ["Pub", "SubBefore"]
+        # every file of the window is listed, but only the row groups whose msgId range holds
+        # the id are read: far fewer than all of them
+        all_groups = sum(pq.ParquetFile(p).metadata.num_row_groups for p in written.lake.files())
+        assert stats.files_listed >= 2
+        assert stats.row_groups <= 4 < all_groups
+    # files are written sorted by msgId in row groups of ROW_GROUP_ROWS
+    path = written.lake.files()[0]
+    ids = pq.read_table(path, columns=["msg_id"])["msg_id"].to_pylist()
+    assert ids == sorted(ids)
+    assert pq.ParquetFile(path).metadata.row_group(0).num_rows <= ROW_GROUP_ROWS
+
+
+def test_a_miss_reads_no_row_group_and_the_window_bounds_the_consume_events(
+    written: Lake,
+) -> None:
+    reader = lookup(written)
+    absent = msg_id(T0 + HOUR + 5, 0xFFFFFF)  # inside the window, inside no file's range
+    events, stats = reader.by_msg_id(absent, now_ms=NOW)
+    assert events == []
+    assert stats.row_groups <= 2
+    # a window of one hour does not reach the consume events written two hours later
+    short = lookup(written, window_hours=1)
+    events, _ = short.by_msg_id(written.ids[0], now_ms=NOW)
+    assert [e["trace_type"] for e in events] == ["Pub"]
+    # not a msgId (no creation time): nothing, no error
+    assert reader.by_msg_id("not-an-id", now_ms=NOW)[0] == []
+
+
+def test_compacted_and_overlapping_files_give_each_event_once(tmp_path: Path) -> None:
+    written = Lake(tmp_path)
+    written.write(300, T0 + HOUR, 1000)
+    written.write(300, T0 + HOUR + 300_000, 1000)
+    mid = written.ids[7]
+    expected = written.store.by_msg_id(mid)
+    assert written.lake.compact(NOW) >= 1
+    reader = lookup(written)
+    assert reader.by_msg_id(mid, now_ms=NOW)[0] == expected
+    # an old owner's late copy of a part file overlapping the compacted one: read once
+    [compacted] = [p for p in written.lake.files() if p.name.startswith("compacted-")][:1]
+    copy = compacted.parent / lake_contract.part_name(TOPIC, 0, 0, 1)
+    copy.write_bytes(compacted.read_bytes())
+    assert reader.by_msg_id(mid, now_ms=NOW)[0] == expected
+    written.store.close()
+
+
+def test_key_and_topic_searches_list_like_the_store(written: Lake) -> None:
+    reader = lookup(written)
+    n = 20_001 % 24_000
+    key = f"order-{n}"
+    items, _ = reader.by_key(key, now_ms=NOW, begin=T0, end=T0 + 10 * HOUR)
+    expected, _ = written.store.by_key(key, begin=T0, end=T0 + 10 * HOUR)
+    assert items == expected and len(items) == 1
+    assert reader.by_key("rder-20001", begin=T0, end=T0 + 10 * HOUR, now_ms=NOW)[0] == []
+    begin, end = T0 + HOUR, T0 + 3 * HOUR
+    items, stats = reader.messages("orders", begin=begin, end=end, limit=100, now_ms=NOW)
+    expected, _ = written.store.messages("orders", begin=begin, end=end, limit=100)
+    assert items == expected
+    # the newest hour filled the page: older hours were not read
+    assert stats.hours == 1
+    # the shared key: newest first, limit honoured
+    items, _ = reader.by_key("shared", topic="payments", begin=T0, end=end, limit=5, now_ms=NOW)
+    assert [i["msg_id"] for i in items] == [
+        i["msg_id"] for i in written.store.by_key("shared", topic="payments", end=end, limit=5)[0]
+    ]
