@@ -1,9 +1,10 @@
 """Lake look-ups (the fallback when the live stores miss): the window a msgId's creation time
-gives, row-group pruning by msgId statistics, and answers equal to the store's, on real
-Parquet files written by the collector's lake writer."""
+gives, row-group pruning by msgId statistics, and answers equal to the store's; backfill of a
+taken-over partition; on real Parquet files written by the collector's lake writer."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from tracemq import lake as lake_contract
 from tracemq.trace import MessageType, TraceBean, TraceContext, TraceType, encode_many
+from tracemq_collector.backfill import Backfill, record_of
 from tracemq_collector.events import rows_from_record
 from tracemq_collector.lake import ROW_GROUP_ROWS, TraceLake
 from tracemq_collector.lake_lookup import (
@@ -202,3 +204,72 @@ def test_key_and_topic_searches_list_like_the_store(written: Lake) -> None:
     assert [i["msg_id"] for i in items] == [
         i["msg_id"] for i in written.store.by_key("shared", topic="payments", end=end, limit=5)[0]
     ]
+
+
+# ---------------------------------------------------------------------------- backfill
+
+
+def test_every_lake_row_encodes_back_to_a_record_that_decodes_to_it(written: Lake) -> None:
+    table = pq.read_table(written.lake.files()[0])
+    rows = table.slice(0, 2000).to_pylist()
+    assert rows and all(record_of(row) is not None for row in rows)
+    # a row no record can carry (a field with the record separator) is refused, not mangled
+    bad = {**rows[0], "tags": "a\x02b"}
+    assert record_of(bad) is None
+
+
+def test_backfill_after_a_take_over_is_bounded_idempotent_and_never_rewrites_the_lake(
+    tmp_path: Path,
+) -> None:
+    old = Lake(tmp_path / "old")
+    old.write(400, T0 + HOUR, 1000)  # offsets 0..399, Pubs from 01:00, consumes from 03:00
+    old.write(400, T0 + 4 * HOUR, 1000)  # offsets 400..799
+    taken = Lake(tmp_path / "new")
+    taken.lake = TraceLake(old.lake.root, taken.store, segment_max_rows=24_000)
+    taken.offset = 800  # the new owner resumes at the committed offset
+    taken.write(10, T0 + 6 * HOUR, 1000)
+    # retention of the store: 2 h before NOW' = T0 + 6 h, so only events from 04:00 on
+    now = T0 + 6 * HOUR
+    backfill = Backfill(taken.store, taken.lake, retention_ms=2 * HOUR)
+    backfill.assign({(TOPIC, 0)})
+    assert backfill.snapshot()["pending"] == [f"{TOPIC}/0"]
+    assert backfill.run_next(now_ms=now)
+    snap = backfill.snapshot()
+    assert snap["done"] == [f"{TOPIC}/0"] and snap["pending"] == []
+    recent = old.ids[500]  # Pub at ~04:01: within retention
+    assert taken.store.by_msg_id(recent) == old.store.by_msg_id(recent)
+    assert taken.store.by_msg_id(old.ids[10]) == []  # older than retention: not copied
+    copied = snap["events_backfilled"]
+    assert copied == sum(
+        1 for e in old.store.events_in_range(TOPIC, 0, 0, 800) if e["timestamp"] >= now - 2 * HOUR
+    )
+    # a second take-over copies nothing again (the store's dedupe)
+    backfill.assign(set())
+    backfill.assign({(TOPIC, 0)})
+    assert backfill.run_next(now_ms=now)
+    assert backfill.snapshot()["events_backfilled"] == copied
+    # the new owner's lake writes start at its own progress: no event is in the lake twice
+    taken.write(5, T0 + 6 * HOUR + 20_000, 1000)
+    coords = Counter(
+        zip(
+            *(written_rows := taken.lake.read_all())
+            .select(["trace_offset", "trace_index"])
+            .to_pydict()
+            .values(),
+            strict=True,
+        )
+    )
+    assert written_rows.num_rows == 2 * 815 and max(coords.values()) == 1
+    old.store.close()
+    taken.store.close()
+
+
+def test_a_partition_waits_for_its_ingest_to_begin(tmp_path: Path) -> None:
+    lk = Lake(tmp_path)
+    backfill = Backfill(lk.store, lk.lake, retention_ms=HOUR)
+    backfill.assign({(TOPIC, 3)})
+    assert not backfill.run_next(now_ms=NOW)
+    assert backfill.snapshot()["pending"] == [f"{TOPIC}/3"]
+    backfill.assign(set())  # moved away before it began: no longer this collector's
+    assert backfill.snapshot()["pending"] == []
+    lk.store.close()

@@ -77,3 +77,23 @@ LAKE_LOOKUP_BYTES = Counter(
     "tracemq_collector_lake_lookup_bytes_total",
     "Compressed bytes of lake footers and row groups read by look-ups",
 )
+BACKFILL_EVENTS = Counter(
+    "tracemq_collector_backfill_events_total",
+    "Events copied from the lake into the store by backfills (new ones; already stored ones"
+    " are skipped by the store's dedupe)",
+)
+BACKFILL_PARTITIONS = Gauge(
+    "tracemq_collector_backfill_partitions",
+    "Owned trace partitions by backfill state (pending, done)",
+    ["state"],
+)
+BACKFILL_SKIPPED = Counter(
+    "tracemq_collector_backfill_skipped_total",
+    "Lake events a backfill did not store, by reason (not_reencodable: no trace record decodes"
+    " to the row)",
+    ["reason"],
+)
+BACKFILL_FAILURES = Counter(
+    "tracemq_collector_backfill_failures_total",
+    "Partition backfills that failed (lake unreadable); the partition stays pending",
+)

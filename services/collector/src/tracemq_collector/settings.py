@@ -65,6 +65,11 @@ class CollectorSettings(CommonSettings):
     collector_lake_readers: int = Field(
         4, ge=1, le=64, description="Lake look-ups that run at once (threads); more wait."
     )
+    collector_backfill: bool = Field(
+        True,
+        description="A trace partition this collector takes over (or owns on an empty disk) is "
+        "backfilled into its store from the lake, within retention, in the background.",
+    )
     collector_group: str = Field(
         "tracemq-collector", description="Kafka consumer group shared by all collectors."
     )
