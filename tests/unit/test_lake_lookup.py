@@ -264,12 +264,30 @@ def test_backfill_after_a_take_over_is_bounded_idempotent_and_never_rewrites_the
     taken.store.close()
 
 
-def test_a_partition_waits_for_its_ingest_to_begin(tmp_path: Path) -> None:
-    lk = Lake(tmp_path)
-    backfill = Backfill(lk.store, lk.lake, retention_ms=HOUR)
-    backfill.assign({(TOPIC, 3)})
-    assert not backfill.run_next(now_ms=NOW)
-    assert backfill.snapshot()["pending"] == [f"{TOPIC}/3"]
-    backfill.assign(set())  # moved away before it began: no longer this collector's
-    assert backfill.snapshot()["pending"] == []
-    lk.store.close()
+def test_an_idle_partition_taken_over_starts_its_lake_where_the_old_owner_stopped(
+    tmp_path: Path,
+) -> None:
+    old = Lake(tmp_path / "old")
+    old.write(300, T0 + HOUR, 1000)  # offsets 0..299
+    taken = Lake(tmp_path / "new")
+    taken.lake = TraceLake(old.lake.root, taken.store, segment_max_rows=24_000)
+    now = T0 + 6 * HOUR
+    backfill = Backfill(taken.store, taken.lake, retention_ms=24 * HOUR)
+    backfill.assign({(TOPIC, 0), (TOPIC, 1)})  # partition 1: nothing in the lake
+    assert backfill.run_next(now_ms=now) and backfill.run_next(now_ms=now)
+    snap = backfill.snapshot()
+    assert snap["done"] == [f"{TOPIC}/0", f"{TOPIC}/1"]
+    assert snap["events_backfilled"] == 600
+    assert taken.store.lake_progress() == {(TOPIC, 0): 300}
+    assert taken.store.by_msg_id(old.ids[0]) == old.store.by_msg_id(old.ids[0])
+    # ingest then resumes below the old owner's end (its commit lagged): nothing twice in the
+    # lake, and the events past the old owner's end are written
+    taken.offset = 290
+    taken.write(20, T0 + 5 * HOUR, 1000)
+    table = taken.lake.read_all()
+    offsets = Counter(
+        zip(table["trace_offset"].to_pylist(), table["trace_index"].to_pylist(), strict=True)
+    )
+    assert max(offsets.values()) == 1 and len(offsets) == 2 * 310
+    old.store.close()
+    taken.store.close()

@@ -16,9 +16,9 @@ Guarantees:
   no progress, so the store's ``UNIQUE (trace_topic, trace_partition, trace_offset,
   trace_index)`` and its pre-check skip every event already stored (by ingest, or by an
   earlier backfill), and nothing moves the partition's ingest progress.
-* **Never rewritten to the lake**: a partition is backfilled only after its lake progress is
-  set (the backfill flushes the partition once to set it), and only events *below* that
-  progress are copied; the lake writer only writes ranges from the progress on.
+* **Never rewritten to the lake**: a partition is backfilled only once its lake progress is
+  set (the backfill flushes the partition first, or starts its lake: see below), and only
+  events *below* that progress are copied; the lake writer only writes ranges from there on.
 * **Exact**: the store keeps a record's text, so each lake row is encoded back to its trace
   record (:func:`record_of`) and kept only if that record decodes to exactly the row's
   columns; a row that does not is skipped, counted (``not_reencodable``) and logged.
@@ -26,8 +26,10 @@ Guarantees:
   transactions of :data:`BATCH_EVENTS` events (ingest waits for one at most).
 
 A partition is backfilled at each take-over (also after a restart: already stored events are
-skipped, at the cost of reading the partition's files again). A partition whose ingest has not
-stored anything yet waits (pending) until it has.
+skipped, at the cost of reading the partition's files again). A partition taken over before
+its ingest stored anything (idle, or ingest still starting) gets its lake progress set to the
+end of the earlier owners' files first (:meth:`TraceStore.start_lake_at`, atomic against
+ingest's first batch), so it is backfilled at once and those offsets are not written twice.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from typing import Any
 
 import pyarrow.compute as pc
@@ -152,6 +155,8 @@ class Backfill:
         self._owned: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        # pending partitions that could not run this round (tried again next round)
+        self._waiting: set[tuple[str, int]] = set()
 
     def stop(self) -> None:
         """Make a running backfill return after its current batch (it stays pending)."""
@@ -186,12 +191,13 @@ class Backfill:
             metrics.BACKFILL_PARTITIONS.labels(state="done").set(len(self.state.done))
 
     def run_next(self, now_ms: int | None = None) -> bool:
-        """Backfill one pending partition whose ingest has begun; False when none is ready.
-        An I/O error leaves the partition pending (logged, counted)."""
-        progress = self.store.progress()
+        """Backfill one pending partition; False when none could be (nothing pending, or the
+        partition's lake progress is not settled yet). An I/O error leaves the partition
+        pending (logged, counted)."""
         with self._lock:
-            ready = sorted(k for k in self.state.pending if k in progress)
+            ready = sorted(self.state.pending - self._waiting)
             if not ready:
+                self._waiting.clear()  # each waiting partition is tried again next round
                 return False
             key = ready[0]
             self.state.running = key
@@ -212,9 +218,13 @@ class Backfill:
             with self._lock:
                 self.state.failures += 1
                 self.state.running = None
+                self._waiting.add(key)
             return False
         with self._lock:
             self.state.running = None
+            if copied is None:
+                self._waiting.add(key)
+                return False
             if key in self.state.pending:
                 self.state.pending.discard(key)
                 self.state.done.add(key)
@@ -222,13 +232,25 @@ class Backfill:
         log.info("partition backfilled", trace_topic=key[0], partition=key[1], events=copied)
         return True
 
-    def _partition(self, key: tuple[str, int], now_ms: int) -> int:
+    def _partition(self, key: tuple[str, int], now_ms: int) -> int | None:
+        """Events copied; None when the partition must wait (its lake progress unsettled)."""
         topic, partition = key
-        self.writer.flush(topic, partition)  # the lake progress is what bounds the copy
+        cutoff = now_ms - self.retention_ms
+        dirs = {d: self._files(d, key) for d in self._hour_dirs(cutoff, now_ms)}
+        if key in self.store.progress():
+            self.writer.flush(topic, partition)  # the lake progress is what bounds the copy
+        else:
+            # Taken over, nothing ingested yet (an idle partition, or ingest still starting):
+            # the lake holds the earlier owners' events up to the end of their files; the
+            # lake continues from there (unless ingest's first batch got in first).
+            ends = [lake.parse_file_name(PurePosixPath(p).name) for f in dirs.values() for p in f]
+            if not any(ends):
+                return 0  # the lake holds nothing of it within retention
+            end = max(n.end for n in ends if n is not None)
+            self.store.start_lake_at(topic, partition, end)
         below = self.store.lake_progress().get(key)
         if below is None:
-            return 0
-        cutoff = now_ms - self.retention_ms
+            return None
         where = (
             (pc.field("trace_offset") < below)
             & (pc.field("timestamp") >= cutoff)
@@ -236,8 +258,8 @@ class Backfill:
             & (pc.field("trace_topic") == topic)
         )
         copied = 0
-        for directory in self._hour_dirs(cutoff, now_ms):
-            files = self._files(directory, key, below)
+        for directory, listed in sorted(dirs.items()):
+            files = [p for p in listed if _start(p) < below]
             if not files:
                 continue
             try:
@@ -246,7 +268,7 @@ class Backfill:
                 )
             except FileNotFoundError:
                 # compacted since the listing: list again once
-                files = self._files(directory, key, below)
+                files = [p for p in self._files(directory, key) if _start(p) < below]
                 table = ds.dataset(files, format="parquet", filesystem=self.fs).to_table(
                     columns=list(lake.COLUMN_NAMES), filter=where
                 )
@@ -301,9 +323,9 @@ class Backfill:
                     out.append(f"{self.root}/{info.base_name}/{hour.base_name}")
         return sorted(out)
 
-    def _files(self, directory: str, key: tuple[str, int], below: int) -> list[str]:
-        """The live files of ``directory`` named for partition ``key`` that start below
-        ``below`` (the compaction rule applied; a compacted file's footer lists its sources)."""
+    def _files(self, directory: str, key: tuple[str, int]) -> list[str]:
+        """The live files of ``directory`` named for partition ``key`` (the compaction rule
+        applied; a compacted file's footer lists its sources)."""
         names: dict[str, list[str]] = {}
         for info in self.fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True)):
             parsed = lake.parse_file_name(info.base_name)
@@ -311,7 +333,6 @@ class Backfill:
                 info.type != pafs.FileType.File
                 or parsed is None
                 or (parsed.topic, parsed.partition) != key
-                or parsed.start >= below
             ):
                 continue
             try:
@@ -323,6 +344,11 @@ class Backfill:
             except FileNotFoundError:
                 continue  # compacted away since the listing; its successor is listed
         return lake.live_files(names)[0]
+
+
+def _start(path: str) -> int:
+    parsed = lake.parse_file_name(PurePosixPath(path).name)
+    return -1 if parsed is None else parsed.start
 
 
 class _Stopped(Exception):
