@@ -125,9 +125,9 @@ def build(lake_dir: Path, events: int, hours: float, seed: int) -> dict[str, Any
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     for variant in ("parts", "compacted"):
-        files = [f for f in (lake_dir / variant).rglob("*.parquet")]
-        meta[f"{variant}_files"] = len(files)
-        meta[f"{variant}_bytes"] = sum(f.stat().st_size for f in files)
+        parquet = list((lake_dir / variant).rglob("*.parquet"))
+        meta[f"{variant}_files"] = len(parquet)
+        meta[f"{variant}_bytes"] = sum(f.stat().st_size for f in parquet)
     (lake_dir / META).write_text(json.dumps(meta))
     return meta
 
