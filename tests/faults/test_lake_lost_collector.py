@@ -6,6 +6,7 @@ its store for them from the lake (visible in ``/healthz`` and in its store)."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import sqlite3
 import time
@@ -165,14 +166,21 @@ async def test_a_lost_collectors_messages_are_found_from_the_lake_and_backfilled
     # Through either survivor: by msgId, key, topic and time, every lost message.
     survivors_have = _pubs(stores[0], topic) | _pubs(stores[1], topic)
     sources: dict[str, str] = {}
-    for i, msg_id in enumerate(sorted(lost)):
+    slots = asyncio.Semaphore(8)  # a few look-ups at once: a client's concurrency, bounded
+
+    async def look_up(i: int, msg_id: str) -> None:
         base = _api(trio[i % 2])
-        status, body = await ahttp(f"{base}/api/v1/traces/{msg_id}")
-        assert status == 200, (msg_id, status, body)
-        sources[msg_id] = body["source"]
-        assert body["topic"] == topic and "Pub" in {e["trace_type"] for e in body["events"]}
-        status, found = await ahttp(f"{base}/api/v1/traces?key={urllib.parse.quote(keys[msg_id])}")
-        assert status == 200 and [item["msg_id"] for item in found["items"]] == [msg_id], found
+        async with slots:
+            status, body = await ahttp(f"{base}/api/v1/traces/{msg_id}")
+            assert status == 200, (msg_id, status, body)
+            sources[msg_id] = body["source"]
+            assert body["topic"] == topic and "Pub" in {e["trace_type"] for e in body["events"]}
+            status, found = await ahttp(
+                f"{base}/api/v1/traces?key={urllib.parse.quote(keys[msg_id])}"
+            )
+            assert status == 200 and [item["msg_id"] for item in found["items"]] == [msg_id]
+
+    await asyncio.gather(*(look_up(i, m) for i, m in enumerate(sorted(lost))))
     # answers from the lake, unless a survivor re-ingested the message after the take-over
     assert {m for m, src in sources.items() if src == "store"} <= survivors_have
     from_lake = {m for m, src in sources.items() if src == "lake"}
