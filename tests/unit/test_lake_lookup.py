@@ -4,8 +4,10 @@ taken-over partition; on real Parquet files written by the collector's lake writ
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -291,3 +293,83 @@ def test_an_idle_partition_taken_over_starts_its_lake_where_the_old_owner_stoppe
     assert max(offsets.values()) == 1 and len(offsets) == 2 * 310
     old.store.close()
     taken.store.close()
+
+
+# ---------------------------------------------------------------------------- the API
+
+
+def recent_id(created_ms: int, n: int) -> str:
+    month = datetime.fromtimestamp(created_ms / 1000, UTC).replace(
+        day=1, hour=0, minute=0, second=0, microsecond=0
+    )
+    offset = created_ms - int(month.timestamp() * 1000)
+    return f"0A000001006400{n >> 16:06X}{offset:08X}{n & 0xFFFF:04X}"
+
+
+async def test_the_api_answers_from_the_lake_what_the_store_lacks(tmp_path: Path) -> None:
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+    from prometheus_client import REGISTRY
+    from tracemq_collector.api import add_routes
+    from tracemq_collector.queries import Queries
+
+    now = int(time.time() * 1000)
+    lk = Lake(tmp_path / "lake-writer")
+    rows: list[dict[str, Any]] = []
+    for n in range(3):  # three messages a minute apart, ten minutes ago
+        ts = now - 600_000 + n * 60_000
+        mid = recent_id(ts, n)
+        lk.ids.append(mid)
+        value = encode_many(contexts(mid, ts, n)[:1]).data.encode()
+        rows += rows_from_record(TOPIC, 0, n, value, now)[0]
+    lk.store.write_batch(rows, [], {(TOPIC, 0): 3})
+    lk.lake.flush(TOPIC, 0)
+    # this collector's own store holds only the last message (its disk had the rest)
+    with TraceStore(tmp_path / "own.db") as own:
+        own.write_batch(rows[2:], [], {(TOPIC, 0): 3})
+
+        def lookups(source: str) -> float:
+            value = REGISTRY.get_sample_value(
+                "tracemq_collector_lookups_total", {"kind": "msg_id", "source": source}
+            )
+            return value or 0.0
+
+        for with_lake in (False, True):
+            reader = LakeLookup(None, lk.lake.root, window_hours=24, max_search_hours=24)
+            q = Queries(
+                own,
+                redis=None,
+                prefix="t:",
+                self_url="http://self:1",
+                token=None,
+                fanout_timeout_s=0.5,
+                lake=reader if with_lake else None,
+            )
+            app = web.Application()
+            add_routes(app, q, None)
+            client = TestClient(TestServer(app))
+            await client.start_server()
+            try:
+                before = lookups("lake")
+                resp = await client.get(f"/api/v1/traces/{lk.ids[0]}")
+                if not with_lake:
+                    assert resp.status == 404  # the old answer: gone with the disk
+                    continue
+                view = await resp.json()
+                assert (resp.status, view["source"]) == (200, "lake"), view
+                assert [e["msg_id"] for e in view["events"]] == [lk.ids[0]]
+                assert lookups("lake") == before + 1
+                resp = await client.get(f"/api/v1/traces/{lk.ids[2]}")
+                assert (await resp.json())["source"] == "store"
+                listing = await (await client.get("/api/v1/messages?topic=payments")).json()
+                found = {i["msg_id"]: i.get("source") for i in listing["items"]}
+                # the store's message as it was, the others completed from the lake
+                assert found == {lk.ids[0]: "lake", lk.ids[2]: None}
+                by_key = await (await client.get("/api/v1/traces?key=order-1")).json()
+                assert [(i["msg_id"], i["source"]) for i in by_key["items"]] == [
+                    (lk.ids[1], "lake")
+                ]
+            finally:
+                await client.close()
+                await q.close()
+    lk.store.close()
