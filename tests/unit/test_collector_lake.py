@@ -15,7 +15,13 @@ import pytest
 from tracemq import lake as lake_contract
 from tracemq.trace import MessageType, TraceBean, TraceContext, TraceType, encode_many
 from tracemq_collector.events import rows_from_record
-from tracemq_collector.lake import COMPACTED_FROM_KEY, SORT_KEYS, TMP_MAX_AGE_S, TraceLake
+from tracemq_collector.lake import (
+    COMPACTED_FROM_KEY,
+    FILE_SORT_KEYS,
+    SORT_KEYS,
+    TMP_MAX_AGE_S,
+    TraceLake,
+)
 from tracemq_collector.store import TraceStore
 
 TOPIC = "RMQ_SYS_TRACE_TOPIC"
@@ -316,8 +322,11 @@ def test_compaction_leaves_one_file_per_closed_hour_with_the_same_rows(
     [path] = list(compacted.iterdir())
     assert path.name == f"compacted-{TOPIC}-00000-{0:020d}-{6:020d}-00003.parquet"
     table = pq.read_table(path)
-    keys = list(zip(*(table[k].to_pylist() for k in SORT_KEYS), strict=True))
+    # sorted by msgId (what look-ups prune row groups by), each event once
+    keys = list(zip(*(table[k].to_pylist() for k in FILE_SORT_KEYS), strict=True))
     assert keys == sorted(keys)
+    coords = list(zip(*(table[k].to_pylist() for k in SORT_KEYS), strict=True))
+    assert len(set(coords)) == len(coords)
     metadata = pq.read_schema(path).metadata
     assert metadata[lake_contract.METADATA_KEY] == str(lake_contract.SCHEMA_VERSION).encode()
     assert len(json.loads(metadata[COMPACTED_FROM_KEY])) == 3

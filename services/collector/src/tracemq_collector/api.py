@@ -25,6 +25,7 @@ from aiohttp import web
 from redis.exceptions import RedisError
 from tracemq.message_id import decode_offset_msg_id
 
+from tracemq_collector import metrics
 from tracemq_collector.errors import BadParameter
 from tracemq_collector.events import MAX_TIMESTAMP_MS
 from tracemq_collector.groups import GroupHealth, UnknownGroup, add_outcomes
@@ -204,12 +205,22 @@ async def get_trace(req: web.Request) -> web.Response:
         if real is not None:
             events, failed = await q.trace_events(real, local=local)
             msg_id, found_by = real, "offset_msg_id"
+    source = "store"
+    if events:
+        if not local:
+            metrics.LOOKUPS.labels(kind="msg_id", source="store").inc()
+    elif not local:
+        # No live store knows it (its collector lost its disk, or retention passed): the lake.
+        events = await q.lake_trace(msg_id)
+        source = "lake"
     if not events:
         return _error(404, f"no trace for msgId {msg_id}", peers_failed=failed)
     body = build_view(msg_id, events)
     if found_by == "offset_msg_id":
         body["offset_msg_id_query"] = _offset_place(raw.upper())
-    return web.json_response({**body, "found_by": found_by, "peers_failed": failed})
+    return web.json_response(
+        {**body, "found_by": found_by, "source": source, "peers_failed": failed}
+    )
 
 
 def _offset_place(offset_msg_id: str) -> dict[str, Any]:

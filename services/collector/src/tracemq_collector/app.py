@@ -24,9 +24,11 @@ from tracemq.trace import AsyncTraceDispatcher
 
 from tracemq_collector import metrics
 from tracemq_collector.api import add_routes
+from tracemq_collector.backfill import Backfill
 from tracemq_collector.groups import GroupHealth
 from tracemq_collector.ingest import Ingestor
 from tracemq_collector.lake import TraceLake, lake_filesystem
+from tracemq_collector.lake_lookup import LakeLookup
 from tracemq_collector.otlp import OtlpReceiver
 from tracemq_collector.queries import Queries, sign_registration
 from tracemq_collector.settings import CollectorSettings
@@ -37,6 +39,8 @@ log = get_logger("collector")
 REGISTER_INTERVAL_S = 10.0
 RETENTION_INTERVAL_S = 60.0
 COMPACT_INTERVAL_S = 600.0
+#: How often the backfill looks for newly owned partitions when it has nothing to do.
+BACKFILL_INTERVAL_S = 1.0
 #: The producer group of the trace records made from OTLP spans
 OTLP_GROUP = "tracemq-collector-otlp"
 #: Trace contexts waiting for the trace topic (an OTLP batch of 512 consume spans makes 1024)
@@ -69,6 +73,10 @@ class Collector:
         self.keys = RedisKeys(settings.redis_prefix)
         self.routes = RouteCache(settings.redis_url, prefix=settings.redis_prefix)
         self.ingestor = Ingestor(settings, self.store, self.lake, self.routes, self.writer)
+        self.backfill = Backfill(
+            self.store, self.lake, int(settings.collector_retention_days * 86_400_000)
+        )
+        self._backfill_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="backfill")
         self.queries = Queries(
             self.store,
             redis=self.redis,
@@ -76,6 +84,17 @@ class Collector:
             self_url=settings.api_url,
             token=settings.collector_api_token,
             fanout_timeout_s=settings.collector_fanout_timeout_ms / 1000,
+            lake=(
+                LakeLookup(
+                    self.lake.fs,
+                    self.lake.root.as_posix(),
+                    window_hours=settings.collector_lake_lookup_hours,
+                    max_search_hours=settings.collector_lake_search_hours,
+                )
+                if settings.collector_lake_lookup
+                else None
+            ),
+            lake_readers=settings.collector_lake_readers,
         )
         self.groups = GroupHealth(
             self.queries,
@@ -129,6 +148,8 @@ class Collector:
         self._tasks.spawn(self._retention_loop(), name="collector-retention")
         self._tasks.spawn(self._compaction_loop(), name="collector-compaction")
         self._tasks.spawn(self.groups.run_sampler(), name="collector-group-sampler")
+        if self.settings.collector_backfill:
+            self._tasks.spawn(self._backfill_loop(), name="collector-backfill")
         log.info(
             "collector started",
             api=self.settings.api_url,
@@ -136,7 +157,9 @@ class Collector:
         )
 
     async def stop(self) -> None:
+        self.backfill.stop()
         await self._tasks.aclose()
+        self._backfill_pool.shutdown(wait=True)  # a running backfill returns after its batch
         await self._unregister()
         await self.otlp_dispatcher.shutdown()
         await self.ingestor.stop()  # flushes the lake and commits
@@ -167,6 +190,8 @@ class Collector:
             "lake": self.settings.lake_uri(),
             # a reset recovered from a lost log (ok stays true), but the operator must see it
             "offset_resets": self.ingestor.offset_resets(),
+            # partitions taken over: copying their earlier events from the lake into the store
+            "backfill": self.backfill.snapshot(),
         }
 
     async def _register(self) -> None:
@@ -210,6 +235,24 @@ class Collector:
                 if not deleted:
                     break
                 await asyncio.sleep(0)
+
+    def _owned(self) -> set[tuple[str, int]]:
+        return {
+            (tp.topic, tp.partition) for c in self.ingestor.clusters.values() for tp in c.assigned
+        }
+
+    async def _backfill_loop(self) -> None:
+        """Backfill newly owned partitions one at a time, in a thread of their own."""
+        loop = asyncio.get_running_loop()
+        while True:
+            self.backfill.assign(self._owned())
+            try:
+                worked = await loop.run_in_executor(self._backfill_pool, self.backfill.run_next)
+            except Exception as exc:  # the loop must outlive any one partition's failure
+                log.warning("backfill round failed", error=repr(exc)[:300])
+                worked = False
+            if not worked:
+                await asyncio.sleep(BACKFILL_INTERVAL_S)
 
     async def _compaction_loop(self) -> None:
         while True:

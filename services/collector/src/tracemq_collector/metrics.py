@@ -59,3 +59,41 @@ OTLP_SUBSCRIPTION_FAILURES = Counter(
     "Writes of OTLP-seen consumer groups to the subscription history that failed (retried with"
     " the next request)",
 )
+LOOKUPS = Counter(
+    "tracemq_collector_lookups_total",
+    "Look-ups answered (kind: msg_id, key, messages) by where the answer came from: store (the"
+    " live stores: this collector's and its peers'), lake (the live stores missed, the lake"
+    " found it or added items), miss (neither), lake_error (the lake could not be read)",
+    ["kind", "source"],
+)
+LAKE_LOOKUP_SECONDS = Histogram(
+    "tracemq_collector_lake_lookup_seconds", "Time of a look-up in the lake", ["kind"]
+)
+LAKE_LOOKUP_FILES = Counter(
+    "tracemq_collector_lake_lookup_files_total",
+    "Lake files opened by look-ups (footers and row groups)",
+)
+LAKE_LOOKUP_BYTES = Counter(
+    "tracemq_collector_lake_lookup_bytes_total",
+    "Compressed bytes of lake footers and row groups read by look-ups",
+)
+BACKFILL_EVENTS = Counter(
+    "tracemq_collector_backfill_events_total",
+    "Events copied from the lake into the store by backfills (new ones; already stored ones"
+    " are skipped by the store's dedupe)",
+)
+BACKFILL_PARTITIONS = Gauge(
+    "tracemq_collector_backfill_partitions",
+    "Owned trace partitions by backfill state (pending, done)",
+    ["state"],
+)
+BACKFILL_SKIPPED = Counter(
+    "tracemq_collector_backfill_skipped_total",
+    "Lake events a backfill did not store, by reason (not_reencodable: no trace record decodes"
+    " to the row)",
+    ["reason"],
+)
+BACKFILL_FAILURES = Counter(
+    "tracemq_collector_backfill_failures_total",
+    "Partition backfills that failed (lake unreadable); the partition stays pending",
+)

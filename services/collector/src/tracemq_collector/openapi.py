@@ -74,6 +74,11 @@ _VIEW = {
             "enum": ["msg_id", "offset_msg_id"],
             "description": "what the id asked for was: the msgId, or an offsetMsgId",
         },
+        "source": {
+            "enum": ["store", "lake"],
+            "description": "where the events came from: a live collector's store, or (none had "
+            "them) the trace lake",
+        },
         "offset_msg_id_query": {
             "type": "object",
             "description": "with found_by=offset_msg_id: the place the offsetMsgId decodes to",
@@ -192,6 +197,11 @@ _LIST = {
                     "timestamp": {"type": "integer"},
                     "keys": {"type": ["string", "null"]},
                     "tags": {"type": ["string", "null"]},
+                    "source": {
+                        "const": "lake",
+                        "description": "present on an item the live stores lacked, read from "
+                        "the trace lake to complete a first page",
+                    },
                     "outcomes": {
                         "type": "array",
                         "description": "with outcomes=1: per consumer group, what happened to "

@@ -19,6 +19,15 @@ the network, so neither is trusted:
 Every skipped registration and failed or partly dropped answer is named in the answer's
 ``peers_failed`` (``{"peer", "reason", "error"}``), counted in
 ``tracemq_collector_peer_failures_total{reason}`` and logged; the local part is always answered.
+
+**The lake fallback.** A look-up the live stores miss (a client's, never a peer's ``local``
+one) is answered from the lake when the collector has one (:mod:`tracemq_collector.lake_lookup`):
+a msgId none of them knows (:meth:`Queries.lake_trace`), and a first listing page they cannot
+fill (no further page, fewer items than asked), which the lake's items complete (merged by
+msgId, the live stores' item first). Lake reads run in a pool of their own, at most
+``lake_readers`` at once (the others wait on the event loop, never in it); an unreadable lake
+is logged and counted and answers nothing. Every look-up is counted by where its answer came
+from (``tracemq_collector_lookups_total{kind,source}``).
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 import aiohttp
+import pyarrow as pa
 import redis.asyncio as aioredis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from redis.exceptions import RedisError
@@ -44,6 +54,7 @@ from tracemq.routing.keys import RedisKeys
 from tracemq_collector import metrics
 from tracemq_collector.errors import BadCursor, PeerFailure
 from tracemq_collector.events import MAX_FIELD_CHARS
+from tracemq_collector.lake_lookup import LakeLookup, LookupStats
 from tracemq_collector.store import TraceStore
 
 log = get_logger("collector.queries")
@@ -188,6 +199,8 @@ class Queries:
         token: str | None,
         fanout_timeout_s: float,
         readers: int = 4,
+        lake: LakeLookup | None = None,
+        lake_readers: int = 4,
     ) -> None:
         self.store = store
         self.redis = redis
@@ -197,11 +210,58 @@ class Queries:
         self.fanout_timeout_s = fanout_timeout_s
         self._pool = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="store-read")
         self._session: aiohttp.ClientSession | None = None
+        self.lake = lake
+        self._lake_pool = ThreadPoolExecutor(
+            max_workers=lake_readers, thread_name_prefix="lake-read"
+        )
+        self._lake_slots = asyncio.Semaphore(lake_readers)
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._lake_pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _in_lake(
+        self, kind: str, fn: Any, *args: Any, **kw: Any
+    ) -> list[dict[str, Any]] | None:
+        """``fn``'s items (a :class:`LakeLookup` method), or None when the lake could not be
+        read (logged, counted as ``lake_error``)."""
+        loop = asyncio.get_running_loop()
+        async with self._lake_slots:
+            started = time.perf_counter()
+            try:
+                items, stats = await loop.run_in_executor(self._lake_pool, lambda: fn(*args, **kw))
+            except (OSError, ValueError, pa.ArrowException) as exc:
+                metrics.LOOKUPS.labels(kind=kind, source="lake_error").inc()
+                log.warning("lake look-up failed", kind=kind, error=repr(exc)[:300])
+                return None
+            finally:
+                metrics.LAKE_LOOKUP_SECONDS.labels(kind=kind).observe(time.perf_counter() - started)
+        _count_read(stats)
+        log.debug(
+            "lake look-up",
+            kind=kind,
+            found=len(items),
+            hours=stats.hours,
+            files_listed=stats.files_listed,
+            files_read=stats.files_read,
+            bytes_read=stats.bytes_read,
+            ms=round(stats.elapsed_ms, 1),
+        )
+        return items  # type: ignore[no-any-return]
+
+    async def lake_trace(self, msg_id: str) -> list[dict[str, Any]]:
+        """The events of ``msg_id`` in the lake (call after the live stores missed it); counts
+        the look-up (``lake`` or ``miss``)."""
+        if self.lake is None:
+            metrics.LOOKUPS.labels(kind="msg_id", source="miss").inc()
+            return []
+        events = await self._in_lake("msg_id", self.lake.by_msg_id, msg_id)
+        if events is None:
+            return []
+        metrics.LOOKUPS.labels(kind="msg_id", source="lake" if events else "miss").inc()
+        return events
 
     async def _local(self, fn: Any, *args: Any, **kw: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -377,13 +437,41 @@ class Queries:
                 next_cursors[target] = nxt
 
         await asyncio.gather(*(one(t) for t in targets))
-        seen: set[str] = set()
-        merged = []
-        for item in sorted(results, key=lambda r: r["timestamp"], reverse=True):
-            if item["msg_id"] not in seen:
-                seen.add(item["msg_id"])
-                merged.append(item)
+        merged = _by_msg_id(results)
+        kind_name = "key" if kind == "key" else "messages"
+        if cursor is None and not next_cursors and len(merged) < limit and self.lake is not None:
+            # The live stores cannot fill the first page: what the lake holds completes it
+            # (a lost collector's messages, ones older than retention).
+            lake_fn = self.lake.by_key if kind == "key" else self.lake.messages
+            found = await self._in_lake(kind_name, lake_fn, first, limit=limit, **params)
+            known = {item["msg_id"] for item in merged}
+            extra = [
+                {**item, "source": "lake"} for item in found or [] if item["msg_id"] not in known
+            ]
+            if found is not None:
+                metrics.LOOKUPS.labels(
+                    kind=kind_name, source="lake" if extra else "store" if merged else "miss"
+                ).inc()
+            merged = _by_msg_id(merged + extra)[:limit]
+        else:
+            metrics.LOOKUPS.labels(kind=kind_name, source="store" if merged else "miss").inc()
         return merged, (_encode_multi(next_cursors) if next_cursors else None), failed
+
+
+def _by_msg_id(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``items`` newest first, each msgId once (the first of equal timestamps kept)."""
+    seen: set[str] = set()
+    merged = []
+    for item in sorted(items, key=lambda r: r["timestamp"], reverse=True):
+        if item["msg_id"] not in seen:
+            seen.add(item["msg_id"])
+            merged.append(item)
+    return merged
+
+
+def _count_read(stats: LookupStats) -> None:
+    metrics.LAKE_LOOKUP_FILES.inc(stats.files_read)
+    metrics.LAKE_LOOKUP_BYTES.inc(stats.bytes_read)
 
 
 def _first_error(exc: ValidationError) -> str:

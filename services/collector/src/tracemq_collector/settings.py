@@ -42,6 +42,34 @@ class CollectorSettings(CommonSettings):
     collector_lake_s3_virtual_addressing: bool = Field(
         False, description="Virtual-host-style S3 requests (default path-style)."
     )
+    collector_lake_lookup: bool = Field(
+        True,
+        description="Look-ups the live stores miss (by msgId, key, topic and time) are answered "
+        "from the lake.",
+    )
+    collector_lake_lookup_hours: int = Field(
+        24,
+        ge=1,
+        le=31 * 24,
+        description="Hours after a msgId's creation its events are looked for in the lake "
+        "(consume events come later: retries, lagging groups; RocketMQ's 16 retries span "
+        "about 4 h 46 min).",
+    )
+    collector_lake_search_hours: int = Field(
+        24,
+        ge=1,
+        le=31 * 24,
+        description="Hours of the lake a key or topic search reads at most (the newest of the "
+        "asked range).",
+    )
+    collector_lake_readers: int = Field(
+        4, ge=1, le=64, description="Lake look-ups that run at once (threads); more wait."
+    )
+    collector_backfill: bool = Field(
+        True,
+        description="A trace partition this collector takes over (or owns on an empty disk) is "
+        "backfilled into its store from the lake, within retention, in the background.",
+    )
     collector_group: str = Field(
         "tracemq-collector", description="Kafka consumer group shared by all collectors."
     )

@@ -1063,6 +1063,27 @@ class TraceStore:
             full_sync=True,
         )
 
+    def start_lake_at(self, trace_topic: str, partition: int, next_offset: int) -> bool:
+        """Set a partition's lake progress to ``next_offset`` unless the store or the lake
+        already has progress for it; return whether it did. For a partition taken over before
+        its ingest stored anything, whose events below ``next_offset`` an earlier owner wrote
+        to the lake: one transaction, so ingest's first batch either came first (nothing is
+        set) or finds the lake starting there (and does not write those offsets again)."""
+
+        def body(c: sqlite3.Connection) -> bool:
+            for table in ("progress", "lake_progress"):
+                if c.execute(
+                    f"SELECT 1 FROM {table} WHERE trace_topic = ? AND partition = ?",  # noqa: S608
+                    (trace_topic, partition),
+                ).fetchone():
+                    return False
+            c.execute(
+                _UPSERT_OFFSET.format(table="lake_progress"), (trace_topic, partition, next_offset)
+            )
+            return True
+
+        return self._write(body, full_sync=True)
+
     def begin_lake_segment(self, trace_topic: str, partition: int, start: int, end: int) -> None:
         """Record durably that lake files for offsets ``[start, end)`` are about to be written."""
         if start > end:
