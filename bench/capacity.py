@@ -189,6 +189,20 @@ class Rates:
         return cls(**values, sources=sources)
 
 
+def merge_summaries(summaries: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """One summary of several: a later one's benches replace an earlier one's (only benches
+    that ran ok replace: a failed rerun does not hide an earlier figure)."""
+    out = dict(summaries[0])
+    benches = dict(out["benches"])
+    for s in summaries[1:]:
+        for name, run in s["benches"].items():
+            if run["status"] == "ok" or name not in benches:
+                benches[name] = run
+    out["benches"] = benches
+    out["merged_from"] = [s.get("started") for s in summaries]
+    return out
+
+
 def _spark_cores(summary: Mapping[str, Any]) -> int:
     master = str(ra.dig(summary, "benches.reconcile.result.master") or "local[2]")
     inner = master.partition("[")[2].rstrip("]")
@@ -514,7 +528,13 @@ def print_plan(p: Plan) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--summary", type=Path, help="a make bench summary (default: run the benches)")
+    ap.add_argument(
+        "--summary",
+        type=Path,
+        action="append",
+        help="a make bench summary (default: run the benches); repeated, a later file's "
+        "benches replace an earlier one's (e.g. one bench rerun on its own)",
+    )
     ap.add_argument("--messages-per-day", type=float, default=Load.messages_per_day)
     ap.add_argument("--groups", type=int, default=Load.groups)
     ap.add_argument("--peak-factor", type=float, default=Load.peak_factor)
@@ -533,10 +553,13 @@ def main(argv: list[str] | None = None) -> int:
         summary, path = ra.run_all(ra.select(NEEDED, []), profile=args.profile, quiet=True)
         print(f"summary: {path}", flush=True)
     else:
-        try:
-            summary = json.loads(args.summary.read_text())
-        except (OSError, ValueError) as exc:
-            ap.error(f"--summary {args.summary}: {exc}")
+        loaded = []
+        for path in args.summary:
+            try:
+                loaded.append(json.loads(path.read_text()))
+            except (OSError, ValueError) as exc:
+                ap.error(f"--summary {path}: {exc}")
+        summary = merge_summaries(loaded)
     try:
         rates = Rates.from_summary(summary)
     except ModelError as exc:

@@ -825,8 +825,10 @@ def run_bench(
     profile: str,
     log_dir: Path,
     echo: Callable[[str], None] | None,
+    args: Sequence[str] | None = None,
 ) -> BenchRun:
-    """Run one bench as a subprocess; never raises for the bench's own failures."""
+    """Run one bench as a subprocess (``args``: instead of the profile's); never raises for
+    the bench's own failures."""
     if not spec.script.exists():
         where = (
             spec.script.relative_to(REPO_ROOT)
@@ -834,7 +836,7 @@ def run_bench(
             else spec.script
         )
         return BenchRun(spec.name, "skipped", reason=f"{where} does not exist yet")
-    args = spec.args(profile)
+    args = list(args) if args is not None else spec.args(profile)
     notes: list[str] = []
     if spec.optional:
         accepted = _accepted_options(spec.script)
@@ -1051,14 +1053,32 @@ def select(only: Iterable[str], skip: Iterable[str]) -> list[BenchSpec]:
     return [b for b in BENCHES if (not only or b.name in only) and b.name not in skip]
 
 
+def parse_bench_args(items: Iterable[str]) -> dict[str, list[str]]:
+    """``["query=--events 10 --lookups 5"]`` -> ``{"query": ["--events", "10", ...]}``."""
+    import shlex
+
+    out: dict[str, list[str]] = {}
+    for item in items:
+        name, sep, rest = item.partition("=")
+        if not sep or name not in BENCH_NAMES:
+            raise ValueError(
+                f"expected NAME=ARGS with NAME one of {', '.join(BENCH_NAMES)}: {item!r}"
+            )
+        out[name] = shlex.split(rest)
+    return out
+
+
 def run_all(
     specs: Sequence[BenchSpec],
     *,
     profile: str = "quick",
     out_dir: Path = DEFAULT_OUT,
     quiet: bool = False,
+    bench_args: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[dict[str, Any], Path]:
-    """Run ``specs`` in order; write and return the summary and its path."""
+    """Run ``specs`` in order (``bench_args``: a bench's arguments instead of the profile's);
+    write and return the summary and its path."""
+    bench_args = bench_args or {}
     started = dt.datetime.now(dt.UTC)
     stamp = started.strftime("%Y-%m-%dT%H%M%SZ")
     log_dir = out_dir / stamp
@@ -1067,12 +1087,14 @@ def run_all(
     t0 = time.monotonic()
     runs: dict[str, BenchRun] = {}
     for i, spec in enumerate(specs, 1):
-        print(f"=== [{i}/{len(specs)}] {spec.name} {' '.join(spec.args(profile))}", flush=True)
+        args = bench_args.get(spec.name)
+        shown = " ".join(spec.args(profile) if args is None else args)
+        print(f"=== [{i}/{len(specs)}] {spec.name} {shown}", flush=True)
 
         def echo(line: str, name: str = spec.name) -> None:
             print(f"  {name:>16} | {line}", flush=True)
 
-        run = run_bench(spec, profile, log_dir, None if quiet else echo)
+        run = run_bench(spec, profile, log_dir, None if quiet else echo, args)
         runs[spec.name] = run
         print(
             f"=== {spec.name}: {run.status} in {run.wall_s:.0f} s"
@@ -1098,6 +1120,12 @@ def main() -> None:
         skip: list[str] = typer.Option([], help="skip this bench (repeatable)"),  # noqa: B008
         out_dir: Path = typer.Option(DEFAULT_OUT, help="where the summary and logs go"),  # noqa: B008
         quiet: bool = typer.Option(False, help="do not echo the benches' output"),
+        bench_args: list[str] = typer.Option(  # noqa: B008
+            [],
+            "--args",
+            help="NAME='ARGS': run bench NAME with ARGS instead of the profile's (repeatable), "
+            "e.g. --args 'query=--events 1000000 --lookups 100'",
+        ),
         show: Path | None = typer.Option(  # noqa: B008
             None, help="run nothing: print this summary again, judged by today's goal table"
         ),
@@ -1113,7 +1141,13 @@ def main() -> None:
             specs = select(only, skip)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
-        summary, path = run_all(specs, profile=profile, out_dir=out_dir, quiet=quiet)
+        try:
+            overrides = parse_bench_args(bench_args)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--args") from None
+        summary, path = run_all(
+            specs, profile=profile, out_dir=out_dir, quiet=quiet, bench_args=overrides
+        )
         print_summary(summary, path)
         print(json.dumps({k: summary[k] for k in ("wall_s", "failed", "goal_counts")}))
         raise typer.Exit(exit_code(summary))

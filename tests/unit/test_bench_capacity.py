@@ -182,3 +182,14 @@ def test_cli_reads_a_summary_and_prints_json_last(tmp_path, capsys) -> None:
     assert out["load"]["groups"] == 2
     assert out["first_break"] in {b["name"] for b in out["break_points"]}
     assert math.isclose(out["rates"]["producer_trace_us"], 5.5)
+
+
+def test_later_summaries_replace_benches_that_ran_ok() -> None:
+    first = _summary(BENCH_RESULTS)
+    rerun = _summary({"query": {"store": {"events": 2_000_000, "file_bytes": 1}}})
+    failed = _summary({"producer": {}})
+    failed["benches"]["producer"]["status"] = "failed"
+    merged = cap.merge_summaries([first, rerun, failed])
+    assert merged["benches"]["query"]["result"]["store"]["events"] == 2_000_000
+    assert merged["benches"]["producer"] == first["benches"]["producer"]  # not hidden
+    assert cap.Rates.from_summary(merged).store_events_measured == 2_000_000

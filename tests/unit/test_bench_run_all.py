@@ -185,3 +185,12 @@ def test_a_bench_that_fails_or_prints_no_json_is_recorded_failed(tmp_path: Path)
     timed = ra.run_bench(Spec("hang", (), (), 1), "quick", tmp_path, None)
     assert timed.status == "failed" and timed.reason.startswith("timed out")
     assert timed.exit_code == 130 and timed.result == {"error": "interrupted"}
+
+
+def test_bench_args_replace_a_profile_s_arguments() -> None:
+    assert ra.parse_bench_args(["query=--events 10 --store '/a b'"]) == {
+        "query": ["--events", "10", "--store", "/a b"]
+    }
+    for bad in ("nope=--x", "query"):
+        with pytest.raises(ValueError, match="NAME=ARGS"):
+            ra.parse_bench_args([bad])
