@@ -173,7 +173,8 @@ def test_a_bench_that_fails_or_prints_no_json_is_recorded_failed(tmp_path: Path)
     assert ok.status == "ok" and ok.result == {"v": 3} and ok.exit_code == 0
     failed = ra.run_bench(Spec("bad", (), (), 30), "quick", tmp_path, None)
     assert failed.status == "failed" and failed.exit_code == 1
-    assert "it broke: reason" in failed.stderr_tail
+    assert "it broke: reason" in failed.stderr_tail and failed.stdout_tail == "half"
+    assert ok.stdout_tail == ""  # kept for failed runs only
     missing = ra.run_bench(Spec("absent", (), (), 30), "quick", tmp_path, None)
     assert missing.status == "skipped" and "does not exist" in missing.reason
     # past its time limit: interrupted (SIGINT, as Ctrl-C: a bench's stack stops), failed
