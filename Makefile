@@ -5,12 +5,13 @@ PYTHON ?= python3
 UV := $(or $(shell command -v uv 2>/dev/null),$(CURDIR)/.tools/bin/uv)
 PYTEST_ARGS ?=
 
-.PHONY: help setup demo test test-deps lint clean
+.PHONY: help setup demo test test-deps lint bench clean
 
 help:
 	@echo "make demo   - start the embedded stack and run the demo"
 	@echo "make test   - run the whole test suite (unit + integration on the embedded stack)"
 	@echo "make lint   - ruff + mypy"
+	@echo "make bench  - run every benchmark (~10 min), one JSON summary in bench/results/"
 
 $(CURDIR)/.tools/bin/uv:
 	$(PYTHON) -m venv .tools
@@ -41,6 +42,13 @@ lint: setup
 	$(UV) run --frozen ruff check .
 	$(UV) run --frozen ruff format --check .
 	$(UV) run --frozen mypy libs/tracemq/src libs/tracemq-devkit/src
+
+# Every benchmark in bench/, one after the other, each figure next to its goal (bench/run_all.py):
+# ~10 minutes on 2 cores; BENCH_ARGS="--profile full" runs the goals' sizes, "--only producer" one.
+# The benches start their own embedded stack; they need no test-deps (no browser, no compose).
+BENCH_ARGS ?=
+bench: setup
+	$(UV) run --frozen python bench/run_all.py $(BENCH_ARGS)
 
 clean:
 	rm -rf .venv .tools .tracemq .pytest_cache

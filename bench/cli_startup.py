@@ -4,12 +4,13 @@ and worst of N runs, for commands that must not import the client, Redis, aiokaf
     .venv/bin/python bench/cli_startup.py [--runs 10]
 
 ``trace show`` runs against a closed port, so the figure is start-up plus one refused connect.
-Target: ≤ 0.5 s each (issue 15).
+Target: ≤ 0.5 s each (issue 15). Prints a table, then one JSON line last.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import socket
 import statistics
 import subprocess
@@ -36,6 +37,7 @@ def main() -> None:
         "tracemq route show --help": ["route", "show", "--help"],
     }
     print(f"{'command':<40} {'median s':>9} {'max s':>7}  ({runs} runs)")
+    medians: dict[str, dict[str, float]] = {}
     for name, args in cases.items():
         times = []
         for _ in range(runs):
@@ -43,6 +45,24 @@ def main() -> None:
             subprocess.run([*tracemq_command(), *args], capture_output=True, check=False)
             times.append(time.perf_counter() - t0)
         print(f"{name:<40} {statistics.median(times):9.3f} {max(times):7.3f}")
+        medians[name] = {
+            "median_s": round(statistics.median(times), 3),
+            "max_s": round(max(times), 3),
+        }
+    worst = max(m["median_s"] for m in medians.values())
+    print(
+        json.dumps(
+            {
+                "bench": "cli_startup",
+                "runs": runs,
+                "commands": medians,
+                "worst_median_s": worst,
+                "target_s": 0.5,
+                "targets_met": {"median_le_0.5s": worst <= 0.5},
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -134,11 +134,13 @@ def _lake_check(lake_dir: Path, expected_total: int, s3: dict[str, str]) -> dict
         )
         assert filesystem is not None
         infos = filesystem.get_file_info(pafs.FileSelector(root.as_posix(), recursive=True))
-        files = [i.path for i in infos if i.path.endswith(".parquet") and "/." not in i.path]
+        live = [i for i in infos if i.path.endswith(".parquet") and "/." not in i.path]
+        files, nbytes = [i.path for i in live], sum(i.size or 0 for i in live)
     elif not lake_dir.exists():
-        return {"rows": 0, "unique": 0, "files": 0}
+        return {"rows": 0, "unique": 0, "files": 0, "bytes": 0}
     else:
         files = [str(p) for p in lake_dir.glob("date=*/hour=*/*.parquet")]
+        nbytes = sum(Path(f).stat().st_size for f in files)
     t = ds.dataset(files, format="parquet", filesystem=filesystem).to_table(
         columns=["trace_partition", "trace_offset", "trace_index"]
     )
@@ -149,7 +151,7 @@ def _lake_check(lake_dir: Path, expected_total: int, s3: dict[str, str]) -> dict
         ),
         t["trace_index"].cast("int64"),
     )
-    return {"rows": t.num_rows, "unique": len(pc.unique(key)), "files": len(files)}
+    return {"rows": t.num_rows, "unique": len(pc.unique(key)), "files": len(files), "bytes": nbytes}
 
 
 async def bench(stack: EmbeddedStack, args: argparse.Namespace) -> dict[str, Any]:
@@ -320,6 +322,11 @@ async def bench(stack: EmbeddedStack, args: argparse.Namespace) -> dict[str, Any
             for pid in rss.cpu_s
         },
         "store_file_mb": round(db_bytes / 1e6, 1),
+        # sizes per event, for docs/capacity.md (bench/capacity.py): the trace topic's bytes as
+        # the dispatchers send them, the store's file(s), the lake's Parquet files
+        "trace_bytes_per_event": round(filled["bytes"] / exp.total, 1),
+        "store_bytes_per_event": round(db_bytes / exp.total, 1),
+        "lake_bytes_per_event": round(lake["bytes"] / exp.total, 1),
         "stored_events": stored,
         "quarantined": quarantined,
         "lake": lake,
