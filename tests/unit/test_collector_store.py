@@ -494,7 +494,7 @@ def test_events_in_range_are_in_offset_order_with_their_partition(store: TraceSt
 
 from tracemq_collector import store as store_module  # noqa: E402
 from tracemq_collector.events import decode_chunk  # noqa: E402
-from tracemq_collector.store import KEY_BUCKET_BITS, SCHEMA_VERSION  # noqa: E402
+from tracemq_collector.store import KEY_BUCKET_BITS  # noqa: E402
 
 
 def table(path: Path, sql: str) -> list[tuple[Any, ...]]:

@@ -141,6 +141,7 @@ __all__ = [
     "StoreSchemaError",
     "TraceStore",
     "TraceStoreError",
+    "stored_events",
 ]
 
 #: Version of this file's table layout; a file of another version is refused, not misread.
@@ -1561,6 +1562,38 @@ def _next_cursor(kind: bytes, rows: list[Any], limit: int) -> str | None:
         return None
     timestamp, rowid = rows[limit - 1][0], rows[limit - 1][1]
     return _encode_cursor(kind, timestamp, rowid)
+
+
+def stored_events(path: Path) -> list[dict[str, Any]]:
+    """The events of a trace store file as their stored columns (:data:`STORE_ROW`), read-only.
+
+    For checks and tools that must not open the file as a writer (a collector may be writing
+    it): one read transaction, no decode of the records. ``[]`` while the file or its tables
+    do not exist yet.
+    """
+    if not Path(path).exists():
+        return []
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=_BUSY_TIMEOUT_S)
+    try:
+        conn.execute("BEGIN")
+        parts = {
+            tp: (topic, partition)
+            for tp, topic, partition in conn.execute(
+                "SELECT id, trace_topic, partition FROM partitions"
+            )
+        }
+        out = []
+        for tp, data in conn.execute("SELECT tp, data FROM blocks ORDER BY id"):
+            out.extend(
+                dict(zip(STORE_ROW, e[1:], strict=True)) for e in _decode_block(data, *parts[tp])
+            )
+        return out
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return []  # the collector has not created its tables yet
+        raise
+    finally:
+        conn.close()
 
 
 # ---------------------------------------------------------------------- ingest's worker side
