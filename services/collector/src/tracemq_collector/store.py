@@ -107,6 +107,7 @@ import threading
 import warnings
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import repeat
 from operator import itemgetter
 from pathlib import Path
 from types import TracebackType
@@ -349,30 +350,38 @@ def _msg_hash(msg_id: str) -> int:
     )
 
 
-def _encode_event(event: Sequence[Any]) -> str:
-    """One event of a block: its fields joined by \\x02, None as \\x00; JSON when a field holds
-    a separator (records never do: they were split on \\x02)."""
-    fields = _BLOCK_GETTER(event)
-    parts = [
-        _NONE if v is None else (str(int(v)) if i in _INT_POSITIONS else v)
-        for i, v in enumerate(fields)
-    ]
+def _encode_column(i: int, column: tuple[Any, ...]) -> str | None:
+    """A block's column as text (values joined by \x02, None as \x00), or None when a value
+    holds a separator (records never do: they were split on \x02)."""
+    if i in _INT_POSITIONS:
+        return _FIELD_SEP.join(map(str, map(int, column)))
     try:
-        line = _FIELD_SEP.join(parts)
+        text = _FIELD_SEP.join([_NONE if v is None else v for v in column])
     except TypeError:
-        raise ValueError(f"event field of an unexpected type: {fields!r}") from None
+        raise ValueError(f"event field of an unexpected type in {column!r}") from None
     if (
-        line.count(_FIELD_SEP) == _N_FIELDS - 1
-        and _EVENT_SEP not in line
-        and line.count(_NONE) == sum(v is None for v in fields)
-        and not line.startswith(_JSON)
+        text.count(_FIELD_SEP) == len(column) - 1
+        and _EVENT_SEP not in text
+        and text.count(_NONE) == column.count(None)
     ):
-        return line
-    return _JSON + json.dumps([int(v) if i in _INT_POSITIONS else v for i, v in enumerate(fields)])
+        return text
+    return None
 
 
 def _encode_block(events: Sequence[Sequence[Any]]) -> bytes:
-    text = _EVENT_SEP.join([_encode_event(e) for e in events])
+    """Events (``(pos, *STORE_ROW)``, one partition) → a block: column by column, since like
+    values side by side compress best; as JSON when a value holds a separator."""
+    try:
+        columns = list(zip(*map(_BLOCK_GETTER, events), strict=True))
+    except (IndexError, TypeError) as exc:
+        raise ValueError(f"an event of the wrong shape: {exc}") from None
+    texts = [_encode_column(i, column) for i, column in enumerate(columns)]
+    if None in texts:
+        text = _JSON + json.dumps(
+            [[int(v) for v in c] if i in _INT_POSITIONS else c for i, c in enumerate(columns)]
+        )
+    else:
+        text = _EVENT_SEP.join(texts)  # type: ignore[arg-type]
     return zlib.compress(text.encode("utf-8", "surrogatepass"), _ZLIB_LEVEL)
 
 
@@ -380,24 +389,24 @@ def _block_text(data: bytes) -> str:
     return zlib.decompress(data).decode("utf-8", "surrogatepass")
 
 
-def _decode_line(line: str, trace_topic: str, partition: int) -> tuple[Any, ...]:
-    if line.startswith(_JSON):
-        fields: list[Any] = json.loads(line[1:])
-    else:
-        fields = [None if v == _NONE else v for v in line.split(_FIELD_SEP)]
-        for i in _INT_POSITIONS:
-            fields[i] = int(fields[i])
-    # (pos, *STORE_ROW): the block's trace topic and partition go back in their places.
-    return (fields[0], trace_topic, partition, *fields[1:])
-
-
 def _decode_block(data: bytes, trace_topic: str, partition: int) -> list[tuple[Any, ...]]:
     """The events of a block, each as ``(pos, *STORE_ROW)``."""
     try:
-        return [
-            _decode_line(x, trace_topic, partition) for x in _block_text(data).split(_EVENT_SEP)
-        ]
-    except (zlib.error, ValueError, IndexError, TypeError) as exc:
+        text = _block_text(data)
+        if text.startswith(_JSON):
+            columns: list[Any] = json.loads(text[1:])
+        else:
+            columns = [
+                list(map(int, c.split(_FIELD_SEP)))
+                if i in _INT_POSITIONS
+                else [None if v == _NONE else v for v in c.split(_FIELD_SEP)]
+                for i, c in enumerate(text.split(_EVENT_SEP))
+            ]
+        if len(columns) != _N_FIELDS or any(len(c) != len(columns[0]) for c in columns):
+            raise ValueError("columns of different lengths")
+        # (pos, *STORE_ROW): the block's trace topic and partition go back in their places.
+        return list(zip(columns[0], repeat(trace_topic), repeat(partition), *columns[1:]))
+    except (zlib.error, ValueError, TypeError, RecursionError) as exc:
         raise TraceStoreError(f"a stored block cannot be read: {exc!r}") from exc
 
 
@@ -912,20 +921,21 @@ class TraceStore:
                 block = next_block
                 next_block += 1
                 base = block << _POS_BITS
+                chunk = group[start : start + BLOCK_EVENTS]
                 stored = []
-                msgs: dict[int, int] = {}
-                for pos, e in enumerate(group[start : start + BLOCK_EVENTS]):
+                msgs: dict[str, int] = {}
+                for pos, e in enumerate(chunk):
                     ref = base | pos
                     ref_of[e[0]] = ref
                     stored.append((pos, *e[1:]))
-                    is_pub = e[_E_TYPE] == "Pub"
                     msg_id = e[_E_MSG]
-                    if msg_id is not None:
-                        h = _msg_hash(msg_id)
-                        if is_pub or h not in msgs:
-                            msgs[h] = 1 if is_pub else msgs.get(h, 0)
-                    if is_pub and e[_E_MTOPIC] is not None:
-                        pub_rows.append((topic_ids[e[_E_MTOPIC]], e[_E_TS], ref))
+                    if e[_E_TYPE] == "Pub":
+                        if msg_id is not None:
+                            msgs[msg_id] = 1
+                        if e[_E_MTOPIC] is not None:
+                            pub_rows.append((topic_ids[e[_E_MTOPIC]], e[_E_TS], ref))
+                    elif msg_id is not None and msg_id not in msgs:
+                        msgs[msg_id] = 0
                 offsets = [e[_E_OFF] for e in stored]
                 stamps = [e[_E_TS] for e in stored]
                 block_rows.append(
@@ -940,7 +950,11 @@ class TraceStore:
                         _encode_block(stored),
                     )
                 )
-                msg_rows.extend((h, block, pub) for h, pub in msgs.items())
+                hashed: dict[int, int] = {}
+                for msg_id, pub in msgs.items():
+                    h = _msg_hash(msg_id)  # two ids of one hash in a block: one row
+                    hashed[h] = max(pub, hashed.get(h, 0))
+                msg_rows.extend((h, block, pub) for h, pub in hashed.items())
         conn.executemany("INSERT INTO blocks VALUES (?, ?, ?, ?, ?, ?, ?, ?)", block_rows)
         conn.executemany("INSERT OR IGNORE INTO msg_index VALUES (?, ?, ?)", msg_rows)
         if pub_rows:
