@@ -591,7 +591,7 @@ def test_a_file_of_the_per_event_layout_is_refused_with_what_to_do(
     assert not store.is_open
     message = str(err.value)
     assert str(path) in message and f"version {version}" in message
-    assert "move the file" in message and "previous collector version" in message
+    assert "move this file" in message and "previous collector version" in message
     # Nothing of the file was changed.
     assert table(path, "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name") == [
         ("events",),

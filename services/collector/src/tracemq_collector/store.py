@@ -72,8 +72,9 @@ nothing twice and the call returns the exact number of new events.
 Older files
 -----------
 A file of schema version 1 to 4 (one row per event, about 490 bytes per event) is refused with
-:class:`StoreSchemaError` naming the file and what to do (see :data:`OLD_LAYOUT_HELP`): its
-events are also in the lake, and converting gigabytes on open would hold the collector's start.
+:class:`StoreSchemaError` naming the file and what to do (:data:`OLD_LAYOUT_HELP`), and is left
+untouched: converting gigabytes on open would hold the collector's start for minutes, and its
+events are in the lake as well.
 
 Durability
 ----------
@@ -160,11 +161,13 @@ KEY_BUCKET_BITS = 17
 MAX_PAGE_SIZE = 1000
 #: What to do with a file of an older layout (the error message says it).
 OLD_LAYOUT_HELP = (
-    "this collector keeps schema version 5 (events in compressed blocks, about a fifth of the "
-    "size) and does not convert older files: stop the collector, move the file and its -wal/-shm "
-    "away (its events are in the lake too), and start it again; it re-reads the trace topics "
-    "from the earliest retained offset, and the lake gets a new copy of the events still in "
-    "Kafka (or keep running the previous collector version on the old file)"
+    "this collector keeps schema version 5 (events in compressed blocks, a fifth of the size) "
+    "and does not convert older files: stop the collector, move this file and its -wal/-shm "
+    "away and start it again (a new store resumes each trace partition at the collector "
+    "group's committed offset, which never passes what the old store and the lake held, so "
+    "nothing is lost; the lake may get a second copy of the events read after the last commit; "
+    "the events stored before are in the lake and the moved file), or keep running the "
+    "previous collector version on it"
 )
 
 _T = TypeVar("_T")
