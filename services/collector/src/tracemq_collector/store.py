@@ -288,6 +288,7 @@ _N_FIELDS = 1 + len(_BLOCK_FIELDS)
 _BLOCK_GETTER = itemgetter(0, *(_EV[c] for c in _BLOCK_FIELDS))
 # pos, then the integer fields
 _INT_POSITIONS = (0, *sorted(1 + _BLOCK_FIELDS.index(c) for c in _INT_FIELDS))
+_MSG_COLUMN = 1 + _BLOCK_FIELDS.index("msg_id")
 
 _KNOWN_KEYS = """
 SELECT key, trace_topic, trace_partition, trace_offset FROM message_keys
@@ -413,6 +414,44 @@ def _decode_block(data: bytes, trace_topic: str, partition: int) -> list[tuple[A
         raise TraceStoreError(f"a stored block cannot be read: {exc!r}") from exc
 
 
+def _pick(
+    data: bytes,
+    trace_topic: str,
+    partition: int,
+    *,
+    pos: int | None = None,
+    msg_id: str | None = None,
+) -> list[tuple[Any, ...]]:
+    """Only the block's events at position ``pos`` or of ``msg_id``: a look-up needs one or a
+    few events of a block, and splitting its columns costs less than building every event."""
+    try:
+        text = _block_text(data)
+        if text.startswith(_JSON):
+            events = _decode_block(data, trace_topic, partition)
+            return [e for e in events if (e[0] == pos if msg_id is None else e[_E_MSG] == msg_id)]
+        columns = text.split(_EVENT_SEP)
+        if len(columns) != _N_FIELDS:
+            raise ValueError("a block of the wrong shape")
+        if msg_id is None:
+            wanted = [i for i, p in enumerate(columns[0].split(_FIELD_SEP)) if int(p) == pos]
+        else:
+            ids = columns[_MSG_COLUMN].split(_FIELD_SEP)
+            wanted = [i for i, m in enumerate(ids) if m == msg_id]
+        if not wanted:
+            return []
+        split = [c.split(_FIELD_SEP) for c in columns]
+        out = []
+        for i in wanted:
+            fields: list[Any] = [
+                int(c[i]) if k in _INT_POSITIONS else (None if c[i] == _NONE else c[i])
+                for k, c in enumerate(split)
+            ]
+            out.append((fields[0], trace_topic, partition, *fields[1:]))
+        return out
+    except (zlib.error, ValueError, TypeError, IndexError) as exc:
+        raise TraceStoreError(f"a stored block cannot be read: {exc!r}") from exc
+
+
 def _is_dlq(topic: str | None) -> bool:
     # SQLite's LIKE '\%DLQ\%%' of the earlier layouts: the prefix %DLQ%, ASCII case-insensitive.
     return topic is not None and topic[:5].upper() == "%DLQ%"
@@ -500,8 +539,29 @@ class _Blocks:
             self.cache[block] = events
         return events
 
+    def _raw(self, block: int) -> tuple[int, bytes] | None:
+        row = self.conn.execute("SELECT tp, data FROM blocks WHERE id = ?", (block,)).fetchone()
+        return None if row is None else (int(row[0]), row[1])
+
     def event(self, ref: int) -> tuple[Any, ...] | None:
-        return self.get(ref >> _POS_BITS).get(ref & _POS_MASK)
+        """One event by its ref (None if it is gone), without decoding its whole block."""
+        block, pos = ref >> _POS_BITS, ref & _POS_MASK
+        events = self.cache.get(block)
+        if events is not None:
+            return events.get(pos)
+        raw = self._raw(block)
+        if raw is None:
+            return None
+        found = _pick(raw[1], *self.partition(raw[0]), pos=pos)
+        return found[0] if found else None
+
+    def of_message(self, block: int, msg_id: str) -> list[tuple[Any, ...]]:
+        """The events of a message in a block."""
+        events = self.cache.get(block)
+        if events is not None:
+            return [e for e in events.values() if e[_E_MSG] == msg_id]
+        raw = self._raw(block)
+        return [] if raw is None else _pick(raw[1], *self.partition(raw[0]), msg_id=msg_id)
 
 
 class TraceStore:
@@ -1063,7 +1123,7 @@ class TraceStore:
             "SELECT block FROM msg_index WHERE msg_hash = ?", (_msg_hash(msg_id),)
         ).fetchall()
         for (block,) in hits:
-            found.extend(e for e in blocks.get(block).values() if e[_E_MSG] == msg_id)
+            found.extend(blocks.of_message(block, msg_id))
         found.sort(key=lambda e: (e[_E_TS], e[_E_OFF], e[_E_IDX]))
         return [_lake_row(e) for e in found]
 
