@@ -440,7 +440,7 @@ def _pick(
         if not wanted:
             return []
         split = [c.split(_FIELD_SEP) for c in columns]
-        out = []
+        out: list[tuple[Any, ...]] = []
         for i in wanted:
             fields: list[Any] = [
                 int(c[i]) if k in _INT_POSITIONS else (None if c[i] == _NONE else c[i])
@@ -1118,7 +1118,7 @@ class TraceStore:
         offset and index."""
         conn = self._reader()
         blocks = _Blocks(conn)
-        found = []
+        found: list[tuple[Any, ...]] = []
         hits = conn.execute(
             "SELECT block FROM msg_index WHERE msg_hash = ?", (_msg_hash(msg_id),)
         ).fetchall()
@@ -1313,7 +1313,7 @@ class TraceStore:
                     picked.append((ts, base | e[0], e))
         picked.sort(key=itemgetter(0, 1), reverse=True)
         cut = len(picked) > limit
-        out = []
+        out: list[dict[str, Any]] = []
         for _, _, e in picked[:limit]:
             event = _event_row(e)
             if group is not None and event.get("group_name") != group:
@@ -1420,7 +1420,8 @@ class TraceStore:
         base = block << _POS_BITS
         gone = {e[0] for e in old}
         kept = [e for p, e in sorted(events.items()) if p not in gone]
-        pub_rows, key_rows = [], []
+        pub_rows: list[tuple[Any, ...]] = []
+        key_rows: list[tuple[Any, ...]] = []
         for e in old:
             if e[_E_TYPE] != "Pub":
                 continue
@@ -1604,7 +1605,7 @@ class TraceStore:
         tp = self._tp_id(conn, trace_topic, partition, create=False)
         if tp is None:
             return []
-        found = []
+        found: list[tuple[Any, ...]] = []
         for (data,) in conn.execute(
             "SELECT data FROM blocks WHERE tp = ? AND last_offset >= ? AND first_offset < ?",
             (tp, start, end),
@@ -1659,7 +1660,7 @@ def stored_events(path: Path) -> list[dict[str, Any]]:
                 "SELECT id, trace_topic, partition FROM partitions"
             )
         }
-        out = []
+        out: list[dict[str, Any]] = []
         for tp, data in conn.execute("SELECT tp, data FROM blocks ORDER BY id"):
             out.extend(
                 dict(zip(STORE_ROW, e[1:], strict=True)) for e in _decode_block(data, *parts[tp])
