@@ -739,3 +739,24 @@ def test_consume_activity_reads_a_window_with_each_message_topic(store: TraceSto
     assert len(everyone) == len(events) + 2  # audit_billing's two events
     newest, cut = store.consume_activity(T0, T0 + 1000, limit=3)
     assert cut and [e["timestamp"] for e in newest] == [T0 + 41, T0 + 40, T0 + 30]
+
+
+def test_an_offset_msg_id_is_found_through_its_place_and_retention_drops_the_place(
+    store: TraceStore,
+) -> None:
+    from tracemq.message_id import encode_offset_msg_id
+
+    def pub(n: int, ts: int, place: str) -> TraceContext:
+        ctx = pub_ctx(n, ts)
+        ctx.trace_beans[0].offset_msg_id = place
+        return ctx
+
+    here = encode_offset_msg_id("10.0.0.9:10911", 2, 77)
+    elsewhere = encode_offset_msg_id("10.0.0.9:10911", 2, 78)
+    store.write_batch(*Feed().batch([pub(1, T0, here.lower())], [pub(2, T0 + 9_000, elsewhere)]))
+    assert table(store.path, "SELECT count(*) FROM place_index") == [(2,)]
+    assert store.msg_id_by_offset_msg_id(here) == msg_id(1)
+    assert store.msg_id_by_offset_msg_id(encode_offset_msg_id("10.0.0.9:10911", 2, 79)) is None
+    assert store.delete_older_than(T0 + 1) == 1
+    assert store.msg_id_by_offset_msg_id(here) is None
+    assert table(store.path, "SELECT count(*) FROM place_index") == [(1,)]

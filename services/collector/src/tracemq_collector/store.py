@@ -130,6 +130,7 @@ from tracemq_collector.events import (
     split_keys,
     store_rows,
 )
+from tracemq_collector.events import _offset_coords as _offset_coords  # the ingest's decode
 
 __all__ = [
     "BLOCK_EVENTS",
@@ -213,6 +214,11 @@ CREATE TABLE pub_index (
     ref INTEGER NOT NULL,
     PRIMARY KEY (topic, timestamp, ref)
 ) WITHOUT ROWID;
+CREATE TABLE place_index (
+    place_hash INTEGER NOT NULL,
+    ref INTEGER NOT NULL,
+    PRIMARY KEY (place_hash, ref)
+) WITHOUT ROWID;
 CREATE TABLE key_index (
     bucket INTEGER NOT NULL,
     key TEXT NOT NULL,
@@ -284,12 +290,17 @@ _stored_of = itemgetter(*(_EV[c] for c in _STORED_COLUMNS))
 _BLOCK_FIELDS = tuple(c for c in STORE_ROW if c not in ("trace_topic", "trace_partition"))
 _INT_FIELDS = frozenset(("trace_offset", "trace_index", "timestamp", "store_time", "ingest_ts"))
 _FIELD_SEP, _EVENT_SEP, _NONE, _JSON = "\x02", "\x03", "\x00", "\x04"
+_CONTENT = "\x01"  # the trace format's field separator inside a record
 _N_FIELDS = 1 + len(_BLOCK_FIELDS)
 _BLOCK_GETTER = itemgetter(0, *(_EV[c] for c in _BLOCK_FIELDS))
 # pos, then the integer fields
 _INT_POSITIONS = (0, *sorted(1 + _BLOCK_FIELDS.index(c) for c in _INT_FIELDS))
 _MSG_COLUMN = 1 + _BLOCK_FIELDS.index("msg_id")
 
+_PLACE_INDEX = (
+    "CREATE TABLE place_index (place_hash INTEGER NOT NULL, ref INTEGER NOT NULL, "
+    "PRIMARY KEY (place_hash, ref)) WITHOUT ROWID"
+)
 _KNOWN_KEYS = """
 SELECT key, trace_topic, trace_partition, trace_offset FROM message_keys
 WHERE key IN (SELECT value FROM json_each(?))
@@ -450,6 +461,24 @@ def _pick(
         return out
     except (zlib.error, ValueError, TypeError, IndexError) as exc:
         raise TraceStoreError(f"a stored block cannot be read: {exc!r}") from exc
+
+
+def _place_hash(offset_msg_id: str | None) -> int | None:
+    """The place an offsetMsgId names (store host, queue, Kafka offset) as a 64-bit hash, the
+    key of ``place_index``; None if it names none."""
+    addr, queue_id, offset = _offset_coords(offset_msg_id)
+    return None if addr is None else _msg_hash(f"{addr}/{queue_id}/{offset}")
+
+
+def _pub_offset_msg_id(e: Sequence[Any]) -> str | None:
+    """The offsetMsgId of a stored Pub event (field 12 of the common 14-field record)."""
+    fields = e[_E_RECORD].split(_CONTENT)
+    if len(fields) == 14 and fields[0] == "Pub":
+        return None if fields[12] == "null" else fields[12]
+    try:
+        return _event_row(e).get("offset_msg_id")
+    except TraceStoreError:
+        return None
 
 
 def _is_dlq(topic: str | None) -> bool:
@@ -649,6 +678,8 @@ class TraceStore:
                     + ("; the file is newer: upgrade the collector" if newer else "")
                     + (f"; {OLD_LAYOUT_HELP}" if older else "")
                 )
+            if tables and "place_index" not in tables and "blocks" in tables:
+                c.execute(_PLACE_INDEX)  # a schema-5 file from before the place index
             if tables and "blocks" not in tables:
                 raise StoreSchemaError(f"trace store {self.path} has no blocks table")
 
@@ -978,6 +1009,7 @@ class TraceStore:
         block_rows: list[tuple[Any, ...]] = []
         msg_rows: list[tuple[int, int, int]] = []
         pub_rows: list[tuple[int, int, int]] = []
+        place_rows: list[tuple[int, int]] = []
         for (trace_topic, partition), group in by_partition.items():
             tp = self._tp_id(conn, trace_topic, partition, create=True)
             for start in range(0, len(group), BLOCK_EVENTS):
@@ -997,6 +1029,9 @@ class TraceStore:
                             msgs[msg_id] = 1
                         if e[_E_MTOPIC] is not None:
                             pub_rows.append((topic_ids[e[_E_MTOPIC]], e[_E_TS], ref))
+                        place = _place_hash(_pub_offset_msg_id(e))
+                        if place is not None:
+                            place_rows.append((place, ref))
                     elif msg_id is not None and msg_id not in msgs:
                         msgs[msg_id] = 0
                 offsets = [e[_E_OFF] for e in stored]
@@ -1022,6 +1057,8 @@ class TraceStore:
         conn.executemany("INSERT OR IGNORE INTO msg_index VALUES (?, ?, ?)", msg_rows)
         if pub_rows:
             conn.executemany("INSERT OR IGNORE INTO pub_index VALUES (?, ?, ?)", pub_rows)
+        if place_rows:
+            conn.executemany("INSERT OR IGNORE INTO place_index VALUES (?, ?)", place_rows)
         if key_rows:
             rows = []
             for position_n, key, _msg_id, topic, timestamp in key_rows:
@@ -1136,28 +1173,28 @@ class TraceStore:
             ValueError: ``offset_msg_id`` is not 32 or 56 hex characters.
         """
         wanted = decode_offset_msg_id(offset_msg_id)
-        needle = offset_msg_id.upper()
-        # No index holds offsetMsgIds: this scans the blocks, which a look-up by an id the user
-        # pasted can afford. Matching on the decoded place, not the text, finds a Pub that
-        # wrote the id in lower case.
+        place = _place_hash(offset_msg_id)
+        if place is None:
+            return None
+        # The place index names every Pub whose offsetMsgId decodes to this place (matching
+        # the place, not the text, finds a Pub that wrote the id in lower case); each is
+        # checked, so a hash collision costs a read, never a wrong answer.
         conn = self._reader()
         blocks = _Blocks(conn)
         best: tuple[int, str] | None = None
-        for block, tp, data in conn.execute("SELECT id, tp, data FROM blocks"):
-            if needle not in _block_text(data).upper():
+        refs = conn.execute("SELECT ref FROM place_index WHERE place_hash = ?", (place,))
+        for (ref,) in refs.fetchall():
+            e = blocks.event(ref)
+            if e is None or e[_E_TYPE] != "Pub":
                 continue
-            for e in blocks.add(block, tp, data).values():
-                if e[_E_TYPE] != "Pub" or needle not in e[_E_RECORD].upper():
-                    continue
-                event = _event_row(e)
-                try:
-                    found = decode_offset_msg_id(event.get("offset_msg_id") or "")
-                except ValueError:
-                    continue
-                if found == wanted and event.get("msg_id"):
-                    if best is None or event["timestamp"] > best[0]:
-                        best = (int(event["timestamp"]), str(event["msg_id"]))
-            blocks.cache.pop(block, None)
+            event = _event_row(e)
+            try:
+                found = decode_offset_msg_id(event.get("offset_msg_id") or "")
+            except ValueError:
+                continue
+            if found == wanted and event.get("msg_id"):
+                if best is None or event["timestamp"] > best[0]:
+                    best = (int(event["timestamp"]), str(event["msg_id"]))
         return None if best is None else best[1]
 
     def _name_id(self, conn: sqlite3.Connection, name: str) -> int | None:
@@ -1422,6 +1459,7 @@ class TraceStore:
         kept = [e for p, e in sorted(events.items()) if p not in gone]
         pub_rows: list[tuple[Any, ...]] = []
         key_rows: list[tuple[Any, ...]] = []
+        place_rows: list[tuple[int, int]] = []
         for e in old:
             if e[_E_TYPE] != "Pub":
                 continue
@@ -1432,7 +1470,11 @@ class TraceStore:
                     names[topic] = self._name_id(c, topic)
                 if names[topic] is not None:
                     pub_rows.append((names[topic], e[_E_TS], ref))
-            keys = _event_row(e)["keys"]
+            row = _event_row(e)
+            place = _place_hash(row.get("offset_msg_id"))
+            if place is not None:
+                place_rows.append((place, ref))
+            keys = row["keys"]
             if keys:
                 key_rows.extend(
                     (ref >> KEY_BUCKET_BITS, k, e[_E_TS], ref)
@@ -1445,6 +1487,7 @@ class TraceStore:
             "DELETE FROM key_index WHERE bucket = ? AND key = ? AND timestamp = ? AND ref = ?",
             key_rows,
         )
+        c.executemany("DELETE FROM place_index WHERE place_hash = ? AND ref = ?", place_rows)
         left: dict[int, int] = {}
         for e in kept:
             if e[_E_MSG] is not None:
