@@ -40,6 +40,10 @@ Tables (schema version 5)
     its topic and tags; a send retried under the same msgId adds no second row (the batch checks
     ``msg_index`` for an earlier Pub), so look-ups list every message once. A message whose Pub
     trace is lost is still found by msgId, not by key.
+``place_index``
+    ``(place hash, ref)`` of every Pub with an offsetMsgId: the hash of the store host, queue
+    and Kafka offset it names (:func:`tracemq_collector.events._offset_coords`, the decode
+    ingest uses), for :meth:`TraceStore.msg_id_by_offset_msg_id`.
 ``names`` / ``partitions``
     Topics (``names``) and ``(trace_topic, partition)`` pairs as small integer ids, for the
     indexes above.
