@@ -371,6 +371,18 @@ class StoreProbe:
         assert c is not None
         return int(c.execute(sql).fetchone()[0])
 
+    def first_ingest_ms(self) -> int:
+        """``ingest_ts`` of the first stored event (the first block's, decoded)."""
+        from tracemq_collector.store import _decode_block
+
+        c = self._c()
+        assert c is not None
+        tp, data = c.execute("SELECT tp, data FROM blocks ORDER BY id LIMIT 1").fetchone()
+        topic, partition = c.execute(
+            "SELECT trace_topic, partition FROM partitions WHERE id = ?", (tp,)
+        ).fetchone()
+        return min(int(e[-3]) for e in _decode_block(data, topic, partition))
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from tracemq import Message, Producer
 from tracemq.admin import AdminClient
+from tracemq_collector.store import stored_events
 from tracemq_devkit.devstack import EmbeddedStack
 from tracemq_devkit.reading import read_trace_topic
 from tracemq_devkit.waiting import eventually, eventually_sync
@@ -26,20 +27,10 @@ Coords = tuple[int, int, int]  # trace partition, offset, index
 
 
 def _store_events(db: Path) -> list[tuple[Coords, str, str]]:
-    if not db.exists():
-        return []
-    con = sqlite3.connect(db)
-    try:
-        return [
-            ((p, o, i), t, m)
-            for p, o, i, t, m in con.execute(
-                "SELECT trace_partition, trace_offset, trace_index, trace_type, msg_id FROM events"
-            )
-        ]
-    except sqlite3.OperationalError:  # the collector has not created its tables yet
-        return []
-    finally:
-        con.close()
+    return [
+        ((e["trace_partition"], e["trace_offset"], e["trace_index"]), e["trace_type"], e["msg_id"])
+        for e in stored_events(db)
+    ]
 
 
 def _store_count(db: Path) -> int:
@@ -47,8 +38,9 @@ def _store_count(db: Path) -> int:
         return 0
     con = sqlite3.connect(db)
     try:
-        return int(con.execute("SELECT count(*) FROM events").fetchone()[0])
-    except sqlite3.OperationalError:
+        row = con.execute("SELECT value FROM meta WHERE key = 'event_count'").fetchone()
+        return 0 if row is None else int(row[0])
+    except sqlite3.OperationalError:  # the collector has not created its tables yet
         return 0
     finally:
         con.close()

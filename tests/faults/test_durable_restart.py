@@ -5,7 +5,6 @@ go on where they were: every trace stored exactly once, no redelivery, nothing l
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,6 +20,7 @@ from tracemq import (
 )
 from tracemq.admin import AdminClient
 from tracemq.naming import kafka_topic
+from tracemq_collector.store import stored_events
 from tracemq_devkit.devstack import EmbeddedStack, StackConfig
 from tracemq_devkit.waiting import eventually
 
@@ -84,16 +84,11 @@ async def _records(bootstrap: str, tp: TopicPartition, upto: int) -> list[int]:
 
 def _pubs(s: EmbeddedStack) -> dict[str, list[int]]:
     """msgId -> trace offsets of its stored Pub events, from the collector's store."""
-    con = sqlite3.connect(s.workdir / "data" / "collector" / "traces.db")
-    try:
-        out: dict[str, list[int]] = {}
-        for mid, off in con.execute(
-            "SELECT msg_id, trace_offset FROM events WHERE trace_type = 'Pub'"
-        ):
-            out.setdefault(mid, []).append(off)
-        return out
-    finally:
-        con.close()
+    out: dict[str, list[int]] = {}
+    for e in stored_events(s.workdir / "data" / "collector" / "traces.db"):
+        if e["trace_type"] == "Pub":
+            out.setdefault(e["msg_id"], []).append(e["trace_offset"])
+    return out
 
 
 @pytest.mark.timeout(240)

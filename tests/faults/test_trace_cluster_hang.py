@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sqlite3
 import statistics
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 from tracemq import Message, Producer
 from tracemq.admin import AdminClient
+from tracemq_collector.store import stored_events
 from tracemq_devkit.devstack import EmbeddedStack
 from tracemq_devkit.waiting import eventually
 
@@ -30,17 +30,11 @@ HANG_S = 20.0
 
 
 def _store_pubs(db: Path, topic: str) -> dict[str, int]:
-    con = sqlite3.connect(db)
-    try:
-        return dict(
-            con.execute(
-                "SELECT msg_id, count(*) FROM events WHERE trace_type = 'Pub' AND topic = ? "
-                "GROUP BY msg_id",
-                (topic,),
-            ).fetchall()
-        )
-    finally:
-        con.close()
+    out: dict[str, int] = {}
+    for e in stored_events(db):
+        if e["trace_type"] == "Pub" and e["topic"] == topic:
+            out[e["msg_id"]] = out.get(e["msg_id"], 0) + 1
+    return out
 
 
 def _lake_pubs(root: Path, topic: str) -> dict[str, int]:

@@ -447,16 +447,12 @@ async def _async(v: bool) -> bool:
 
 
 def _store_keys(data: Path) -> list[tuple[int, int, int]]:
-    import sqlite3
+    from tracemq_collector.store import stored_events
 
-    con = sqlite3.connect(data / "traces.db")
-    try:
-        return [
-            tuple(r)
-            for r in con.execute("SELECT trace_partition, trace_offset, trace_index FROM events")
-        ]
-    finally:
-        con.close()
+    return [
+        (e["trace_partition"], e["trace_offset"], e["trace_index"])
+        for e in stored_events(data / "traces.db")
+    ]
 
 
 def _store_rows(data: Path) -> int:

@@ -89,7 +89,7 @@ def store(tmp_path: Path) -> Iterator[TraceStore]:
 
 def key_rows(path: Path) -> int:
     with sqlite3.connect(path) as conn:
-        return int(conn.execute("SELECT count(*) FROM event_keys").fetchone()[0])
+        return int(conn.execute("SELECT count(*) FROM key_index").fetchone()[0])
 
 
 def lake_only(row: dict[str, Any]) -> dict[str, Any]:
@@ -494,7 +494,7 @@ def test_events_in_range_are_in_offset_order_with_their_partition(store: TraceSt
 
 from tracemq_collector import store as store_module  # noqa: E402
 from tracemq_collector.events import decode_chunk  # noqa: E402
-from tracemq_collector.store import KEY_BUCKET_BITS, SCHEMA_VERSION  # noqa: E402
+from tracemq_collector.store import KEY_BUCKET_BITS  # noqa: E402
 
 
 def table(path: Path, sql: str) -> list[tuple[Any, ...]]:
@@ -522,8 +522,10 @@ def test_ingest_rows_store_exactly_what_write_batch_stores(tmp_path: Path) -> No
         assert b.write_rows(chunk.store) == (6, {(TOPIC, 0): None}, 0)
         assert b.write_rows(chunk.store) == (0, {(TOPIC, 0): 4}, 0)  # a replay adds nothing
         for sql in (
-            "SELECT * FROM events ORDER BY id",
-            "SELECT rowid, * FROM event_keys ORDER BY rowid",
+            "SELECT * FROM blocks ORDER BY id",
+            "SELECT * FROM msg_index ORDER BY block, msg_hash",
+            "SELECT * FROM pub_index ORDER BY ref",
+            "SELECT * FROM key_index ORDER BY ref, key",
             "SELECT trace_offset, trace_index, reason FROM quarantine",
             "SELECT * FROM progress",
         ):
@@ -540,10 +542,10 @@ def test_a_partly_stored_chunk_stores_the_rest_with_its_keys(store: TraceStore) 
     assert [i["msg_id"] for i in store.by_key("shared", limit=10)[0]] == [
         msg_id(n) for n in (3, 2, 1, 0)
     ]
-    ids = table(store.path, "SELECT id FROM events ORDER BY id")
-    keys = table(store.path, "SELECT rowid >> 8, key FROM event_keys WHERE key != 'shared'")
-    assert ids == [(1,), (2,), (3,), (4,)]
-    assert sorted(keys) == [(1, "order-0"), (2, "order-1"), (3, "order-2"), (4, "order-3")]
+    # Two blocks of two events; a ref is block << 8 | position.
+    assert table(store.path, "SELECT id, n FROM blocks ORDER BY id") == [(1, 2), (2, 2)]
+    keys = table(store.path, "SELECT ref, key FROM key_index WHERE key != 'shared'")
+    assert sorted(keys) == [(256, "order-0"), (257, "order-1"), (512, "order-2"), (513, "order-3")]
 
 
 def test_key_look_ups_span_every_bucket_in_time_order(store: TraceStore) -> None:
@@ -553,10 +555,10 @@ def test_key_look_ups_span_every_bucket_in_time_order(store: TraceStore) -> None
         # The next message lands in the next bucket of the key index.
         with sqlite3.connect(store.path) as conn:
             conn.execute(
-                "UPDATE meta SET value = value + ? WHERE key = 'next_event_id'",
-                (1 << KEY_BUCKET_BITS,),
+                "UPDATE meta SET value = value + ? WHERE key = 'next_block_id'",
+                (1 << (KEY_BUCKET_BITS - 8),),
             )
-    buckets = table(store.path, "SELECT DISTINCT bucket FROM event_keys ORDER BY bucket")
+    buckets = table(store.path, "SELECT DISTINCT bucket FROM key_index ORDER BY bucket")
     assert len(buckets) == 6
     seen: list[str] = []
     items, cursor = store.by_key("shared", limit=4)
@@ -574,34 +576,27 @@ def test_key_look_ups_span_every_bucket_in_time_order(store: TraceStore) -> None
     )
 
 
-_SCHEMA_V1_KEYS = """
-CREATE TABLE event_keys (
-    key TEXT NOT NULL, msg_id TEXT NOT NULL, topic TEXT, timestamp INTEGER NOT NULL
-);
-CREATE INDEX event_keys_key_time ON event_keys (key, timestamp);
-"""
-
-
-def test_a_version_1_file_is_migrated_on_open(tmp_path: Path) -> None:
-    path = tmp_path / "v1.db"
-    feed = Feed()
-    with TraceStore(path) as s:
-        s.write_batch(*feed.batch([pub_ctx(1, T0)], [pub_ctx(2, T0 + 1)]))
-    with sqlite3.connect(path) as conn:  # back to version 1's key index
-        keys = conn.execute("SELECT rowid, key, msg_id, topic, timestamp FROM event_keys")
-        old = keys.fetchall()
-        conn.execute("DROP TABLE event_keys")
-        conn.executescript(_SCHEMA_V1_KEYS)
-        conn.executemany("INSERT INTO event_keys (rowid, key, msg_id, topic, timestamp) "
-                         "VALUES (?, ?, ?, ?, ?)", old)  # fmt: skip
-        conn.execute("UPDATE meta SET value = 1 WHERE key = 'schema_version'")
-    with TraceStore(path) as s:
-        assert [i["msg_id"] for i in s.by_key("shared")[0]] == [msg_id(2), msg_id(1)]
-        s.write_batch(*feed.batch([pub_ctx(3, T0 + 2)]))
-        assert [i["msg_id"] for i in s.by_key("shared")[0]][0] == msg_id(3)
-    assert table(path, "SELECT value FROM meta WHERE key = 'schema_version'") == [(SCHEMA_VERSION,)]
-    names = {r[0] for r in table(path, "SELECT name FROM sqlite_master WHERE type = 'index'")}
-    assert "event_keys_bucket" in names and "event_keys_key_time" not in names
+@pytest.mark.parametrize("version", [1, 4])
+def test_a_file_of_the_per_event_layout_is_refused_with_what_to_do(
+    tmp_path: Path, version: int
+) -> None:
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:  # what versions 1-4 created first
+        conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID")
+        conn.execute("CREATE TABLE events (id INTEGER PRIMARY KEY, record TEXT)")
+        conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (version,))
+    store = TraceStore(path)
+    with pytest.raises(StoreSchemaError) as err:
+        store.open()
+    assert not store.is_open
+    message = str(err.value)
+    assert str(path) in message and f"version {version}" in message
+    assert "move this file" in message and "previous collector version" in message
+    # Nothing of the file was changed.
+    assert table(path, "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name") == [
+        ("events",),
+        ("meta",),
+    ]
 
 
 def test_the_ingest_worker_refuses_every_batch_after_a_failed_one(
@@ -679,33 +674,15 @@ def test_the_dedupe_window_is_bounded_per_partition(
     assert store.write_rows(_keyed([(0, 30, value, "K0"), (0, 31, value, "K29")]))[::2] == (1, 1)
 
 
-def test_a_version_3_file_is_migrated_to_keep_client_ids(tmp_path: Path) -> None:
-    path = tmp_path / "v3.db"
+def test_client_ids_are_kept_per_event(tmp_path: Path) -> None:
+    path = tmp_path / "c.db"
     value = encode_many([pub_ctx(1, T0)]).data.encode()
     with TraceStore(path) as s:
         s.write_rows(decode_chunk([(TOPIC, 0, [(0, value, None)])], INGEST).store)
-    with sqlite3.connect(path) as conn:  # version 3: events without client_id
-        conn.execute("ALTER TABLE events DROP COLUMN client_id")
-        conn.execute("UPDATE meta SET value = 3 WHERE key = 'schema_version'")
-    with TraceStore(path) as s:
         chunk = decode_chunk([(TOPIC, 0, [(1, value, None, "K", "10.0.0.1@42#2")])], INGEST)
         s.write_rows(chunk.store)
         events = s.by_msg_id(msg_id(1))
         assert sorted(str(e["client_id"]) for e in events) == ["10.0.0.1@42#2", "None"]
-    assert table(path, "SELECT value FROM meta WHERE key = 'schema_version'") == [(SCHEMA_VERSION,)]
-
-
-def test_a_version_2_file_is_migrated_to_keep_idempotency_keys(tmp_path: Path) -> None:
-    path = tmp_path / "v2.db"
-    value = encode_many([pub_ctx(1, T0)]).data.encode()
-    with TraceStore(path) as s:
-        s.write_rows(_keyed([(0, 0, value, None)]))
-    with sqlite3.connect(path) as conn:
-        conn.execute("DROP TABLE message_keys")
-        conn.execute("UPDATE meta SET value = 2 WHERE key = 'schema_version'")
-    with TraceStore(path) as s:
-        assert s.write_rows(_keyed([(0, 1, value, "K"), (0, 2, value, "K")]))[::2] == (1, 1)
-    assert table(path, "SELECT value FROM meta WHERE key = 'schema_version'") == [(SCHEMA_VERSION,)]
 
 
 # ---------------------------------------------------------------------------- group activity
@@ -762,3 +739,24 @@ def test_consume_activity_reads_a_window_with_each_message_topic(store: TraceSto
     assert len(everyone) == len(events) + 2  # audit_billing's two events
     newest, cut = store.consume_activity(T0, T0 + 1000, limit=3)
     assert cut and [e["timestamp"] for e in newest] == [T0 + 41, T0 + 40, T0 + 30]
+
+
+def test_an_offset_msg_id_is_found_through_its_place_and_retention_drops_the_place(
+    store: TraceStore,
+) -> None:
+    from tracemq.message_id import encode_offset_msg_id
+
+    def pub(n: int, ts: int, place: str) -> TraceContext:
+        ctx = pub_ctx(n, ts)
+        ctx.trace_beans[0].offset_msg_id = place
+        return ctx
+
+    here = encode_offset_msg_id("10.0.0.9:10911", 2, 77)
+    elsewhere = encode_offset_msg_id("10.0.0.9:10911", 2, 78)
+    store.write_batch(*Feed().batch([pub(1, T0, here.lower())], [pub(2, T0 + 9_000, elsewhere)]))
+    assert table(store.path, "SELECT count(*) FROM place_index") == [(2,)]
+    assert store.msg_id_by_offset_msg_id(here) == msg_id(1)
+    assert store.msg_id_by_offset_msg_id(encode_offset_msg_id("10.0.0.9:10911", 2, 79)) is None
+    assert store.delete_older_than(T0 + 1) == 1
+    assert store.msg_id_by_offset_msg_id(here) is None
+    assert table(store.path, "SELECT count(*) FROM place_index") == [(1,)]

@@ -283,9 +283,8 @@ def _decode_piece(
 # partition can hold — which then takes the general path above. Whenever it answers, its row
 # is the one the general path builds (tests/unit/test_collector_events.py compares the two).
 
-#: The columns of an event the trace store keeps, in its ``events`` table's order (after
-#: ``id``), with their SQLite declarations: the one list of them, from which the store creates
-#: and checks its table (``tracemq_collector.store``).
+#: The columns of an event the trace store keeps (in its blocks: ``tracemq_collector.store``),
+#: with their types as SQL declarations: the one list of them.
 STORE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("trace_topic", "TEXT NOT NULL"),
     ("trace_partition", "INTEGER NOT NULL"),

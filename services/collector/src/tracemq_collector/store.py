@@ -2,38 +2,51 @@
 
 Why SQLite, why this layout, and the measurements behind both: ``services/collector/STORE.md``.
 
-Tables
-------
+Tables (schema version 5)
+-------------------------
 ``meta``
-    ``schema_version`` of the file and ``next_event_id`` (event ids are assigned by the batch
-    rather than by SQLite, so its key rows can name their events without a read-back).
-``events``
-    One row per trace event: the coordinates (``trace_topic, trace_partition, trace_offset,
-    trace_index``, UNIQUE: replays are ignored), the columns queries filter on (``trace_type,
-    timestamp, msg_id, topic``), the two lake columns the wire format may lack and ingest may
-    fill in (``client_host``, ``store_time``), ``ingest_ts``, ``record``, the record's own
-    text, and ``client_id``, the writing client's id (not a lake column; schema version 4, added
-    to older files on open). The other lake columns are not stored: they are decoded again from ``record`` when
-    read (:func:`tracemq_collector.events.event_from_stored`, the code ingest used), and the
-    stored columns override what that decode says. So a change a caller makes to a row before
-    :meth:`TraceStore.write_batch` is kept for those stored columns only. (Binding thirty
-    mostly-null columns per row cost more than everything else in a batch.) Indexes:
-    ``msg_id``; ``timestamp`` (retention; rows arrive in about time order, so it grows at its
-    end); ``(topic, timestamp)`` over Pub events only, a partial index, which is what
-    "messages of a topic" reads.
-``event_keys``
-    The business-key index: ``key, msg_id, topic, timestamp, bucket``, one row per (key,
-    message), index ``(bucket, key, timestamp)``. ``bucket`` is the event id >>
-    :data:`KEY_BUCKET_BITS`: a batch's key rows all go to the newest bucket, a few hundred
-    pages that stay hot, where an index led by the key would put every random key on a page
-    of its own (written to the WAL at every commit, more of them the larger the file). A look-up
-    seeks each bucket (one per 65,536 events, about 150 at ten million). Schema version 1
-    (index ``(key, timestamp)``) is migrated on open. Keys come from a message's Pub trace, which also names its topic
-    and tags; a send retried under the same msgId adds no second row (the batch checks the
-    events index for an earlier Pub), so look-ups list every message once. A message whose Pub
-    trace is lost is still found by msgId, not by key. The row id is ``event_id << 8 | n``
-    (n < :data:`MAX_KEYS_PER_MESSAGE`): the event is found from the key row, and retention
-    deletes an event's key rows by row-id range, without another index.
+    ``schema_version`` of the file, ``next_block_id`` (block ids are assigned by the batch
+    rather than by SQLite, so index rows can name their events without a read-back) and
+    ``event_count`` (kept with every write, so counting needs no scan).
+``blocks``
+    The events, up to :data:`BLOCK_EVENTS` consecutive events of one trace partition per row,
+    compressed together (zlib): a trace record repeats its message's msgId, keys, group and
+    hosts, and neighbouring records share most of the rest, so a block takes about a quarter
+    of its text. A row holds the partition (``tp``, an id in ``partitions``), the range of
+    trace offsets and of timestamps of its events, their number, and ``data``. Each event in
+    ``data`` keeps its position in the block (``pos``), its coordinates ``(trace_offset,
+    trace_index)``, the columns queries filter on (``trace_type, timestamp, msg_id, topic``),
+    the two lake columns the wire format may lack and ingest may fill in (``client_host``,
+    ``store_time``), ``ingest_ts``, ``record``, the record's own text, and ``client_id``.
+    The other lake columns are decoded again from ``record`` when read
+    (:func:`tracemq_collector.events.event_from_stored`, the code ingest used), and the stored
+    columns override what that decode says. An event is named by its **ref**, ``block id << 8 |
+    pos``. Indexes: ``(tp, last_offset, first_offset)`` (dedupe and the lake's range reads),
+    ``max_ts`` (time windows) and ``min_ts`` (retention).
+``msg_index``
+    ``(msg_hash, block)``, one row per msgId and block that holds events of it, and ``pub``:
+    whether one of them is a Pub. ``msg_hash`` is 8 bytes of BLAKE2b of the msgId text, so the
+    index is small whatever the id looks like; a look-up decodes the blocks it names and keeps
+    the events whose msgId is the one asked for (a hash collision costs a block read, never a
+    wrong answer).
+``pub_index``
+    ``(topic id, timestamp, ref)`` of every Pub event with a topic: "messages of a topic".
+``key_index``
+    The business-key index: ``(bucket, key, timestamp, ref)`` and the topic id, one row per
+    (key, message). ``bucket`` is the ref >> :data:`KEY_BUCKET_BITS`: a batch's key rows all go
+    to the newest bucket, a few hundred pages that stay hot, where an index led by the key would
+    put every random key on a page of its own. A look-up seeks each bucket (one per 512 blocks,
+    about 150 at ten million events). Keys come from a message's Pub trace, which also names
+    its topic and tags; a send retried under the same msgId adds no second row (the batch checks
+    ``msg_index`` for an earlier Pub), so look-ups list every message once. A message whose Pub
+    trace is lost is still found by msgId, not by key.
+``place_index``
+    ``(place hash, ref)`` of every Pub with an offsetMsgId: the hash of the store host, queue
+    and Kafka offset it names (:func:`tracemq_collector.events._offset_coords`, the decode
+    ingest uses), for :meth:`TraceStore.msg_id_by_offset_msg_id`.
+``names`` / ``partitions``
+    Topics (``names``) and ``(trace_topic, partition)`` pairs as small integer ids, for the
+    indexes above.
 ``quarantine``
     Records that could not become events, deduped by their coordinates.
 ``message_keys``
@@ -52,6 +65,20 @@ Tables
     ``(trace_topic, partition) → next_offset`` of the store and of the Parquet lake.
 ``lake_pending``
     Lake segments begun but not finished (see :mod:`tracemq_collector.lake`).
+
+Exactly once
+------------
+Events are deduped by their coordinates ``(trace_topic, partition, offset, index)``: before it
+writes, a batch reads the coordinates of the blocks of its partitions that overlap its offset
+range (for a fresh batch, none) and drops what is already stored, so a replay stores and indexes
+nothing twice and the call returns the exact number of new events.
+
+Older files
+-----------
+A file of schema version 1 to 4 (one row per event, about 490 bytes per event) is refused with
+:class:`StoreSchemaError` naming the file and what to do (:data:`OLD_LAYOUT_HELP`), and is left
+untouched: converting gigabytes on open would hold the collector's start for minutes, and its
+events are in the lake as well.
 
 Durability
 ----------
@@ -77,12 +104,16 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import sqlite3
 import struct
 import threading
 import warnings
-from collections.abc import Callable, Sequence
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import repeat
+from operator import itemgetter
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -96,64 +127,110 @@ from tracemq_collector.events import (
     KEY_SHIFT,
     MAX_KEYS_PER_MESSAGE,
     ROW_NAMES,
-    STORE_COLUMNS,
     STORE_ROW,
     StoreRows,
     event_from_stored,
     hour_partition,
+    split_keys,
     store_rows,
 )
+from tracemq_collector.events import _offset_coords as _offset_coords  # the ingest's decode
 
 __all__ = [
+    "BLOCK_EVENTS",
     "DEDUPE_WINDOW_MESSAGES",
     "KEY_BUCKET_BITS",
     "MAX_KEYS_PER_MESSAGE",
     "STORE_ROW",
     "MAX_PAGE_SIZE",
+    "OLD_LAYOUT_HELP",
     "SCHEMA_VERSION",
     "StoreSchemaError",
     "TraceStore",
     "TraceStoreError",
+    "stored_events",
 ]
 
 #: Version of this file's table layout; a file of another version is refused, not misread.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: Trace offsets per partition whose idempotency keys are kept (see ``message_keys``): about
 #: 100 bytes each. A repeat arriving later than this many trace messages after the first copy
 #: in its partition is stored again.
 DEDUPE_WINDOW_MESSAGES = 200_000
-#: Events per key-index bucket: 2**KEY_BUCKET_BITS (see the module docstring).
-KEY_BUCKET_BITS = 16
+#: Events per block at most (a ref keeps 8 bits for the position). Larger blocks compress a
+#: little better, but a look-up decompresses a whole block per event it returns.
+BLOCK_EVENTS = 128
+#: A key-index bucket covers the refs with the same ``ref >> KEY_BUCKET_BITS`` (512 blocks).
+KEY_BUCKET_BITS = 17
 #: Largest ``limit`` a paged query accepts.
 MAX_PAGE_SIZE = 1000
-#: Business keys indexed per message (in sorted order); more are kept in the event, unindexed.
-
+#: What to do with a file of an older layout (the error message says it).
+OLD_LAYOUT_HELP = (
+    "this collector keeps schema version 5 (events in compressed blocks, a fifth of the size) "
+    "and does not convert older files: stop the collector, move this file and its -wal/-shm "
+    "away and start it again (a new store resumes each trace partition at the collector "
+    "group's committed offset, which never passes what the old store and the lake held, so "
+    "nothing is lost; the lake may get a second copy of the events read after the last commit; "
+    "the events stored before are in the lake and the moved file), or keep running the "
+    "previous collector version on it"
+)
 
 _T = TypeVar("_T")
 log = get_logger("collector.store")
 _KEY_SHIFT = KEY_SHIFT
 _KEY_MASK = (1 << KEY_SHIFT) - 1
+_POS_BITS = 8
+_POS_MASK = (1 << _POS_BITS) - 1
 _LAKE_COLUMNS = lake.COLUMN_NAMES
+_ZLIB_LEVEL = 1  # level 6 saves 15 % more for four times the CPU (measured on bench data)
 
-# The events table is created from STORE_COLUMNS, the one list of its columns.
 _SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID;
-CREATE TABLE events (
+CREATE TABLE names (id INTEGER PRIMARY KEY, value TEXT NOT NULL UNIQUE);
+CREATE TABLE partitions (
     id INTEGER PRIMARY KEY,
-    {event_columns},
-    UNIQUE (trace_topic, trace_partition, trace_offset, trace_index)
+    trace_topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    UNIQUE (trace_topic, partition)
 );
-CREATE INDEX events_msg_id ON events (msg_id);
-CREATE INDEX events_timestamp ON events (timestamp);
-CREATE INDEX events_pub_topic ON events (topic, timestamp) WHERE trace_type = 'Pub';
-CREATE TABLE event_keys (
-    key TEXT NOT NULL,
-    msg_id TEXT NOT NULL,
-    topic TEXT,
+CREATE TABLE blocks (
+    id INTEGER PRIMARY KEY,
+    tp INTEGER NOT NULL,
+    first_offset INTEGER NOT NULL,
+    last_offset INTEGER NOT NULL,
+    min_ts INTEGER NOT NULL,
+    max_ts INTEGER NOT NULL,
+    n INTEGER NOT NULL,
+    data BLOB NOT NULL
+);
+CREATE INDEX blocks_offsets ON blocks (tp, last_offset, first_offset);
+CREATE INDEX blocks_max_ts ON blocks (max_ts);
+CREATE INDEX blocks_min_ts ON blocks (min_ts);
+CREATE TABLE msg_index (
+    msg_hash INTEGER NOT NULL,
+    block INTEGER NOT NULL,
+    pub INTEGER NOT NULL,
+    PRIMARY KEY (msg_hash, block)
+) WITHOUT ROWID;
+CREATE TABLE pub_index (
+    topic INTEGER NOT NULL,
     timestamp INTEGER NOT NULL,
-    bucket INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX event_keys_bucket ON event_keys (bucket, key, timestamp);
+    ref INTEGER NOT NULL,
+    PRIMARY KEY (topic, timestamp, ref)
+) WITHOUT ROWID;
+CREATE TABLE place_index (
+    place_hash INTEGER NOT NULL,
+    ref INTEGER NOT NULL,
+    PRIMARY KEY (place_hash, ref)
+) WITHOUT ROWID;
+CREATE TABLE key_index (
+    bucket INTEGER NOT NULL,
+    key TEXT NOT NULL,
+    timestamp INTEGER NOT NULL,
+    ref INTEGER NOT NULL,
+    topic INTEGER,
+    PRIMARY KEY (bucket, key, timestamp, ref)
+) WITHOUT ROWID;
 CREATE TABLE quarantine (
     id INTEGER PRIMARY KEY,
     trace_topic TEXT NOT NULL,
@@ -192,9 +269,7 @@ CREATE TABLE lake_pending (
     end_offset INTEGER NOT NULL,
     PRIMARY KEY (trace_topic, partition, start_offset, end_offset)
 ) WITHOUT ROWID;
-""".replace("{event_columns}", ",\n    ".join(f"{name} {decl}" for name, decl in STORE_COLUMNS))
-# The events table's columns in order (checked against the file when a store opens).
-_EVENT_COLUMNS = ["id", *STORE_ROW]
+"""
 # What a stored event is rebuilt from: event_from_stored's arguments, then the stored columns
 # that win over what the record decodes to (all the others, in table order).
 _REBUILT_FROM = (
@@ -206,49 +281,40 @@ _REBUILT_FROM = (
     "ingest_ts",
 )
 _STORED_COLUMNS = (*_REBUILT_FROM, *(c for c in STORE_ROW if c not in _REBUILT_FROM))
-_STORED = ", ".join(_STORED_COLUMNS)
-_STORED_AS_E = ", ".join(f"e.{c}" for c in _STORED_COLUMNS)
 _AUTHORITATIVE = _STORED_COLUMNS[6:]
+# An event as a block decodes it: (pos, *STORE_ROW), the shape of StoreRows.events.
+_EV = {name: i + 1 for i, name in enumerate(STORE_ROW)}
+_E_TOPIC, _E_PART, _E_OFF, _E_IDX = (
+    _EV["trace_topic"], _EV["trace_partition"], _EV["trace_offset"], _EV["trace_index"]
+)  # fmt: skip
+_E_TYPE, _E_TS, _E_MSG, _E_MTOPIC = _EV["trace_type"], _EV["timestamp"], _EV["msg_id"], _EV["topic"]
+_E_RECORD = _EV["record"]
+_stored_of = itemgetter(*(_EV[c] for c in _STORED_COLUMNS))
+# The fields of an event in a block, after pos; trace_topic and partition are the block's.
+_BLOCK_FIELDS = tuple(c for c in STORE_ROW if c not in ("trace_topic", "trace_partition"))
+_INT_FIELDS = frozenset(("trace_offset", "trace_index", "timestamp", "store_time", "ingest_ts"))
+_FIELD_SEP, _EVENT_SEP, _NONE, _JSON = "\x02", "\x03", "\x00", "\x04"
+_CONTENT = "\x01"  # the trace format's field separator inside a record
+_N_FIELDS = 1 + len(_BLOCK_FIELDS)
+_BLOCK_GETTER = itemgetter(0, *(_EV[c] for c in _BLOCK_FIELDS))
+# pos, then the integer fields
+_INT_POSITIONS = (0, *sorted(1 + _BLOCK_FIELDS.index(c) for c in _INT_FIELDS))
+_MSG_COLUMN = 1 + _BLOCK_FIELDS.index("msg_id")
 
-# Formatted with integers only: the first event id of the batch, and that id << _KEY_SHIFT.
-_INSERT_EVENT = (  # built from constants only
-    f"INSERT OR IGNORE INTO events ({', '.join(_EVENT_COLUMNS)}) "  # noqa: S608
-    f"VALUES ({{first_id}} + ?, {', '.join('?' for _ in _EVENT_COLUMNS[1:])})"
-)
-_INSERT_KEY = (
-    "INSERT INTO event_keys (rowid, key, msg_id, topic, timestamp, bucket) "
-    "VALUES ({base} + ?1, ?2, ?3, ?4, ?5, ({base} + ?1) >> {bucket_shift})"
-)
-# Version 1 → 2: the key index gets its buckets (see the module docstring).
-_MIGRATE_1_TO_2 = (
-    "ALTER TABLE event_keys ADD COLUMN bucket INTEGER NOT NULL DEFAULT 0",
-    f"UPDATE event_keys SET bucket = rowid >> {KEY_SHIFT + KEY_BUCKET_BITS}",  # noqa: S608
-    "DROP INDEX IF EXISTS event_keys_key_time",
-    "CREATE INDEX event_keys_bucket ON event_keys (bucket, key, timestamp)",
-    "UPDATE meta SET value = 2 WHERE key = 'schema_version'",
-)
-# Version 2 → 3: the idempotency keys of trace messages (see the module docstring).
-_MIGRATE_2_TO_3 = (
-    "CREATE TABLE IF NOT EXISTS message_keys (key TEXT PRIMARY KEY, trace_topic TEXT NOT NULL, "
-    "trace_partition INTEGER NOT NULL, trace_offset INTEGER NOT NULL) WITHOUT ROWID",
-    "CREATE INDEX IF NOT EXISTS message_keys_offset "
-    "ON message_keys (trace_topic, trace_partition, trace_offset)",
-    "UPDATE meta SET value = 3 WHERE key = 'schema_version'",
-)
-# Version 3 → 4: the writing client's id per event (trace message header CLIENT_ID).
-_MIGRATE_3_TO_4 = (
-    "ALTER TABLE events ADD COLUMN client_id TEXT",
-    "UPDATE meta SET value = 4 WHERE key = 'schema_version'",
+_PLACE_INDEX = (
+    "CREATE TABLE place_index (place_hash INTEGER NOT NULL, ref INTEGER NOT NULL, "
+    "PRIMARY KEY (place_hash, ref)) WITHOUT ROWID"
 )
 _KNOWN_KEYS = """
 SELECT key, trace_topic, trace_partition, trace_offset FROM message_keys
 WHERE key IN (SELECT value FROM json_each(?))
 """
-# Every bucket that may hold key rows: those of the events still stored.
+# Every bucket that may hold key rows: those of the blocks still stored.
 _BUCKETS = (  # built from constants only
     "WITH RECURSIVE buckets(b) AS ("  # noqa: S608
-    f"SELECT (SELECT min(id) FROM events) >> {KEY_BUCKET_BITS} UNION ALL "
-    f"SELECT b + 1 FROM buckets WHERE b < (SELECT max(id) FROM events) >> {KEY_BUCKET_BITS}) "
+    f"SELECT (SELECT min(id) FROM blocks) >> {KEY_BUCKET_BITS - _POS_BITS} UNION ALL "
+    f"SELECT b + 1 FROM buckets WHERE b < (SELECT max(id) FROM blocks) >> "
+    f"{KEY_BUCKET_BITS - _POS_BITS}) "
 )
 _INSERT_QUARANTINE = """
 INSERT OR IGNORE INTO quarantine
@@ -260,13 +326,8 @@ INSERT INTO {table} (trace_topic, partition, next_offset) VALUES (?, ?, ?)
 ON CONFLICT (trace_topic, partition) DO UPDATE
 SET next_offset = max(next_offset, excluded.next_offset)
 """
-_EXISTING = """
-SELECT trace_offset, trace_index FROM events
-WHERE trace_topic = ? AND trace_partition = ? AND trace_offset BETWEEN ? AND ?
-"""
-_PUBLISHED = """
-SELECT DISTINCT msg_id FROM events
-WHERE msg_id IN (SELECT value FROM json_each(?)) AND trace_type = 'Pub'
+_OVERLAPPING = """
+SELECT id, data FROM blocks WHERE tp = ? AND last_offset >= ? AND first_offset <= ?
 """
 _SUMMARY_COLUMNS = (
     "msg_id",
@@ -287,8 +348,8 @@ _CURSOR = struct.Struct(">cqq")
 _KEY_CURSOR = b"k"
 _MESSAGE_CURSOR = b"m"
 
-# Sizes for one collector's file (about 400 bytes per event: tens of millions of events are
-# several GB): the writer's cache holds the hot index pages, readers mostly hit the mmap.
+# Sizes for one collector's file (about 100 bytes per event): the writer's cache holds the hot
+# index pages, readers mostly hit the mmap.
 _WRITER_CACHE_KIB = 131_072
 _WORKER_CACHE_KIB = 32_768
 _READER_CACHE_KIB = 16_384
@@ -297,6 +358,136 @@ _MMAP_BYTES = 1 << 30
 _WAL_AUTOCHECKPOINT_PAGES = 8192
 _WAL_LIMIT_BYTES = 64 << 20
 _BUSY_TIMEOUT_S = 10.0
+
+
+def _msg_hash(msg_id: str) -> int:
+    """8 bytes of BLAKE2b of a msgId, as a signed 64-bit integer (SQLite's INTEGER)."""
+    return int.from_bytes(
+        hashlib.blake2b(msg_id.encode("utf-8", "surrogatepass"), digest_size=8).digest(),
+        "big",
+        signed=True,
+    )
+
+
+def _encode_column(i: int, column: tuple[Any, ...]) -> str | None:
+    """A block's column as text (values joined by \x02, None as \x00), or None when a value
+    holds a separator (records never do: they were split on \x02)."""
+    if i in _INT_POSITIONS:
+        return _FIELD_SEP.join(map(str, map(int, column)))
+    try:
+        text = _FIELD_SEP.join([_NONE if v is None else v for v in column])
+    except TypeError:
+        raise ValueError(f"event field of an unexpected type in {column!r}") from None
+    if (
+        text.count(_FIELD_SEP) == len(column) - 1
+        and _EVENT_SEP not in text
+        and text.count(_NONE) == column.count(None)
+    ):
+        return text
+    return None
+
+
+def _encode_block(events: Sequence[Sequence[Any]]) -> bytes:
+    """Events (``(pos, *STORE_ROW)``, one partition) → a block: column by column, since like
+    values side by side compress best; as JSON when a value holds a separator."""
+    try:
+        columns = list(zip(*map(_BLOCK_GETTER, events), strict=True))
+    except (IndexError, TypeError) as exc:
+        raise ValueError(f"an event of the wrong shape: {exc}") from None
+    texts = [_encode_column(i, column) for i, column in enumerate(columns)]
+    if None in texts:
+        text = _JSON + json.dumps(
+            [[int(v) for v in c] if i in _INT_POSITIONS else c for i, c in enumerate(columns)]
+        )
+    else:
+        text = _EVENT_SEP.join(texts)  # type: ignore[arg-type]
+    return zlib.compress(text.encode("utf-8", "surrogatepass"), _ZLIB_LEVEL)
+
+
+def _block_text(data: bytes) -> str:
+    return zlib.decompress(data).decode("utf-8", "surrogatepass")
+
+
+def _decode_block(data: bytes, trace_topic: str, partition: int) -> list[tuple[Any, ...]]:
+    """The events of a block, each as ``(pos, *STORE_ROW)``."""
+    try:
+        text = _block_text(data)
+        if text.startswith(_JSON):
+            columns: list[Any] = json.loads(text[1:])
+        else:
+            columns = [
+                list(map(int, c.split(_FIELD_SEP)))
+                if i in _INT_POSITIONS
+                else [None if v == _NONE else v for v in c.split(_FIELD_SEP)]
+                for i, c in enumerate(text.split(_EVENT_SEP))
+            ]
+        if len(columns) != _N_FIELDS or any(len(c) != len(columns[0]) for c in columns):
+            raise ValueError("columns of different lengths")
+        # (pos, *STORE_ROW): the block's trace topic and partition go back in their places.
+        return list(zip(columns[0], repeat(trace_topic), repeat(partition), *columns[1:]))
+    except (zlib.error, ValueError, TypeError, RecursionError) as exc:
+        raise TraceStoreError(f"a stored block cannot be read: {exc!r}") from exc
+
+
+def _pick(
+    data: bytes,
+    trace_topic: str,
+    partition: int,
+    *,
+    pos: int | None = None,
+    msg_id: str | None = None,
+) -> list[tuple[Any, ...]]:
+    """Only the block's events at position ``pos`` or of ``msg_id``: a look-up needs one or a
+    few events of a block, and splitting its columns costs less than building every event."""
+    try:
+        text = _block_text(data)
+        if text.startswith(_JSON):
+            events = _decode_block(data, trace_topic, partition)
+            return [e for e in events if (e[0] == pos if msg_id is None else e[_E_MSG] == msg_id)]
+        columns = text.split(_EVENT_SEP)
+        if len(columns) != _N_FIELDS:
+            raise ValueError("a block of the wrong shape")
+        if msg_id is None:
+            wanted = [i for i, p in enumerate(columns[0].split(_FIELD_SEP)) if int(p) == pos]
+        else:
+            ids = columns[_MSG_COLUMN].split(_FIELD_SEP)
+            wanted = [i for i, m in enumerate(ids) if m == msg_id]
+        if not wanted:
+            return []
+        split = [c.split(_FIELD_SEP) for c in columns]
+        out: list[tuple[Any, ...]] = []
+        for i in wanted:
+            fields: list[Any] = [
+                int(c[i]) if k in _INT_POSITIONS else (None if c[i] == _NONE else c[i])
+                for k, c in enumerate(split)
+            ]
+            out.append((fields[0], trace_topic, partition, *fields[1:]))
+        return out
+    except (zlib.error, ValueError, TypeError, IndexError) as exc:
+        raise TraceStoreError(f"a stored block cannot be read: {exc!r}") from exc
+
+
+def _place_hash(offset_msg_id: str | None) -> int | None:
+    """The place an offsetMsgId names (store host, queue, Kafka offset) as a 64-bit hash, the
+    key of ``place_index``; None if it names none."""
+    addr, queue_id, offset = _offset_coords(offset_msg_id)
+    return None if addr is None else _msg_hash(f"{addr}/{queue_id}/{offset}")
+
+
+def _pub_offset_msg_id(e: Sequence[Any]) -> str | None:
+    """The offsetMsgId of a stored Pub event (field 12 of the common 14-field record)."""
+    fields = e[_E_RECORD].split(_CONTENT)
+    if len(fields) == 14 and fields[0] == "Pub":
+        return None if fields[12] == "null" else fields[12]
+    try:
+        return _event_row(e).get("offset_msg_id")
+    except TraceStoreError:
+        return None
+
+
+def _is_dlq(topic: str | None) -> bool:
+    # SQLite's LIKE '\%DLQ\%%' of the earlier layouts: the prefix %DLQ%, ASCII case-insensitive.
+    return topic is not None and topic[:5].upper() == "%DLQ%"
 
 
 def _encode_cursor(kind: bytes, timestamp: int, rowid: int) -> str:
@@ -335,17 +526,79 @@ def _decoded(values: Sequence[Any]) -> dict[str, Any]:
     return row
 
 
-def _lake_row(values: Sequence[Any]) -> dict[str, Any]:
+def _event_row(event: Sequence[Any]) -> dict[str, Any]:
+    """A block's event (``(pos, *STORE_ROW)``) decoded: every lake column and the extras."""
+    return _decoded(_stored_of(event))
+
+
+def _lake_row(event: Sequence[Any]) -> dict[str, Any]:
     """A stored event as look-ups return it: the lake columns, and the client id (which the
     lake does not keep)."""
-    row = _decoded(values)
+    row = _event_row(event)
     out = {name: row[name] for name in _LAKE_COLUMNS}
     out["client_id"] = row["client_id"]
     return out
 
 
+class _Blocks:
+    """Blocks read by one query, decoded once each."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.cache: dict[int, dict[int, tuple[Any, ...]]] = {}
+        self.partitions: dict[int, tuple[str, int]] = {}
+
+    def partition(self, tp: int) -> tuple[str, int]:
+        found = self.partitions.get(tp)
+        if found is None:
+            row = self.conn.execute(
+                "SELECT trace_topic, partition FROM partitions WHERE id = ?", (tp,)
+            ).fetchone()
+            if row is None:
+                raise TraceStoreError(f"a block names partition id {tp}, which is not stored")
+            found = self.partitions[tp] = (str(row[0]), int(row[1]))
+        return found
+
+    def add(self, block: int, tp: int, data: bytes) -> dict[int, tuple[Any, ...]]:
+        events = {e[0]: e for e in _decode_block(data, *self.partition(tp))}
+        self.cache[block] = events
+        return events
+
+    def get(self, block: int) -> dict[int, tuple[Any, ...]]:
+        events = self.cache.get(block)
+        if events is None:
+            row = self.conn.execute("SELECT tp, data FROM blocks WHERE id = ?", (block,)).fetchone()
+            events = {} if row is None else self.add(block, row[0], row[1])
+            self.cache[block] = events
+        return events
+
+    def _raw(self, block: int) -> tuple[int, bytes] | None:
+        row = self.conn.execute("SELECT tp, data FROM blocks WHERE id = ?", (block,)).fetchone()
+        return None if row is None else (int(row[0]), row[1])
+
+    def event(self, ref: int) -> tuple[Any, ...] | None:
+        """One event by its ref (None if it is gone), without decoding its whole block."""
+        block, pos = ref >> _POS_BITS, ref & _POS_MASK
+        events = self.cache.get(block)
+        if events is not None:
+            return events.get(pos)
+        raw = self._raw(block)
+        if raw is None:
+            return None
+        found = _pick(raw[1], *self.partition(raw[0]), pos=pos)
+        return found[0] if found else None
+
+    def of_message(self, block: int, msg_id: str) -> list[tuple[Any, ...]]:
+        """The events of a message in a block."""
+        events = self.cache.get(block)
+        if events is not None:
+            return [e for e in events.values() if e[_E_MSG] == msg_id]
+        raw = self._raw(block)
+        return [] if raw is None else _pick(raw[1], *self.partition(raw[0]), msg_id=msg_id)
+
+
 class TraceStore:
-    """The collector's trace store: events, key index, quarantine and progress in one file.
+    """The collector's trace store: events, indexes, quarantine and progress in one file.
 
     Args:
         path: the SQLite file; its directory is created on :meth:`open`.
@@ -368,7 +621,8 @@ class TraceStore:
         """Open the file (creating it if needed) and check its schema version.
 
         Raises:
-            StoreSchemaError: the file has another schema version (a newer one: upgrade).
+            StoreSchemaError: the file has another schema version (a newer one: upgrade; an
+                older one: see :data:`OLD_LAYOUT_HELP`).
             TraceStoreError: the file is an SQLite database but not a trace store.
         """
         with self._write_lock:
@@ -414,42 +668,24 @@ class TraceStore:
                         c.execute(statement)
                 c.executemany(
                     "INSERT INTO meta (key, value) VALUES (?, ?)",
-                    [("schema_version", SCHEMA_VERSION), ("next_event_id", 1)],
+                    [("schema_version", SCHEMA_VERSION), ("next_block_id", 1), ("event_count", 0)],
                 )
             elif "meta" not in tables:
                 raise TraceStoreError(f"{self.path} is an SQLite file but not a trace store")
             version = self._meta(c, "schema_version")
-            if version == 1:
-                log.warning("migrating the trace store to schema version 2", path=str(self.path))
-                for statement in _MIGRATE_1_TO_2:
-                    c.execute(statement)
-                version = self._meta(c, "schema_version")
-            if version == 2:
-                log.warning("migrating the trace store to schema version 3", path=str(self.path))
-                for statement in _MIGRATE_2_TO_3:
-                    c.execute(statement)
-                version = self._meta(c, "schema_version")
-            if version == 3:
-                log.warning("migrating the trace store to schema version 4", path=str(self.path))
-                have = {r[1] for r in c.execute("PRAGMA table_info(events)")}
-                for statement in _MIGRATE_3_TO_4:
-                    if "ADD COLUMN client_id" in statement and "client_id" in have:
-                        continue
-                    c.execute(statement)
-                version = self._meta(c, "schema_version")
             if version != SCHEMA_VERSION:
+                older = isinstance(version, int) and 1 <= version < SCHEMA_VERSION
                 newer = isinstance(version, int) and version > SCHEMA_VERSION
                 raise StoreSchemaError(
                     f"trace store {self.path} has schema version {version!r}, this collector "
                     f"knows version {SCHEMA_VERSION}"
                     + ("; the file is newer: upgrade the collector" if newer else "")
+                    + (f"; {OLD_LAYOUT_HELP}" if older else "")
                 )
-            columns = [r[1] for r in c.execute("PRAGMA table_info(events)")]
-            if columns != _EVENT_COLUMNS:
-                raise StoreSchemaError(
-                    f"trace store {self.path}: events has columns {columns}, "
-                    f"expected {_EVENT_COLUMNS}"
-                )
+            if tables and "place_index" not in tables and "blocks" in tables:
+                c.execute(_PLACE_INDEX)  # a schema-5 file from before the place index
+            if tables and "blocks" not in tables:
+                raise StoreSchemaError(f"trace store {self.path} has no blocks table")
 
         self._transaction(conn, body)
 
@@ -547,6 +783,8 @@ class TraceStore:
 
     # ------------------------------------------------------------------ ingest
 
+    # ------------------------------------------------------------------ ingest
+
     def write_batch(
         self,
         rows: list[dict[str, Any]],
@@ -593,12 +831,43 @@ class TraceStore:
         return self._write(lambda c: self._write_rows(c, batch))
 
     @staticmethod
+    def _tp_id(
+        conn: sqlite3.Connection, trace_topic: str, partition: int, create: bool
+    ) -> int | None:
+        row = conn.execute(
+            "SELECT id FROM partitions WHERE trace_topic = ? AND partition = ?",
+            (trace_topic, partition),
+        ).fetchone()
+        if row is not None:
+            return int(row[0])
+        if not create:
+            return None
+        cur = conn.execute(
+            "INSERT INTO partitions (trace_topic, partition) VALUES (?, ?)",
+            (trace_topic, partition),
+        )
+        return int(cur.lastrowid or 0)
+
+    @staticmethod
+    def _name_ids(conn: sqlite3.Connection, names: Iterable[str]) -> dict[str, int]:
+        """Ids of names (topics), adding the new ones."""
+        out: dict[str, int] = {}
+        for name in names:
+            row = conn.execute("SELECT id FROM names WHERE value = ?", (name,)).fetchone()
+            if row is None:
+                cur = conn.execute("INSERT INTO names (value) VALUES (?)", (name,))
+                out[name] = int(cur.lastrowid or 0)
+            else:
+                out[name] = int(row[0])
+        return out
+
+    @staticmethod
     def _fresh(
         conn: sqlite3.Connection, events: list[tuple[Any, ...]], ordered: bool
     ) -> list[int] | None:
         """Positions of the events not stored yet, or None when all of them are new."""
-        # One index range scan per partition finds what is already stored, so a replay indexes
-        # no key twice; for a fresh batch (the usual case) the scan finds nothing and is cheap.
+        # One range read per partition finds the blocks that may hold some of them, so a
+        # replay indexes no key twice; for a fresh batch it finds none.
         bounds: dict[tuple[str, int], list[int]] = {}
         for row in events:
             offset = row[3]
@@ -611,10 +880,14 @@ class TraceStore:
                 b[1] = offset
         seen: set[tuple[str, int, int, int]] = set()
         for (topic, partition), (low, high) in bounds.items():
-            seen.update(
-                (topic, partition, offset, index)
-                for offset, index in conn.execute(_EXISTING, (topic, partition, low, high))
-            )
+            tp = TraceStore._tp_id(conn, topic, partition, create=False)
+            if tp is None:
+                continue
+            for _, data in conn.execute(_OVERLAPPING, (tp, low, high)):
+                seen.update(
+                    (topic, partition, e[_E_OFF], e[_E_IDX])
+                    for e in _decode_block(data, topic, partition)
+                )
         if not seen and ordered:
             return None
         fresh = []
@@ -695,6 +968,118 @@ class TraceStore:
         ]
         return kept
 
+    @staticmethod
+    def _published(conn: sqlite3.Connection, msg_ids: list[str]) -> set[str]:
+        """The msgIds of ``msg_ids`` with a Pub already stored (a retried send)."""
+        if not msg_ids:
+            return set()
+        wanted = set(msg_ids)
+        blocks = _Blocks(conn)
+        found: set[str] = set()
+        hits = conn.execute(
+            "SELECT DISTINCT block FROM msg_index "
+            "WHERE msg_hash IN (SELECT value FROM json_each(?)) AND pub = 1",
+            (json.dumps([_msg_hash(m) for m in msg_ids]),),
+        ).fetchall()
+        for (block,) in hits:
+            for e in blocks.get(block).values():
+                if e[_E_TYPE] == "Pub" and e[_E_MSG] in wanted:
+                    found.add(e[_E_MSG])
+        return found
+
+    def _insert_events(self, conn: sqlite3.Connection, batch: StoreRows) -> None:
+        events = batch.events
+        key_rows = batch.key_rows
+        if key_rows:
+            # Messages whose keys an earlier Pub (a retried send) already indexed.
+            indexed = self._published(conn, batch.key_msg_ids)
+            if indexed:
+                key_rows = [row for row in key_rows if row[2] not in indexed]
+        # Read inside the transaction: correct even if another process wrote this file.
+        next_block = int(self._meta(conn, "next_block_id"))
+        by_partition: dict[tuple[str, int], list[tuple[Any, ...]]] = {}
+        topics: set[str] = set()
+        for e in events:
+            group = by_partition.get((e[_E_TOPIC], e[_E_PART]))
+            if group is None:
+                by_partition[(e[_E_TOPIC], e[_E_PART])] = [e]
+            else:
+                group.append(e)
+            if e[_E_TYPE] == "Pub" and e[_E_MTOPIC] is not None:
+                topics.add(e[_E_MTOPIC])
+        topics.update(row[3] for row in key_rows if row[3] is not None)
+        topic_ids = self._name_ids(conn, sorted(topics))
+        ref_of = [0] * len(events)
+        block_rows: list[tuple[Any, ...]] = []
+        msg_rows: list[tuple[int, int, int]] = []
+        pub_rows: list[tuple[int, int, int]] = []
+        place_rows: list[tuple[int, int]] = []
+        for (trace_topic, partition), group in by_partition.items():
+            tp = self._tp_id(conn, trace_topic, partition, create=True)
+            for start in range(0, len(group), BLOCK_EVENTS):
+                block = next_block
+                next_block += 1
+                base = block << _POS_BITS
+                chunk = group[start : start + BLOCK_EVENTS]
+                stored = []
+                msgs: dict[str, int] = {}
+                for pos, e in enumerate(chunk):
+                    ref = base | pos
+                    ref_of[e[0]] = ref
+                    stored.append((pos, *e[1:]))
+                    msg_id = e[_E_MSG]
+                    if e[_E_TYPE] == "Pub":
+                        if msg_id is not None:
+                            msgs[msg_id] = 1
+                        if e[_E_MTOPIC] is not None:
+                            pub_rows.append((topic_ids[e[_E_MTOPIC]], e[_E_TS], ref))
+                        place = _place_hash(_pub_offset_msg_id(e))
+                        if place is not None:
+                            place_rows.append((place, ref))
+                    elif msg_id is not None and msg_id not in msgs:
+                        msgs[msg_id] = 0
+                offsets = [e[_E_OFF] for e in stored]
+                stamps = [e[_E_TS] for e in stored]
+                block_rows.append(
+                    (
+                        block,
+                        tp,
+                        min(offsets),
+                        max(offsets),
+                        min(stamps),
+                        max(stamps),
+                        len(stored),
+                        _encode_block(stored),
+                    )
+                )
+                hashed: dict[int, int] = {}
+                for msg_id, pub in msgs.items():
+                    h = _msg_hash(msg_id)  # two ids of one hash in a block: one row
+                    hashed[h] = max(pub, hashed.get(h, 0))
+                msg_rows.extend((h, block, pub) for h, pub in hashed.items())
+        conn.executemany("INSERT INTO blocks VALUES (?, ?, ?, ?, ?, ?, ?, ?)", block_rows)
+        conn.executemany("INSERT OR IGNORE INTO msg_index VALUES (?, ?, ?)", msg_rows)
+        if pub_rows:
+            conn.executemany("INSERT OR IGNORE INTO pub_index VALUES (?, ?, ?)", pub_rows)
+        if place_rows:
+            conn.executemany("INSERT OR IGNORE INTO place_index VALUES (?, ?)", place_rows)
+        if key_rows:
+            rows = []
+            for position_n, key, _msg_id, topic, timestamp in key_rows:
+                ref = ref_of[position_n >> _KEY_SHIFT]
+                rows.append(
+                    (
+                        ref >> KEY_BUCKET_BITS,
+                        key,
+                        timestamp,
+                        ref,
+                        None if topic is None else topic_ids[topic],
+                    )
+                )
+            conn.executemany("INSERT OR IGNORE INTO key_index VALUES (?, ?, ?, ?, ?)", rows)
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'next_block_id'", (next_block,))
+        conn.execute("UPDATE meta SET value = value + ? WHERE key = 'event_count'", (len(events),))
+
     def _write_rows(
         self, conn: sqlite3.Connection, batch: StoreRows
     ) -> tuple[int, dict[tuple[str, int], int | None], int]:
@@ -717,24 +1102,7 @@ class TraceStore:
                 batch = self._renumber(batch, fresh)
             new = len(batch.events)
         if new:
-            # Read inside the transaction: correct even if another process wrote this file.
-            first_id = int(self._meta(conn, "next_event_id"))
-            key_rows = batch.key_rows
-            if key_rows:
-                # Messages whose keys an earlier Pub (a retried send) already indexed.
-                indexed = {r[0] for r in conn.execute(_PUBLISHED, (json.dumps(batch.key_msg_ids),))}
-                if indexed:
-                    key_rows = [row for row in key_rows if row[2] not in indexed]
-            # The ids are literals (integers), so the rows are bound as the batch made them.
-            conn.executemany(_INSERT_EVENT.format(first_id=int(first_id)), batch.events)
-            if key_rows:
-                conn.executemany(
-                    _INSERT_KEY.format(
-                        base=int(first_id) << _KEY_SHIFT, bucket_shift=_KEY_SHIFT + KEY_BUCKET_BITS
-                    ),
-                    key_rows,
-                )
-            conn.execute("UPDATE meta SET value = ? WHERE key = 'next_event_id'", (first_id + new,))
+            self._insert_events(conn, batch)
         if batch.quarantine:
             conn.executemany(
                 _INSERT_QUARANTINE,
@@ -789,12 +1157,16 @@ class TraceStore:
     def by_msg_id(self, msg_id: str) -> list[dict[str, Any]]:
         """Every event of a message (all lake columns and ``client_id``), by timestamp, trace
         offset and index."""
-        cursor = self._reader().execute(
-            f"SELECT {_STORED} FROM events WHERE msg_id = ? "  # noqa: S608
-            "ORDER BY timestamp, trace_offset, trace_index",
-            (msg_id,),
-        )
-        return [_lake_row(r) for r in cursor]
+        conn = self._reader()
+        blocks = _Blocks(conn)
+        found: list[tuple[Any, ...]] = []
+        hits = conn.execute(
+            "SELECT block FROM msg_index WHERE msg_hash = ?", (_msg_hash(msg_id),)
+        ).fetchall()
+        for (block,) in hits:
+            found.extend(blocks.of_message(block, msg_id))
+        found.sort(key=lambda e: (e[_E_TS], e[_E_OFF], e[_E_IDX]))
+        return [_lake_row(e) for e in found]
 
     def msg_id_by_offset_msg_id(self, offset_msg_id: str) -> str | None:
         """The msgId of the message stored where ``offset_msg_id`` points (its store host,
@@ -805,23 +1177,33 @@ class TraceStore:
             ValueError: ``offset_msg_id`` is not 32 or 56 hex characters.
         """
         wanted = decode_offset_msg_id(offset_msg_id)
-        # No index holds offsetMsgIds (the store keeps the record text, not the column): this
-        # scans the Pub rows, which a look-up by an id the user pasted can afford. Matching on
-        # the decoded place, not the text, finds a Pub that wrote the id in lower case.
-        rows = self._reader().execute(
-            f"SELECT {_STORED} FROM events WHERE trace_type = 'Pub' "  # noqa: S608
-            "AND instr(upper(record), ?) > 0 ORDER BY timestamp DESC",
-            (offset_msg_id.upper(),),
-        )
-        for values in rows:
-            event = _decoded(values)
+        place = _place_hash(offset_msg_id)
+        if place is None:
+            return None
+        # The place index names every Pub whose offsetMsgId decodes to this place (matching
+        # the place, not the text, finds a Pub that wrote the id in lower case); each is
+        # checked, so a hash collision costs a read, never a wrong answer.
+        conn = self._reader()
+        blocks = _Blocks(conn)
+        best: tuple[int, str] | None = None
+        refs = conn.execute("SELECT ref FROM place_index WHERE place_hash = ?", (place,))
+        for (ref,) in refs.fetchall():
+            e = blocks.event(ref)
+            if e is None or e[_E_TYPE] != "Pub":
+                continue
+            event = _event_row(e)
             try:
                 found = decode_offset_msg_id(event.get("offset_msg_id") or "")
             except ValueError:
                 continue
             if found == wanted and event.get("msg_id"):
-                return str(event["msg_id"])
-        return None
+                if best is None or event["timestamp"] > best[0]:
+                    best = (int(event["timestamp"]), str(event["msg_id"]))
+        return None if best is None else best[1]
+
+    def _name_id(self, conn: sqlite3.Connection, name: str) -> int | None:
+        row = conn.execute("SELECT id FROM names WHERE value = ?", (name,)).fetchone()
+        return None if row is None else int(row[0])
 
     def by_key(
         self,
@@ -851,35 +1233,36 @@ class TraceStore:
             ValueError: ``"invalid cursor"``, or a ``limit`` out of range.
         """
         _check_limit(limit)
-        where = ["k.bucket IN buckets", "k.key = ?"]
+        where = ["bucket IN buckets", "key = ?"]
         params: list[Any] = [key]
-        if topic is not None:
-            where.append("k.topic = ?")
-            params.append(topic)
-        _time_filter(where, params, "k.timestamp", begin, end)
+        conn = self._reader()
         if cursor is not None:
-            where.append("(k.timestamp, k.rowid) < (?, ?)")
+            where.append("(timestamp, ref) < (?, ?)")
             params.extend(_decode_cursor(_KEY_CURSOR, cursor))
+        if topic is not None:
+            topic_id = self._name_id(conn, topic)
+            if topic_id is None:
+                return [], None
+            where.append("topic = ?")
+            params.append(topic_id)
+        _time_filter(where, params, "timestamp", begin, end)
         params.append(limit + 1)
-        rows = (
-            self._reader()
-            .execute(
-                f"{_BUCKETS}SELECT k.timestamp, k.rowid, k.msg_id, k.topic, "  # noqa: S608
-                f"{_STORED_AS_E} "
-                f"FROM event_keys AS k JOIN events AS e ON e.id = (k.rowid >> {_KEY_SHIFT}) "
-                f"WHERE {' AND '.join(where)} "
-                "ORDER BY k.timestamp DESC, k.rowid DESC LIMIT ?",
-                params,
-            )
-            .fetchall()
-        )
+        rows = conn.execute(
+            f"{_BUCKETS}SELECT timestamp, ref FROM key_index "  # noqa: S608
+            f"WHERE {' AND '.join(where)} ORDER BY timestamp DESC, ref DESC LIMIT ?",
+            params,
+        ).fetchall()
+        blocks = _Blocks(conn)
         items = []
-        for timestamp, _, msg_id, msg_topic, *stored in rows[:limit]:
-            event = _decoded(stored)
+        for timestamp, ref in rows[:limit]:
+            e = blocks.event(ref)
+            if e is None:  # deleted between the two reads
+                continue
+            event = _event_row(e)
             items.append(
                 {
-                    "msg_id": msg_id,
-                    "topic": msg_topic,
+                    "msg_id": e[_E_MSG],
+                    "topic": e[_E_MTOPIC],
                     "timestamp": timestamp,
                     "keys": event["keys"],
                     "tags": event["tags"],
@@ -903,28 +1286,42 @@ class TraceStore:
         is listed once per Pub trace. Paging and errors as in :meth:`by_key`.
         """
         _check_limit(limit)
-        # trace_type = 'Pub' must be literal SQL, or SQLite cannot use the partial index.
-        where = ["trace_type = 'Pub'", "topic = ?"]
-        params: list[Any] = [topic]
+        if cursor is not None:
+            after = _decode_cursor(_MESSAGE_CURSOR, cursor)
+        conn = self._reader()
+        topic_id = self._name_id(conn, topic)
+        if topic_id is None:
+            return [], None
+        where = ["topic = ?"]
+        params: list[Any] = [topic_id]
         _time_filter(where, params, "timestamp", begin, end)
         if cursor is not None:
-            where.append("(timestamp, id) < (?, ?)")
-            params.extend(_decode_cursor(_MESSAGE_CURSOR, cursor))
+            where.append("(timestamp, ref) < (?, ?)")
+            params.extend(after)
         params.append(limit + 1)
-        rows = (
-            self._reader()
-            .execute(
-                f"SELECT timestamp, id, {_STORED} FROM events "  # noqa: S608
-                f"WHERE {' AND '.join(where)} ORDER BY timestamp DESC, id DESC LIMIT ?",
-                params,
-            )
-            .fetchall()
-        )
+        rows = conn.execute(
+            f"SELECT timestamp, ref FROM pub_index WHERE {' AND '.join(where)} "  # noqa: S608
+            "ORDER BY timestamp DESC, ref DESC LIMIT ?",
+            params,
+        ).fetchall()
+        blocks = _Blocks(conn)
         items = []
-        for row in rows[:limit]:
-            event = _decoded(row[2:])
+        for _, ref in rows[:limit]:
+            e = blocks.event(ref)
+            if e is None:  # deleted between the two reads
+                continue
+            event = _event_row(e)
             items.append({name: event[name] for name in _SUMMARY_COLUMNS})
         return items, _next_cursor(_MESSAGE_CURSOR, rows, limit)
+
+    def _window(
+        self, conn: sqlite3.Connection, since_ms: int, until_ms: int
+    ) -> Iterator[tuple[int, int, bytes]]:
+        """``(block, tp, data)`` of every block that may hold events in the window."""
+        yield from conn.execute(
+            "SELECT id, tp, data FROM blocks WHERE max_ts >= ? AND min_ts < ?",
+            (since_ms, until_ms),
+        )
 
     def consume_activity(
         self, since_ms: int, until_ms: int, *, group: str | None = None, limit: int = 200_000
@@ -937,43 +1334,55 @@ class TraceStore:
         (a prefilter on the record text, then an exact check). At most ``limit`` events are
         read; the second value says whether that cut the window (the oldest part is missing).
 
-        Reads the ``timestamp`` index over the window; the message topic is one look-up by
-        msgId per event (the ``msg_id`` index)."""
-        where = [
-            "timestamp >= ?",
-            "timestamp < ?",
-            "(trace_type IN ('SubBefore', 'SubAfter') "
-            "OR (trace_type = 'Pub' AND topic LIKE '\\%DLQ\\%%' ESCAPE '\\'))",
-        ]
-        params: list[Any] = [since_ms, until_ms]
-        if group is not None:
-            where.append("instr(record, ?) > 0")
-            params.append(group)
-        params.append(limit + 1)
-        rows = (
-            self._reader()
-            .execute(
-                f"SELECT {_STORED}, (SELECT p.topic FROM events AS p "  # noqa: S608
-                "WHERE p.msg_id = events.msg_id AND p.trace_type = 'Pub' "
-                "AND p.topic NOT LIKE '\\%DLQ\\%%' ESCAPE '\\' LIMIT 1) "
-                f"FROM events WHERE {' AND '.join(where)} ORDER BY timestamp DESC LIMIT ?",
-                params,
-            )
-            .fetchall()
-        )
-        out = []
-        for values in rows[:limit]:
-            event = _decoded(values[:-1])
+        Reads the blocks that overlap the window (the ``max_ts`` index); the message topic comes
+        from the Pubs in those blocks, else from one look-up by msgId per message."""
+        conn = self._reader()
+        blocks = _Blocks(conn)
+        picked: list[tuple[int, int, tuple[Any, ...]]] = []
+        pub_topic: dict[str, str] = {}
+        for block, tp, data in self._window(conn, since_ms, until_ms):
+            base = block << _POS_BITS
+            for e in _decode_block(data, *blocks.partition(tp)):
+                kind, ts = e[_E_TYPE], e[_E_TS]
+                if kind == "Pub" and e[_E_MSG] is not None and not _is_dlq(e[_E_MTOPIC]):
+                    pub_topic.setdefault(e[_E_MSG], e[_E_MTOPIC])
+                if not since_ms <= ts < until_ms:
+                    continue
+                if kind in ("SubBefore", "SubAfter") or (kind == "Pub" and _is_dlq(e[_E_MTOPIC])):
+                    if group is not None and group not in e[_E_RECORD]:
+                        continue
+                    picked.append((ts, base | e[0], e))
+        picked.sort(key=itemgetter(0, 1), reverse=True)
+        cut = len(picked) > limit
+        out: list[dict[str, Any]] = []
+        for _, _, e in picked[:limit]:
+            event = _event_row(e)
             if group is not None and event.get("group_name") != group:
                 continue
             del event["record"]
-            event["msg_topic"] = values[-1]
+            msg_id = e[_E_MSG]
+            if msg_id is not None and msg_id not in pub_topic:
+                pub_topic[msg_id] = self._pub_topic(conn, blocks, msg_id)  # type: ignore[assignment]
+            event["msg_topic"] = None if msg_id is None else pub_topic[msg_id]
             out.append(event)
-        return out, len(rows) > limit
+        return out, cut
+
+    @staticmethod
+    def _pub_topic(conn: sqlite3.Connection, blocks: _Blocks, msg_id: str) -> str | None:
+        """The topic of a message's (non-DLQ) Pub in this store, or None."""
+        for (block,) in conn.execute(
+            "SELECT block FROM msg_index WHERE msg_hash = ? AND pub = 1", (_msg_hash(msg_id),)
+        ).fetchall():
+            events = blocks.get(block)
+            for e in events.values():
+                if e[_E_MSG] == msg_id and e[_E_TYPE] == "Pub" and not _is_dlq(e[_E_MTOPIC]):
+                    return str(e[_E_MTOPIC]) if e[_E_MTOPIC] is not None else None
+            blocks.cache.pop(block, None)  # bounded: keep only what the picked events need
+        return None
 
     def event_count(self) -> int:
         """Number of stored events."""
-        return int(self._reader().execute("SELECT count(*) FROM events").fetchone()[0])
+        return int(self._meta(self._reader(), "event_count") or 0)
 
     def quarantine_count(self) -> int:
         """Number of quarantined records."""
@@ -989,39 +1398,134 @@ class TraceStore:
         names = [d[0] for d in cursor.description]
         return [dict(zip(names, r, strict=True)) for r in cursor]
 
+    def events(self) -> Iterator[dict[str, Any]]:
+        """Every stored event, as :meth:`events_in_range` gives them, partition by partition in
+        offset order (for checks and tools: it reads the whole file)."""
+        conn = self._reader()
+        parts = conn.execute("SELECT trace_topic, partition FROM partitions ORDER BY id").fetchall()
+        for trace_topic, partition in parts:
+            yield from self.events_in_range(trace_topic, partition, 0, 1 << 62)
+
     # ------------------------------------------------------------------ retention
 
     def delete_older_than(self, cutoff_ms: int, batch: int = 5000) -> int:
         """Delete one batch of events with ``timestamp < cutoff_ms``; return how many.
 
-        Their key rows go with them. The same call also deletes up to ``batch`` quarantined
-        records read before the cutoff; once no old event is left it returns how many of those
-        it deleted instead, so "call until it returns 0" empties both. Each call is one short
-        transaction, so ingest waits for one batch at most.
+        Their index rows go with them (a block keeps its younger events). The same call also
+        deletes up to ``batch`` quarantined records read before the cutoff; once no old event
+        is left it returns how many of those it deleted instead, so "call until it returns 0"
+        empties both. Each call is one short transaction, so ingest waits for one batch at most.
         """
 
         def body(c: sqlite3.Connection) -> int:
-            old = c.execute(
-                "SELECT id, trace_type FROM events WHERE timestamp < ? ORDER BY timestamp LIMIT ?",
+            deleted = 0
+            candidates = c.execute(
+                "SELECT id FROM blocks WHERE min_ts < ? ORDER BY min_ts, id LIMIT ?",
                 (cutoff_ms, batch),
             ).fetchall()
-            c.executemany(
-                "DELETE FROM event_keys WHERE rowid BETWEEN ? AND ?",
-                [
-                    (event_id << _KEY_SHIFT, ((event_id + 1) << _KEY_SHIFT) - 1)
-                    for event_id, trace_type in old
-                    if trace_type == "Pub"
-                ],
-            )
-            c.executemany("DELETE FROM events WHERE id = ?", [(event_id,) for event_id, _ in old])
+            blocks = _Blocks(c)
+            names: dict[str, int | None] = {}
+            for (block,) in candidates:
+                if deleted >= batch:
+                    break
+                deleted += self._delete_from_block(
+                    c, blocks, names, block, cutoff_ms, batch - deleted
+                )
+            if deleted:
+                c.execute("UPDATE meta SET value = value - ? WHERE key = 'event_count'", (deleted,))
             quarantined = c.execute(
                 "DELETE FROM quarantine WHERE id IN (SELECT id FROM quarantine "
                 "WHERE ingest_ts < ? ORDER BY ingest_ts LIMIT ?)",
                 (cutoff_ms, batch),
             ).rowcount
-            return len(old) if old else int(quarantined)
+            return deleted if deleted else int(quarantined)
 
         return self._write(body)
+
+    def _delete_from_block(
+        self,
+        c: sqlite3.Connection,
+        blocks: _Blocks,
+        names: dict[str, int | None],
+        block: int,
+        cutoff_ms: int,
+        quota: int,
+    ) -> int:
+        """Delete up to ``quota`` of a block's events older than the cutoff, oldest first."""
+        events = blocks.get(block)
+        old = sorted(
+            (e for e in events.values() if e[_E_TS] < cutoff_ms), key=itemgetter(_E_TS, 0)
+        )[:quota]
+        if not old:
+            return 0
+        base = block << _POS_BITS
+        gone = {e[0] for e in old}
+        kept = [e for p, e in sorted(events.items()) if p not in gone]
+        pub_rows: list[tuple[Any, ...]] = []
+        key_rows: list[tuple[Any, ...]] = []
+        place_rows: list[tuple[int, int]] = []
+        for e in old:
+            if e[_E_TYPE] != "Pub":
+                continue
+            ref = base | e[0]
+            topic = e[_E_MTOPIC]
+            if topic is not None:
+                if topic not in names:
+                    names[topic] = self._name_id(c, topic)
+                if names[topic] is not None:
+                    pub_rows.append((names[topic], e[_E_TS], ref))
+            row = _event_row(e)
+            place = _place_hash(row.get("offset_msg_id"))
+            if place is not None:
+                place_rows.append((place, ref))
+            keys = row["keys"]
+            if keys:
+                key_rows.extend(
+                    (ref >> KEY_BUCKET_BITS, k, e[_E_TS], ref)
+                    for k in split_keys(keys)[:MAX_KEYS_PER_MESSAGE]
+                )
+        c.executemany(
+            "DELETE FROM pub_index WHERE topic = ? AND timestamp = ? AND ref = ?", pub_rows
+        )
+        c.executemany(
+            "DELETE FROM key_index WHERE bucket = ? AND key = ? AND timestamp = ? AND ref = ?",
+            key_rows,
+        )
+        c.executemany("DELETE FROM place_index WHERE place_hash = ? AND ref = ?", place_rows)
+        left: dict[int, int] = {}
+        for e in kept:
+            if e[_E_MSG] is not None:
+                h = _msg_hash(e[_E_MSG])
+                left[h] = max(left.get(h, 0), 1 if e[_E_TYPE] == "Pub" else 0)
+        hashes = {_msg_hash(e[_E_MSG]) for e in old if e[_E_MSG] is not None}
+        c.executemany(
+            "DELETE FROM msg_index WHERE msg_hash = ? AND block = ?",
+            [(h, block) for h in hashes if h not in left],
+        )
+        c.executemany(
+            "UPDATE msg_index SET pub = ? WHERE msg_hash = ? AND block = ?",
+            [(left[h], h, block) for h in hashes if h in left],
+        )
+        if kept:
+            offsets = [e[_E_OFF] for e in kept]
+            stamps = [e[_E_TS] for e in kept]
+            c.execute(
+                "UPDATE blocks SET first_offset = ?, last_offset = ?, min_ts = ?, max_ts = ?, "
+                "n = ?, data = ? WHERE id = ?",
+                (
+                    min(offsets),
+                    max(offsets),
+                    min(stamps),
+                    max(stamps),
+                    len(kept),
+                    _encode_block(kept),
+                    block,
+                ),
+            )
+        else:
+            c.execute("DELETE FROM blocks WHERE id = ?", (block,))
+        blocks.cache.pop(block, None)
+        return len(old)
 
     # ------------------------------------------------------------------ lake bookkeeping
 
@@ -1124,14 +1628,11 @@ class TraceStore:
 
     def first_event_offset(self, trace_topic: str, partition: int) -> int | None:
         """Lowest trace offset with a stored event in that partition, or None."""
-        row = (
-            self._reader()
-            .execute(
-                "SELECT min(trace_offset) FROM events WHERE trace_topic = ? AND trace_partition = ?",
-                (trace_topic, partition),
-            )
-            .fetchone()
-        )
+        conn = self._reader()
+        tp = self._tp_id(conn, trace_topic, partition, create=False)
+        if tp is None:
+            return None
+        row = conn.execute("SELECT min(first_offset) FROM blocks WHERE tp = ?", (tp,)).fetchone()
         return None if row is None or row[0] is None else int(row[0])
 
     def nth_event_offset(self, trace_topic: str, partition: int, start: int, n: int) -> int | None:
@@ -1139,16 +1640,27 @@ class TraceStore:
 
         Lets the lake cut a long range into segments of at most ``n`` events.
         """
-        row = (
-            self._reader()
-            .execute(
-                "SELECT trace_offset FROM events WHERE trace_topic = ? AND trace_partition = ? "
-                "AND trace_offset >= ? ORDER BY trace_offset, trace_index LIMIT 1 OFFSET ?",
-                (trace_topic, partition, start, n),
+        conn = self._reader()
+        tp = self._tp_id(conn, trace_topic, partition, create=False)
+        if tp is None:
+            return None
+        coords: list[tuple[int, int]] = []
+        for first, data in conn.execute(
+            "SELECT first_offset, data FROM blocks WHERE tp = ? AND last_offset >= ? "
+            "ORDER BY first_offset",
+            (tp, start),
+        ):
+            if len(coords) > n:
+                coords.sort()
+                if first > coords[n][0]:
+                    break  # no later block holds an event before the n-th
+            coords.extend(
+                (e[_E_OFF], e[_E_IDX])
+                for e in _decode_block(data, trace_topic, partition)
+                if e[_E_OFF] >= start
             )
-            .fetchone()
-        )
-        return None if row is None else int(row[0])
+        coords.sort()
+        return coords[n][0] if len(coords) > n else None
 
     def events_in_range(
         self, trace_topic: str, partition: int, start: int, end: int
@@ -1157,15 +1669,22 @@ class TraceStore:
 
         Each row has every lake column plus ``date`` and ``hour``, computed from its timestamp.
         """
-        cursor = self._reader().execute(
-            f"SELECT {_STORED} FROM events WHERE trace_topic = ? "  # noqa: S608
-            "AND trace_partition = ? AND trace_offset >= ? AND trace_offset < ? "
-            "ORDER BY trace_offset, trace_index",
-            (trace_topic, partition, start, end),
-        )
+        conn = self._reader()
+        tp = self._tp_id(conn, trace_topic, partition, create=False)
+        if tp is None:
+            return []
+        found: list[tuple[Any, ...]] = []
+        for (data,) in conn.execute(
+            "SELECT data FROM blocks WHERE tp = ? AND last_offset >= ? AND first_offset < ?",
+            (tp, start, end),
+        ):
+            found.extend(
+                e for e in _decode_block(data, trace_topic, partition) if start <= e[_E_OFF] < end
+            )
+        found.sort(key=itemgetter(_E_OFF, _E_IDX))
         rows = []
-        for values in cursor:
-            row = _decoded(values)
+        for e in found:
+            row = _event_row(e)
             del row["record"], row["client_id"]  # not lake columns
             rows.append(row)
         return rows
@@ -1189,6 +1708,38 @@ def _next_cursor(kind: bytes, rows: list[Any], limit: int) -> str | None:
         return None
     timestamp, rowid = rows[limit - 1][0], rows[limit - 1][1]
     return _encode_cursor(kind, timestamp, rowid)
+
+
+def stored_events(path: Path) -> list[dict[str, Any]]:
+    """The events of a trace store file as their stored columns (:data:`STORE_ROW`), read-only.
+
+    For checks and tools that must not open the file as a writer (a collector may be writing
+    it): one read transaction, no decode of the records. ``[]`` while the file or its tables
+    do not exist yet.
+    """
+    if not Path(path).exists():
+        return []
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=_BUSY_TIMEOUT_S)
+    try:
+        conn.execute("BEGIN")
+        parts = {
+            tp: (topic, partition)
+            for tp, topic, partition in conn.execute(
+                "SELECT id, trace_topic, partition FROM partitions"
+            )
+        }
+        out: list[dict[str, Any]] = []
+        for tp, data in conn.execute("SELECT tp, data FROM blocks ORDER BY id"):
+            out.extend(
+                dict(zip(STORE_ROW, e[1:], strict=True)) for e in _decode_block(data, *parts[tp])
+            )
+        return out
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return []  # the collector has not created its tables yet
+        raise
+    finally:
+        conn.close()
 
 
 # ---------------------------------------------------------------------- ingest's worker side
