@@ -630,6 +630,9 @@ class AsyncTraceDispatcher:
         limit = self._max_message_size
         sep = KEY_SEPARATOR
         seq = first_seq - 1
+        job: list[Any] | None = None
+        last_topic: str | None = None
+        last_region: str | None = None
         for item in batch:
             seq += 1
             if type(item) is tuple:  # encoded by a trace hook (append_record)
@@ -651,7 +654,12 @@ class AsyncTraceDispatcher:
             length = len(data) if data.isascii() else len(data.encode("utf-8"))
             if length > limit:
                 self._oversize += 1
-            job = open_jobs.get((topic, region))
+            # (records of one client mostly share their topic and region: no key tuple then)
+            if topic is last_topic and region is last_region and job is not None:
+                pass
+            else:
+                job = open_jobs.get((topic, region))
+                last_topic, last_region = topic, region
             if job is None:
                 job = open_jobs[(topic, region)] = [[], set(), 0, seq]
             elif job[2] + length > limit:

@@ -139,9 +139,7 @@ class ConsumeMessageTraceHook:
     def _append(
         self, items: list[tuple[str | None, str | None, str, str | None, str | None]]
     ) -> None:
-        if len(items) == 1:
-            self.dispatcher.append_record(*items[0])
-        elif items:
+        if items:
             self.dispatcher.append_records(items)
 
     def consume_message_after(self, context: ConsumeMessageContext) -> None:
