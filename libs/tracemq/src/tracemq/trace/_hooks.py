@@ -18,6 +18,10 @@ if TYPE_CHECKING:
     from tracemq.hooks import ConsumeMessageContext, EndTransactionContext, SendMessageContext
 
 
+#: an encoded record as the dispatcher queues it: (topic, region, text, msgId, keys)
+_Record = tuple[str | None, str | None, str, str | None, str | None]
+
+
 class _Appender(Protocol):
     def append(self, ctx: TraceContext) -> bool: ...
 
@@ -26,9 +30,7 @@ class _Appender(Protocol):
         keys: str | None,
     ) -> bool: ...  # fmt: skip
 
-    def append_records(
-        self, items: list[tuple[str | None, str | None, str, str | None, str | None]]
-    ) -> int: ...
+    def append_records(self, items: list[_Record]) -> int: ...
 
 
 class SendMessageTraceHook:
@@ -103,7 +105,7 @@ class ConsumeMessageTraceHook:
             return
         ts, region, group = context.begin_timestamp, context.region_id, context.consumer_group
         request_ids = context.request_ids
-        items = []
+        items: list[_Record] = []
         for msg in context.messages:
             msg_id, keys = msg.msg_id, msg.keys
             record = sub_before_record(
@@ -136,9 +138,7 @@ class ConsumeMessageTraceHook:
             )
         self._append(items)
 
-    def _append(
-        self, items: list[tuple[str | None, str | None, str, str | None, str | None]]
-    ) -> None:
+    def _append(self, items: list[_Record]) -> None:
         if items:
             self.dispatcher.append_records(items)
 
@@ -148,7 +148,7 @@ class ConsumeMessageTraceHook:
         region, group, success = context.region_id, context.consumer_group, context.success
         code, request_ids, ends = context.context_code, context.request_ids, context.end_timestamps
         begin, end_all = context.begin_timestamp, context.end_timestamp
-        items = []
+        items: list[_Record] = []
         for msg in context.messages:
             msg_id, keys = msg.msg_id, msg.keys
             end = ends.get(msg_id, end_all) if ends else end_all
