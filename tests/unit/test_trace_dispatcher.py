@@ -325,6 +325,26 @@ async def test_append_discards_when_the_queue_is_full(make: Factory) -> None:
     assert d.stats()["queue_depth"] == 0
 
 
+async def test_append_records_enqueues_a_batch_at_once_and_counts_what_does_not_fit(
+    make: Factory,
+) -> None:
+    d = make(queue_size=5)
+    records = [("T", "R", f"SubBefore\x01{i}\x02", f"M{i}", None) for i in range(4)]
+    assert d.append_records(records[:3]) == 3
+    assert d.append_records(records) == 2  # room for two more: the other two are discarded
+    s = d.stats()
+    assert (s["appended"], s["discarded"], s["queue_depth"]) == (5, 2, 5)
+
+    await d.start()
+    assert await d.flush()
+    assert d.stats()["sent"] == 5
+    body = b"".join(c.value for c in sender_of(d).calls).decode()
+    assert body.count("SubBefore") == 5
+    await d.shutdown(1.0)
+    assert d.append_records(records) == 0  # after shutdown: every one counted as discarded
+    assert d.stats()["discarded"] == 6
+
+
 async def test_append_never_raises_even_for_garbage(make: Factory) -> None:
     d = make(queue_size=1)
     await d.start()

@@ -15,6 +15,7 @@ from tracemq.trace import (
     TraceBean,
     TraceContext,
     TraceType,
+    decode,
     encode,
 )
 from tracemq.trace._hooks import ConsumeMessageTraceHook, SendMessageTraceHook
@@ -29,6 +30,7 @@ class Recorder:
     def __init__(self) -> None:
         self.records: list[tuple[Any, ...]] = []
         self.contexts: list[TraceContext] = []
+        self.batches: list[int] = []
 
     def append(self, ctx: TraceContext) -> bool:
         self.contexts.append(ctx)
@@ -37,6 +39,11 @@ class Recorder:
     def append_record(self, *item: Any) -> bool:
         self.records.append(item)
         return True
+
+    def append_records(self, items: list[Any]) -> int:
+        self.batches.append(len(items))
+        self.records.extend(items)
+        return len(items)
 
 
 def _send_context(keys: list[str] | None = None) -> SendMessageContext:
@@ -133,6 +140,30 @@ def test_sub_records_equal_the_encoded_contexts() -> None:
         ).data
     )
     assert before[:2] == after[:2] == ("Orders", "Region-A")
+
+
+def test_a_batch_call_gives_every_message_its_sub_before_and_sub_after_in_one_enqueue() -> None:
+    rec = Recorder()
+    hook = ConsumeMessageTraceHook(rec, "RMQ_SYS_TRACE_TOPIC")
+    ids = [f"{MSG_ID[:-1]}{i}" for i in range(3)]
+    msgs = [MessageExt("Orders", b"x", i, Q, n, 1, 2, "10.0.0.1:10911") for n, i in enumerate(ids)]
+    bad = MessageExt(
+        "Orders", b"x", "BAD", Q, 9, 1, 2, "h:1", properties={"KEYS": "a\x01b"}
+    )  # a key the record cannot hold: that message alone takes the context way
+    ctx = ConsumeMessageContext("CG", [*msgs, bad], Q, "10.0.0.7")
+    ctx.request_ids = {i: f"REQ-{i}" for i in [*ids, "BAD"]}
+    ctx.begin_timestamp, ctx.end_timestamp = 1_700_000_000_100, 1_700_000_000_130
+    ctx.end_timestamps = {ids[1]: 1_700_000_000_110}
+    hook.consume_message_before(ctx)
+    ctx.success = True
+    hook.consume_message_after(ctx)
+    assert rec.batches == [3, 3]
+    assert [c.trace_type for c in rec.contexts] == [TraceType.SubBefore, TraceType.SubAfter]
+    befores = [decode(r[2])[0] for r in rec.records[:3]]
+    afters = [decode(r[2])[0] for r in rec.records[3:]]
+    assert [c.trace_beans[0].msg_id for c in befores + afters] == ids + ids
+    assert [c.request_id for c in afters] == [f"REQ-{i}" for i in ids]
+    assert [c.cost_time for c in afters] == [30, 10, 30]  # a message may end before the call
 
 
 def test_a_value_the_record_cannot_hold_takes_the_context_way() -> None:

@@ -709,8 +709,18 @@ class PushConsumer(ClientBase):
         """Run the listener once over ``msgs`` with hooks: (consumed successfully, the
         listener's ``delay_level_when_next_consume``)."""
         assert self._listener is not None
-        queue = msgs[0].queue
+        first = msgs[0]
+        queue = first.queue
         cctx = ConsumeContext(queue=queue)
+        # request ids pair SubBefore with SubAfter (unique ids like RocketMQ's, which uses
+        # createUniqID too); only hooks need them. (One message per call is the default: no
+        # comprehension then, this runs once per consumed message.)
+        if not self._hooks:
+            request_ids = {}
+        elif len(msgs) == 1:
+            request_ids = {first.msg_id: new_request_id()}
+        else:
+            request_ids = {m.msg_id: new_request_id() for m in msgs}
         hctx = ConsumeMessageContext(
             consumer_group=self.group,
             messages=msgs,
@@ -718,9 +728,7 @@ class PushConsumer(ClientBase):
             client_host=self._runtime.client_host,
             region_id=route.region_id if route else "DefaultRegion",
             trace_on=route.trace_on if route else True,
-            # request ids pair SubBefore with SubAfter (unique ids like RocketMQ's, which uses
-            # createUniqID too); only hooks need them
-            request_ids={m.msg_id: new_request_id() for m in msgs} if self._hooks else {},
+            request_ids=request_ids,
         )
         hctx.begin_timestamp = now_ms()
         call_hooks(self._hooks, "consume_message_before", hctx)

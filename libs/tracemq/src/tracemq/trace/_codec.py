@@ -361,10 +361,11 @@ def sub_before_record(
     ):
         return None
     record = (
-        f"SubBefore\x01{timestamp:d}\x01{_NULL if region_id is None else region_id}\x01"
+        # (plain {} for the ints: their type is exactly int, checked above; cheaper than :d)
+        f"SubBefore\x01{timestamp}\x01{_NULL if region_id is None else region_id}\x01"
         f"{_NULL if group_name is None else group_name}\x01"
         f"{_NULL if request_id is None else request_id}\x01{_NULL if msg_id is None else msg_id}"
-        f"\x01{retry_times:d}\x01{_NULL if keys is None else keys}\x02"
+        f"\x01{retry_times}\x01{_NULL if keys is None else keys}\x02"
     )
     if record.count(CONTENT_SPLITOR) != 7 or record.count(FIELD_SPLITOR) != 1:
         return None
@@ -393,9 +394,9 @@ def sub_after_record(
         return None
     record = (
         f"SubAfter\x01{_NULL if request_id is None else request_id}\x01"
-        f"{_NULL if msg_id is None else msg_id}\x01{cost_time:d}\x01"
+        f"{_NULL if msg_id is None else msg_id}\x01{cost_time}\x01"
         f"{'true' if success else 'false'}\x01{_NULL if keys is None else keys}\x01"
-        f"{context_code:d}\x01{timestamp:d}\x01{_NULL if group_name is None else group_name}\x02"
+        f"{context_code:d}\x01{timestamp}\x01{_NULL if group_name is None else group_name}\x02"
     )
     if record.count(CONTENT_SPLITOR) != 8 or record.count(FIELD_SPLITOR) != 1:
         return None

@@ -339,7 +339,6 @@ class AsyncTraceDispatcher:
         self._targets: list[_Target] = []
 
         # Per-instance counts for stats().
-        self._appended = 0
         self._sent = 0
         self._sent_messages = 0
         self._discarded = 0
@@ -353,7 +352,9 @@ class AsyncTraceDispatcher:
         self._latency_count = 0
         self._drop_reports = {"discarded": _DropReport(), "failed": _DropReport()}
 
-        self._appended_reported = 0  # part of _appended already added to the counter
+        # part of the accepted contexts already added to the counter (every accepted context
+        # is an appended one: _accepted_seq counts both, one increment per append)
+        self._appended_reported = 0
         self._m_appended = TRACE_APPENDED.labels(group=group)
         self._m_sent = TRACE_SENT.labels(group=group)
         self._m_discarded = TRACE_DISCARDED.labels(group=group)
@@ -422,6 +423,29 @@ class AsyncTraceDispatcher:
         space-separated ``keys`` go into the trace message's KEYS header."""
         return self._offer((topic, region_id, record, msg_id, keys))
 
+    def append_records(
+        self, items: list[tuple[str | None, str | None, str, str | None, str | None]]
+    ) -> int:
+        """:meth:`append_record` for several records at once (one listener call over a batch
+        of messages): one enqueue for all of them. Those that do not fit in the queue are
+        counted as discarded, as one by one. Returns how many were accepted; never raises."""
+        try:
+            if self._closing:
+                self._discard("dispatcher shut down", len(items))
+                return 0
+            queue = self._queue
+            room = self._queue_size - len(queue)
+            taken = items if len(items) <= room else items[: max(room, 0)]
+            queue.extend(taken)
+            self._accepted_seq += len(taken)
+            if len(taken) < len(items):
+                self._discard("queue full", len(items) - len(taken))
+            if len(queue) >= self._want and not self._wakeup.is_set():
+                self._wakeup.set()
+            return len(taken)
+        except Exception:  # pragma: no cover - defensive: tracing must not break the client
+            return 0
+
     def _offer(self, item: _Item) -> bool:
         """Queue a context or an encoded record unless closing or full (a discard counted
         then); wake the worker once a batch is waiting. Never blocks and never raises."""
@@ -435,7 +459,6 @@ class AsyncTraceDispatcher:
                 return False
             queue.append(item)
             self._accepted_seq += 1
-            self._appended += 1
             if len(queue) >= self._want and not self._wakeup.is_set():
                 self._wakeup.set()
             return True
@@ -513,7 +536,7 @@ class AsyncTraceDispatcher:
         """This dispatcher's counters (contexts unless the name says otherwise)."""
         mean = self._latency_sum_ms / self._latency_count if self._latency_count else 0.0
         return {
-            "appended": self._appended,
+            "appended": self._accepted_seq,
             "sent": self._sent,
             "sent_messages": self._sent_messages,
             "discarded": self._discarded,
@@ -607,6 +630,9 @@ class AsyncTraceDispatcher:
         limit = self._max_message_size
         sep = KEY_SEPARATOR
         seq = first_seq - 1
+        job: list[Any] | None = None
+        last_topic: str | None = None
+        last_region: str | None = None
         for item in batch:
             seq += 1
             if type(item) is tuple:  # encoded by a trace hook (append_record)
@@ -628,7 +654,12 @@ class AsyncTraceDispatcher:
             length = len(data) if data.isascii() else len(data.encode("utf-8"))
             if length > limit:
                 self._oversize += 1
-            job = open_jobs.get((topic, region))
+            # (records of one client mostly share their topic and region: no key tuple then)
+            if topic is last_topic and region is last_region and job is not None:
+                pass
+            else:
+                job = open_jobs.get((topic, region))
+                last_topic, last_region = topic, region
             if job is None:
                 job = open_jobs[(topic, region)] = [[], set(), 0, seq]
             elif job[2] + length > limit:
@@ -857,9 +888,9 @@ class AsyncTraceDispatcher:
         self._check_waiters()
 
     def _report_appended(self) -> None:
-        delta = self._appended - self._appended_reported
+        delta = self._accepted_seq - self._appended_reported
         if delta:
-            self._appended_reported = self._appended
+            self._appended_reported = self._accepted_seq
             self._m_appended.inc(delta)
 
     def _fail(self, count: int, reason: str) -> None:
@@ -869,10 +900,10 @@ class AsyncTraceDispatcher:
         self._m_failed.inc(count)
         self._note_drop("failed", count, reason)
 
-    def _discard(self, reason: str) -> None:
-        self._discarded += 1
-        self._m_discarded.inc()
-        self._note_drop("discarded", 1, reason)
+    def _discard(self, reason: str, count: int = 1) -> None:
+        self._discarded += count
+        self._m_discarded.inc(count)
+        self._note_drop("discarded", count, reason)
 
     def _note_drop(self, kind: str, count: int, reason: str) -> None:
         report = self._drop_reports[kind]

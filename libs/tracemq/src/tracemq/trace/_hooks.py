@@ -18,6 +18,10 @@ if TYPE_CHECKING:
     from tracemq.hooks import ConsumeMessageContext, EndTransactionContext, SendMessageContext
 
 
+#: an encoded record as the dispatcher queues it: (topic, region, text, msgId, keys)
+_Record = tuple[str | None, str | None, str, str | None, str | None]
+
+
 class _Appender(Protocol):
     def append(self, ctx: TraceContext) -> bool: ...
 
@@ -25,6 +29,8 @@ class _Appender(Protocol):
         self, topic: str | None, region_id: str | None, record: str, msg_id: str | None,
         keys: str | None,
     ) -> bool: ...  # fmt: skip
+
+    def append_records(self, items: list[_Record]) -> int: ...
 
 
 class SendMessageTraceHook:
@@ -91,22 +97,22 @@ class ConsumeMessageTraceHook:
         self.dispatcher = dispatcher
         self.trace_topic = trace_topic
 
-    def _traced(self, context: ConsumeMessageContext) -> bool:
-        return context.trace_on and context.queue.topic != self.trace_topic
-
     def consume_message_before(self, context: ConsumeMessageContext) -> None:
-        if not self._traced(context):
+        # (this and consume_message_after run once per listener call: for the default
+        # one-message calls, once per consumed message; hence the local names and one enqueue
+        # per call, not per message)
+        if not context.trace_on or context.queue.topic == self.trace_topic:
             return
         ts, region, group = context.begin_timestamp, context.region_id, context.consumer_group
-        request_ids, append_record = context.request_ids, self.dispatcher.append_record
+        request_ids = context.request_ids
+        items: list[_Record] = []
         for msg in context.messages:
-            keys = msg.keys
+            msg_id, keys = msg.msg_id, msg.keys
             record = sub_before_record(
-                ts, region, group, request_ids.get(msg.msg_id), msg.msg_id,
-                msg.reconsume_times, keys,
-            )  # fmt: skip
+                ts, region, group, request_ids.get(msg_id), msg_id, msg.reconsume_times, keys
+            )
             if record is not None:
-                append_record(msg.topic, region, record, msg.msg_id, keys)
+                items.append((msg.topic, region, record, msg_id, keys))
                 continue
             self.dispatcher.append(
                 TraceContext(
@@ -130,22 +136,28 @@ class ConsumeMessageTraceHook:
                     ],
                 )
             )
+        self._append(items)
+
+    def _append(self, items: list[_Record]) -> None:
+        if items:
+            self.dispatcher.append_records(items)
 
     def consume_message_after(self, context: ConsumeMessageContext) -> None:
-        if not self._traced(context):
+        if not context.trace_on or context.queue.topic == self.trace_topic:
             return
         region, group, success = context.region_id, context.consumer_group, context.success
         code, request_ids, ends = context.context_code, context.request_ids, context.end_timestamps
-        append_record = self.dispatcher.append_record
+        begin, end_all = context.begin_timestamp, context.end_timestamp
+        items: list[_Record] = []
         for msg in context.messages:
-            end = ends.get(msg.msg_id, context.end_timestamp)
-            keys = msg.keys
+            msg_id, keys = msg.msg_id, msg.keys
+            end = ends.get(msg_id, end_all) if ends else end_all
             record = sub_after_record(
-                request_ids.get(msg.msg_id), msg.msg_id, max(0, end - context.begin_timestamp),
-                success, keys, code, end, group,
+                request_ids.get(msg_id), msg_id, end - begin if end > begin else 0, success, keys,
+                code, end, group,
             )  # fmt: skip
             if record is not None:
-                append_record(msg.topic, region, record, msg.msg_id, keys)
+                items.append((msg.topic, region, record, msg_id, keys))
                 continue
             self.dispatcher.append(
                 TraceContext(
@@ -169,6 +181,7 @@ class ConsumeMessageTraceHook:
                     ],
                 )
             )
+        self._append(items)
 
 
 class EndTransactionTraceHook:
