@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import sqlite3
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ import pytest
 from tracemq import Message, Producer
 from tracemq.admin import AdminClient
 from tracemq_collector.lake import TraceLake, lake_filesystem
-from tracemq_collector.store import TraceStore
+from tracemq_collector.store import TraceStore, stored_events
 from tracemq_devkit.devstack import EmbeddedStack, StackConfig
 from tracemq_devkit.devstack.process import ManagedProcess
 from tracemq_devkit.waiting import eventually
@@ -74,25 +73,19 @@ def _assigned(proc: ManagedProcess) -> set[str]:
 
 def _pubs(db: Path, topic: str) -> set[str]:
     """msgIds of the Pub events of ``topic`` a store holds (read-only: the file may be live)."""
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        rows = conn.execute(
-            "SELECT DISTINCT msg_id FROM events WHERE trace_type = 'Pub' AND topic = ?", (topic,)
-        ).fetchall()
-    finally:
-        conn.close()
-    return {r[0] for r in rows}
+    return {
+        e["msg_id"]
+        for e in stored_events(db)
+        if e["trace_type"] == "Pub" and e["topic"] == topic and e["msg_id"]
+    }
 
 
 def _events_of(db: Path, partitions: set[tuple[str, int]]) -> set[tuple[str, int, int, int]]:
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        rows = conn.execute(
-            "SELECT trace_topic, trace_partition, trace_offset, trace_index FROM events"
-        ).fetchall()
-    finally:
-        conn.close()
-    return {tuple(r) for r in rows if (r[0], r[1]) in partitions}  # type: ignore[misc]
+    return {
+        (e["trace_topic"], e["trace_partition"], e["trace_offset"], e["trace_index"])
+        for e in stored_events(db)
+        if (e["trace_topic"], e["trace_partition"]) in partitions
+    }
 
 
 @pytest.mark.timeout(240)
