@@ -1,8 +1,9 @@
-"""The job's JVM flags reach the JVM ``build_session`` starts, and a user's own choice of
-garbage collector is kept."""
+"""The job's JVM flags reach the JVM ``build_session`` starts, a user's own choice of
+garbage collector is kept, and the job's file operations through that JVM keep every byte."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from tracemq_spark.session import _with_jvm_flags
@@ -26,3 +27,21 @@ def test_a_chosen_collector_is_kept() -> None:
         "-XX:+UseZGC -XX:-DontCompileHugeMethods"
     )
     assert _with_jvm_flags("") == "-XX:-DontCompileHugeMethods -XX:+UseParallelGC"
+
+
+def test_files_go_through_the_jvm_whole(spark: Any, tmp_path: Path) -> None:
+    """The job's file writes, reads and copies (contents never cross py4j) keep every byte and
+    leave what Hadoop's own writes leave (a checksum file beside each file)."""
+    from tracemq_spark.fs import HadoopFS
+
+    fs = HadoopFS(spark)
+    data = bytes(range(256)) * 4099 + b"\xff\x00"
+    target = fs.qualify(str(tmp_path / "a" / "b.bin"))
+    fs.write_bytes(target, data)
+    fs.write_bytes(target, data[::-1])  # replaced, not appended
+    assert (tmp_path / "a" / "b.bin").read_bytes() == data[::-1]
+    assert (tmp_path / "a" / ".b.bin.crc").exists()
+    assert fs.read_bytes(target) == data[::-1]
+    fs.copy(target, fs.qualify(str(tmp_path / "c" / "d.bin")))
+    assert (tmp_path / "c" / "d.bin").read_bytes() == data[::-1]
+    assert (tmp_path / "c" / ".d.bin.crc").exists()

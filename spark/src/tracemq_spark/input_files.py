@@ -67,13 +67,19 @@ class OffsetRow:
     committed: int
 
 
-def parse_offsets(text: str, source: str = "offsets") -> list[OffsetRow]:
-    """The committed-offsets snapshot: one row per (group, topic, store_addr, queue[, client]);
-    rows without a committed offset are dropped, duplicates keep the highest offset."""
+def load_json(text: str, source: str) -> Any:
+    """The JSON document of an input file; ReconcileError naming it when it is not JSON."""
     try:
-        doc = json.loads(text)
+        return json.loads(text)
     except ValueError as exc:
         raise ReconcileError(f"{source}: not valid JSON: {exc}") from None
+
+
+def parse_offsets(text: str | Any, source: str = "offsets") -> list[OffsetRow]:
+    """The committed-offsets snapshot: one row per (group, topic, store_addr, queue[, client]);
+    rows without a committed offset are dropped, duplicates keep the highest offset. ``text``:
+    the file's text, or its document already parsed (:func:`load_json`)."""
+    doc = load_json(text, source) if isinstance(text, str) else text
     best: dict[tuple[str, str, str, int, str], int] = {}
     for i, r in enumerate(_doc_rows(doc, "offsets", source)):
         try:
@@ -108,13 +114,11 @@ class CopyRow(NamedTuple):
     reconsume_times: int
 
 
-def parse_copies(text: str, source: str = "offsets") -> list[CopyRow]:
+def parse_copies(text: str | Any, source: str = "offsets") -> list[CopyRow]:
     """The ``copies`` list of the committed-offsets snapshot (absent: none known, e.g. a
-    snapshot of a RocketMQ cluster); rows without a msgId are dropped."""
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise ReconcileError(f"{source}: not valid JSON: {exc}") from None
+    snapshot of a RocketMQ cluster); rows without a msgId are dropped. ``text``: as for
+    :func:`parse_offsets`."""
+    doc = load_json(text, source) if isinstance(text, str) else text
     if not isinstance(doc, dict) or doc.get("copies") is None:
         return []
     out: set[CopyRow] = set()

@@ -62,6 +62,7 @@ from tracemq_spark import classify, outputs
 from tracemq_spark.commit import Staging, checkpoint, cleanup, commit, validate_staging
 from tracemq_spark.input_files import (
     last_deliveries,
+    load_json,
     parse_copies,
     parse_offsets,
     parse_subscriptions,
@@ -79,7 +80,7 @@ from tracemq_spark.params import (
     RunResult,
     _iso,
 )
-from tracemq_spark.session import _RUNTIME_CONF, build_session
+from tracemq_spark.session import _RUNTIME_CONF, CLASSIFY_CONF, build_session
 
 __all__ = [
     "INFORMATIONAL",
@@ -215,13 +216,15 @@ class _Context:
                 raise ReconcileError(f"{name} file not found: {uri}")
             texts[name] = fs.read_text(uri)
         self.subs = parse_subscriptions(texts["subscriptions"], self.p.subscriptions)
-        self.offsets = parse_offsets(texts["offsets"], self.p.offsets)
-        self.copies = parse_copies(texts["offsets"], self.p.offsets)
+        offsets_doc = load_json(texts.pop("offsets"), self.p.offsets)  # (parsed once: large)
+        self.offsets = parse_offsets(offsets_doc, self.p.offsets)
+        self.copies = parse_copies(offsets_doc, self.p.offsets)
+        del offsets_doc
         self.deliveries = last_deliveries(self.copies, self.offsets)
-        for name, text in texts.items():
+        for name in ("subscriptions", "offsets"):
             target = st.path("inputs", f"{name}.json")
             if fs.qualify(target) != fs.qualify(getattr(self.p, name)):
-                fs.write_text(target, text)
+                fs.copy(getattr(self.p, name), target)
         self.bgroups = sorted({s.group for s in self.subs if s.broadcasting})
         self.say(
             f"{len(self.subs)} subscription rows ({len(self.bgroups)} broadcasting groups), "
@@ -240,7 +243,11 @@ class _Context:
         """One row per (message, group[, client]) with its outcome and evidence, written to
         ``<staging>/_classified`` (CONSUMED rows included, strings still hashed)."""
         df = self.classified_frame()
+        conf = self.spark.conf
+        saved = {k: conf.get(k, None) for k in CLASSIFY_CONF}
         try:
+            for k, v in CLASSIFY_CONF.items():
+                conf.set(k, v)
             # an intermediate read twice from local disk and deleted at the end: written fast
             # (no compression, no dictionary pages) rather than small
             df.write.mode("overwrite").option("compression", "none").option(
@@ -248,6 +255,12 @@ class _Context:
             ).parquet(self.stage.path("_classified"))
         except Exception as exc:
             raise _maybe_corrupt(exc, self.scan.files) from None
+        finally:
+            for k, old in saved.items():
+                if old is None:
+                    conf.unset(k)
+                else:
+                    conf.set(k, old)
 
     def classified_frame(self) -> DataFrame:
         """The classification's steps (:mod:`tracemq_spark.classify`) over this run's lake
