@@ -279,3 +279,28 @@ async def test_place_follows_readable_queues_and_can_require_a_route() -> None:
     assert dict(every.topics) == {"k1:9092": {"b1.T"}, "k2:9092": {"b2.T", "b2.V"}}
     with pytest.raises(NoRouteError, match="none"):
         await place(routes, ["T", "none"], required=True)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(10)
+async def test_a_refused_commit_is_remembered_for_a_group_that_lost_its_offsets() -> None:
+    """A restarted in-memory cluster forgets the group: the commit at revocation is refused and
+    the group has no offset when the partition comes back. The offsets this process finished
+    are where it resumes (checked against the log by the guard), not a fresh partition."""
+    owner = Owner()
+    owner.placement.add("T", _q("b1", "k1:9092"))
+    f = owner.fleet()
+    await f.start()
+    try:
+        k1 = _kafka(f, "k1:9092")
+        tp = TopicPartition("b1.T", 0)
+        await k1.assign([tp])
+        owner.done = {tp: 30}
+        k1.accepts = False  # the member is unknown to the restarted group
+        await k1.listener.on_partitions_revoked({tp})
+        assert k1.commits == []
+        owner.calls.clear()
+        await k1.assign([tp])  # no group offset: the remembered one, not on_fresh
+        assert k1.sought == {tp: 30}
+        assert not [x for x in owner.calls if x[0] == "fresh"]
+    finally:
+        await f.stop()

@@ -175,10 +175,13 @@ class FleetCluster:
 
     async def commit(self, offsets: Offsets) -> None:
         """Commit ``offsets`` (raises as aiokafka does, e.g. during a rebalance); the guard
-        remembers them, to resume there should the group's offsets be lost."""
+        remembers them, to resume there should the group's offsets be lost — also when the
+        commit fails: they are what this process finished, and a cluster that lost its data
+        refuses exactly that commit (the member is unknown to the restarted group), so without
+        them the position past the new log's end would pass for a fresh partition, unseen."""
         offsets = dict(offsets)
-        await self.consumer.commit(offsets)
         self.guard.remember(offsets)
+        await self.consumer.commit(offsets)
 
 
 class Fleet:
