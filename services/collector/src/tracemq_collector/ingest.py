@@ -66,6 +66,12 @@ PIPELINE_DEPTH = 1
 #: Events kept for the lake (about 300 bytes each as Arrow) beyond which all partitions are
 #: flushed at once, whatever the interval: bounds the memory they take.
 LAKE_BUFFER_EVENTS = 100_000
+#: Events waiting for the lake at which ingest stops fetching until the running lake flush is
+#: done: when the lake is slower than the store (sorted files, object storage) the buffer would
+#: otherwise grow with the backlog (1 M events behind: over 1 GiB). At most one full buffer is
+#: being written and one is filling (bench/collector_ingest.py, 1 M events: peak RSS 1 117 MiB
+#: without the wait, 651 MiB at twice this mark, 450 MiB at it — and ingest no slower).
+LAKE_BUFFER_HARD_EVENTS = LAKE_BUFFER_EVENTS
 #: Trace messages taken from the consumer at once (at most collector_batch_max_records).
 MAX_FETCH_RECORDS = 500
 #: Bytes one fetch brings at most (a larger single trace message still comes whole, as
@@ -357,6 +363,25 @@ class Ingestor:
             await self.ingest(cluster.state._store_offsets(data))
         # Caught up (nothing fetched): the lake gets what is waiting without delay.
         await self.maybe_flush(cluster, idle=not data)
+        await self._lake_backpressure(cluster)
+
+    def _lake_pending(self) -> int:
+        return sum(b.events for b in self._buffers.values())
+
+    async def _lake_backpressure(self, cluster: FleetCluster) -> None:
+        """Wait for the running lake flush while :data:`LAKE_BUFFER_HARD_EVENTS` events wait
+        for the lake: the next fetch is taken only once the buffer is below it again (or no
+        flush can take it down)."""
+        while self._lake_pending() >= LAKE_BUFFER_HARD_EVENTS:
+            flushing = self._flushing
+            if flushing is None or flushing.done():
+                await self.maybe_flush(cluster)
+                flushing = self._flushing
+                if flushing is None or flushing.done():
+                    return  # nothing due here (e.g. partitions no longer assigned)
+            metrics.LAKE_BACKPRESSURE.inc()
+            # asyncio.wait: our cancellation (a stop) does not cancel the flush
+            await asyncio.wait({flushing})
 
     # -- the write path --------------------------------------------------------------------
     async def ingest(self, data: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
@@ -485,7 +510,7 @@ class Ingestor:
         now = time.monotonic()
         interval = self.settings.collector_lake_flush_interval_ms / 1000
         rows = self.settings.collector_lake_segment_rows
-        pending = sum(b.events for b in self._buffers.values())
+        pending = self._lake_pending()
         full = pending >= min(rows, LAKE_BUFFER_EVENTS)
         idle = idle and not self._inflight
         due = [

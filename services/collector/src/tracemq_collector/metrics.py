@@ -15,6 +15,10 @@ LAKE_FILES = Counter("tracemq_collector_lake_files_total", "Parquet files writte
 LAKE_ROWS_PENDING = Gauge(
     "tracemq_collector_lake_pending_events", "Stored events not yet in the lake"
 )
+LAKE_BACKPRESSURE = Counter(
+    "tracemq_collector_lake_backpressure_waits_total",
+    "Times ingest waited for a lake flush before fetching more (too many events waiting)",
+)
 RETENTION_DELETED = Counter(
     "tracemq_collector_retention_deleted_total", "Events deleted by retention"
 )
