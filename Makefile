@@ -5,7 +5,7 @@ PYTHON ?= python3
 UV := $(or $(shell command -v uv 2>/dev/null),$(CURDIR)/.tools/bin/uv)
 PYTEST_ARGS ?=
 
-.PHONY: help setup demo test test-deps lint bench clean
+.PHONY: help setup demo test test-deps lint bench screenshots clean
 
 help:
 	@echo "make demo   - start the embedded stack and run the demo"
@@ -49,6 +49,10 @@ lint: setup
 BENCH_ARGS ?=
 bench: setup
 	$(UV) run --frozen python bench/run_all.py $(BENCH_ARGS)
+
+# The README's screenshots (docs/img), rewritten by the browser tests that check those pages.
+screenshots: setup test-deps
+	TRACEMQ_UPDATE_DOCS_IMG=1 $(UV) run --frozen pytest tests/browser -q
 
 clean:
 	rm -rf .venv .tools .tracemq .pytest_cache

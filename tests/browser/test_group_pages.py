@@ -16,7 +16,7 @@ from tracemq_devkit.devstack.process import ManagedProcess
 from tracemq_devkit.waiting import eventually
 
 from tests.support.brokers import fast_broker
-from tests.support.browser import BrowserSession, chromium, save_screenshot
+from tests.support.browser import BrowserSession, chromium, save_doc_screenshot
 from tests.support.collector_api import TOKEN
 from tests.support.groups import (
     FIRST,
@@ -26,8 +26,6 @@ from tests.support.groups import (
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.stack]
-
-DOCS_IMG = __import__("pathlib").Path(__file__).resolve().parents[2] / "docs" / "img"
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +40,6 @@ async def wide() -> AsyncIterator[BrowserSession]:
         yield session
         session.assert_no_page_errors()
         assert not session.script_console_errors(), session.script_console_errors()
-
-
-async def doc_screenshot(session: BrowserSession, name: str) -> None:
-    path = await save_screenshot(session.page, name)
-    DOCS_IMG.mkdir(parents=True, exist_ok=True)
-    (DOCS_IMG / f"{name}.png").write_bytes(path.read_bytes())
 
 
 @pytest.mark.timeout(240)
@@ -111,7 +103,7 @@ async def test_group_page_and_search_page(
             sc.stopped,
             sc.flaky,
         }
-        await doc_screenshot(wide, "consumer-groups")
+        await save_doc_screenshot(wide.page, "consumer-groups")
 
         # one group: its queues, the oldest unconsumed message linked to its trace
         await stopped.locator("[data-testid='group-link']").click()
@@ -144,7 +136,7 @@ async def test_group_page_and_search_page(
         assert await outcome(b"ok-1", sc.flaky) == "consumed"
         assert await outcome(b"late-1", sc.stopped) == "pending"
         assert await outcome(b"late-1", sc.flaky) == "consumed"
-        await doc_screenshot(wide, "message-search")
+        await save_doc_screenshot(wide.page, "message-search")
 
         # a time range: only the messages sent after the stopped group stopped
         start = datetime.fromtimestamp(sc.late_from_ms / 1000, UTC).strftime(

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from tracemq_spark.report import render
 
-from tests.browser.test_viewer_page import WIDE, save_doc_screenshot
+from tests.browser.test_viewer_page import WIDE
 from tests.spark.test_outputs import _summary_one_busy_window_of_six
-from tests.support.browser import ChromiumNotFound, chromium, find_chromium
+from tests.support.browser import ChromiumNotFound, chromium, find_chromium, save_doc_screenshot
 
 pytestmark = pytest.mark.browser
 

@@ -146,6 +146,21 @@ async def chromium(
                 await context.close()
 
 
+#: the README's screenshots; rewritten only when TRACEMQ_UPDATE_DOCS_IMG=1 (``make screenshots``)
+DOCS_IMG = Path(__file__).resolve().parents[2] / "docs" / "img"
+
+
+async def save_doc_screenshot(page: Page, name: str) -> Path:
+    """The README's screenshot ``docs/img/<name>.png``, taken by the test that checks the page
+    it shows: always kept under artifacts/, copied into docs/img only with
+    ``TRACEMQ_UPDATE_DOCS_IMG=1`` — a test run leaves the work tree as it found it."""
+    path = await save_screenshot(page, name)
+    if os.environ.get("TRACEMQ_UPDATE_DOCS_IMG") == "1":
+        DOCS_IMG.mkdir(parents=True, exist_ok=True)
+        (DOCS_IMG / f"{name}.png").write_bytes(path.read_bytes())
+    return path
+
+
 async def save_screenshot(page: Page, name: str, *, full_page: bool = True) -> Path:
     """Save a PNG of the page to ``<repo>/artifacts/screenshots/<name>.png``; return its path."""
     SCREENSHOTS_DIR.mkdir(parents=True, exist_ok=True)
