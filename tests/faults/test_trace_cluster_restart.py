@@ -19,7 +19,7 @@ from tracemq.collector_lag import collector_lag
 from tracemq.naming import TRACE_TOPIC, kafka_topic
 from tracemq_devkit.devstack import EmbeddedStack
 from tracemq_devkit.devstack.stack import tracemq_command
-from tracemq_devkit.waiting import eventually
+from tracemq_devkit.waiting import WaitTimeout, eventually
 
 from tests.integration.test_collector import api, http
 from tests.support.metrics import value
@@ -119,7 +119,14 @@ async def test_collector_reads_every_trace_after_the_trace_cluster_restarts(
             got = await _stored(base, f"after-{unique}")
             return got if got >= after else None
 
-        await eventually(all_after, timeout=40, interval=0.5, what="traces after the restart")
+        try:
+            await eventually(all_after, timeout=40, interval=0.5, what="traces after the restart")
+        except WaitTimeout:
+            stored = await _stored(base, f"after-{unique}")
+            pytest.fail(
+                f"{len(after - stored)} of {len(after)} traces after the restart not stored; "
+                f"the collector's log:\n{s.processes['collector'].log_tail(60)}"
+            )
     finally:
         await p.shutdown()
 

@@ -4,6 +4,7 @@ fetch past the log end returns nothing and no error) or as Kafka (OffsetOutOfRan
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -199,7 +200,7 @@ async def test_an_understated_end_offset_is_confirmed_by_a_probe_before_any_rese
     g, counter, _ = _guard(fake, idle_check_s=0.0, bootstrap="127.0.0.1:1")
     probed: list[tuple[TopicPartition, int]] = []
 
-    async def probe(tp: TopicPartition, pos: int, end: int) -> bool:
+    async def probe(tp: TopicPartition, pos: int, end: int, start: int = 0) -> bool:
         probed.append((tp, pos))
         return tp == TP  # TP's log reaches 49; TP1's really ends before 50
 
@@ -208,6 +209,87 @@ async def test_an_understated_end_offset_is_confirmed_by_a_probe_before_any_rese
     assert sorted(probed) == [(TP, 50), (TP1, 50)]
     assert fake.positions == {TP: 50, TP1: 0}
     assert _count(counter) == 0 and _count(counter, TP1) == 1
+
+
+async def test_a_probe_that_brings_nothing_resets_nothing_unless_its_control_record_comes() -> None:
+    """A probe fetch that brings nothing within its wait is no proof that the log ends: under
+    load (a slow broker, a connection still being made) it reset positions inside the log. It
+    counts only when the same probe then fetches the record at the reported end - 1."""
+    from tracemq.offset_reset import _OUT_OF_RANGE
+
+    fake = FakeKafka(start=0, end=21)  # Tansu: 30 records at 20..49 in one batch
+    fake.positions = {TP: 50}
+    g, counter, _ = _guard(fake, idle_check_s=0.0, bootstrap="127.0.0.1:1")
+    assert g._probe is not None
+    answers: dict[int, Any] = {}
+    fetched: list[int] = []
+
+    async def fetch(tp: TopicPartition, offset: int, n: int) -> Any:
+        fetched.append(offset)
+        return answers.get(offset, [])
+
+    g._probe._fetch = fetch  # type: ignore[method-assign]
+    await g.check([TP])  # nothing at all comes back: unsure, position kept
+    assert fetched == [49, 20] and fake.positions == {TP: 50} and _count(counter) == 0
+    answers[20] = ["record 20"]  # the control record comes, 49 does not: the log ends before
+    fetched.clear()
+    await g.check([TP])
+    assert fetched == [49, 20] and fake.positions == {TP: 0} and _count(counter) == 1
+    # Kafka's OFFSET_OUT_OF_RANGE is proof on its own; a record found needs no control
+    assert await g._probe.reaches(TP, 49, control=20) is False
+    answers[49] = _OUT_OF_RANGE
+    fetched.clear()
+    assert await g._probe.reaches(TP, 49, control=20) is False and fetched == [49]
+    answers[49] = ["record 49"]
+    assert await g._probe.reaches(TP, 49, control=20) is True
+
+
+async def test_concurrent_probes_do_not_read_each_others_records() -> None:
+    """The rebalance callback's check and the fetch loop's idle check probed at once through
+    one consumer: each fetched at the offset the other had sought, and a position past the
+    end (60; the log holds 0..39) passed for inside the log. One probe at a time now."""
+    from tracemq.offset_reset import LogProbe
+
+    class SharedConsumer:  # one position, read when the fetch completes (as aiokafka's)
+        def __init__(self) -> None:
+            self.pos = 0
+
+        def assign(self, tps: list[TopicPartition]) -> None:
+            pass
+
+        def seek(self, tp: TopicPartition, offset: int) -> None:
+            self.pos = offset
+
+        async def getmany(self, tp: TopicPartition, **kw: Any) -> Any:
+            for _ in range(3):  # the fetch's round trip: the other coroutine runs
+                await asyncio.sleep(0)
+            return {tp: [f"record {self.pos}"]} if self.pos < 40 else {}
+
+    probe = LogProbe("127.0.0.1:1")
+    probe._consumer = SharedConsumer()
+
+    async def later() -> bool | None:  # starts while the first probe's fetch is under way
+        for _ in range(2):
+            await asyncio.sleep(0)
+        return await probe.reaches(TP, 59, control=39)
+
+    a, b = await asyncio.gather(probe.reaches(TP, 59, control=39), later())
+    assert (a, b) == (False, False)
+
+
+async def test_an_empty_log_needs_no_probe() -> None:
+    """No batch at all (end <= start): nothing for the broker to understate."""
+    fake = FakeKafka(start=0, end=0)  # a restarted in-memory cluster, topic created again
+    fake.positions = {TP: 30}
+    g, counter, _ = _guard(fake, idle_check_s=0.0, bootstrap="127.0.0.1:1")
+    assert g._probe is not None
+
+    async def fetch(tp: TopicPartition, offset: int, n: int) -> Any:
+        raise AssertionError("probed an empty log")
+
+    g._probe._fetch = fetch  # type: ignore[method-assign]
+    await g.check([TP])
+    assert fake.positions == {TP: 0} and _count(counter) == 1
 
 
 def test_trace_lag_table_names_the_state_and_the_resets() -> None:

@@ -116,6 +116,10 @@ def classify(position: int, log_start: int, log_end: int) -> ResetReason | None:
     return None
 
 
+#: what a probe's fetch returns on Kafka's OFFSET_OUT_OF_RANGE (by identity: proof of absence)
+_OUT_OF_RANGE: list[Any] = []
+
+
 class LogProbe:
     """Learns whether a partition's log holds an offset by fetching it, with a consumer of its
     own (no group): the truth where a broker's reported end offset is not (Tansu)."""
@@ -123,19 +127,56 @@ class LogProbe:
     def __init__(self, bootstrap: str) -> None:
         self.bootstrap = bootstrap
         self._consumer: Any = None
+        # One probe at a time: its consumer is positioned by seek, and a check from the
+        # rebalance callback ran beside the fetch loop's idle check — each read the record the
+        # other had sought (a position past the end taken for inside the log, for good).
+        self._lock = asyncio.Lock()
 
-    async def reaches(self, tp: TopicPartition, offset: int) -> bool | None:
+    async def reaches(
+        self, tp: TopicPartition, offset: int, control: int | None = None
+    ) -> bool | None:
+        """See :meth:`_reaches` (one probe at a time)."""
+        async with self._lock:
+            return await self._reaches(tp, offset, control)
+
+    async def _reaches(self, tp: TopicPartition, offset: int, control: int | None) -> bool | None:
         """True: the log holds ``offset`` or a later record; False: it ends before; None:
-        unsure (the cluster did not answer)."""
+        unsure (the cluster did not answer).
+
+        A fetch that brings nothing is no proof on its own: a slow broker or a connection
+        still being made returns nothing within the wait too (under load the probe then reset
+        positions that were inside the log — a collector re-read its partition under a new
+        base). With ``control`` (an offset the log is known to hold) nothing counts as False
+        only if the same probe then does fetch the control record; else the answer is None.
+        Kafka's OFFSET_OUT_OF_RANGE is proof on its own."""
         records = await self._fetch(tp, offset, 1)
-        return None if records is None else bool(records)
+        if records is None:
+            return None
+        if records:
+            return True
+        if records is _OUT_OF_RANGE or control is None:
+            return False
+        seen = await self._fetch(tp, control, 1)
+        if not seen or seen is _OUT_OF_RANGE:
+            log.warning(
+                "a position past the reported log end is unconfirmed (the probe did not fetch "
+                "the record the log holds at its end either); kept, checked again later",
+                tp=str(tp), offset=offset, control=control,
+                control_answer="error" if seen is None else "nothing",
+            )  # fmt: skip
+            # its consumer may be what is broken (e.g. metadata from before a cluster
+            # restart): the next probe starts a new one
+            await self.close()
+            return None
+        return False
 
     async def end(self, tp: TopicPartition, reported: int) -> int:
         """The partition's real end offset: a fetch from the last record the broker counts
         returns its whole batch (``reported`` where the fetch fails)."""
         if reported <= 0:
             return reported
-        records = await self._fetch(tp, reported - 1, 1_000_000)
+        async with self._lock:
+            records = await self._fetch(tp, reported - 1, 1_000_000)
         return max([reported, *(r.offset + 1 for r in records or ())])
 
     async def _fetch(self, tp: TopicPartition, offset: int, n: int) -> list[Any] | None:
@@ -160,7 +201,7 @@ class LogProbe:
                 CHECK_TIMEOUT_S,
             )
         except OffsetOutOfRangeError:
-            return []
+            return _OUT_OF_RANGE
         except Exception as exc:  # noqa: BLE001 - unsure: the caller decides
             log.debug("offset probe failed", tp=str(tp), error=repr(exc))
             await self.close()
@@ -372,7 +413,9 @@ class OffsetGuard:
             if tp not in start or tp not in end:
                 continue
             reason = classify(pos, start[tp], end[tp])
-            if reason == ResetReason.PAST_END and await self._log_reaches(tp, pos, end[tp]):
+            if reason == ResetReason.PAST_END and await self._log_reaches(
+                tp, pos, end[tp], start[tp]
+            ):
                 reason = None  # the broker understated its end offset
             if reason is None:
                 if seek_inside:
@@ -432,14 +475,16 @@ class OffsetGuard:
                 )  # fmt: skip
         return r
 
-    async def _log_reaches(self, tp: TopicPartition, pos: int, end: int) -> bool:
+    async def _log_reaches(self, tp: TopicPartition, pos: int, end: int, start: int = 0) -> bool:
         """Does the log hold offset ``pos - 1`` (or later)? Without ``bootstrap`` the reported
-        end is trusted; an unsure probe (an error) says True: nothing is reset on a guess."""
-        if self._probe is None or pos <= 0:
+        end is trusted, and so is an empty log (``end <= start``: no batch at all, nothing to
+        understate); an unsure probe (an error, or a fetch that did not bring even the record
+        at ``end - 1``, which the log holds) says True: nothing is reset on a guess."""
+        if self._probe is None or pos <= 0 or end <= start:
             return False
         if self._inside.get(tp) == (pos, end):
             return True
-        found = await self._probe.reaches(tp, pos - 1)
+        found = await self._probe.reaches(tp, pos - 1, control=end - 1)
         if found is None:
             log.debug("offset probe unsure", tp=str(tp), **self.context)
             return True
