@@ -1760,6 +1760,25 @@ def stored_events(path: Path) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------- ingest's worker side
 
 
+#: Net new container objects between two young-generation collections (CPython's default
+#: is 700). Ingest allocates tuples by the million, none in a reference cycle, and holds a
+#: chunk's worth of them for a while: at 700 the collector traverses each of them several
+#: times before it is freed, 15-20 % of the decode's CPU (measured on bench data).
+GC_YOUNG_THRESHOLD = 50_000
+
+
+def tune_gc() -> None:
+    """Garbage collection for a process that ingests (the collector and its worker): what
+    exists now (modules, settings: never garbage) moves out of the collector's sight, and the
+    young generation is collected every :data:`GC_YOUNG_THRESHOLD` allocations. Cycles are
+    still collected, later."""
+    import gc
+
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
+
+
 def init_worker() -> None:  # pragma: no cover - runs in the ingest worker process
     """Initializer of the ingest worker process (defined here, not in ``ingest``, so that the
     worker imports only the store: no pyarrow, no Kafka client)."""
@@ -1778,6 +1797,7 @@ def init_worker() -> None:  # pragma: no cover - runs in the ingest worker proce
         pass
     if os.getppid() == 1:  # the collector died before the line above
         os._exit(1)
+    tune_gc()
 
 
 _worker_stores: dict[str, TraceStore] = {}
