@@ -276,12 +276,12 @@ def test_a_crash_while_writing_a_file_leaves_only_a_hidden_temporary(
 ) -> None:
     Ingest(store).messages(T0)
 
-    def torn_write(table: object, where: Any, **kwargs: object) -> None:
+    def torn_write(self: TraceLake, table: object, where: Any) -> None:
         where.write(b"PAR1 torn")
         raise Crash
 
     with monkeypatch.context() as patch:
-        patch.setattr(pq, "write_table", torn_write)
+        patch.setattr(TraceLake, "_write_sorted", torn_write)
         with pytest.raises(Crash):
             lake.flush(TOPIC, 0)
     hour_dir = lake.root / "date=2024-01-01" / "hour=00"
