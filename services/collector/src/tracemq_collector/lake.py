@@ -230,6 +230,32 @@ class TraceLake:
                 lake_next = end
             return written
 
+    def start_partition(self, trace_topic: str, partition: int) -> int | None:
+        """Settle where the partition's lake continues, without writing it; return that
+        offset (None: the store holds nothing of the partition).
+
+        A partition with no lake progress gets the one :meth:`flush` would start from (the
+        first stored event's offset, or the store's progress if it holds no event); an
+        existing one is kept, and so are the events between it and the store's progress,
+        for ingest to write from its buffers. A take-over backfill needs only this bound:
+        :meth:`flush` would read every stored event of the partition back from the store.
+        Pending segments of the partition are written again first, as :meth:`flush` does.
+        """
+        lake.check_trace_topic(trace_topic)
+        key = (trace_topic, partition)
+        with self._lock:
+            self._redo_pending(s for s in self.store.pending_lake_segments() if s[:2] == key)
+            done = self.store.lake_progress().get(key)
+            if done is not None:
+                return done
+            store_next = self.store.progress().get(key)
+            if store_next is None:
+                return None
+            first = self.store.first_event_offset(trace_topic, partition)
+            start = store_next if first is None else min(first, store_next)
+            self.store.set_lake_progress(trace_topic, partition, start)
+            return start
+
     def write_decoded(
         self,
         trace_topic: str,
