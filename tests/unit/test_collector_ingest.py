@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+import pytest
 from aiokafka import TopicPartition
-from tracemq_collector.ingest import CHUNK_BYTES, _chunks, _segments
+from tracemq_collector.events import decode_chunk
+from tracemq_collector.ingest import CHUNK_BYTES, Ingestor, _chunks, _segments
+from tracemq_collector.lake import TraceLake
+from tracemq_collector.store import TraceStore
 
 
 @dataclass
@@ -73,8 +81,6 @@ def test_buffered_chunks_become_segments_of_bounded_size() -> None:
 async def test_a_reset_log_continues_the_store_offsets_instead_of_reusing_them() -> None:
     """The restarted (in-memory) trace cluster begins again at 0; the store dedupes by offset,
     so Kafka offsets of the new log map above everything stored: base = old position - 0."""
-    from typing import Any
-
     from tracemq.offset_reset import OffsetReset, ResetReason
     from tracemq_collector.ingest import _ClusterIngest
 
@@ -109,3 +115,55 @@ async def test_a_reset_log_continues_the_store_offsets_instead_of_reusing_them()
     # a reset forward (retention) leaves the base: store offsets jump, never go back
     await c._on_reset(tp, OffsetReset("t", 1, 5, 40, 40, 90, ResetReason.BEFORE_START, 0))
     assert c.bases[("t", 1)] == 678
+
+
+async def test_lake_buffers_written_after_a_backfill_flush_are_not_read_back_from_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backfill flushes the lake from the store when it takes a partition over, while ingest
+    keeps buffering: the buffer's chunks past the lake's progress are still written from the
+    buffer (not read back from the store), and every event is in the lake exactly once."""
+    topic = "tmq.trace-broker.RMQ_SYS_TRACE_TOPIC"
+    store = TraceStore(tmp_path / "traces.db")
+    store.open()
+    lake = TraceLake(tmp_path / "lake", store)
+    ing: Any = object.__new__(Ingestor)
+    ing.store, ing.lake, ing._buffers, ing._unbuffered = store, lake, {}, {}
+    ing.settings = SimpleNamespace(collector_lake_segment_rows=200_000)
+    ing.events_stored = 0
+    ing._lake_thread = ThreadPoolExecutor(max_workers=1)
+    try:
+        offset, total = 0, 0
+        for n in range(4):  # four stored chunks of three trace messages, buffered for the lake
+            recs = []
+            for _ in range(3):
+                # two messages of five traces each, across an hour boundary
+                ts = 1_700_002_799_990 + offset * 3
+                value = "".join(
+                    f"SubAfter\x01req{offset}-{i}\x01MSG{offset}\x0112\x01true\x01k\x010"
+                    f"\x01{ts + i}\x01CG\x02"
+                    for i in range(5)
+                )
+                recs.append((offset, value.encode(), "10.0.0.7"))
+                offset += 1
+                total += 5
+            decoded = decode_chunk([(topic, 0, recs)], 1_700_000_000_000)
+            new, before, _ = store.write_rows(decoded.store)
+            ing._stored(decoded, new, before)
+            if n == 1:
+                assert lake.flush(topic, 0)  # the backfill's flush: the first two chunks
+
+        def no_store_reads(*args: object) -> None:
+            raise AssertionError("the buffered chunks were read back from the store")
+
+        monkeypatch.setattr(store, "events_in_range", no_store_reads)
+        files = await ing._flush_one(TopicPartition(topic, 0))
+        assert files
+        assert store.lake_progress() == {(topic, 0): offset}
+        table = lake.read_all()
+        offsets, indexes = table["trace_offset"].to_pylist(), table["trace_index"].to_pylist()
+        coords = set(zip(offsets, indexes, strict=True))
+        assert table.num_rows == len(coords) == total
+    finally:
+        ing._lake_thread.shutdown(wait=True)
+        store.close()

@@ -197,6 +197,28 @@ def test_replaying_a_store_batch_puts_no_duplicate_in_the_lake(
     assert sum(counts.values()) == 6 and set(counts.values()) == {1}
 
 
+def test_starting_a_partition_settles_its_lake_progress_without_writing(
+    store: TraceStore, lake: TraceLake
+) -> None:
+    """What a take-over backfill needs: the lake's start, not a read-back of the store."""
+    assert lake.start_partition(TOPIC, 0) is None  # nothing stored: nothing to settle
+    ingest = Ingest(store)
+    ingest.garbage(2)  # offsets 0-1 hold no event
+    ingest.messages(T0, T0 + 1)  # offsets 2-3
+    assert lake.start_partition(TOPIC, 0) == 2  # where flush would start: the first event
+    assert store.lake_progress() == {(TOPIC, 0): 2}
+    assert lake.files() == []
+    ingest.messages(T0 + 2)
+    assert lake.start_partition(TOPIC, 0) == 2  # set: kept, the rest is ingest's to write
+    lake.flush(TOPIC, 0)
+    assert lake_rows(lake) == stored_rows(store)
+    assert store.lake_progress() == {(TOPIC, 0): 5}
+
+    only_garbage = Ingest(store, partition=1)
+    only_garbage.garbage(3)
+    assert lake.start_partition(TOPIC, 1) == 3  # no event: the store's progress
+
+
 def test_flush_all_covers_every_partition(store: TraceStore, lake: TraceLake) -> None:
     Ingest(store, partition=0).messages(T0)
     Ingest(store, partition=3).messages(T0 + 1)
@@ -276,12 +298,12 @@ def test_a_crash_while_writing_a_file_leaves_only_a_hidden_temporary(
 ) -> None:
     Ingest(store).messages(T0)
 
-    def torn_write(table: object, where: Any, **kwargs: object) -> None:
+    def torn_write(self: TraceLake, table: object, where: Any) -> None:
         where.write(b"PAR1 torn")
         raise Crash
 
     with monkeypatch.context() as patch:
-        patch.setattr(pq, "write_table", torn_write)
+        patch.setattr(TraceLake, "_write_sorted", torn_write)
         with pytest.raises(Crash):
             lake.flush(TOPIC, 0)
     hour_dir = lake.root / "date=2024-01-01" / "hour=00"

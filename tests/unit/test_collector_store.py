@@ -760,3 +760,17 @@ def test_an_offset_msg_id_is_found_through_its_place_and_retention_drops_the_pla
     assert store.delete_older_than(T0 + 1) == 1
     assert store.msg_id_by_offset_msg_id(here) is None
     assert table(store.path, "SELECT count(*) FROM place_index") == [(1,)]
+
+
+def test_an_ingesting_process_collects_garbage_rarely() -> None:
+    """tune_gc (the collector and its ingest worker call it at start): startup objects are out
+    of the collector's sight and the young generation is collected far less often."""
+    import subprocess
+    import sys
+
+    code = (
+        "import gc; from tracemq_collector.store import tune_gc, GC_YOUNG_THRESHOLD as T; "
+        "tune_gc(); print(gc.get_threshold()[0] == T, gc.get_freeze_count() > 1000)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True"]

@@ -17,8 +17,10 @@ Guarantees:
   trace_index)`` and its pre-check skip every event already stored (by ingest, or by an
   earlier backfill), and nothing moves the partition's ingest progress.
 * **Never rewritten to the lake**: a partition is backfilled only once its lake progress is
-  set (the backfill flushes the partition first, or starts its lake: see below), and only
-  events *below* that progress are copied; the lake writer only writes ranges from there on.
+  set (:meth:`TraceLake.start_partition` settles it where the partition's stored events start
+  unless it is set already, without reading them back; or the backfill starts its lake: see
+  below), and only events *below* that progress are copied; the lake writer only writes
+  ranges from there on.
 * **Exact**: the store keeps a record's text, so each lake row is encoded back to its trace
   record (:func:`record_of`) and kept only if that record decodes to exactly the row's
   columns; a row that does not is skipped, counted (``not_reencodable``) and logged.
@@ -138,7 +140,7 @@ class Backfill:
     Args:
         store: the open trace store.
         writer: the collector's lake writer (its file system and root are read; its
-            :meth:`TraceLake.flush` sets a partition's lake progress).
+            :meth:`TraceLake.start_partition` settles a partition's lake progress).
         retention_ms: the store's retention: older events are not copied.
 
     :meth:`assign` and :meth:`snapshot` may be called from any thread; :meth:`run_next` runs
@@ -238,7 +240,8 @@ class Backfill:
         cutoff = now_ms - self.retention_ms
         dirs = {d: self._files(d, key) for d in self._hour_dirs(cutoff, now_ms)}
         if key in self.store.progress():
-            self.writer.flush(topic, partition)  # the lake progress is what bounds the copy
+            # the lake progress bounds the copy: settled, not written (ingest writes the lake)
+            self.writer.start_partition(topic, partition)
         else:
             # Taken over, nothing ingested yet (an idle partition, or ingest still starting):
             # the lake holds the earlier owners' events up to the end of their files; the

@@ -16,9 +16,12 @@ def run() -> None:
     """Run the collector until SIGTERM or SIGINT."""
     from tracemq_collector.app import Collector
     from tracemq_collector.settings import CollectorSettings
+    from tracemq_collector.store import tune_gc
 
     def factory() -> tuple[Collector, CollectorSettings]:
         settings = load_settings(CollectorSettings)
-        return Collector(settings), settings
+        collector = Collector(settings)
+        tune_gc()  # this process ingests: see tune_gc (not in-process users such as tests)
+        return collector, settings
 
     raise typer.Exit(run_service(factory))
