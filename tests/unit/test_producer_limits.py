@@ -105,8 +105,12 @@ class _Records:
     def append(self, ctx: Any) -> bool:
         raise AssertionError("the record path is expected")
 
-    def append_record(self, topic: Any, region: Any, record: str, *_: Any) -> bool:
-        self.records.append(record)
+    def append_record(self, record: tuple[Any, ...]) -> bool:
+        from tracemq.trace._codec import write_records
+
+        (text,) = write_records([record])  # the raw record as the dispatcher writes it
+        assert text is not None
+        self.records.append(text)
         return True
 
 

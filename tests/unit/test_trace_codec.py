@@ -901,3 +901,39 @@ def test_fast_encoders_equal_the_checked_ones(ctx: TraceContext) -> None:
         TraceType.SubAfter: c._encode_sub_after,
     }[ctx.trace_type]
     assert _outcome(c._ENCODERS[ctx.trace_type], ctx) == _outcome(checked, ctx)
+
+
+# ---- raw records: a SubBefore+SubAfter pair writes both records, as the checked encoder ----
+
+
+@given(
+    _wild_text, _wild_text, _wild_text, _wild_text, _wild_int, _wild_int, _wild_int, _wild_int,
+    st.booleans(), _wild_int | st.sampled_from(ConsumeReturnType),
+)  # fmt: skip
+def test_a_written_pair_is_its_two_records(
+    region: str | None, msg_id: str | None, keys: str | None, group: str | None, ts: object,
+    retry: object, end: object, cost: object, ok: bool, code: object,
+) -> None:  # fmt: skip
+    from tracemq.trace import _codec as c
+
+    pair = (c.SUB_PAIR, "T", region, msg_id, keys, ts, group, "RID", retry, end, cost, ok, code)
+    before, after = c.split_pair(pair)
+    (written,) = c.write_records([pair])
+    checked = [_outcome(encode, c.raw_context(r)) for r in (before, after)]
+    # (where the fast writer steps aside, the dispatcher takes the checked way: not compared)
+    if written is not None and c.separators(written) == c.RAW_SEPARATORS[c.SUB_PAIR]:
+        assert checked == [("ok", encode(c.raw_context(r))) for r in (before, after)]
+        assert written == "".join(encode(c.raw_context(r)).data for r in (before, after))
+    if all(type(v) is int and 0 <= v < 4096 for v in (ts, retry, end, cost, code)):  # noqa: E721
+        assert written is not None  # plain small integers: the fast writer takes them
+
+
+def test_raw_record_helpers_refuse_what_is_not_a_raw_record() -> None:
+    from tracemq.trace import _codec as c
+
+    for bad in [(), ("Pub",), ("Nope", 1, 2), ("SubBefore", 1)]:
+        with pytest.raises(ValueError, match="not a raw trace record"):
+            c.raw_context(bad)
+        with pytest.raises(ValueError, match="not a raw SubBefore"):
+            c.split_pair(bad)
+    assert c.write_records([("Nope", 1), TraceContext(TraceType.Pub), ()]) == [None, None, None]

@@ -63,7 +63,8 @@ integer-conversion limit).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from tracemq.trace._model import (
     ConsumeReturnType,
@@ -80,12 +81,21 @@ from tracemq.trace._model import (
 
 __all__ = [
     "CONTENT_SPLITOR",
+    "PUB",
+    "RAW_SEPARATORS",
+    "SUB_AFTER",
+    "SUB_BEFORE",
+    "SUB_PAIR",
     "FIELD_SPLITOR",
     "KEY_SEPARATOR",
     "decode",
     "decode_report",
     "encode",
     "encode_many",
+    "raw_context",
+    "separators",
+    "split_pair",
+    "write_records",
 ]
 
 #: Ends every field of a record but the last.
@@ -273,170 +283,290 @@ def _encode_recall(ctx: TraceContext) -> str:
     )
 
 
-# ---- the fast path: the three records a traced client writes for every message --------------
+# ---- raw records: the fast path of the three records a traced client writes per message -------
 #
-# Each record is built with one f-string and checked afterwards by counting separators: a text
-# field holding U+0001 or U+0002 changes the counts. Only then (and for an integer out of the
-# Java range) does the checked encoder above run, to raise the error naming the field. The two
-# paths write the same bytes (tests/unit/test_trace_codec.py compares them). The trace hooks
-# call the *_record functions directly, without building a TraceContext.
+# The trace hooks do not format anything on the business path: they queue a *raw record*, a
+# tuple of the record's fields, and the dispatcher's worker writes a whole batch of them at once
+# with :func:`write_records` (one f-string per record, no call per record). A raw record is
+#
+#     (kind, topic, region_id, msg_id, keys, *fields)
+#
+# where ``kind`` is one of :data:`PUB`, :data:`SUB_BEFORE`, :data:`SUB_AFTER` (the trace type's
+# name; compared by identity, so use these constants), the next four are common to every kind
+# (topic and region group records into trace messages; msgId and keys go into the trace
+# message's KEYS header) and ``fields`` are, in this order:
+#
+#     PUB         timestamp group_name tags store_host body_length cost_time msg_type
+#                 offset_msg_id success
+#     SUB_BEFORE  timestamp group_name request_id retry_times
+#     SUB_AFTER   timestamp group_name request_id cost_time success context_code
+#     SUB_PAIR    timestamp group_name request_id retry_times after_timestamp cost_time
+#                 success context_code
+#
+# A SUB_PAIR is a SubBefore and the SubAfter of the same message in one tuple (the dispatcher
+# joins them when the SubAfter comes while its SubBefore still waits): both records, one after
+# the other, the SubAfter's timestamp being ``after_timestamp`` (:func:`split_pair`).
+#
+# The fast writer checks every integer's type and Java range but not the text fields: a text
+# field holding U+0001 or U+0002 shows as a wrong separator count, which the caller checks once
+# per trace message body (each record has :data:`RAW_SEPARATORS` of them). A raw record the fast
+# writer refuses, or whose body count is wrong, goes through :func:`raw_context` and
+# :func:`encode`, which raise naming the field. Both paths write the same bytes
+# (tests/unit/test_trace_codec.py compares them).
+
+#: kinds of raw record
+PUB: str = TraceType.Pub.value
+SUB_BEFORE: str = TraceType.SubBefore.value
+SUB_AFTER: str = TraceType.SubAfter.value
+SUB_PAIR: str = "SubBefore+SubAfter"
+
+#: separators (U+0001 and U+0002 together) in the text of each kind: its field count
+RAW_SEPARATORS: dict[str, int] = {PUB: 14, SUB_BEFORE: 8, SUB_AFTER: 9, SUB_PAIR: 17}
+
+#: a raw record, as the trace hooks queue it (see above)
+RawRecord = tuple[Any, ...]
 
 
-def _s(value: str | None) -> str:
-    return _NULL if value is None else value
+def write_records(items: Sequence[object]) -> list[str | None]:
+    """The record text of every raw record of ``items``, None for anything else (a
+    :class:`TraceContext`) and for a raw record with an integer the fast path does not take
+    (wrong type, outside the Java range): those go the checked way (:func:`raw_context`).
+
+    The text fields are not checked here (see above): count the separators of the result.
+    """
+    out: list[str | None] = []
+    put = out.append
+    # (one loop with every record's f-string inline: this runs twice per consumed message.
+    # Integers are most of a record's cost: small ones come from a table, and the timestamp
+    # is rendered once per millisecond, as records of one batch mostly share it)
+    null, dec, n_dec = _NULL, _DECIMALS, len(_DECIMALS)
+    sub_pair, sub_after, sub_before, pub, tuple_ = SUB_PAIR, SUB_AFTER, SUB_BEFORE, PUB, tuple
+    long_min, long_max = _LONG_MIN, _LONG_MAX
+    last_ts: object = None
+    ts_s = ""
+    for r in items:
+        try:
+            if type(r) is not tuple_:
+                put(None)
+                continue
+            kind = r[0]
+            if kind is sub_pair:
+                _, _, region, msg_id, keys, ts, group, rid, retry, end, cost, ok, code = r
+                if ts != last_ts or type(ts) is not int:
+                    if type(ts) is not int or not long_min <= ts <= long_max:
+                        put(None)
+                        continue
+                    last_ts, ts_s = ts, str(ts)
+                if end == ts and type(end) is int:
+                    end_s = ts_s
+                elif type(end) is int and long_min <= end <= long_max:
+                    end_s = str(end)
+                else:
+                    put(None)
+                    continue
+                if (
+                    type(retry) is int and 0 <= retry < n_dec
+                    and type(cost) is int and 0 <= cost < n_dec
+                    and type(code) is int and 0 <= code < n_dec
+                ):  # fmt: skip
+                    retry_s, cost_s, code_s = dec[retry], dec[cost], dec[code]
+                elif (
+                    type(retry) is int and _INT_MIN <= retry <= _INT_MAX
+                    and type(cost) is int and _INT_MIN <= cost <= _INT_MAX
+                    and type(code) in _CODE_TYPES and _INT_MIN <= code <= _INT_MAX
+                ):  # fmt: skip
+                    retry_s, cost_s, code_s = str(retry), str(cost), f"{code:d}"
+                else:
+                    put(None)
+                    continue
+                group_s = null if group is None else group
+                rid_s = null if rid is None else rid
+                msg_id_s = null if msg_id is None else msg_id
+                keys_s = null if keys is None else keys
+                # (two f-strings joined: one of twice the pieces takes longer than both here)
+                put(
+                    f"SubBefore\x01{ts_s}\x01{null if region is None else region}\x01{group_s}\x01"
+                    f"{rid_s}\x01{msg_id_s}\x01{retry_s}\x01{keys_s}\x02"
+                    + f"SubAfter\x01{rid_s}\x01{msg_id_s}\x01{cost_s}\x01"
+                    f"{'true' if ok else 'false'}\x01{keys_s}\x01{code_s}\x01{end_s}\x01{group_s}\x02"
+                )
+            elif kind is sub_after:
+                _, _, _, msg_id, keys, ts, group, rid, cost, ok, code = r
+                if ts != last_ts or type(ts) is not int:
+                    if type(ts) is not int or not long_min <= ts <= long_max:
+                        put(None)
+                        continue
+                    last_ts, ts_s = ts, str(ts)
+                if type(cost) is int and 0 <= cost < n_dec:
+                    cost_s = dec[cost]
+                elif type(cost) is int and _INT_MIN <= cost <= _INT_MAX:
+                    cost_s = str(cost)
+                else:
+                    put(None)
+                    continue
+                if type(code) is int and 0 <= code < n_dec:
+                    code_s = dec[code]
+                elif type(code) in _CODE_TYPES and _INT_MIN <= code <= _INT_MAX:
+                    code_s = f"{code:d}"
+                else:
+                    put(None)
+                    continue
+                put(
+                    f"SubAfter\x01{null if rid is None else rid}\x01"
+                    f"{null if msg_id is None else msg_id}\x01{cost_s}\x01"
+                    f"{'true' if ok else 'false'}\x01{null if keys is None else keys}\x01"
+                    f"{code_s}\x01{ts_s}\x01{null if group is None else group}\x02"
+                )
+            elif kind is sub_before:
+                _, _, region, msg_id, keys, ts, group, rid, retry = r
+                if ts != last_ts or type(ts) is not int:
+                    if type(ts) is not int or not long_min <= ts <= long_max:
+                        put(None)
+                        continue
+                    last_ts, ts_s = ts, str(ts)
+                if type(retry) is int and 0 <= retry < n_dec:
+                    retry_s = dec[retry]
+                elif type(retry) is int and _INT_MIN <= retry <= _INT_MAX:
+                    retry_s = str(retry)
+                else:
+                    put(None)
+                    continue
+                put(
+                    f"SubBefore\x01{ts_s}\x01{null if region is None else region}\x01"
+                    f"{null if group is None else group}\x01{null if rid is None else rid}\x01"
+                    f"{null if msg_id is None else msg_id}\x01{retry_s}\x01"
+                    f"{null if keys is None else keys}\x02"
+                )
+            elif kind is pub:
+                (_, topic, region, msg_id, keys, ts, group, tags, store_host, body_length, cost,
+                 msg_type, offset_msg_id, ok) = r  # fmt: skip
+                if ts != last_ts or type(ts) is not int:
+                    if type(ts) is not int or not long_min <= ts <= long_max:
+                        put(None)
+                        continue
+                    last_ts, ts_s = ts, str(ts)
+                if not (
+                    type(body_length) is int and _INT_MIN <= body_length <= _INT_MAX
+                    and type(cost) is int and _INT_MIN <= cost <= _INT_MAX
+                    and type(msg_type) in _MSG_TYPE_TYPES and 0 <= msg_type <= 4
+                ):  # fmt: skip
+                    put(None)
+                    continue
+                put(
+                    f"Pub\x01{ts_s}\x01{null if region is None else region}\x01"
+                    f"{null if group is None else group}\x01{null if topic is None else topic}"
+                    f"\x01{null if msg_id is None else msg_id}\x01{null if tags is None else tags}"
+                    f"\x01{null if keys is None else keys}\x01"
+                    f"{null if store_host is None else store_host}\x01"
+                    f"{dec[body_length] if 0 <= body_length < n_dec else body_length}\x01"
+                    f"{dec[cost] if 0 <= cost < n_dec else cost}\x01{dec[msg_type]}\x01"
+                    f"{null if offset_msg_id is None else offset_msg_id}\x01"
+                    f"{'true' if ok else 'false'}\x02"
+                )
+            else:
+                put(None)
+        except Exception:  # a malformed tuple (wrong length, ...): the checked way
+            put(None)
+    return out
 
 
-def _fits(low: int, high: int, *values: int) -> bool:
-    for v in values:
-        if not (type(v) is int and low <= v <= high):  # noqa: E721 - bool, float: checked path
-            return False
-    return True
+#: decimal text of the small non-negative integers (costs, retry counts, codes, body sizes)
+_DECIMALS = tuple(str(i) for i in range(4096))
+_CODE_TYPES = (int, ConsumeReturnType)
+_MSG_TYPE_TYPES = (int, MessageType)
 
 
-def _valid(record: str, fields: int) -> str | None:
-    if record.count(CONTENT_SPLITOR) != fields - 1 or record.count(FIELD_SPLITOR) != 1:
-        return None  # a text field holds a separator
-    return record
+def split_pair(raw: RawRecord) -> tuple[RawRecord, RawRecord]:
+    """The SubBefore and SubAfter raw records a SUB_PAIR stands for.
 
-
-def pub_record(
-    timestamp: int,
-    region_id: str | None,
-    group_name: str | None,
-    topic: str | None,
-    msg_id: str | None,
-    tags: str | None,
-    keys: str | None,
-    store_host: str | None,
-    body_length: int,
-    cost_time: int,
-    msg_type: int | None,
-    offset_msg_id: str | None,
-    success: bool,
-) -> str | None:
-    """The Pub record of these fields, or None when a field is invalid (the caller then goes
-    through :func:`encode`, which names it)."""
-    # (inlined checks and "null"s: this runs once per sent message)
-    if not (
-        type(timestamp) is int
-        and _LONG_MIN <= timestamp <= _LONG_MAX
-        and type(body_length) is int
-        and _INT_MIN <= body_length <= _INT_MAX
-        and type(cost_time) is int
-        and _INT_MIN <= cost_time <= _INT_MAX
-        and type(msg_type) in (int, MessageType)
-        and 0 <= msg_type <= 4  # type: ignore[operator]
-    ):
-        return None
-    record = (
-        f"Pub\x01{timestamp:d}\x01{_NULL if region_id is None else region_id}\x01"
-        f"{_NULL if group_name is None else group_name}\x01{_NULL if topic is None else topic}"
-        f"\x01{_NULL if msg_id is None else msg_id}\x01{_NULL if tags is None else tags}\x01"
-        f"{_NULL if keys is None else keys}\x01{_NULL if store_host is None else store_host}\x01"
-        f"{body_length:d}\x01{cost_time:d}\x01{msg_type:d}\x01"
-        f"{_NULL if offset_msg_id is None else offset_msg_id}\x01"
-        f"{'true' if success else 'false'}\x02"
+    Raises:
+        ValueError: ``raw`` is not a SUB_PAIR.
+    """
+    if type(raw) is not tuple or len(raw) != 13 or raw[0] != SUB_PAIR:
+        raise ValueError(f"not a raw SubBefore+SubAfter pair: {_shown(repr(raw))}")
+    _, topic, region, msg_id, keys, ts, group, rid, retry, end, cost, ok, code = raw
+    return (
+        (SUB_BEFORE, topic, region, msg_id, keys, ts, group, rid, retry),
+        (SUB_AFTER, topic, region, msg_id, keys, end, group, rid, cost, ok, code),
     )
-    if record.count(CONTENT_SPLITOR) != 13 or record.count(FIELD_SPLITOR) != 1:
-        return None  # a text field holds a separator
-    return record
 
 
-def sub_before_record(
-    timestamp: int,
-    region_id: str | None,
-    group_name: str | None,
-    request_id: str | None,
-    msg_id: str | None,
-    retry_times: int,
-    keys: str | None,
-) -> str | None:
-    """The SubBefore record of these fields, or None when a field is invalid."""
-    # (inlined checks and "null"s: this runs once per consumed message)
-    if not (
-        type(timestamp) is int
-        and _LONG_MIN <= timestamp <= _LONG_MAX
-        and type(retry_times) is int
-        and _INT_MIN <= retry_times <= _INT_MAX
-    ):
-        return None
-    record = (
-        # (plain {} for the ints: their type is exactly int, checked above; cheaper than :d)
-        f"SubBefore\x01{timestamp}\x01{_NULL if region_id is None else region_id}\x01"
-        f"{_NULL if group_name is None else group_name}\x01"
-        f"{_NULL if request_id is None else request_id}\x01{_NULL if msg_id is None else msg_id}"
-        f"\x01{retry_times}\x01{_NULL if keys is None else keys}\x02"
-    )
-    if record.count(CONTENT_SPLITOR) != 7 or record.count(FIELD_SPLITOR) != 1:
-        return None
-    return record
+def raw_context(raw: RawRecord) -> TraceContext:
+    """The :class:`TraceContext` a raw record stands for (its checked encoding is the same text;
+    a SUB_PAIR stands for two: :func:`split_pair` it first).
 
-
-def sub_after_record(
-    request_id: str | None,
-    msg_id: str | None,
-    cost_time: int,
-    success: bool,
-    keys: str | None,
-    context_code: int,
-    timestamp: int,
-    group_name: str | None,
-) -> str | None:
-    """The SubAfter record of these fields, or None when a field is invalid."""
-    if not (
-        type(timestamp) is int
-        and _LONG_MIN <= timestamp <= _LONG_MAX
-        and type(cost_time) is int
-        and _INT_MIN <= cost_time <= _INT_MAX
-        and type(context_code) in (int, ConsumeReturnType)
-        and _INT_MIN <= context_code <= _INT_MAX
-    ):
-        return None
-    record = (
-        f"SubAfter\x01{_NULL if request_id is None else request_id}\x01"
-        f"{_NULL if msg_id is None else msg_id}\x01{cost_time}\x01"
-        f"{'true' if success else 'false'}\x01{_NULL if keys is None else keys}\x01"
-        f"{context_code:d}\x01{timestamp}\x01{_NULL if group_name is None else group_name}\x02"
-    )
-    if record.count(CONTENT_SPLITOR) != 8 or record.count(FIELD_SPLITOR) != 1:
-        return None
-    return record
-
-
-def _fast_pub(ctx: TraceContext) -> str:
-    if len(ctx.trace_beans) == 1:
-        b = ctx.trace_beans[0]
-        record = pub_record(
-            ctx.timestamp, ctx.region_id, ctx.group_name, b.topic, b.msg_id, b.tags, b.keys,
-            b.store_host, b.body_length, ctx.cost_time, b.msg_type, b.offset_msg_id, ctx.success,
+    Raises:
+        ValueError: ``raw`` is not a raw record of a known kind and length.
+    """
+    kind = raw[0] if type(raw) is tuple and raw else None
+    if kind == SUB_BEFORE and len(raw) == 9:
+        _, topic, region, msg_id, keys, ts, group, rid, retry = raw
+        return TraceContext(
+            TraceType.SubBefore, timestamp=ts, region_id=region, group_name=group,
+            request_id=rid,
+            trace_beans=[TraceBean(topic=topic, msg_id=msg_id, keys=keys, retry_times=retry)],
         )  # fmt: skip
-        if record is not None:
-            return record
-    return _encode_pub(ctx)  # the checked path: raises, naming the field
-
-
-def _fast_sub_before(ctx: TraceContext) -> str:
-    if len(ctx.trace_beans) == 1:
-        b = ctx.trace_beans[0]
-        record = sub_before_record(
-            ctx.timestamp, ctx.region_id, ctx.group_name, ctx.request_id, b.msg_id,
-            b.retry_times, b.keys,
+    if kind == SUB_AFTER and len(raw) == 11:
+        _, topic, region, msg_id, keys, ts, group, rid, cost, ok, code = raw
+        return TraceContext(
+            TraceType.SubAfter, timestamp=ts, region_id=region, group_name=group,
+            request_id=rid, cost_time=cost, success=ok, context_code=code,
+            trace_beans=[TraceBean(topic=topic, msg_id=msg_id, keys=keys)],
         )  # fmt: skip
-        if record is not None:
-            return record
-    return _encode_sub_before(ctx)
-
-
-def _fast_sub_after(ctx: TraceContext) -> str:
-    if len(ctx.trace_beans) == 1:
-        b = ctx.trace_beans[0]
-        record = sub_after_record(
-            ctx.request_id, b.msg_id, ctx.cost_time, ctx.success, b.keys, ctx.context_code,
-            ctx.timestamp, ctx.group_name,
+    if kind == PUB and len(raw) == 14:
+        (_, topic, region, msg_id, keys, ts, group, tags, store_host, body_length, cost,
+         msg_type, offset_msg_id, ok) = raw  # fmt: skip
+        bean = TraceBean(
+            topic=topic, msg_id=msg_id, offset_msg_id=offset_msg_id, tags=tags, keys=keys,
+            store_host=store_host, body_length=body_length, msg_type=msg_type,
         )  # fmt: skip
-        if record is not None:
-            return record
-    return _encode_sub_after(ctx)
+        return TraceContext(
+            TraceType.Pub, timestamp=ts, region_id=region, group_name=group, cost_time=cost,
+            success=ok, trace_beans=[bean],
+        )  # fmt: skip
+    raise ValueError(f"not a raw trace record: {_shown(repr(raw))}")
+
+
+def _raw_of(ctx: TraceContext) -> RawRecord | None:
+    """The raw record of a one-bean Pub, SubBefore or SubAfter context (else None)."""
+    if len(ctx.trace_beans) != 1:
+        return None
+    b = ctx.trace_beans[0]
+    t = ctx.trace_type
+    if t is TraceType.SubBefore:
+        return (SUB_BEFORE, b.topic, ctx.region_id, b.msg_id, b.keys, ctx.timestamp,
+                ctx.group_name, ctx.request_id, b.retry_times)  # fmt: skip
+    if t is TraceType.SubAfter:
+        return (SUB_AFTER, b.topic, ctx.region_id, b.msg_id, b.keys, ctx.timestamp,
+                ctx.group_name, ctx.request_id, ctx.cost_time, ctx.success,
+                ctx.context_code)  # fmt: skip
+    if t is TraceType.Pub:
+        return (PUB, b.topic, ctx.region_id, b.msg_id, b.keys, ctx.timestamp, ctx.group_name,
+                b.tags, b.store_host, b.body_length, ctx.cost_time, b.msg_type,
+                b.offset_msg_id, ctx.success)  # fmt: skip
+    return None
+
+
+def separators(text: str) -> int:
+    """How many U+0001 and U+0002 ``text`` holds (a record of kind k: RAW_SEPARATORS[k])."""
+    return text.count(CONTENT_SPLITOR) + text.count(FIELD_SPLITOR)
+
+
+def _fast(checked: Callable[[TraceContext], str]) -> Callable[[TraceContext], str]:
+    def encoder(ctx: TraceContext) -> str:
+        raw = _raw_of(ctx)
+        if raw is not None:
+            (text,) = write_records([raw])
+            if text is not None and separators(text) == RAW_SEPARATORS[raw[0]]:
+                return text
+        return checked(ctx)  # raises, naming the field
+
+    return encoder
+
+
+_fast_pub = _fast(_encode_pub)
+_fast_sub_before = _fast(_encode_sub_before)
+_fast_sub_after = _fast(_encode_sub_after)
 
 
 _ENCODERS: dict[TraceType, Callable[[TraceContext], str]] = {

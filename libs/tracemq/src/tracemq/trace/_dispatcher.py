@@ -1,12 +1,20 @@
 """Asynchronous trace dispatcher: batches trace contexts and writes them to the trace topic.
 
 One :class:`AsyncTraceDispatcher` runs per traced client (DESIGN §4). The business path only
-calls :meth:`AsyncTraceDispatcher.append`, which offers the context to a bounded queue and
-returns at once; it never blocks and never raises. A worker task drains the queue in batches
-(``batch_size`` contexts or ``flush_interval_ms`` after the first one), groups them by
-(topic, region), encodes them with the RocketMQ trace codec, cuts the text into trace messages
+calls :meth:`AsyncTraceDispatcher.append` (a context) or :meth:`~AsyncTraceDispatcher.append_record`
+(a *raw record*: the record's fields in a tuple, what the trace hooks queue, see
+``tracemq.trace._codec``), which offer it to a bounded queue and return at once; they never
+block and never raise. A worker task drains the queue in batches (``batch_size`` items or
+``flush_interval_ms`` after the first one), writes them with the RocketMQ trace codec (the raw
+records of a batch at once), groups them by (topic, region), cuts the text into trace messages
 of at most ``max_message_size`` bytes and hands each message to a :class:`TraceSender`, at most
 ``max_in_flight`` at a time, round robin over the writable queues of the trace topic.
+
+Pairs. The SubAfter of a one-message consume joins its SubBefore while that still waits in the
+queue or in the batch being gathered (:meth:`~AsyncTraceDispatcher.join_sub_after`): one item
+then holds both records (a consumed message costs one queue item and one write instead of two),
+and is counted as two contexts everywhere. A SubBefore already written is not held back: the
+SubAfter then goes as an item of its own, so a SubBefore is sent as early as before.
 
 Retries and duplicates. A send that times out may still be delivered (a hung trace cluster
 answers once it resumes), so a timed-out attempt is not abandoned: it keeps running while the
@@ -29,21 +37,26 @@ Contexts refused by ``append`` (queue full, or offered after shutdown began) are
 ``discarded``. Drops are logged as warnings with the count since the previous warning, at
 most once per ``warn_interval_s`` seconds per kind (discarded, failed).
 
-Ordering of work is tracked with sequence numbers: the n-th accepted context has number n, and
-since the queue is FIFO, "everything before n is settled" can be answered from the oldest
-unsettled number, which is what :meth:`AsyncTraceDispatcher.flush` waits on.
+Ordering of work is tracked with sequence numbers: the n-th accepted queue item has number n,
+and since the queue is FIFO, "everything before n is settled" can be answered from the oldest
+unsettled number, which is what :meth:`AsyncTraceDispatcher.flush` waits on (a SubAfter joined
+to an older item is settled with it, so a flush waits for it too).
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import contextlib
 import functools
 import inspect
 import itertools
+import operator
+import sys
 import time
 import weakref
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -54,14 +67,59 @@ from tracemq.log import get_logger
 from tracemq.message import MessageConst
 from tracemq.message_id import local_ipv4, new_msg_id
 from tracemq.naming import TRACE_TOPIC, kafka_topic
-from tracemq.trace._codec import KEY_SEPARATOR, encode
+from tracemq.trace._codec import (
+    KEY_SEPARATOR,
+    RAW_SEPARATORS,
+    SUB_PAIR,
+    RawRecord,
+    encode,
+    raw_context,
+    separators,
+    split_pair,
+    write_records,
+)
 from tracemq.trace._model import TraceContext
 
 _BORN_HOST = local_ipv4().encode()
 #: entries that never go into a KEYS header (as tracemq.trace.encode leaves them out)
 _NOT_KEYS = frozenset({None, "", "null"})
-#: what the queue holds: a context, or a record a hook encoded (topic, region, text, msgId, keys)
-_Item = TraceContext | tuple[str | None, str | None, str, str | None, str | None]
+#: what the queue holds: a context, or a raw record of a trace hook (tracemq.trace._codec)
+_Item = TraceContext | RawRecord
+#: U+0001 and U+0002 in UTF-8: a message body's separators, counted once per body
+_SEPARATOR_BYTES = b"\x01\x02"
+_UNSET = object()
+_NEVER = sys.maxsize
+
+
+def _contexts_of(item: _Item) -> list[TraceContext]:
+    """The contexts a queue item stands for (raises ValueError for a malformed raw record)."""
+    if type(item) is not tuple:
+        assert isinstance(item, TraceContext)
+        return [item]
+    if item and item[0] is SUB_PAIR:
+        return [raw_context(r) for r in split_pair(item)]
+    return [raw_context(item)]
+
+
+def _group_of(item: _Item) -> tuple[Any, Any]:
+    """(topic, region) of a queue item: trace messages hold the records of one of them."""
+    if type(item) is tuple:
+        return (item[1], item[2]) if len(item) > 2 else (None, None)
+    assert isinstance(item, TraceContext)
+    return (item.trace_beans[0].topic if item.trace_beans else None), item.region_id
+
+
+def _records_in(items: Iterable[_Item]) -> int:
+    """Contexts in these queue items (a pair holds two)."""
+    return sum(2 if type(i) is tuple and i[0] is SUB_PAIR else 1 for i in items)
+
+
+_KIND, _TOPIC, _REGION, _MSG_ID, _KEYS = (operator.itemgetter(i) for i in range(5))
+
+
+def _min_seq(job: Sequence[Any]) -> int:
+    return int(job[3])
+
 
 if TYPE_CHECKING:
     from tracemq._kafka import ProducerPool
@@ -243,8 +301,14 @@ class AsyncTraceDispatcher:
         trace_topic: topic trace messages are written to.
         customized: ``trace_topic`` was chosen by the user; then :meth:`start` fails when the
             topic has no route instead of only warning.
-        queue_size: capacity of the queue between :meth:`append` and the worker.
-        batch_size: most contexts taken from the queue per batch.
+        queue_size: capacity of the queue between :meth:`append` and the worker, in items (a
+            joined SubBefore and SubAfter are one).
+        batch_size: most items taken from the queue per batch. 512 consumed messages (their
+            SubBefore and SubAfter joined) write about one full 128 000-byte message, and a
+            batch this size keeps fewer queued tuples alive than the 700 new container
+            objects after which CPython collects its youngest generation (1 000 did not:
+            three times as many collections with trace on, each one promoting the client's
+            own live objects towards full collections).
         flush_interval_ms: longest wait for a batch to fill after its first context.
         max_message_size: largest trace message body in bytes (UTF-8); a single context
             bigger than this is sent alone (and counted as ``oversize``).
@@ -273,7 +337,7 @@ class AsyncTraceDispatcher:
         customized: bool = False,
         client_id: str | None = None,
         queue_size: int = 16384,
-        batch_size: int = 1000,
+        batch_size: int = 512,
         flush_interval_ms: int = 100,
         max_message_size: int = 128_000,
         send_timeout_ms: int = 3000,
@@ -315,8 +379,9 @@ class AsyncTraceDispatcher:
         self._queue: collections.deque[_Item] = collections.deque()
         self._semaphore = asyncio.Semaphore(max_in_flight)
         self._wakeup = asyncio.Event()
-        # Queue length at which append() wakes the worker: 1 while it idles, what its batch
-        # still lacks while it gathers (so a batch filling up is not a wake-up per context).
+        # Queue length at which an append wakes the worker: 1 while it idles, what its batch
+        # still lacks while it gathers (so a batch filling up is not a wake-up per context),
+        # "never" once it was woken (so later appends do not ask the event again).
         self._want = 1
         self._worker: asyncio.Task[None] | None = None
         self._send_tasks: set[asyncio.Task[None]] = set()
@@ -324,9 +389,11 @@ class AsyncTraceDispatcher:
         self._closed = asyncio.Event()
         self._deadline: float | None = None  # loop time when shutdown gives up
 
-        # Sequence bookkeeping (see the module docstring).
-        self._accepted_seq = 0  # number of contexts accepted so far
-        self._taken_seq = 0  # number of contexts taken off the queue so far
+        # Sequence bookkeeping (see the module docstring): numbers count queue items; an item
+        # holds one context, or two for a pair (a SubAfter joined to its queued SubBefore).
+        self._accepted_seq = 0  # number of items accepted so far
+        self._records = 0  # contexts accepted so far (what "appended" counts)
+        self._taken_seq = 0  # number of items taken off the queue so far
         self._gathering_seq: int | None = None  # first number of the batch being built
         self._batch: list[_Item] = []  # taken off the queue, not yet in a job
         self._jobs: set[_Job] = set()  # trace messages not yet settled
@@ -352,8 +419,7 @@ class AsyncTraceDispatcher:
         self._latency_count = 0
         self._drop_reports = {"discarded": _DropReport(), "failed": _DropReport()}
 
-        # part of the accepted contexts already added to the counter (every accepted context
-        # is an appended one: _accepted_seq counts both, one increment per append)
+        # part of the accepted contexts already added to the "appended" counter
         self._appended_reported = 0
         self._m_appended = TRACE_APPENDED.labels(group=group)
         self._m_sent = TRACE_SENT.labels(group=group)
@@ -412,43 +478,14 @@ class AsyncTraceDispatcher:
 
         Never blocks and never raises.
         """
-        return self._offer(ctx)
+        return self.append_record(ctx)  # type: ignore[arg-type]
 
-    def append_record(
-        self, topic: str | None, region_id: str | None, record: str, msg_id: str | None,
-        keys: str | None,
-    ) -> bool:  # fmt: skip
-        """:meth:`append` for a record the trace hooks already encoded (``tracemq.trace._codec``
-        ``*_record``): no TraceContext on the business path. ``msg_id`` and the
-        space-separated ``keys`` go into the trace message's KEYS header."""
-        return self._offer((topic, region_id, record, msg_id, keys))
-
-    def append_records(
-        self, items: list[tuple[str | None, str | None, str, str | None, str | None]]
-    ) -> int:
-        """:meth:`append_record` for several records at once (one listener call over a batch
-        of messages): one enqueue for all of them. Those that do not fit in the queue are
-        counted as discarded, as one by one. Returns how many were accepted; never raises."""
-        try:
-            if self._closing:
-                self._discard("dispatcher shut down", len(items))
-                return 0
-            queue = self._queue
-            room = self._queue_size - len(queue)
-            taken = items if len(items) <= room else items[: max(room, 0)]
-            queue.extend(taken)
-            self._accepted_seq += len(taken)
-            if len(taken) < len(items):
-                self._discard("queue full", len(items) - len(taken))
-            if len(queue) >= self._want and not self._wakeup.is_set():
-                self._wakeup.set()
-            return len(taken)
-        except Exception:  # pragma: no cover - defensive: tracing must not break the client
-            return 0
-
-    def _offer(self, item: _Item) -> bool:
-        """Queue a context or an encoded record unless closing or full (a discard counted
-        then); wake the worker once a batch is waiting. Never blocks and never raises."""
+    def append_record(self, record: RawRecord) -> bool:
+        """:meth:`append` for a raw record (``tracemq.trace._codec``: the record's fields in a
+        tuple, written by the worker a batch at a time): no TraceContext and no formatting on
+        the business path. Its msgId and space-separated keys go into the trace message's KEYS
+        header. Never blocks and never raises."""
+        # (the business path: inline, no call below it but the append, in the usual case)
         try:
             if self._closing:
                 self._discard("dispatcher shut down")
@@ -457,13 +494,91 @@ class AsyncTraceDispatcher:
             if len(queue) >= self._queue_size:
                 self._discard("queue full")
                 return False
-            queue.append(item)
+            queue.append(record)
             self._accepted_seq += 1
-            if len(queue) >= self._want and not self._wakeup.is_set():
+            self._records += 1
+            if len(queue) >= self._want:
+                self._want = _NEVER
                 self._wakeup.set()
             return True
         except Exception:  # pragma: no cover - defensive: tracing must not break the client
             return False
+
+    def append_sub_before(self, record: RawRecord) -> int:
+        """:meth:`append_record` for a SubBefore raw record whose SubAfter may join it
+        (:meth:`join_sub_after`): its number, or -1 when it was refused (counted as
+        discarded). Never blocks and never raises."""
+        try:  # (append_record's body: one call less per consumed message)
+            if self._closing:
+                self._discard("dispatcher shut down")
+                return -1
+            queue = self._queue
+            if len(queue) >= self._queue_size:
+                self._discard("queue full")
+                return -1
+            queue.append(record)
+            seq = self._accepted_seq
+            self._accepted_seq = seq + 1
+            self._records += 1
+            if len(queue) >= self._want:
+                self._want = _NEVER
+                self._wakeup.set()
+            return seq
+        except Exception:  # pragma: no cover - defensive: tracing must not break the client
+            return -1
+
+    def join_sub_after(self, seq: int, msg_id: str | None, timestamp: int, cost_time: int,
+                       success: bool, context_code: int) -> bool:  # fmt: skip
+        """Join the SubAfter of message ``msg_id`` to its SubBefore, numbered ``seq``
+        (:meth:`append_sub_before`), while the worker has not written that yet: one item
+        then carries both records (a SUB_PAIR), one step less on the business path and in
+        the worker. The SubAfter's other fields are its SubBefore's (topic, region, keys,
+        group, request id). False when it is too late, or the dispatcher is shutting down:
+        then append the SubAfter as a record of its own. Never raises."""
+        try:
+            if self._closing:
+                return False
+            index = seq - self._taken_seq
+            if index >= 0:
+                items: Any = self._queue
+            else:
+                first = self._gathering_seq
+                if first is None or seq < first:
+                    return False  # written already
+                index = seq - first
+                items = self._batch
+            before = items[index]
+            # (a SubBefore raw record has 9 fields: not a context, a pair or another kind)
+            if type(before) is not tuple or len(before) != 9 or before[3] is not msg_id:
+                return False
+            items[index] = (SUB_PAIR, *before[1:], timestamp, cost_time, success, context_code)
+            self._records += 1
+            return True
+        except Exception:  # pragma: no cover - defensive: tracing must not break the client
+            return False
+
+    def append_records(self, records: list[RawRecord]) -> int:
+        """:meth:`append_record` for several records at once (one listener call over a batch
+        of messages): one enqueue for all of them. Those that do not fit in the queue are
+        counted as discarded, as one by one. Returns how many were accepted; never raises."""
+        try:
+            if self._closing:
+                self._discard("dispatcher shut down", len(records))
+                return 0
+            queue = self._queue
+            room = self._queue_size - len(queue)
+            taken = records if len(records) <= room else records[: max(room, 0)]
+            queue.extend(taken)
+            self._accepted_seq += len(taken)
+            self._records += len(taken)
+            if len(taken) < len(records):
+                self._discard("queue full", len(records) - len(taken))
+            if len(queue) >= self._want:
+                self._want = _NEVER
+                self._wakeup.set()
+            return len(taken)
+        except Exception:  # pragma: no cover - defensive: tracing must not break the client
+            return 0
 
     async def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until every context appended before this call is sent or counted as dropped.
@@ -520,11 +635,12 @@ class AsyncTraceDispatcher:
                 for job in list(self._jobs):
                     self._settle(job, ok=False, reason="not sent before shutdown")
             left = len(self._queue)
+            records = _records_in(self._queue)
             self._queue.clear()
             self._report_appended()
             if left:
                 self._taken_seq += left
-                self._fail(left, "not sent before shutdown")
+                self._fail(records, "not sent before shutdown")
             self._check_waiters()
             for kind in self._drop_reports:
                 self._warn_drops(kind, force=True)
@@ -536,7 +652,7 @@ class AsyncTraceDispatcher:
         """This dispatcher's counters (contexts unless the name says otherwise)."""
         mean = self._latency_sum_ms / self._latency_count if self._latency_count else 0.0
         return {
-            "appended": self._accepted_seq,
+            "appended": self._records,
             "sent": self._sent,
             "sent_messages": self._sent_messages,
             "discarded": self._discarded,
@@ -566,7 +682,7 @@ class AsyncTraceDispatcher:
                     pending = self._build_jobs(self._batch, self._gathering_seq)
                 except Exception as exc:  # a bug must not stop tracing for good
                     log.exception("trace batch could not be prepared", group=self.group)
-                    self._fail(len(self._batch), f"{exc.__class__.__name__}: {exc}")
+                    self._fail(_records_in(self._batch), f"{exc.__class__.__name__}: {exc}")
                     pending = []
                 self._batch = []
                 self._gathering_seq = None
@@ -582,7 +698,7 @@ class AsyncTraceDispatcher:
         finally:
             # Cancelled (shutdown): whatever this task still holds is dropped, and counted.
             if self._batch:
-                self._fail(len(self._batch), "not sent before shutdown")
+                self._fail(_records_in(self._batch), "not sent before shutdown")
                 self._batch = []
             self._gathering_seq = None
             for job in pending:
@@ -598,8 +714,13 @@ class AsyncTraceDispatcher:
         while True:
             taken = min(len(queue), self._batch_size - len(batch))
             if taken > 0:
-                popleft = queue.popleft
-                batch.extend([popleft() for _ in range(taken)])
+                # (C-level copies: all of the queue, the excess put back in front)
+                size = len(batch)
+                batch.extend(queue)
+                queue.clear()
+                if len(batch) > size + taken:
+                    queue.extend(batch[size + taken :])
+                    del batch[size + taken :]
                 self._taken_seq += taken
                 self._report_appended()
             if len(batch) >= self._batch_size or self._hurry or self._closing:
@@ -618,69 +739,213 @@ class AsyncTraceDispatcher:
     def _build_jobs(self, batch: list[_Item], first_seq: int) -> list[_Job]:
         """Encode a batch into trace messages, grouped by (topic, region) and size-bounded.
 
-        Contexts are encoded one by one (to know each one's size) and a message's body is
-        their concatenation with the keys unioned, exactly what ``encode_many`` produces.
-        One pass over the batch (this runs once per trace record: for a consumer, two per
-        message): each (topic, region) keeps the trace message it is filling.
+        A message's body is its records concatenated and its KEYS header their msgIds and
+        business keys, exactly what ``encode_many`` produces over them. The raw records of the
+        trace hooks are written all at once (``write_records``) and checked once per message
+        body (its separator count: a text field holding one shifts it); a body that fails
+        that, or that non-ASCII text makes longer in bytes than the limit allows, sends the
+        whole batch the careful way (:meth:`_build_jobs_checked`: each record checked and
+        measured on its own, a bad one counted as failed), which writes the same messages
+        for valid records.
         """
-        # per (topic, region): [parts, keys, size, min_seq] of the message being filled
-        open_jobs: dict[tuple[str | None, str | None], list[Any]] = {}
-        jobs: list[_Job] = []
-        bad = 0
-        limit = self._max_message_size
-        sep = KEY_SEPARATOR
-        seq = first_seq - 1
-        job: list[Any] | None = None
-        last_topic: str | None = None
-        last_region: str | None = None
-        for item in batch:
-            seq += 1
-            if type(item) is tuple:  # encoded by a trace hook (append_record)
-                topic, region, data, msg_id, business = item
-                item_keys: Any = None
-            else:
-                try:
-                    assert isinstance(item, TraceContext)
-                    topic = item.trace_beans[0].topic if item.trace_beans else None
-                    region = item.region_id
-                    encoded = encode(item)
-                except Exception as exc:
-                    bad += 1
-                    log.debug(
-                        "trace context could not be encoded", group=self.group, error=str(exc)
-                    )
-                    continue
-                data, item_keys = encoded.data, encoded.keys
-            length = len(data) if data.isascii() else len(data.encode("utf-8"))
-            if length > limit:
-                self._oversize += 1
-            # (records of one client mostly share their topic and region: no key tuple then)
-            if topic is last_topic and region is last_region and job is not None:
-                pass
-            else:
-                job = open_jobs.get((topic, region))
-                last_topic, last_region = topic, region
-            if job is None:
-                job = open_jobs[(topic, region)] = [[], set(), 0, seq]
-            elif job[2] + length > limit:
-                jobs.append(self._job(job[3], job[0], job[1]))
-                job[0], job[1], job[2], job[3] = [], set(), 0, seq
-            job[0].append(data)
-            job[2] += length
-            if item_keys is None:
-                job[1].add(msg_id)
-                if business:
-                    job[1].update(business.split(sep))
-            else:
-                job[1] |= item_keys
-        for parts, keys, _size, min_seq in open_jobs.values():
-            jobs.append(self._job(min_seq, parts, keys))
+        texts = write_records(batch)
+        planned = self._plan(batch, texts, first_seq)
+        if planned is None:
+            planned = self._plan_checked(batch, texts, first_seq)
+        plans, bad, oversize = planned
+        self._oversize += oversize
+        jobs = [self._job(min_seq, count, value, keys) for min_seq, count, value, keys in plans]
         self._jobs.update(jobs)
         if bad:
             self._fail(bad, "trace context could not be encoded")
         return jobs
 
-    def _job(self, min_seq: int, parts: list[str], keys: set[str]) -> _Job:
+    def _plan(
+        self, batch: list[_Item], texts: list[str | None], first_seq: int
+    ) -> tuple[list[tuple[int, int, bytes, set[Any]]], int, int] | None:
+        """The trace messages of a batch the fast way: (min_seq, records, body, keys) each,
+        the unencodable count and the oversize count; None when the careful way is needed."""
+        if None not in texts:
+            # The usual batch: raw records, all written. When they also share their topic and
+            # region (a client's records mostly do), its messages are slices of it, cut and
+            # keyed by C-level passes instead of a Python step per record.
+            raws: list[Any] = batch
+            if len(set(map(_TOPIC, raws))) == 1 and len(set(map(_REGION, raws))) == 1:
+                return self._plan_slices(batch, texts, first_seq)  # type: ignore[arg-type]
+        return self._plan_loop(batch, texts, first_seq)
+
+    def _plan_slices(
+        self, batch: list[RawRecord], texts: list[str], first_seq: int
+    ) -> tuple[list[tuple[int, int, bytes, set[Any]]], int, int] | None:
+        """:meth:`_plan` for written raw records of one topic and region."""
+        limit = self._max_message_size
+        kinds = list(map(_KIND, batch))
+        ends = list(itertools.accumulate(map(len, texts)))  # characters up to each item
+        seps = list(itertools.accumulate(map(RAW_SEPARATORS.__getitem__, kinds)))
+        plans: list[tuple[int, int, bytes, set[Any]]] = []
+        oversize = 0
+        start, n, before, seps_before = 0, len(texts), 0, 0
+        while start < n:
+            stop = bisect.bisect_right(ends, before + limit, start)
+            if stop == start:  # one item longer than a message: sent alone
+                oversize += 1
+                stop = start + 1
+            value = "".join(texts[start:stop]).encode()
+            expected = seps[stop - 1] - seps_before
+            if len(value) - len(value.translate(None, _SEPARATOR_BYTES)) != expected:
+                return None  # a text field holds a separator: find which, the careful way
+            if len(value) > ends[stop - 1] - before:  # non-ASCII text
+                if stop - start > 1 or len(value) <= limit:
+                    return None  # measure each record in bytes, the careful way
+            chunk = batch[start:stop]
+            keys = set(map(_MSG_ID, chunk))
+            for business in filter(None, map(_KEYS, chunk)):
+                keys.update(business.split(KEY_SEPARATOR))
+            records = stop - start + kinds[start:stop].count(SUB_PAIR)
+            plans.append((first_seq + start, records, value, keys))
+            before, seps_before, start = ends[stop - 1], seps[stop - 1], stop
+        return plans, 0, oversize
+
+    def _plan_loop(
+        self, batch: list[_Item], texts: list[str | None], first_seq: int
+    ) -> tuple[list[tuple[int, int, bytes, set[Any]]], int, int] | None:
+        """:meth:`_plan` for any batch, a Python step per item."""
+        # (the message being filled lives in locals; the per-(topic, region) table is touched
+        # only when the topic or region changes)
+        open_jobs: dict[tuple[Any, Any], tuple[Any, ...]] = {}
+        closed: list[tuple[Any, ...]] = []
+        bad = oversize = 0
+        limit = self._max_message_size
+        sep = KEY_SEPARATOR
+        seps_of = RAW_SEPARATORS
+        pair = SUB_PAIR
+        seq = first_seq - 1
+        cur_topic: Any = _UNSET
+        cur_region: Any = _UNSET
+        parts: list[str] = []
+        keys: set[Any] = set()
+        size = seps = min_seq = records = 0
+        for item, data in zip(batch, texts):  # noqa: B905 - one text per item
+            seq += 1
+            weight = 1
+            if data is not None:  # a raw record, written
+                kind = item[0]  # type: ignore[index]
+                topic = item[1]  # type: ignore[index]
+                region = item[2]  # type: ignore[index]
+                item_keys: Any = None
+                item_seps = seps_of[kind]
+                if kind is pair:
+                    weight = 2
+            elif type(item) is tuple:
+                return None  # a raw record the fast writer refused: the careful way names it
+            else:  # a TraceContext: checked
+                try:
+                    texts_keys = [encode(ctx) for ctx in _contexts_of(item)]
+                except Exception as exc:
+                    bad += _records_in((item,))
+                    log.debug(
+                        "trace context could not be encoded", group=self.group, error=str(exc)
+                    )
+                    continue
+                topic, region = _group_of(item)
+                data = "".join(t.data for t in texts_keys)
+                item_keys = set().union(*(t.keys for t in texts_keys))
+                item_seps = separators(data)
+                weight = len(texts_keys)
+            if topic != cur_topic or region != cur_region:
+                if cur_topic is not _UNSET:
+                    open_jobs[(cur_topic, cur_region)] = (parts, keys, size, min_seq, seps, records)
+                cur_topic, cur_region = topic, region
+                held = open_jobs.pop((topic, region), None)
+                if held is None:
+                    parts, keys, size, min_seq, seps, records = [], set(), 0, seq, 0, 0
+                else:
+                    parts, keys, size, min_seq, seps, records = held
+            length = len(data)  # characters: bytes too while the body is ASCII (checked below)
+            if size + length > limit:
+                if length > limit:
+                    oversize += 1
+                if parts:
+                    closed.append((parts, keys, size, min_seq, seps, records))
+                    parts, keys, size, min_seq, seps, records = [], set(), 0, seq, 0, 0
+            parts.append(data)
+            size += length
+            seps += item_seps
+            records += weight
+            if item_keys is None:
+                keys.add(item[3])  # type: ignore[index]
+                business = item[4]  # type: ignore[index]
+                if business:
+                    keys.update(business.split(sep))
+            else:
+                keys |= item_keys
+        if cur_topic is not _UNSET:
+            closed.append((parts, keys, size, min_seq, seps, records))
+        closed.extend(open_jobs.values())
+        closed.sort(key=_min_seq)  # (in the order of their first record)
+        plans: list[tuple[int, int, bytes, set[Any]]] = []
+        for parts, keys, size, min_seq, seps, records in closed:
+            value = "".join(parts).encode()
+            if len(value) - len(value.translate(None, _SEPARATOR_BYTES)) != seps:
+                return None  # a text field holds a separator: find which, the careful way
+            if len(value) > limit:
+                if len(parts) > 1:
+                    return None  # non-ASCII text: measure each record in bytes
+                if size <= limit:
+                    oversize += 1  # (one item, longer in bytes than in characters)
+            plans.append((min_seq, records, value, keys))
+        return plans, bad, oversize
+
+    def _plan_checked(
+        self, batch: list[_Item], texts: list[str | None], first_seq: int
+    ) -> tuple[list[tuple[int, int, bytes, set[Any]]], int, int]:
+        """:meth:`_plan` one record at a time: each one checked by the checked encoder and
+        its UTF-8 size measured; a record that cannot be encoded is counted (and logged), not
+        sent. (A pair's two records are two records here.)"""
+        open_jobs: dict[tuple[Any, Any], list[Any]] = {}
+        closed: list[list[Any]] = []
+        bad = oversize = 0
+        limit = self._max_message_size
+        seq = first_seq - 1
+        for item in batch:
+            seq += 1
+            topic, region = _group_of(item)
+            encoded = []
+            for ctx in _contexts_of(item):
+                try:
+                    encoded.append(encode(ctx))
+                except Exception as exc:
+                    bad += 1
+                    log.debug(
+                        "trace context could not be encoded", group=self.group, error=str(exc)
+                    )
+            if not encoded:
+                continue
+            # (a pair's two records stay together, as the fast way keeps them)
+            data = "".join(e.data for e in encoded)
+            length = len(data.encode())
+            if length > limit:
+                oversize += 1
+            job = open_jobs.get((topic, region))
+            if job is None:
+                job = open_jobs[(topic, region)] = [[], set(), 0, seq, 0]
+            elif job[2] + length > limit:
+                closed.append(job[:])
+                job[0], job[1], job[2], job[3], job[4] = [], set(), 0, seq, 0
+            job[0].append(data)
+            job[2] += length
+            job[4] += len(encoded)
+            for e in encoded:
+                job[1] |= e.keys
+        closed.extend(open_jobs.values())
+        closed.sort(key=_min_seq)
+        plans = [
+            (min_seq, records, "".join(parts).encode(), keys)
+            for parts, keys, _size, min_seq, records in closed
+        ]
+        return plans, bad, oversize
+
+    def _job(self, min_seq: int, contexts: int, value: bytes, keys: set[Any]) -> _Job:
         # The same as encode_many() over the chunk: records concatenated, keys unioned (the
         # hooks' raw keys unfiltered until here: what encode() leaves out, left out once).
         keys.difference_update(_NOT_KEYS)
@@ -698,12 +963,7 @@ class AsyncTraceDispatcher:
             # The client of every record in it (one dispatcher per client): the trace view
             # tells apart two clients of one host, which RocketMQ's format cannot.
             headers.append(("CLIENT_ID", self._client_id))
-        return _Job(
-            min_seq=min_seq,
-            contexts=len(parts),
-            value="".join(parts).encode(),
-            headers=headers,
-        )
+        return _Job(min_seq=min_seq, contexts=contexts, value=value, headers=headers)
 
     # ------------------------------------------------------------------ sending
 
@@ -888,9 +1148,9 @@ class AsyncTraceDispatcher:
         self._check_waiters()
 
     def _report_appended(self) -> None:
-        delta = self._accepted_seq - self._appended_reported
+        delta = self._records - self._appended_reported
         if delta:
-            self._appended_reported = self._accepted_seq
+            self._appended_reported = self._records
             self._m_appended.inc(delta)
 
     def _fail(self, count: int, reason: str) -> None:

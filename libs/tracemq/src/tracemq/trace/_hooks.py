@@ -1,6 +1,8 @@
 """Message trace as hooks: Pub from the send hook, SubBefore/SubAfter from the consume hook,
-EndTransaction from the end-transaction hook. They build :class:`TraceContext` objects and hand
-them to an asynchronous dispatcher; they never block and never raise into the business path.
+EndTransaction from the end-transaction hook. They hand their records to an asynchronous
+dispatcher (Pub, SubBefore and SubAfter as raw records, the fields in a tuple that its worker
+writes; EndTransaction as a :class:`TraceContext`); they never block and never raise into the
+business path.
 
 Differences from RocketMQ (improvements, DESIGN §3): a failed send is traced with
 ``success=false`` and storeHost ``null``, one Pub per attempt; SubAfter's cost is per message (a listener may mark each message done), not
@@ -11,30 +13,40 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from tracemq.trace._codec import pub_record, sub_after_record, sub_before_record
+from tracemq.message import MessageConst
+from tracemq.trace._codec import PUB, SUB_AFTER, SUB_BEFORE, RawRecord
 from tracemq.trace._model import MessageType, TraceBean, TraceContext, TraceType, TransactionState
 
 if TYPE_CHECKING:
     from tracemq.hooks import ConsumeMessageContext, EndTransactionContext, SendMessageContext
 
 
-#: an encoded record as the dispatcher queues it: (topic, region, text, msgId, keys)
-_Record = tuple[str | None, str | None, str, str | None, str | None]
-
-
 class _Appender(Protocol):
     def append(self, ctx: TraceContext) -> bool: ...
 
-    def append_record(
-        self, topic: str | None, region_id: str | None, record: str, msg_id: str | None,
-        keys: str | None,
-    ) -> bool: ...  # fmt: skip
+    def append_record(self, record: RawRecord) -> bool: ...
 
-    def append_records(self, items: list[_Record]) -> int: ...
+    def append_records(self, records: list[RawRecord]) -> int: ...
+
+    def append_sub_before(self, record: RawRecord) -> int: ...
+
+    def join_sub_after(self, seq: int, msg_id: str | None, timestamp: int, cost_time: int,
+                       success: bool, context_code: int) -> bool: ...  # fmt: skip
+
+
+#: where the consume hook keeps its SubBefore's dispatcher number, in ConsumeMessageContext.props
+_SEQ = "tracemq.trace.sub_before_seq"
+_KEYS = MessageConst.KEYS
+
+
+# The Pub, SubBefore and SubAfter hooks queue raw records (tracemq.trace._codec: the fields in a
+# tuple) and the dispatcher's worker writes them a batch at a time: no TraceContext and no text
+# on the business path. A value the record cannot hold (a separator in a text field, an integer
+# outside Java's range) is found there and counted as failed, as an unencodable context is.
 
 
 class SendMessageTraceHook:
-    """Turns every send into one Pub trace context."""
+    """Turns every send into one Pub trace record."""
 
     #: the producer need not call send_message_before: it does nothing (one call less per send)
     observes_send_before = False
@@ -51,43 +63,19 @@ class SendMessageTraceHook:
         if msg.topic == self.trace_topic or not context.trace_on:
             return
         result = context.send_result
-        cost = max(0, context.end_timestamp - context.begin_timestamp)
-        keys = msg.keys_str
+        begin = context.begin_timestamp
+        end = context.end_timestamp
         # One Pub per attempt; a failed one names no store host: nothing was stored there.
-        store_host = context.broker_address if result is not None else None
-        record = pub_record(
-            context.begin_timestamp, context.region_id, context.producer_group, msg.topic,
-            context.msg_id, msg.tags, keys, store_host, len(msg.body), cost,
-            context.msg_type, result.offset_msg_id if result else None, result is not None,
+        if result is not None:
+            store_host, offset_msg_id = context.broker_address, result.offset_msg_id
+        else:
+            store_host = offset_msg_id = None
+        self.dispatcher.append_record(
+            (PUB, msg.topic, context.region_id, context.msg_id, msg.keys_str, begin,
+             context.producer_group, msg.tags, store_host, len(msg.body),
+             end - begin if end > begin else 0, context.msg_type, offset_msg_id,
+             result is not None)
         )  # fmt: skip
-        if record is not None:  # the usual case: no TraceContext built
-            self.dispatcher.append_record(
-                msg.topic, context.region_id, record, context.msg_id, keys
-            )
-            return
-        bean = TraceBean(
-            topic=msg.topic,
-            msg_id=context.msg_id,
-            offset_msg_id=result.offset_msg_id if result else None,
-            tags=msg.tags,
-            keys=msg.keys_str,
-            store_host=store_host,
-            client_host=context.born_host,
-            store_time=result.store_timestamp if result else 0,
-            body_length=len(msg.body),
-            msg_type=context.msg_type,
-        )
-        self.dispatcher.append(
-            TraceContext(
-                trace_type=TraceType.Pub,
-                timestamp=context.begin_timestamp,
-                region_id=context.region_id,
-                group_name=context.producer_group,
-                cost_time=cost,
-                success=result is not None,
-                trace_beans=[bean],
-            )
-        )
 
 
 class ConsumeMessageTraceHook:
@@ -99,89 +87,59 @@ class ConsumeMessageTraceHook:
 
     def consume_message_before(self, context: ConsumeMessageContext) -> None:
         # (this and consume_message_after run once per listener call: for the default
-        # one-message calls, once per consumed message; hence the local names and one enqueue
-        # per call, not per message)
+        # one-message calls, once per consumed message: one record, one enqueue)
         if not context.trace_on or context.queue.topic == self.trace_topic:
             return
         ts, region, group = context.begin_timestamp, context.region_id, context.consumer_group
-        request_ids = context.request_ids
-        items: list[_Record] = []
-        for msg in context.messages:
-            msg_id, keys = msg.msg_id, msg.keys
-            record = sub_before_record(
-                ts, region, group, request_ids.get(msg_id), msg_id, msg.reconsume_times, keys
-            )
-            if record is not None:
-                items.append((msg.topic, region, record, msg_id, keys))
-                continue
-            self.dispatcher.append(
-                TraceContext(
-                    trace_type=TraceType.SubBefore,
-                    timestamp=context.begin_timestamp,
-                    region_id=context.region_id,
-                    group_name=context.consumer_group,
-                    request_id=context.request_ids.get(msg.msg_id),
-                    trace_beans=[
-                        TraceBean(
-                            topic=msg.topic,
-                            msg_id=msg.msg_id,
-                            tags=msg.tags,
-                            keys=msg.keys,
-                            store_host=msg.store_host,
-                            client_host=context.client_host,
-                            store_time=msg.store_timestamp,
-                            retry_times=msg.reconsume_times,
-                            body_length=len(msg.body),
-                        )
-                    ],
-                )
-            )
-        self._append(items)
-
-    def _append(self, items: list[_Record]) -> None:
-        if items:
-            self.dispatcher.append_records(items)
+        msgs = context.messages
+        if len(msgs) == 1:
+            m = msgs[0]
+            msg_id = m.msg_id
+            # its number: the SubAfter joins it while it waits (one item for both)
+            context.props[_SEQ] = self.dispatcher.append_sub_before(
+                (SUB_BEFORE, m.topic, region, msg_id, m.properties.get(_KEYS), ts, group,
+                 context.request_ids.get(msg_id), m.reconsume_times)
+            )  # fmt: skip
+            return
+        rids = context.request_ids
+        self.dispatcher.append_records(
+            [
+                (SUB_BEFORE, m.topic, region, m.msg_id, m.keys, ts, group, rids.get(m.msg_id),
+                 m.reconsume_times)
+                for m in msgs
+            ]
+        )  # fmt: skip
 
     def consume_message_after(self, context: ConsumeMessageContext) -> None:
         if not context.trace_on or context.queue.topic == self.trace_topic:
             return
-        region, group, success = context.region_id, context.consumer_group, context.success
-        code, request_ids, ends = context.context_code, context.request_ids, context.end_timestamps
+        ok, code, ends = context.success, context.context_code, context.end_timestamps
         begin, end_all = context.begin_timestamp, context.end_timestamp
-        items: list[_Record] = []
-        for msg in context.messages:
-            msg_id, keys = msg.msg_id, msg.keys
-            end = ends.get(msg_id, end_all) if ends else end_all
-            record = sub_after_record(
-                request_ids.get(msg_id), msg_id, end - begin if end > begin else 0, success, keys,
-                code, end, group,
+        msgs = context.messages
+        if len(msgs) == 1 and not ends:
+            cost = end_all - begin if end_all > begin else 0
+            m = msgs[0]
+            msg_id = m.msg_id
+            seq = context.props.get(_SEQ, -1)
+            if seq >= 0 and self.dispatcher.join_sub_after(seq, msg_id, end_all, cost, ok, code):
+                return
+            self.dispatcher.append_record(
+                (SUB_AFTER, m.topic, context.region_id, msg_id, m.properties.get(_KEYS),
+                 end_all, context.consumer_group, context.request_ids.get(msg_id), cost, ok,
+                 code)
             )  # fmt: skip
-            if record is not None:
-                items.append((msg.topic, region, record, msg_id, keys))
-                continue
-            self.dispatcher.append(
-                TraceContext(
-                    trace_type=TraceType.SubAfter,
-                    timestamp=end,
-                    region_id=context.region_id,
-                    group_name=context.consumer_group,
-                    request_id=context.request_ids.get(msg.msg_id),
-                    cost_time=max(0, end - context.begin_timestamp),
-                    success=context.success,
-                    context_code=context.context_code,
-                    trace_beans=[
-                        TraceBean(
-                            topic=msg.topic,
-                            msg_id=msg.msg_id,
-                            keys=msg.keys,
-                            tags=msg.tags,
-                            client_host=context.client_host,
-                            retry_times=msg.reconsume_times,
-                        )
-                    ],
-                )
-            )
-        self._append(items)
+            return
+        region, group, rids = context.region_id, context.consumer_group, context.request_ids
+        records: list[RawRecord] = []
+        for m in msgs:
+            msg_id = m.msg_id
+            # a listener may mark a message done before the call ends (ConsumeContext)
+            end = ends.get(msg_id, end_all) if ends else end_all
+            records.append(
+                (SUB_AFTER, m.topic, region, msg_id, m.keys, end, group, rids.get(msg_id),
+                 end - begin if end > begin else 0, ok, code)
+            )  # fmt: skip
+        self.dispatcher.append_records(records)
 
 
 class EndTransactionTraceHook:
