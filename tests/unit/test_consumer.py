@@ -161,6 +161,52 @@ async def test_a_reset_queue_commits_in_its_new_log() -> None:
     assert fake.commits[-1] == {tp: 1}  # not held back by the old log's 578
 
 
+async def test_a_fetch_dispatched_across_a_rebalance_leaves_the_rest_to_the_next_owner() -> None:
+    """A fetch of two queues; the work queue is full, so dispatching the first waits. The group
+    rebalances meanwhile and gives both queues back to this member (new ProcessQueues,
+    positioned at the revocation's commit): the rest of the old fetch must not run on the new
+    queues — the new position reads those messages again (the duplicates CI once caught)."""
+    from aiokafka.structs import ConsumerRecord
+    from prometheus_client import REGISTRY
+
+    def handed_over() -> float:
+        v = REGISTRY.get_sample_value("tracemq_consumer_handed_over_total", {"group": "CG_revoke"})
+        return v or 0.0
+
+    cc, fake = _cluster()
+    parent = cc.parent
+    parent.subscribe("T")
+    parent._work = asyncio.Queue(maxsize=2)
+    for _ in range(2):
+        parent._work.put_nowait(("busy",))  # every listener slot taken
+    tp0, tp1 = TopicPartition("b.T", 0), TopicPartition("b.T", 1)
+    old0, old1 = _assign(cc, tp0), _assign(cc, tp1)
+
+    def rec(tp: TopicPartition, off: int) -> ConsumerRecord[bytes, bytes]:
+        return ConsumerRecord(
+            tp.topic, tp.partition, off, 0, 0, None, b"x", None, 1, 0, [("UNIQ_KEY", b"m%d" % off)]
+        )
+
+    before = handed_over()
+    fetch = asyncio.create_task(cc.batch({tp0: [rec(tp0, 10)], tp1: [rec(tp1, 20)]}))
+    for _ in range(50):  # the fetch waits in the work queue with its first queue
+        await asyncio.sleep(0)
+    assert not fetch.done() and len(old0) == 1 and len(old1) == 0
+    await parent._fleet.revoke(cc.cluster, [tp0, tp1])  # nothing ran: nothing committed
+    new0, new1 = _assign(cc, tp0), _assign(cc, tp1)  # given back to this member
+    assert [parent._work.get_nowait() for _ in range(2)] == [("busy",)] * 2
+    await asyncio.wait_for(fetch, 2)
+    queued = []
+    while not parent._work.empty():
+        queued.append(parent._work.get_nowait())
+    # only the first queue's message reached the work queue, on its *dropped* queue (a worker
+    # skips it); the second queue's never did: nothing is bound to the new queues
+    assert [(item[1], item[2]) for item in queued] == [(tp0, old0)] and old0.dropped
+    assert len(new0) == 0 and len(new1) == 0 and len(old1) == 0
+    assert handed_over() == before + 1
+    assert not parent._begin(old0, queued[0][3]) and handed_over() == before + 2
+
+
 def test_revoke_drain_timeout_is_validated() -> None:
     with pytest.raises(ValueError, match="revoke_drain_timeout_ms"):
         PushConsumer(
@@ -207,3 +253,41 @@ async def test_lite_pull_commits_a_revoked_queue_before_it_goes() -> None:
     await lite._on_revoked("k", [tp])
     assert fake.commits == [{tp: 11}]
     assert ("k", tp) not in lite._pqs
+
+
+async def test_lite_pull_leaves_a_fetch_revoked_meanwhile_to_the_new_position() -> None:
+    """Two clusters polled at once: one's fetch is back, the other's still waits; a rebalance
+    on the first meanwhile gives its queue back (positioned at the revocation's commit). The
+    fetched records are not delivered: the new position reads them again."""
+    from aiokafka.structs import ConsumerRecord
+    from tracemq import LitePullConsumer
+
+    lite = LitePullConsumer(
+        "CG_lite2", redis_url="redis://127.0.0.1:1", control_bootstrap="127.0.0.1:1"
+    )
+    lite._state = "running"
+    lite.subscribe("T")
+    tp = TopicPartition("b.T", 0)
+    slow_go = asyncio.Event()
+
+    class _Guard:
+        def __init__(self, data: dict[TopicPartition, list[object]], slow: bool) -> None:
+            self.data, self.slow = data, slow
+
+        async def getmany(self, **kw: object) -> dict[TopicPartition, list[object]]:
+            if self.slow:
+                await slow_go.wait()
+            return self.data
+
+    rec = ConsumerRecord("b.T", 0, 5, 0, 0, None, b"x", None, 1, 0, [])
+    for name, guard in (("k1", _Guard({tp: [rec]}, False)), ("k2", _Guard({}, True))):
+        lite._consumers[name] = _FakeKafka()  # type: ignore[assignment]
+        lite._guards[name] = guard  # type: ignore[assignment]
+    polling = asyncio.create_task(lite.poll(1.0))
+    for _ in range(50):  # k1's records are back; k2's fetch still waits
+        await asyncio.sleep(0)
+    old = lite._pqs[("k1", tp)]
+    await lite._on_revoked("k1", [tp])  # nothing polled yet: nothing to commit
+    slow_go.set()
+    assert await asyncio.wait_for(polling, 2) == []
+    assert len(lite._pqs[("k1", tp)]) == 0 and len(old) == 0

@@ -328,7 +328,14 @@ class OffsetGuard:
 
     async def getmany(self, *partitions: TopicPartition, **kw: Any) -> dict[Any, Any]:
         """``consumer.getmany`` that turns out-of-range errors into counted resets and checks
-        idle partitions every ``idle_check_s``; never raises either error."""
+        idle partitions every ``idle_check_s``; never raises either error.
+
+        The idle check runs *before* the fetch: the records are returned the moment aiokafka
+        hands them over, with no suspension in between, so an owner that binds them to its
+        per-partition state before its own first ``await`` binds them to the assignment they
+        were fetched under (a rebalance runs in aiokafka's coordinator task, concurrently)."""
+        if time.monotonic() - self._last_check >= self.idle_check_s:
+            await self.check_idle()
         try:
             data: dict[Any, Any] = await self.consumer.getmany(*partitions, **kw)
         except OffsetOutOfRangeError as exc:
@@ -340,8 +347,6 @@ class OffsetGuard:
                 await self._position_fresh(tps)
             data = {}
         self._active.update(tp for tp, records in data.items() if records)
-        if time.monotonic() - self._last_check >= self.idle_check_s:
-            await self.check_idle()
         return data
 
     async def check_idle(self) -> list[OffsetReset]:

@@ -312,20 +312,16 @@ class LitePullConsumer(ClientBase):
             )
         else:
             results = await asyncio.gather(
-                *[
-                    self._guards[b].getmany(
-                        timeout_ms=int(timeout * 1000), max_records=self.pull_batch_size
-                    )
-                    for b in self._consumers
-                ]
+                *[self._fetch(b, int(timeout * 1000)) for b in self._consumers]
             )
-            for (bootstrap, _c), data in zip(self._consumers.items(), results, strict=True):
-                for tp, records in data.items():
+            for (bootstrap, _c), fetched in zip(self._consumers.items(), results, strict=True):
+                for tp, records, pq in fetched:
                     route = self._routes.get(tp.topic)
                     store_host = (
                         await self._runtime.store_host(route.address) if route else "0.0.0.0:0"
                     )
-                    pq = self._pqs[(bootstrap, tp)]
+                    if self._pqs.get((bootstrap, tp)) is not pq:
+                        continue  # revoked (or reset) since the fetch: the new position's
                     for rec in records:
                         self._positions[(bootstrap, tp)] = rec.offset + 1
                         msg = to_message_ext(rec, store_host)
@@ -341,6 +337,18 @@ class LitePullConsumer(ClientBase):
         for msg in out:
             self._trace_polled(msg)
         return out
+
+    async def _fetch(
+        self, bootstrap: str, timeout_ms: int
+    ) -> list[tuple[TopicPartition, list[Any], ProcessQueue]]:
+        """One cluster's fetch, each queue's records bound to its ProcessQueue the moment they
+        arrive (no await in between): a rebalance or reset while the other clusters' fetches
+        or the store-host look-ups run replaces the queue, and the records are then left to
+        the queue's new position instead of being delivered twice."""
+        data = await self._guards[bootstrap].getmany(
+            timeout_ms=timeout_ms, max_records=self.pull_batch_size
+        )
+        return [(tp, records, self._pqs[(bootstrap, tp)]) for tp, records in data.items()]
 
     def _hook_ctx(self, msg: MessageExt) -> ConsumeMessageContext:
         route = self._routes.get(kafka_topic(msg.queue.broker, msg.queue.topic))

@@ -253,11 +253,20 @@ class _ClusterQueues:
 
     async def batch(self, data: dict[TopicPartition, list[Any]]) -> None:
         """A fetch: each queue's messages to the listeners (tag-filtered, in batches of
-        ``consume_message_batch_max_size``), back-pressure, the periodic commit."""
+        ``consume_message_batch_max_size``), back-pressure, the periodic commit.
+
+        Each queue's records are bound to its ProcessQueue *before the first await* (the fleet
+        calls this the moment aiokafka hands the fetch over): a rebalance while this fetch is
+        dispatched (a full work queue, a route look-up) drops those ProcessQueues, so the rest
+        of the fetch is left to the queues' next owner — even when that is this member again,
+        with new ProcessQueues, positioned at the commit of the revocation."""
         p = self.parent
-        for tp, records in data.items():
-            pq = self.pqs.get(tp)
+        bound = [(tp, records, self.pqs.get(tp)) for tp, records in data.items()]
+        for tp, records, pq in bound:
             if pq is None:
+                continue
+            if pq.dropped:  # revoked while an earlier queue of this fetch was dispatched
+                HANDED_OVER.labels(p.group).inc(len(records))
                 continue
             route = p._route_for(tp.topic)
             store_host = await p._runtime.store_host(route.address) if route else "0.0.0.0:0"
@@ -279,6 +288,8 @@ class _ClusterQueues:
                     batch = []
             if batch:
                 await p._dispatch(self, tp, pq, batch, route)
+            if pq.dropped:
+                continue
             if len(pq) >= p.pull_threshold_per_queue and tp not in self.paused:
                 self.consumer.pause(tp)
                 self.paused.add(tp)
