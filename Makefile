@@ -4,6 +4,9 @@ SHELL := /bin/bash
 PYTHON ?= python3
 UV := $(or $(shell command -v uv 2>/dev/null),$(CURDIR)/.tools/bin/uv)
 PYTEST_ARGS ?=
+# The suite mostly waits on real services (one core busy of two): two xdist workers, each with
+# its own session stack; the in-process Spark tests share one worker (one JVM). 0: one process.
+PYTEST_WORKERS ?= 2
 
 .PHONY: help setup demo test test-deps lint bench screenshots clean
 
@@ -36,7 +39,7 @@ demo: setup
 	$(UV) run --frozen tracemq demo $(DEMO_ARGS)
 
 test: setup test-deps
-	$(UV) run --frozen pytest $(PYTEST_ARGS)
+	$(UV) run --frozen pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: setup
 	$(UV) run --frozen ruff check .

@@ -52,12 +52,30 @@ def signing_env(secrets: StackSecrets) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def session_signing_env() -> Iterator[None]:
-    """Clients and admin clients of the tests sign with the session stacks' keys."""
+def session_signing_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Clients and admin clients of the tests sign with the session stacks' keys; the stacks
+    the tests launch (`tracemq demo`, `tracemq dev up`) register in a registry of this session
+    (each xdist worker its own), never in the user's ``~/.tracemq/stacks``: a command of one
+    test must not find another test's stack (nor the developer's)."""
     with pytest.MonkeyPatch.context() as mp:
         for k, v in {**signing_env(SESSION_SECRETS), **CLIENT_TEST_ENV}.items():
             mp.setenv(k, v)
+        mp.setenv("TRACEMQ_STACKS_DIR", str(tmp_path_factory.mktemp("stacks")))
+        # The CLI's tables take COLUMNS when set (else 200 on a pipe); an xdist worker has
+        # COLUMNS=80 in its environment: the commands the tests run would cut their tables.
+        # A test that wants a width sets it for its command.
+        for name in ("COLUMNS", "LINES"):
+            mp.delenv(name, raising=False)
         yield
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``make test`` runs on two xdist workers (``--dist loadgroup``): the tests that run Spark
+    in this process share one worker, so one JVM (the session's SparkSession) is started, not
+    one per worker."""
+    for item in items:
+        if "tests/spark/" in str(item.fspath).replace("\\", "/"):
+            item.add_marker(pytest.mark.xdist_group("spark-session"))
 
 
 @pytest.fixture(scope="session")
