@@ -255,6 +255,7 @@ async def test_rebalance_hands_queues_over_without_duplicates(
     group = f"CG_{unique}"
     successes: dict[str, int] = defaultdict(int)
     by_member: dict[int, int] = defaultdict(int)
+    where: dict[str, list[tuple[int, int, int]]] = defaultdict(list)  # (member, queue, offset)
     total = 400
 
     def make(n: int) -> PushConsumer:
@@ -262,6 +263,7 @@ async def test_rebalance_hands_queues_over_without_duplicates(
             await asyncio.sleep(0.02)  # slow enough that work is queued at the rebalance
             for m in msgs:
                 successes[m.msg_id] += 1
+                where[m.msg_id].append((n, m.queue.queue_id, m.queue_offset))
             by_member[n] += 1
             return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 
@@ -309,8 +311,10 @@ async def test_rebalance_hands_queues_over_without_duplicates(
         await first.shutdown()
     assert rebalanced > 0, f"no rebalance happened: the test proves nothing ({dict(by_member)})"
     assert by_member[1] > 0, dict(by_member)
-    twice = {k: v for k, v in successes.items() if v > 1}
-    assert not twice, f"{len(twice)} message(s) consumed more than once: {twice}"
+    twice = {k: where[k] for k, v in successes.items() if v > 1}
+    assert not twice, (
+        f"{len(twice)} message(s) consumed more than once (member, queue, offset): {twice}"
+    )
 
 
 class _Boom:

@@ -207,6 +207,36 @@ async def test_a_fetch_dispatched_across_a_rebalance_leaves_the_rest_to_the_next
     assert not parent._begin(old0, queued[0][3]) and handed_over() == before + 2
 
 
+async def test_records_fetched_again_in_one_assignment_are_not_consumed_again() -> None:
+    """aiokafka can hand a queue's head over twice (sought twice): within one assignment of a
+    queue an offset goes to the listeners once; the repeat is counted."""
+    from aiokafka.structs import ConsumerRecord
+    from prometheus_client import REGISTRY
+
+    def refetched() -> float:
+        v = REGISTRY.get_sample_value("tracemq_consumer_refetched_total", {"group": "CG_revoke"})
+        return v or 0.0
+
+    cc, _ = _cluster()
+    parent = cc.parent
+    parent.subscribe("T")
+    parent._work = asyncio.Queue(maxsize=100)
+    tp = TopicPartition("b.T", 0)
+    pq = _assign(cc, tp)
+
+    def recs(*offs: int) -> list[ConsumerRecord[bytes, bytes]]:
+        return [ConsumerRecord("b.T", 0, o, 0, 0, None, b"x", None, 1, 0, []) for o in offs]
+
+    before = refetched()
+    await cc.batch({tp: recs(0, 1, 2)})
+    await cc.batch({tp: recs(0, 1, 2, 3)})  # the head again, then one new record
+    offsets = []
+    while not parent._work.empty():
+        offsets += [m.queue_offset for m in parent._work.get_nowait()[3]]
+    assert offsets == [0, 1, 2, 3] and len(pq) == 4
+    assert refetched() == before + 3
+
+
 def test_revoke_drain_timeout_is_validated() -> None:
     with pytest.raises(ValueError, match="revoke_drain_timeout_ms"):
         PushConsumer(

@@ -301,3 +301,39 @@ def test_trace_lag_table_names_the_state_and_the_resets() -> None:
     done = PartitionLag("T", "b", 0, 532, 40, resets=1, last_reset=last)
     assert _offset_state(done).startswith("ok") and "reset 1x" in _offset_state(done)
     assert "578 → 0" in _offset_state(done)
+
+
+async def test_a_fresh_partition_is_positioned_once_whichever_path_comes_first() -> None:
+    """aiokafka's fetcher, finding no commit, raises NoOffsetForPartitionError from a fetch
+    while the rebalance callback is still reading the commit: both paths want to position the
+    fresh partition. Sought twice, aiokafka delivered its head twice (a whole queue consumed
+    twice on a rebalance, under load). The second path leaves it alone."""
+    from types import SimpleNamespace
+
+    class _State:
+        def __init__(self) -> None:
+            self.has_valid_position = False
+            self.awaiting_reset = False
+
+    states = {TP: _State(), TP1: _State()}
+    fake = FakeKafka(start=0, end=10)
+    fake._subscription = SimpleNamespace(  # type: ignore[attr-defined]
+        subscription=SimpleNamespace(assignment=SimpleNamespace(state_value=states.get))
+    )
+    fresh: list[Any] = []
+
+    async def on_fresh(tps: list[TopicPartition]) -> None:
+        fresh.extend(tps)
+        for tp in tps:  # as seek_to_beginning does: a reset under way, then a position
+            states[tp].awaiting_reset = True
+
+    g, _, _ = _guard(fake, on_fresh=on_fresh, idle_check_s=3600)
+    fake.fetch = NoOffsetForPartitionError(TP)  # the fetch loop's path first
+    assert await g.getmany(timeout_ms=0) == {}
+    assert fresh == [TP]
+    assert await g.assigned([TP, TP1]) == []  # then the rebalance callback's
+    assert fresh == [TP, TP1]  # TP not again; TP1 (not positioned by anyone) yes
+    states[TP1].awaiting_reset, states[TP1].has_valid_position = False, True
+    fake.fetch = NoOffsetForPartitionError(TP1)  # a stale error after the callback's seek
+    assert await g.getmany(timeout_ms=0) == {}
+    assert fresh == [TP, TP1]

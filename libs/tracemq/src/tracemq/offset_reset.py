@@ -18,7 +18,11 @@ end offsets:
 * on assignment (:meth:`OffsetGuard.assigned`): a partition starts at the position its owner
   knows (the collector's store), else at the group's committed offset, else at the offset this
   process last committed (the group's offsets are lost with the data on a restarted in-memory
-  cluster), else it is *fresh* and the owner positions it (consume-from-where);
+  cluster), else it is *fresh* and the owner positions it (consume-from-where) — once: aiokafka's
+  fetcher, finding no commit either, may raise ``NoOffsetForPartitionError`` from a fetch while
+  the rebalance callback is still reading the commit, and a partition positioned (or being
+  positioned) by one path is left alone by the other (sought twice, aiokafka delivered the
+  head of the partition twice: duplicates on a rebalance);
 * when a partition stayed idle for ``idle_check_s`` (:meth:`OffsetGuard.getmany`): an idle
   partition is where a position past the end hides;
 * on ``OffsetOutOfRangeError`` from a fetch (real Kafka).
@@ -505,7 +509,21 @@ class OffsetGuard:
             return False
         return True
 
+    def _has_position(self, tp: TopicPartition) -> bool:
+        """aiokafka holds a fetch position for ``tp`` in the current assignment, or a seek to
+        one of its ends is under way (aiokafka's state: False when unreadable)."""
+        try:
+            state = self.consumer._subscription.subscription.assignment.state_value(tp)
+        except Exception:  # noqa: BLE001 - not subscribed, not assigned, or another client
+            return False
+        return state is not None and bool(state.has_valid_position or state.awaiting_reset)
+
     async def _position_fresh(self, tps: list[TopicPartition]) -> None:
+        """Position fresh partitions where the owner says — each once per assignment (see the
+        module docstring): a partition positioned meanwhile by the other path is skipped."""
+        tps = [tp for tp in tps if not self._has_position(tp)]
+        if not tps:
+            return
         if self.on_fresh is not None:
             await self.on_fresh(tps)
             return

@@ -29,6 +29,11 @@ class ProcessQueue:
     def __len__(self) -> int:
         return len(self._in_flight)
 
+    def seen(self, offset: int) -> bool:
+        """``offset`` was already handed to this queue (added or skipped): a record fetched
+        again must not be consumed again."""
+        return offset < self._next
+
     def add(self, offset: int) -> None:
         self._in_flight.add(offset)
         heapq.heappush(self._heap, offset)

@@ -22,6 +22,9 @@ queue is the lowest offset still in flight. A rebalance hands a revoked queue ov
 listener call starts on it any more, the running ones finish (up to
 ``revoke_drain_timeout_ms``), their offsets are committed, and the next owner starts after
 them — so a rebalance causes no duplicate consumption unless a listener outlives the deadline.
+Within one assignment of a queue an offset is consumed once: a record fetched again (aiokafka
+can deliver a partition's head twice when it is sought twice) is skipped, counted in
+``tracemq_consumer_refetched_total``.
 
 Retries (CLUSTERING, RocketMQ's ``sendMessageBack``; :mod:`tracemq.consumer._sendback`): a
 failed message (RECONSUME_LATER, an exception, a None result or a time-out) is sent back to the
@@ -102,6 +105,12 @@ REVOKED = Counter(
 DRAIN_TIMEOUTS = Counter(
     "tracemq_consumer_revoke_drain_timeouts_total",
     "Revoked queues handed over with listener calls still running (consumed again there)",
+    ["group"],
+)
+REFETCHED = Counter(
+    "tracemq_consumer_refetched_total",
+    "Records fetched again at an offset their queue already had in this assignment (not "
+    "consumed again)",
     ["group"],
 )
 HANDED_OVER = Counter(
@@ -272,7 +281,11 @@ class _ClusterQueues:
             store_host = await p._runtime.store_host(route.address) if route else "0.0.0.0:0"
             batch: list[MessageExt] = []
             from_retry = tp.topic in p._retry_ktopics
+            refetched = 0
             for rec in records:
+                if pq.seen(rec.offset):  # fetched again within this assignment: dispatched
+                    refetched += 1
+                    continue
                 msg = to_message_ext(rec, store_host)
                 if from_retry:  # present it as what it was: a message of its own topic
                     msg.topic = msg.properties.get(MessageConst.RETRY_TOPIC) or msg.topic
@@ -286,6 +299,8 @@ class _ClusterQueues:
                 if len(batch) >= p.consume_message_batch_max_size:
                     await p._dispatch(self, tp, pq, batch, route)
                     batch = []
+            if refetched:
+                REFETCHED.labels(p.group).inc(refetched)
             if batch:
                 await p._dispatch(self, tp, pq, batch, route)
             if pq.dropped:
