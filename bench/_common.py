@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import sys
@@ -237,6 +238,44 @@ def _proc_cpu_s(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / _TICK
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+class GcTimer:
+    """Collections and seconds spent in CPython's garbage collector, per generation, while it
+    is entered (``gc.callbacks``): where part of a client's CPU per message goes."""
+
+    def __init__(self) -> None:
+        self.collections = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self._began = 0.0
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            g = info["generation"]
+            self.collections[g] += 1
+            self.seconds[g] += time.perf_counter() - self._began
+
+    def __enter__(self) -> GcTimer:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def snapshot(self) -> tuple[list[int], list[float]]:
+        return list(self.collections), list(self.seconds)
+
+    @staticmethod
+    def delta(
+        before: tuple[list[int], list[float]], after: tuple[list[int], list[float]]
+    ) -> dict[str, Any]:
+        """{"collections": per generation, "ms": per generation} between two snapshots."""
+        return {
+            "collections": [b - a for a, b in zip(before[0], after[0], strict=True)],
+            "ms": [round((b - a) * 1000, 1) for a, b in zip(before[1], after[1], strict=True)],
+        }
 
 
 def cpu_snapshot(stack: EmbeddedStack) -> dict[str, float]:

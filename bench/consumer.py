@@ -35,6 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
+    GcTimer,
     Ticker,
     add_cpu,
     base_parser,
@@ -133,16 +134,21 @@ async def consume_all(
     )
     consumer.subscribe(topic, "*")
     consumer.register_message_listener(listener)
+    gc_timer = GcTimer()
+    gc_before = gc_timer.snapshot()
     before = cpu_snapshot(stack)
     t0 = time.perf_counter()
     started_s = 0.0
     steady_before: dict[str, float] = {}
 
     def at_first() -> None:  # CPU from the first delivery on: the steady state's
+        nonlocal gc_before
         if first and not steady_before:
             steady_before.update(cpu_snapshot(stack))
+            gc_before = gc_timer.snapshot()
 
     try:
+        gc_timer.__enter__()
         await bounded(consumer.start(), 60, f"starting consumer {group}")
         started_s = time.perf_counter() - t0
         async with Ticker(f"{variant} {group}", lambda: len(seen), n):
@@ -158,10 +164,12 @@ async def consume_all(
                 ),
             )
         t1 = time.perf_counter()
+        steady_gc = GcTimer.delta(gc_before, gc_timer.snapshot())
         end = cpu_snapshot(stack)
         cpu = cpu_delta(before, end)
         steady_cpu = cpu_delta(steady_before or before, end)
     finally:
+        gc_timer.__exit__()
         s0 = time.perf_counter()
         await bounded(consumer.shutdown(), 120, f"shutting consumer {group} down")
         shutdown_s = time.perf_counter() - s0
@@ -184,6 +192,7 @@ async def consume_all(
         "shutdown_s": round(shutdown_s, 3),
         "cpu_s": cpu,
         "steady_cpu_s": steady_cpu,
+        "steady_gc": steady_gc,
         "dispatcher": {
             k: stats.get(k)
             for k in (
@@ -253,6 +262,8 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
             add_cpu(cpu, x["cpu_s"])
             add_cpu(steady_cpu, x["steady_cpu_s"])
         waits = sorted(x["first_msg_s"] or 0.0 for x in vr)
+        gc_ms = sum(sum(x["steady_gc"]["ms"]) for x in vr)
+        gc_counts = [sum(x["steady_gc"]["collections"][g] for x in vr) for g in range(3)]
         per[variant] = {
             "seconds": round(secs, 3),
             "msgs_per_s": round(rate(msgs, secs), 1),
@@ -261,6 +272,8 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
             "bench_cpu_us_per_msg": round(cpu.get("bench", 0.0) / msgs * 1e6, 1),
             "steady_bench_cpu_us_per_msg": round(steady_cpu.get("bench", 0.0) / msgs * 1e6, 1),
             "first_assignment_wait_s": waits,
+            "steady_gc_us_per_msg": round(gc_ms * 1000 / msgs, 2),
+            "steady_gc_collections": gc_counts,
         }
     mps = {v: per[v]["msgs_per_s"] for v in per}
     steady_mps = {v: per[v]["steady_msgs_per_s"] for v in per}
@@ -280,7 +293,9 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
     for v in ("off", "on"):
         say(
             f"  {v:>3}: {steady_mps[v]:9,.0f} msg/s steady, bench CPU "
-            f"{per[v]['steady_bench_cpu_us_per_msg']:.1f} us/msg steady; first-assignment wait "
+            f"{per[v]['steady_bench_cpu_us_per_msg']:.1f} us/msg steady (of which GC "
+            f"{per[v]['steady_gc_us_per_msg']:.2f} us/msg, collections per generation "
+            f"{per[v]['steady_gc_collections']}); first-assignment wait "
             f"{per[v]['first_assignment_wait_s']} s; {mps[v]:,.0f} msg/s from start() "
             f"({per[v]['seconds']:.2f}s total)"
         )

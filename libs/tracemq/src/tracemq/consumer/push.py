@@ -59,7 +59,7 @@ import contextlib
 import functools
 import inspect
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiokafka import TopicPartition
 from prometheus_client import Counter
@@ -90,6 +90,9 @@ from tracemq.offset_reset import IDLE_CHECK_S, OffsetReset, OffsetResetPolicy
 from tracemq.protocol.control import Subscription
 from tracemq.routing import QueueRoute
 from tracemq.trace import ConsumeReturnType
+
+if TYPE_CHECKING:
+    from tracemq.trace._hooks import ConsumeMessageTraceHook
 
 log = get_logger("consumer")
 
@@ -407,6 +410,8 @@ class PushConsumer(ClientBase):
         self._listener: ConcurrentlyListener | None = None
         self._orderly = False
         self._hooks: list[ConsumeMessageHook] = []
+        #: message trace's hook (also in _hooks) while it runs: _consume calls it directly
+        self._trace_hook: ConsumeMessageTraceHook | None = None
         self._fleet = self._new_fleet()
         self._routes: dict[str, QueueRoute] = {}  # kafka topic -> broker route
         self._work: asyncio.Queue[tuple[Any, ...]] | None = None
@@ -566,9 +571,10 @@ class PushConsumer(ClientBase):
         if self._runtime.dispatcher is not None:
             from tracemq.trace._hooks import ConsumeMessageTraceHook, SendMessageTraceHook
 
-            self._hooks.append(
-                ConsumeMessageTraceHook(self._runtime.dispatcher, self._runtime.trace_topic)
+            self._trace_hook = ConsumeMessageTraceHook(
+                self._runtime.dispatcher, self._runtime.trace_topic
             )
+            self._hooks.append(self._trace_hook)
             self._sendback.dlq_trace = SendMessageTraceHook(
                 self._runtime.dispatcher, self._runtime.trace_topic
             )
@@ -738,26 +744,40 @@ class PushConsumer(ClientBase):
         first = msgs[0]
         queue = first.queue
         cctx = ConsumeContext(queue=queue)
-        # request ids pair SubBefore with SubAfter (unique ids like RocketMQ's, which uses
-        # createUniqID too); only hooks need them. (One message per call is the default: no
-        # comprehension then, this runs once per consumed message.)
-        if not self._hooks:
-            request_ids = {}
-        elif len(msgs) == 1:
-            request_ids = {first.msg_id: new_request_id()}
-        else:
-            request_ids = {m.msg_id: new_request_id() for m in msgs}
-        hctx = ConsumeMessageContext(
-            consumer_group=self.group,
-            messages=msgs,
-            queue=queue,
-            client_host=self._runtime.client_host,
-            region_id=route.region_id if route else "DefaultRegion",
-            trace_on=route.trace_on if route else True,
-            request_ids=request_ids,
-        )
-        hctx.begin_timestamp = now_ms()
-        call_hooks(self._hooks, "consume_message_before", hctx)
+        hooks: list[Any] = self._hooks
+        # This runs once per consumed message (one message per call is the default). Without
+        # hooks no hook context is built; with only message trace's hook, a one-message call
+        # goes to its context-free methods (the same records; ConsumeMessageTraceHook.one_*).
+        hctx: ConsumeMessageContext | None = None
+        trace: Any = None
+        seq = -2  # (the fast trace path: the SubBefore's dispatcher number; -2: not traced)
+        if hooks:
+            trace = self._trace_hook
+            if len(msgs) == 1 and len(hooks) == 1 and trace is not None and hooks[0] is trace:
+                region = route.region_id if route else "DefaultRegion"
+                # request ids pair SubBefore with SubAfter (unique ids like RocketMQ's, which
+                # uses createUniqID too)
+                request_id = new_request_id()
+                begin = now_ms()
+                if route is None or route.trace_on:
+                    seq = trace.one_before(first, self.group, region, request_id, begin)
+            else:
+                trace = None
+                hctx = ConsumeMessageContext(
+                    consumer_group=self.group,
+                    messages=msgs,
+                    queue=queue,
+                    client_host=self._runtime.client_host,
+                    region_id=route.region_id if route else "DefaultRegion",
+                    trace_on=route.trace_on if route else True,
+                    request_ids=(
+                        {first.msg_id: new_request_id()}
+                        if len(msgs) == 1
+                        else {m.msg_id: new_request_id() for m in msgs}
+                    ),
+                )
+                hctx.begin_timestamp = now_ms()
+                call_hooks(hooks, "consume_message_before", hctx)
         code = ConsumeReturnType.SUCCESS
         try:
             async with asyncio.timeout(self.consume_timeout_s):  # no extra task per call
@@ -788,14 +808,22 @@ class PushConsumer(ClientBase):
                 error=repr(exc),
                 msg_ids=[m.msg_id for m in msgs],
             )
-        hctx.end_timestamp = now_ms()
-        hctx.end_timestamps = cctx.end_times
-        hctx.success = code == ConsumeReturnType.SUCCESS
-        hctx.context_code = int(code)
-        hctx.status = code.name
-        call_hooks(self._hooks, "consume_message_after", hctx)
+        success = code == ConsumeReturnType.SUCCESS
+        if seq != -2:
+            end = now_ms()
+            if cctx.end_times:  # the listener marked the message done before it returned
+                end = cctx.end_times.get(first.msg_id, end)
+            trace.one_after(seq, first, self.group, region, request_id, begin, end, success,
+                            int(code))  # fmt: skip
+        elif hctx is not None:
+            hctx.end_timestamp = now_ms()
+            hctx.end_timestamps = cctx.end_times
+            hctx.success = success
+            hctx.context_code = int(code)
+            hctx.status = code.name
+            call_hooks(hooks, "consume_message_after", hctx)
         counter = self._outcome_counters.get(code)
         if counter is None:
             counter = self._outcome_counters[code] = CONSUMED.labels(self.group, code.name)
         counter.inc(len(msgs))
-        return hctx.success, cctx.delay_level_when_next_consume
+        return success, cctx.delay_level_when_next_consume

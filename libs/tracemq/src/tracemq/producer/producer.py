@@ -52,7 +52,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiokafka.structs import RecordMetadata, TopicPartition
 
@@ -84,6 +84,9 @@ from tracemq.producer.recall import (
 from tracemq.protocol import recall as recall_proto
 from tracemq.routing import QueueRoute, TopicRoute
 from tracemq.trace import MessageType, TraceBean, TraceContext, TraceType
+
+if TYPE_CHECKING:
+    from tracemq.trace._hooks import SendMessageTraceHook
 
 log = get_logger("producer")
 
@@ -163,6 +166,9 @@ class Producer(ClientBase):
         )
         self._faults = FaultTolerance(fault_isolation_ms)
         self._hooks: list[SendMessageHook] = []
+        #: message trace's hook (also in _hooks) while it runs: with no other send hook, a send
+        #: calls its SendMessageTraceHook.one_pub directly (no SendMessageContext per attempt)
+        self._trace_hook: SendMessageTraceHook | None = None
         # the hooks whose send_message_before does something (a hook says it does not with
         # ``observes_send_before = False``: the trace hook, whose Pub is written after the send)
         self._before_hooks: list[SendMessageHook] = []
@@ -199,9 +205,10 @@ class Producer(ClientBase):
         if self._runtime.dispatcher is not None:
             from tracemq.trace._hooks import SendMessageTraceHook
 
-            self.register_send_hook(
-                SendMessageTraceHook(self._runtime.dispatcher, self._runtime.trace_topic)
+            self._trace_hook = SendMessageTraceHook(
+                self._runtime.dispatcher, self._runtime.trace_topic
             )
+            self.register_send_hook(self._trace_hook)
 
     async def shutdown(self, trace_timeout_s: float = 5.0) -> None:
         """Stop sending; flush what is buffered and the trace dispatcher (bounded), then close."""
@@ -220,6 +227,13 @@ class Producer(ClientBase):
         self._deadlines.close()
         await super()._close()
         await self._runtime.stop(trace_timeout_s)
+
+    def _only_trace_hook(self) -> SendMessageTraceHook | None:
+        """Message trace's hook when it is the only send hook, else None."""
+        hooks = self._hooks
+        if len(hooks) == 1 and hooks[0] is self._trace_hook:
+            return self._trace_hook
+        return None
 
     def register_send_hook(self, hook: SendMessageHook) -> None:
         self._hooks.append(hook)
@@ -489,15 +503,18 @@ class Producer(ClientBase):
         headers = self._headers(msg, msg_id)
         self._check_placed_size(msg, headers, queues, half)
         hooks = self._hooks
-        # Without hooks (no trace, no OpenTelemetry) no context is built at all.
+        # Without hooks (no trace, no OpenTelemetry) no context is built at all, nor with
+        # message trace's hook alone (its one_pub takes the facts).
+        trace = self._only_trace_hook()
         ctx = (
             SendMessageContext(
                 producer_group=self.group, message=msg, msg_id=msg_id, msg_type=msg_type,
                 born_host=self._runtime.client_host, headers=headers,
             )
-            if hooks
+            if hooks and trace is None
             else None
         )  # fmt: skip
+        begin = 0
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (timeout or self.send_msg_timeout_ms / 1000)
         deadlines = self._deadlines
@@ -521,6 +538,8 @@ class Producer(ClientBase):
                 ctx.broker_address, ctx.region_id, ctx.trace_on = q.address, q.region_id, q.trace_on
                 if self._before_hooks:
                     call_hooks(self._before_hooks, "send_message_before", ctx)
+            elif trace is not None:
+                begin = now_ms()
             entry = None
             try:
                 if deadline <= loop.time():
@@ -562,6 +581,8 @@ class Producer(ClientBase):
                     ctx.exception, ctx.end_timestamp = exc, now_ms()
                     ctx.last_attempt = last_attempt
                     call_hooks(hooks, "send_message_after", ctx)
+                elif trace is not None:
+                    trace.one_pub(msg, msg_id, self.group, q, begin, now_ms(), msg_type, None)
                 if last_attempt:
                     break
                 continue
@@ -570,6 +591,8 @@ class Producer(ClientBase):
             if ctx is not None:
                 ctx.end_timestamp, ctx.send_result, ctx.exception = now_ms(), result, None
                 call_hooks(hooks, "send_message_after", ctx)
+            elif trace is not None:
+                trace.one_pub(msg, msg_id, self.group, q, begin, now_ms(), msg_type, result)
             return result, q
         raise SendError(
             f"sending {msg_id} to {msg.topic!r} failed after {made} attempt(s): {last!r}"
@@ -749,7 +772,9 @@ class Producer(ClientBase):
             )
         hooks = self._hooks
         host = self._runtime.client_host
-        # Without hooks (no trace, no OpenTelemetry) no context is built at all.
+        # Without hooks (no trace, no OpenTelemetry) no context is built at all, nor with
+        # message trace's hook alone (its one_pub takes the facts).
+        trace = self._only_trace_hook()
         ctxs: list[SendMessageContext] | None = (
             [
                 SendMessageContext(
@@ -758,9 +783,10 @@ class Producer(ClientBase):
                 )
                 for m, i, h in zip(checked, msg_ids, headers, strict=True)
             ]
-            if hooks
+            if hooks and trace is None
             else None
         )  # fmt: skip
+        begin = 0
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (timeout or self.send_msg_timeout_ms / 1000)
         deadlines = self._deadlines
@@ -788,6 +814,8 @@ class Producer(ClientBase):
                     c.broker_address, c.region_id, c.trace_on = q.address, q.region_id, q.trace_on
                     if self._before_hooks:
                         call_hooks(self._before_hooks, "send_message_before", c)
+            elif trace is not None:
+                begin = now_ms()
             futs: list[asyncio.Future[RecordMetadata] | BaseException] = []
             for i in pending:
                 try:
@@ -837,6 +865,10 @@ class Producer(ClientBase):
                     c.end_timestamp, c.last_attempt = end, last
                     c.exception, c.send_result = errors[i], result
                     call_hooks(hooks, "send_message_after", c)
+                elif trace is not None:
+                    trace.one_pub(
+                        checked[i], msg_ids[i], self.group, q, begin, end, _NORMAL_MSG, result
+                    )
             if still:
                 self._faults.failed(q.broker)
                 avoid = q.broker

@@ -19,6 +19,8 @@ from tracemq.trace._model import MessageType, TraceBean, TraceContext, TraceType
 
 if TYPE_CHECKING:
     from tracemq.hooks import ConsumeMessageContext, EndTransactionContext, SendMessageContext
+    from tracemq.message import Message, MessageExt, SendResult
+    from tracemq.routing import QueueRoute
 
 
 class _Appender(Protocol):
@@ -55,6 +57,27 @@ class SendMessageTraceHook:
         self.dispatcher = dispatcher
         self.trace_topic = trace_topic
 
+    def one_pub(self, msg: Message, msg_id: str, group: str, queue: QueueRoute, begin: int,
+                end: int, msg_type: int, result: SendResult | None) -> None:  # fmt: skip
+        """The Pub of one send attempt of ``msg`` to a queue of ``queue`` (``result`` None: it
+        failed): what :meth:`send_message_after` queues, without a
+        :class:`SendMessageContext`, for a producer whose only send hook this is. Never
+        raises."""
+        try:
+            if not queue.trace_on or msg.topic == self.trace_topic:
+                return
+            store_host: str | None = None
+            offset_msg_id: str | None = None
+            if result is not None:
+                store_host, offset_msg_id = queue.address, result.offset_msg_id
+            self.dispatcher.append_record(
+                (PUB, msg.topic, queue.region_id, msg_id, msg.keys_str, begin, group, msg.tags,
+                 store_host, len(msg.body), end - begin if end > begin else 0, msg_type,
+                 offset_msg_id, result is not None)
+            )  # fmt: skip
+        except Exception:  # pragma: no cover - defensive: tracing must not break the producer
+            return
+
     def send_message_before(self, context: SendMessageContext) -> None:
         return None  # everything the Pub needs is known after the send
 
@@ -79,11 +102,56 @@ class SendMessageTraceHook:
 
 
 class ConsumeMessageTraceHook:
-    """SubBefore for every message before the listener runs, SubAfter after it returns."""
+    """SubBefore for every message before the listener runs, SubAfter after it returns.
+
+    Besides the hook methods, a consumer whose only consume hook this is may call
+    :meth:`one_before` and :meth:`one_after` around a one-message listener call (the default):
+    the same records, without a :class:`ConsumeMessageContext` per call. They never raise.
+    """
 
     def __init__(self, dispatcher: _Appender, trace_topic: str) -> None:
         self.dispatcher = dispatcher
         self.trace_topic = trace_topic
+
+    # ---- one message, no context: the consumer's usual call, once per consumed message
+
+    def one_before(self, msg: MessageExt, group: str, region: str, request_id: str,
+                   timestamp: int) -> int:  # fmt: skip
+        """The SubBefore of ``msg`` (what :meth:`consume_message_before` queues for a call
+        over it alone): the dispatcher number :meth:`one_after` needs, -1 when it was refused
+        (counted as discarded) and -2 when ``msg`` is not traced (a trace topic's message).
+        Never raises."""
+        try:
+            if msg.topic == self.trace_topic:
+                return -2
+            return self.dispatcher.append_sub_before(
+                (SUB_BEFORE, msg.topic, region, msg.msg_id, msg.properties.get(_KEYS), timestamp,
+                 group, request_id, msg.reconsume_times)
+            )  # fmt: skip
+        except Exception:  # pragma: no cover - defensive: tracing must not break the consumer
+            return -1
+
+    def one_after(self, seq: int, msg: MessageExt, group: str, region: str, request_id: str,
+                  begin: int, end: int, success: bool, context_code: int) -> None:  # fmt: skip
+        """The SubAfter of ``msg`` (:meth:`consume_message_after` for a call over it alone);
+        ``seq`` is what :meth:`one_before` returned. Never raises."""
+        try:
+            if seq == -2:
+                return
+            cost = end - begin if end > begin else 0
+            msg_id = msg.msg_id
+            if seq >= 0 and self.dispatcher.join_sub_after(
+                seq, msg_id, end, cost, success, context_code
+            ):
+                return
+            self.dispatcher.append_record(
+                (SUB_AFTER, msg.topic, region, msg_id, msg.properties.get(_KEYS), end, group,
+                 request_id, cost, success, context_code)
+            )  # fmt: skip
+        except Exception:  # pragma: no cover - defensive: tracing must not break the consumer
+            return
+
+    # ---- the hook methods
 
     def consume_message_before(self, context: ConsumeMessageContext) -> None:
         # (this and consume_message_after run once per listener call: for the default
