@@ -41,6 +41,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
+    GcTimer,
     Ticker,
     add_cpu,
     base_parser,
@@ -86,6 +87,8 @@ class Variant:
         self.cpu: dict[str, float] = {}
         self.msg_ids: list[str] = []
         self.flush_s = 0.0
+        #: GC during the timed latency-bound sends: collections per generation, milliseconds
+        self.gc = {"collections": [0, 0, 0], "ms": [0.0, 0.0, 0.0]}
 
     async def start(self) -> None: ...
 
@@ -249,9 +252,14 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
                 # a floor of 200 msg/s: anything slower is broken, not slow
                 timeout = max(120.0, share / 200)
                 before = cpu_snapshot(stack)
-                async with Ticker(f"{name} r{r + 1}", _sent_of(v), v.sent + share):
-                    dt = await send_many(v, share, args.concurrency, timeout)
+                with GcTimer() as gc_timer:
+                    async with Ticker(f"{name} r{r + 1}", _sent_of(v), v.sent + share):
+                        dt = await send_many(v, share, args.concurrency, timeout)
                 delta = cpu_delta(before, cpu_snapshot(stack))
+                gc_delta = GcTimer.delta(([0, 0, 0], [0.0, 0.0, 0.0]), gc_timer.snapshot())
+                for g in range(3):
+                    v.gc["collections"][g] += gc_delta["collections"][g]
+                    v.gc["ms"][g] += gc_delta["ms"][g]
                 add_cpu(v.cpu, delta)
                 v.seconds += dt
                 v.rounds.append(
@@ -316,6 +324,7 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
         n: round(v.cpu.get("bench", 0.0) / args.messages * 1e6, 1) for n, v in variants.items()
     }
     trace_us = round(cpu_us["on"] - cpu_us["off"], 1)
+    gc_us = {n: round(sum(v.gc["ms"]) * 1000 / args.messages, 2) for n, v in variants.items()}
     batch_mps = {
         n: round(rate(int(b["messages"]), b["seconds"]), 1) for n, b in batch_stats.items()
     }
@@ -342,7 +351,8 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
         cpu_per_msg = v.cpu.get("bench", 0.0) / args.messages * 1e6
         say(
             f"  {n:>3}: {mps[n]:9,.0f} msg/s  ({v.seconds:.2f}s for {args.messages}, "
-            f"bench CPU {cpu_per_msg:.0f} us/msg)"
+            f"bench CPU {cpu_per_msg:.1f} us/msg, of which GC {gc_us[n]:.2f} us/msg, "
+            f"collections per generation {v.gc['collections']})"
         )
     say(
         f"  trace-off / raw = {ratios['off_vs_raw']:.3f} (target >= {TARGET_OFF_VS_RAW}: "
@@ -449,6 +459,8 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
         "per_round": {n: v.rounds for n, v in variants.items()},
         "cpu_s": {n: v.cpu for n, v in variants.items()},
         "bench_cpu_us_per_msg": cpu_us,
+        "gc_us_per_msg": gc_us,
+        "gc_collections": {n: v.gc["collections"] for n, v in variants.items()},
         "trace_cpu_us_per_msg": trace_us,
         "cpu_bound": {
             "batch": args.batch,

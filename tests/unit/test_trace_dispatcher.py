@@ -8,11 +8,13 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
+from tracemq._kafka import MAX_MESSAGE_SIZE
 from tracemq.errors import TracemqError
 from tracemq.message_id import new_msg_id
 from tracemq.naming import TRACE_TOPIC
@@ -716,25 +718,42 @@ class FakePool:
     def __init__(self) -> None:
         self.producer = FakeProducer()
         self.asked: list[str] = []
+        self.enqueued: list[tuple[str, str, int, bytes, list[tuple[str, bytes]]]] = []
         self.closed = False
 
     async def get(self, bootstrap: str) -> FakeProducer:
         self.asked.append(bootstrap)
         return self.producer
 
+    async def send(
+        self, bootstrap: str, tp: Any, value: bytes, headers: list[tuple[str, bytes]]
+    ) -> asyncio.Future[None]:
+        self.enqueued.append((bootstrap, tp.topic, tp.partition, value, headers))
+        ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        ack.set_result(None)
+        return ack
+
     async def close(self) -> None:
         self.closed = True
 
 
 async def test_kafka_sender_writes_the_partition_of_the_broker_topic() -> None:
+    """A trace message goes to its queue's partition of the broker's Kafka topic, through the
+    pool's enqueue; one larger than any tracemq record through send_and_wait (which refuses
+    it with aiokafka's own error)."""
     pool = FakePool()
     sender = KafkaTraceSender(pool)  # type: ignore[arg-type]
     headers = [("UNIQ_KEY", b"X")]
     await sender.send(queue_route("trace-a"), 2, TRACE_TOPIC, b"data", headers)
+    assert pool.enqueued == [("trace-a:9092", "trace-a.RMQ_SYS_TRACE_TOPIC", 2, b"data", headers)]
+    assert pool.producer.sent == []
+    huge = b"x" * (MAX_MESSAGE_SIZE + 1)
+    await sender.send(queue_route("trace-a"), 1, TRACE_TOPIC, huge, headers)
     assert pool.asked == ["trace-a:9092"]
     assert pool.producer.sent == [
-        ("trace-a.RMQ_SYS_TRACE_TOPIC", b"data", {"partition": 2, "headers": headers})
+        ("trace-a.RMQ_SYS_TRACE_TOPIC", huge, {"partition": 1, "headers": headers})
     ]
+    assert len(pool.enqueued) == 1
     await sender.close()
     assert pool.closed is False  # not its pool
 

@@ -344,6 +344,16 @@ def write_records(items: Sequence[object]) -> list[str | None]:
     long_min, long_max = _LONG_MIN, _LONG_MAX
     last_ts: object = None
     ts_s = ""
+    # The fields a client's records share (region, group, topic) are written once per change,
+    # into the text around them: a pair's head and tail, a Pub's head (keyed by identity).
+    unset = object()
+    pair_region: object = unset
+    pair_group: object = unset
+    pair_head = pair_tail = ""
+    pub_region: object = unset
+    pub_group: object = unset
+    pub_topic: object = unset
+    pub_head = ""
     for r in items:
         try:
             if type(r) is not tuple_:
@@ -379,16 +389,18 @@ def write_records(items: Sequence[object]) -> list[str | None]:
                 else:
                     put(None)
                     continue
-                group_s = null if group is None else group
+                if region is not pair_region or group is not pair_group:
+                    pair_region, pair_group = region, group
+                    group_s = null if group is None else group
+                    pair_head = f"\x01{null if region is None else region}\x01{group_s}\x01"
+                    pair_tail = f"\x01{group_s}\x02"
                 rid_s = null if rid is None else rid
                 msg_id_s = null if msg_id is None else msg_id
                 keys_s = null if keys is None else keys
-                # (two f-strings joined: one of twice the pieces takes longer than both here)
                 put(
-                    f"SubBefore\x01{ts_s}\x01{null if region is None else region}\x01{group_s}\x01"
-                    f"{rid_s}\x01{msg_id_s}\x01{retry_s}\x01{keys_s}\x02"
-                    + f"SubAfter\x01{rid_s}\x01{msg_id_s}\x01{cost_s}\x01"
-                    f"{'true' if ok else 'false'}\x01{keys_s}\x01{code_s}\x01{end_s}\x01{group_s}\x02"
+                    f"SubBefore\x01{ts_s}{pair_head}{rid_s}\x01{msg_id_s}\x01{retry_s}\x01{keys_s}"
+                    f"\x02SubAfter\x01{rid_s}\x01{msg_id_s}\x01{cost_s}\x01"
+                    f"{'true' if ok else 'false'}\x01{keys_s}\x01{code_s}\x01{end_s}{pair_tail}"
                 )
             elif kind is sub_after:
                 _, _, _, msg_id, keys, ts, group, rid, cost, ok, code = r
@@ -452,9 +464,14 @@ def write_records(items: Sequence[object]) -> list[str | None]:
                 ):  # fmt: skip
                     put(None)
                     continue
+                if region is not pub_region or group is not pub_group or topic is not pub_topic:
+                    pub_region, pub_group, pub_topic = region, group, topic
+                    pub_head = (
+                        f"\x01{null if region is None else region}\x01"
+                        f"{null if group is None else group}\x01{null if topic is None else topic}"
+                    )
                 put(
-                    f"Pub\x01{ts_s}\x01{null if region is None else region}\x01"
-                    f"{null if group is None else group}\x01{null if topic is None else topic}"
+                    f"Pub\x01{ts_s}{pub_head}"
                     f"\x01{null if msg_id is None else msg_id}\x01{null if tags is None else tags}"
                     f"\x01{null if keys is None else keys}\x01"
                     f"{null if store_host is None else store_host}\x01"

@@ -243,15 +243,20 @@ class KafkaTraceSender:
     """
 
     def __init__(self, pool: ProducerPool | None = None) -> None:
-        if pool is None:
-            # Imported here so that using the trace codec alone does not load aiokafka.
-            from tracemq._kafka import ProducerPool
+        # Imported here so that using the trace codec alone does not load aiokafka.
+        from aiokafka import TopicPartition
 
+        from tracemq._kafka import MAX_MESSAGE_SIZE, ProducerPool, record_size
+
+        if pool is None:
             pool = ProducerPool()
             self._owns_pool = True
         else:
             self._owns_pool = False
         self._pool = pool
+        self._partition = TopicPartition
+        self._record_size = record_size
+        self._max_record = MAX_MESSAGE_SIZE
 
     async def send(
         self,
@@ -261,10 +266,17 @@ class KafkaTraceSender:
         value: bytes,
         headers: list[tuple[str, bytes]],
     ) -> None:
+        topic = kafka_topic(route.broker, trace_topic)
+        if self._record_size(value, headers) <= self._max_record:
+            # a record within what every tracemq producer accepts: the pool's enqueue, not
+            # send_and_wait (which looks up metadata and sizes the record again per call)
+            ack = await self._pool.send(
+                route.data_bootstrap, self._partition(topic, queue_id), value, headers
+            )
+            await ack
+            return
         producer = await self._pool.get(route.data_bootstrap)
-        await producer.send_and_wait(
-            kafka_topic(route.broker, trace_topic), value, partition=queue_id, headers=headers
-        )
+        await producer.send_and_wait(topic, value, partition=queue_id, headers=headers)
 
     async def close(self) -> None:
         if self._owns_pool:
