@@ -7,6 +7,7 @@ tests/integration/test_client_features.py; the fleet's own contract in tests/uni
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 from aiokafka import TopicPartition
@@ -321,3 +322,89 @@ async def test_lite_pull_leaves_a_fetch_revoked_meanwhile_to_the_new_position() 
     slow_go.set()
     assert await asyncio.wait_for(polling, 2) == []
     assert len(lite._pqs[("k1", tp)]) == 0 and len(old) == 0
+
+
+async def test_a_consumer_traced_by_message_trace_alone_writes_the_hook_records(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With message trace's hook as its only consume hook, a one-message listener call is traced
+    through the hook's context-free calls (no ConsumeMessageContext); the SubBefore and SubAfter
+    are the ones the hook methods write when another hook is registered too (then the generic
+    path runs, and that hook sees the context); a route with trace off writes none."""
+    from typing import Any
+
+    from tracemq.consumer.listener import ConsumeConcurrentlyStatus
+    from tracemq.hooks import ConsumeMessageContext
+    from tracemq.message import MessageExt, MessageQueue
+    from tracemq.routing.model import QueueRoute
+    from tracemq.trace import TraceType, decode
+    from tracemq.trace._codec import write_records
+    from tracemq.trace._hooks import ConsumeMessageTraceHook
+
+    class Appender:
+        def __init__(self) -> None:
+            self.records: list[tuple[Any, ...]] = []
+
+        def append_sub_before(self, record: tuple[Any, ...]) -> int:
+            self.records.append(record)
+            return -1  # no join: both records as they are
+
+        def append_record(self, record: tuple[Any, ...]) -> bool:
+            self.records.append(record)
+            return True
+
+        def join_sub_after(self, *_: Any) -> bool:
+            raise AssertionError("not called when the SubBefore was refused")
+
+    class Seen:
+        def __init__(self) -> None:
+            self.contexts: list[ConsumeMessageContext] = []
+
+        def consume_message_before(self, ctx: ConsumeMessageContext) -> None:
+            self.contexts.append(ctx)
+
+        def consume_message_after(self, ctx: ConsumeMessageContext) -> None:
+            pass
+
+    async def listener(msgs: list[MessageExt], ctx: Any) -> ConsumeConcurrentlyStatus:
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    q = MessageQueue("Orders", "broker-a", 1)
+    m = MessageExt("Orders", b"x", "MSG-1", q, 7, 1, 2, "h", reconsume_times=1,
+                   properties={"KEYS": "k1"})  # fmt: skip
+    route = QueueRoute("broker-a", "c", 8, 8, 6, "k:1", "h:1", region_id="Region-A")
+
+    async def traced(extra: Seen | None, route: QueueRoute) -> list[Any]:
+        consumer = PushConsumer(
+            "CG_fast", redis_url="redis://127.0.0.1:1", control_bootstrap="127.0.0.1:1"
+        )
+        consumer.register_message_listener(listener)
+        appender = Appender()
+        hook = ConsumeMessageTraceHook(appender, "RMQ_SYS_TRACE_TOPIC")  # type: ignore[arg-type]
+        consumer._trace_hook = hook
+        consumer._hooks.append(hook)
+        if extra is not None:
+            consumer.register_consume_hook(extra)
+        assert await consumer._consume([m], route) == (True, 0)
+        return [decode(t)[0] for t in write_records(appender.records) if t is not None]
+
+    import tracemq.consumer.push as push
+
+    def no_context(*_: Any, **__: Any) -> None:
+        raise AssertionError("a hook context was built for message trace alone")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(push, "ConsumeMessageContext", no_context)
+        alone = await traced(None, route)
+    seen = Seen()
+    with_other = await traced(seen, route)
+    assert len(seen.contexts) == 1
+    assert [c.trace_type for c in alone] == [TraceType.SubBefore, TraceType.SubAfter]
+    for a, b in zip(alone, with_other, strict=True):
+        assert (a.trace_type, a.region_id, a.group_name, a.success, a.context_code) == (
+            b.trace_type, b.region_id, b.group_name, b.success, b.context_code,
+        )  # fmt: skip
+        assert a.trace_beans == b.trace_beans
+    assert alone[0].region_id == "Region-A" and alone[0].trace_beans[0].retry_times == 1
+    assert alone[0].request_id == alone[1].request_id and alone[0].request_id is not None
+    assert await traced(None, replace(route, trace_on=False)) == []

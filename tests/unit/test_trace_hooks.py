@@ -271,3 +271,73 @@ def test_an_end_transaction_is_one_context() -> None:
     assert got.trace_beans[0].transaction_state == TransactionState.COMMIT_MESSAGE
     assert got.trace_beans[0].msg_type == MessageType.Trans_msg_Commit
     assert decode(encode(got).data)[0].trace_beans[0].keys == "order-1"
+
+
+# ---- the context-free calls a client makes when message trace's hook is its only hook
+
+
+def _route(*, trace_on: bool = True) -> Any:
+    from tracemq.routing.model import QueueRoute
+
+    return QueueRoute(
+        "broker-a", "c", 8, 8, 6, "127.0.0.1:9092", "10.0.0.1:10911", region_id="Region-A",
+        trace_on=trace_on,
+    )  # fmt: skip
+
+
+def test_one_pub_queues_what_send_message_after_queues() -> None:
+    """SendMessageTraceHook.one_pub (a producer whose only send hook is message trace's) queues
+    the same Pub record as send_message_after with a context, for a stored and a failed
+    attempt; nothing for a route with trace off or a message to the trace topic."""
+    ctx = _send_context()
+    by_hook, direct = Recorder(), Recorder()
+    SendMessageTraceHook(by_hook, "RMQ_SYS_TRACE_TOPIC").send_message_after(ctx)
+    hook = SendMessageTraceHook(direct, "RMQ_SYS_TRACE_TOPIC")
+    hook.one_pub(ctx.message, MSG_ID, "PG", _route(), ctx.begin_timestamp, ctx.end_timestamp,
+                 MessageType.Normal_Msg, ctx.send_result)  # fmt: skip
+    assert direct.records == by_hook.records
+    ctx.send_result = None
+    SendMessageTraceHook(by_hook, "RMQ_SYS_TRACE_TOPIC").send_message_after(ctx)
+    hook.one_pub(ctx.message, MSG_ID, "PG", _route(), ctx.begin_timestamp, ctx.end_timestamp,
+                 MessageType.Normal_Msg, None)  # fmt: skip
+    assert direct.records == by_hook.records and len(direct.records) == 2
+    assert decode(text(direct.records[1]))[0].success is False
+    hook.one_pub(ctx.message, MSG_ID, "PG", _route(trace_on=False), 1, 2, 0, None)
+    to_trace = Message("RMQ_SYS_TRACE_TOPIC", b"x")
+    hook.one_pub(to_trace, MSG_ID, "PG", _route(), 1, 2, 0, None)
+    assert len(direct.records) == 2
+
+
+async def test_one_before_and_after_write_what_the_hook_methods_write() -> None:
+    """ConsumeMessageTraceHook.one_before/one_after (a consumer whose only consume hook is
+    message trace's, one message per call): joined in the dispatcher, or appended on their
+    own when the SubBefore is gone (Recorder), the same records as the hook methods."""
+    m = MessageExt(
+        "Orders", b"x", MSG_ID, Q, 16, 1, 2, "10.0.0.1:10911", reconsume_times=2,
+        properties={"KEYS": "order-1"},
+    )  # fmt: skip
+    d = AsyncTraceDispatcher(group="CG", route_cache=_NoRoutes(), sender=_NoSender())
+    hook = ConsumeMessageTraceHook(d, "RMQ_SYS_TRACE_TOPIC")
+    seq = hook.one_before(m, "CG", "Region-A", "REQ-1", 1_700_000_000_100)
+    assert seq == 0
+    hook.one_after(seq, m, "CG", "Region-A", "REQ-1", 1_700_000_000_100, 1_700_000_000_130,
+                   False, int(ConsumeReturnType.EXCEPTION))  # fmt: skip
+    (item,) = d._queue
+    assert item[0] == SUB_PAIR and d.stats()["appended"] == 2
+    assert text(item) == "".join(_expected_sub("order-1"))
+    await d.shutdown(0.1)
+
+    rec = Recorder()  # refuses the join: the SubAfter goes on its own
+    hook = ConsumeMessageTraceHook(rec, "RMQ_SYS_TRACE_TOPIC")
+    seq = hook.one_before(m, "CG", "Region-A", "REQ-1", 1_700_000_000_100)
+    hook.one_after(seq, m, "CG", "Region-A", "REQ-1", 1_700_000_000_100, 1_700_000_000_130,
+                   False, int(ConsumeReturnType.EXCEPTION))  # fmt: skip
+    by_hook = Recorder()
+    _consume(ConsumeMessageTraceHook(by_hook, "RMQ_SYS_TRACE_TOPIC"), _consume_context(m))
+    assert rec.records == by_hook.records
+    assert tuple(map(text, rec.records)) == _expected_sub("order-1")
+
+    on_trace_topic = MessageExt("RMQ_SYS_TRACE_TOPIC", b"x", MSG_ID, Q, 1, 1, 2, "h")
+    assert hook.one_before(on_trace_topic, "CG", "Region-A", "REQ-2", 1) == -2
+    hook.one_after(-2, on_trace_topic, "CG", "Region-A", "REQ-2", 1, 2, True, 0)
+    assert len(rec.records) == 2

@@ -824,7 +824,10 @@ class AsyncTraceDispatcher:
         kind_set = set(kinds)
         checked = len(kind_set) == 1 and _texts_clean(batch, _TEXT_FIELDS[kind_set.pop()])
         ends = list(itertools.accumulate(map(len, texts)))  # characters up to each item
-        seps = list(itertools.accumulate(map(RAW_SEPARATORS.__getitem__, kinds)))
+        # separators up to each item (only counted when the columns were not checked)
+        seps = (
+            ends if checked else list(itertools.accumulate(map(RAW_SEPARATORS.__getitem__, kinds)))
+        )
         plans: list[tuple[int, int, bytes, set[Any]]] = []
         oversize = 0
         start, n, before, seps_before = 0, len(texts), 0, 0

@@ -112,6 +112,9 @@ class ConsumeMessageTraceHook:
     def __init__(self, dispatcher: _Appender, trace_topic: str) -> None:
         self.dispatcher = dispatcher
         self.trace_topic = trace_topic
+        # (bound once: the context-free calls below run once per consumed message)
+        self._append_sub_before = dispatcher.append_sub_before
+        self._join_sub_after = dispatcher.join_sub_after
 
     # ---- one message, no context: the consumer's usual call, once per consumed message
 
@@ -124,7 +127,7 @@ class ConsumeMessageTraceHook:
         try:
             if msg.topic == self.trace_topic:
                 return -2
-            return self.dispatcher.append_sub_before(
+            return self._append_sub_before(
                 (SUB_BEFORE, msg.topic, region, msg.msg_id, msg.properties.get(_KEYS), timestamp,
                  group, request_id, msg.reconsume_times)
             )  # fmt: skip
@@ -140,9 +143,7 @@ class ConsumeMessageTraceHook:
                 return
             cost = end - begin if end > begin else 0
             msg_id = msg.msg_id
-            if seq >= 0 and self.dispatcher.join_sub_after(
-                seq, msg_id, end, cost, success, context_code
-            ):
+            if seq >= 0 and self._join_sub_after(seq, msg_id, end, cost, success, context_code):
                 return
             self.dispatcher.append_record(
                 (SUB_AFTER, msg.topic, region, msg_id, msg.properties.get(_KEYS), end, group,
