@@ -337,7 +337,8 @@ async def test_one_before_and_after_write_what_the_hook_methods_write() -> None:
     assert rec.records == by_hook.records
     assert tuple(map(text, rec.records)) == _expected_sub("order-1")
 
-    on_trace_topic = MessageExt("RMQ_SYS_TRACE_TOPIC", b"x", MSG_ID, Q, 1, 1, 2, "h")
+    trace_q = MessageQueue("RMQ_SYS_TRACE_TOPIC", "trace-a", 0)  # (the queue decides)
+    on_trace_topic = MessageExt("RMQ_SYS_TRACE_TOPIC", b"x", MSG_ID, trace_q, 1, 1, 2, "h")
     assert hook.one_before(on_trace_topic, "CG", "Region-A", "REQ-2", 1) == -2
     hook.one_after(-2, on_trace_topic, "CG", "Region-A", "REQ-2", 1, 2, True, 0)
     assert len(rec.records) == 2

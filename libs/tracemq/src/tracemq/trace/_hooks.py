@@ -122,10 +122,10 @@ class ConsumeMessageTraceHook:
                    timestamp: int) -> int:  # fmt: skip
         """The SubBefore of ``msg`` (what :meth:`consume_message_before` queues for a call
         over it alone): the dispatcher number :meth:`one_after` needs, -1 when it was refused
-        (counted as discarded) and -2 when ``msg`` is not traced (a trace topic's message).
-        Never raises."""
+        (counted as discarded) and -2 when ``msg`` is not traced (from a queue of the trace
+        topic). Never raises."""
         try:
-            if msg.topic == self.trace_topic:
+            if msg.queue.topic == self.trace_topic:  # (as the hook methods: the queue's)
                 return -2
             return self._append_sub_before(
                 (SUB_BEFORE, msg.topic, region, msg.msg_id, msg.properties.get(_KEYS), timestamp,
