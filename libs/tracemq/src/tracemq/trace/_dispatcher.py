@@ -590,7 +590,9 @@ class AsyncTraceDispatcher:
             # (a SubBefore raw record has 9 fields: not a context, a pair or another kind)
             if type(before) is not tuple or len(before) != 9 or before[3] is not msg_id:
                 return False
-            items[index] = (SUB_PAIR, *before[1:], timestamp, cost_time, success, context_code)
+            _, topic, region, _, keys, ts, group, rid, retry = before  # (no slice: one tuple)
+            items[index] = (SUB_PAIR, topic, region, msg_id, keys, ts, group, rid, retry,
+                            timestamp, cost_time, success, context_code)  # fmt: skip
             self._records += 1
             return True
         except Exception:  # pragma: no cover - defensive: tracing must not break the client
