@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from tracemq import lake as lake_contract
 from tracemq.trace import MessageType, TraceBean, TraceContext, TraceType, encode_many
+from tracemq_collector.errors import CollectorError
 from tracemq_collector.events import rows_from_record
 from tracemq_collector.lake import (
     COMPACTED_FROM_KEY,
@@ -21,6 +22,7 @@ from tracemq_collector.lake import (
     SORT_KEYS,
     TMP_MAX_AGE_S,
     TraceLake,
+    use_memory_pool,
 )
 from tracemq_collector.store import TraceStore
 
@@ -565,3 +567,25 @@ def test_a_source_deleted_by_another_owner_mid_compaction_is_left_to_the_next_ro
     monkeypatch.setattr(lake_module.pq, "read_table", read_failing)
     with pytest.raises(OSError, match="NETWORK_CONNECTION"):  # an object still there: raised
         lake.compact(T0 + 2 * HOUR)
+
+
+@pytest.mark.parametrize("name", ["system", "mimalloc", "jemalloc"])
+def test_the_collector_picks_arrows_allocator(name: str) -> None:
+    import pyarrow as pa
+
+    before = pa.default_memory_pool()
+    try:
+        try:
+            use_memory_pool(name)
+        except CollectorError as exc:  # a pyarrow build without it: the error names the setting
+            assert "TRACEMQ_COLLECTOR_ARROW_MEMORY_POOL" in str(exc) and name in str(exc)
+            return
+        assert pa.default_memory_pool().backend_name == name
+        assert pa.array([1, 2, 3]).sum().as_py() == 6  # the pool allocates
+    finally:
+        pa.set_memory_pool(before)
+
+
+def test_an_unknown_allocator_is_named() -> None:
+    with pytest.raises(CollectorError, match="TRACEMQ_COLLECTOR_ARROW_MEMORY_POOL.*'tcmalloc'"):
+        use_memory_pool("tcmalloc")

@@ -397,6 +397,32 @@ def test_reopening_the_file_keeps_everything(tmp_path: Path) -> None:
         ]
 
 
+def test_blocks_of_earlier_versions_zlib_are_still_read(tmp_path: Path) -> None:
+    import zlib
+
+    import zstandard
+
+    path = tmp_path / "traces.db"
+    feed = Feed()
+    with TraceStore(path) as store:
+        store.write_batch(*feed.batch([pub_ctx(1, T0), *consume_ctxs(1, T0 + 5)]))
+        store.write_batch(*feed.batch([pub_ctx(2, T0 + 1)]))
+        before = [store.by_msg_id(msg_id(1)), store.by_msg_id(msg_id(2)), store.by_key("shared")]
+    with sqlite3.connect(path) as conn:  # what an earlier version wrote: zlib blocks
+        blocks = conn.execute("SELECT id, data FROM blocks").fetchall()
+        assert blocks and all(data[:4] == b"\x28\xb5\x2f\xfd" for _, data in blocks)  # zstd
+        unzstd = zstandard.ZstdDecompressor()
+        conn.executemany(
+            "UPDATE blocks SET data = ? WHERE id = ?",
+            [(zlib.compress(unzstd.decompress(data), 1), block) for block, data in blocks],
+        )
+    with TraceStore(path) as store:
+        after = [store.by_msg_id(msg_id(1)), store.by_msg_id(msg_id(2)), store.by_key("shared")]
+        assert after == before
+        store.write_batch(*feed.batch([pub_ctx(3, T0 + 2)]))  # new blocks beside old ones
+        assert [e["msg_id"] for e in store.by_msg_id(msg_id(3))] == [msg_id(3)]
+
+
 def test_a_newer_schema_version_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "traces.db"
     with TraceStore(path):

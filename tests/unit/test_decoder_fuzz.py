@@ -591,10 +591,13 @@ def test_a_store_block_gives_back_exactly_the_events_it_was_made_of(
 def test_a_damaged_store_block_raises_only_the_store_error(data: bytes) -> None:
     import zlib
 
+    import zstandard
     from tracemq_collector.errors import TraceStoreError
     from tracemq_collector.store import _decode_block
 
-    for blob in (data, zlib.compress(data)):
+    # raw bytes, a zlib block (files of earlier versions), a zstd block, a cut zstd frame
+    zstd = zstandard.ZstdCompressor(level=1).compress(data)
+    for blob in (data, zlib.compress(data), zstd, zstd[: len(zstd) // 2]):
         try:
             _decode_block(blob, "t", 0)
         except TraceStoreError:

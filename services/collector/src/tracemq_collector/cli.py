@@ -15,11 +15,14 @@ app = typer.Typer(
 def run() -> None:
     """Run the collector until SIGTERM or SIGINT."""
     from tracemq_collector.app import Collector
+    from tracemq_collector.lake import use_memory_pool
     from tracemq_collector.settings import CollectorSettings
     from tracemq_collector.store import tune_gc
 
     def factory() -> tuple[Collector, CollectorSettings]:
         settings = load_settings(CollectorSettings)
+        # process-wide, so here and not in Collector (in-process users such as tests keep theirs)
+        use_memory_pool(settings.collector_arrow_memory_pool)
         collector = Collector(settings)
         tune_gc()  # this process ingests: see tune_gc (not in-process users such as tests)
         return collector, settings

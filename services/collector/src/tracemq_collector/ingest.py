@@ -35,7 +35,7 @@ about 11.5 µs per event in each process: this one decodes (~6 µs: splitting th
 event tuples, the lake's Arrow columns, the store's key rows), pickles each chunk for the
 worker (~2 µs with the pipe), writes the lake (~1.3 µs: sort and Parquet, mostly without the
 GIL) and fetches (~1.3 µs); the worker unpickles (~0.8 µs) and stores (~10.5 µs: SQLite's
-index inserts and commits, the blocks' column texts and zlib, the msgId and place hashes).
+index inserts and commits, the blocks' column texts and zstd, the msgId and place hashes).
 Both processes collect garbage rarely (:func:`store.tune_gc`). Memory held here: the lake
 buffers (~280 bytes per event as Arrow, at most about two buffers' worth), one fetch (up to
 :data:`FETCH_MAX_BYTES`) and three chunks in flight (~650 bytes per event each).

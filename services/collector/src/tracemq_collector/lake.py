@@ -65,6 +65,7 @@ import pyarrow.parquet as pq
 from tracemq import lake
 from tracemq.log import get_logger
 
+from tracemq_collector.errors import CollectorError
 from tracemq_collector.store import TraceStore
 
 __all__ = [
@@ -96,6 +97,30 @@ TMP_MAX_AGE_S = 600.0
 _PARTITIONING = ds.partitioning(
     pa.schema([("date", pa.string()), ("hour", pa.int32())]), flavor="hive"
 )
+
+
+def use_memory_pool(name: str) -> None:
+    """Make ``name`` (``system``, ``jemalloc`` or ``mimalloc``) pyarrow's default allocator
+    in this process (the collector's ``collector_arrow_memory_pool``).
+
+    Raises:
+        CollectorError: this pyarrow build has no such allocator.
+    """
+    factories = {
+        "system": pa.system_memory_pool,
+        "jemalloc": pa.jemalloc_memory_pool,
+        "mimalloc": pa.mimalloc_memory_pool,
+    }
+    if name not in factories:
+        raise CollectorError(f"TRACEMQ_COLLECTOR_ARROW_MEMORY_POOL: unknown allocator {name!r}")
+    try:
+        pool = factories[name]()
+    except NotImplementedError as exc:
+        raise CollectorError(
+            f"TRACEMQ_COLLECTOR_ARROW_MEMORY_POOL={name}: this pyarrow build has no {name} "
+            f"allocator ({exc}); use system"
+        ) from exc
+    pa.set_memory_pool(pool)
 
 
 def lake_filesystem(

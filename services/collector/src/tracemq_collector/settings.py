@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
@@ -127,6 +127,14 @@ class CollectorSettings(CommonSettings):
     )
     collector_offset_check_interval_ms: int = Field(
         5000, ge=100, description="An idle trace partition's offset is checked against its log."
+    )
+    collector_arrow_memory_pool: Literal["system", "jemalloc", "mimalloc"] = Field(
+        "system",
+        description="Allocator of the lake's Arrow buffers. system (default): freed buffers go "
+        "back to the OS — peak RSS 30–60 MiB lower at 1 M events than with pyarrow's own "
+        "default (mimalloc in its wheels) or jemalloc, which keep freed pages for reuse, for "
+        "~0.5 µs more CPU per event (bench/collector_ingest.py). ARROW_DEFAULT_MEMORY_POOL is "
+        "not read by the collector.",
     )
 
     @field_validator("collector_lake_uri")
