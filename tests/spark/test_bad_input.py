@@ -4,6 +4,7 @@ previous output left untouched."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -42,7 +43,9 @@ def _tracemq_like_app() -> typer.Typer:
     return parent
 
 
-def _invoke(lake: Lake, out: Path, *args: str, lake_path: Path | None = None) -> Any:
+def _invoke(
+    lake: Lake, out: Path, *args: str, lake_path: Path | None = None, offsets: Path | None = None
+) -> Any:
     argv = [
         "reconcile",
         "--from",
@@ -56,7 +59,7 @@ def _invoke(lake: Lake, out: Path, *args: str, lake_path: Path | None = None) ->
         "--subscriptions",
         str(lake.subscriptions),
         "--offsets",
-        str(lake.offsets),
+        str(offsets or lake.offsets),
         "--now",
         str(NOW),
         *args,
@@ -152,6 +155,21 @@ def test_unknown_schema_version(spark: Any, lake: Lake, good_out: Path, tmp_path
     pq.write_table(table, victim)
     before = fingerprint(good_out)
     _check(_invoke(lake, good_out, lake_path=bad), good_out, before, "unknown lake schema version")
+
+
+def test_malformed_offsets_snapshot(lake: Lake, good_out: Path, tmp_path: Path) -> None:
+    """The snapshot is parsed in a thread beside the lake listing and pre-flight scan: its
+    error still ends the run with exit 2 and one line naming the row, output untouched."""
+    doc = json.loads(lake.offsets.read_text())
+    copy = {"group": "G", "topic": "TopicA", "store_addr": "10.0.0.1:10911", "queue_id": 0,
+            "queue_offset": 1, "msg_id": "M", "reconsume_times": 1}  # fmt: skip
+    doc["copies"] = [*doc.get("copies", []), copy]  # not a %RETRY% or %DLQ% topic
+    bad = tmp_path / "offsets.json"
+    bad.write_text(json.dumps(doc))
+    before = fingerprint(good_out)
+    result = _invoke(lake, good_out, offsets=bad)
+    _check(result, good_out, before, "is not a %RETRY% or %DLQ% topic")
+    assert "copies row" in result.output
 
 
 def test_bad_duration_and_time(lake: Lake, good_out: Path) -> None:

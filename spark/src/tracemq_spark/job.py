@@ -53,6 +53,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -61,6 +62,9 @@ from pyspark.sql import DataFrame, SparkSession
 from tracemq_spark import classify, outputs
 from tracemq_spark.commit import Staging, checkpoint, cleanup, commit, validate_staging
 from tracemq_spark.input_files import (
+    DeliveryRow,
+    OffsetRow,
+    gc_paused,
     last_deliveries,
     load_json,
     parse_copies,
@@ -139,6 +143,7 @@ def run(spark: SparkSession, params: Params, progress: Progress | None = None) -
         last[0] = now
         say(f"{name} done in {stages[name]:.1f}s")
 
+    ctx: _Context | None = None
     try:
         ctx = _Context(spark, fs, params, lake, stage, f_ms, t_ms, now_ms, run_id, say)
         ctx.load_inputs()
@@ -164,6 +169,9 @@ def run(spark: SparkSession, params: Params, progress: Progress | None = None) -
     except BaseException:
         cleanup(fs, stage, out, out_existed)
         raise
+    finally:
+        if ctx is not None:
+            ctx.close()
     cleanup(fs, stage, out, True)
     elapsed = time.monotonic() - t_start
     summary["run"]["elapsed_s"] = round(elapsed, 3)
@@ -206,37 +214,56 @@ class _Context:
             spark, fs, lake, params.lake, f_ms, t_ms, self.read_lo, self.read_hi, say
         )
         self.started = datetime.now(tz=UTC)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reconcile-inputs")
 
     # -- inputs -----------------------------------------------------------------------
     def load_inputs(self) -> None:
+        """Read the subscriptions; start parsing the offsets snapshot in a thread of its own
+        (pure Python, 650 MB at 10M messages: it overlaps the JVM's lake listing and
+        pre-flight scan, which need only its committed offsets, at the end — see
+        :meth:`offsets_parsed`); stage copies of both files."""
         fs, st = self.fs, self.stage
-        texts = {}
         for name, uri in (("subscriptions", self.p.subscriptions), ("offsets", self.p.offsets)):
             if not fs.exists(uri):
                 raise ReconcileError(f"{name} file not found: {uri}")
-            texts[name] = fs.read_text(uri)
-        self.subs = parse_subscriptions(texts["subscriptions"], self.p.subscriptions)
-        offsets_doc = load_json(texts.pop("offsets"), self.p.offsets)  # (parsed once: large)
-        self.offsets = parse_offsets(offsets_doc, self.p.offsets)
-        self.copies = parse_copies(offsets_doc, self.p.offsets)
-        del offsets_doc
-        self.deliveries = last_deliveries(self.copies, self.offsets)
+        self.subs = parse_subscriptions(fs.read_text(self.p.subscriptions), self.p.subscriptions)
+        self._offsets_job = self._pool.submit(self._parse_offsets_file)
         for name in ("subscriptions", "offsets"):
             target = st.path("inputs", f"{name}.json")
             if fs.qualify(target) != fs.qualify(getattr(self.p, name)):
                 fs.copy(getattr(self.p, name), target)
         self.bgroups = sorted({s.group for s in self.subs if s.broadcasting})
-        self.say(
-            f"{len(self.subs)} subscription rows ({len(self.bgroups)} broadcasting groups), "
-            f"{len(self.offsets)} committed offsets, {len(self.copies)} retry/dead-letter copies"
-        )
+        self.say(f"{len(self.subs)} subscription rows ({len(self.bgroups)} broadcasting groups)")
+
+    def _parse_offsets_file(self) -> tuple[list[OffsetRow], list[DeliveryRow], int]:
+        """(committed offsets, last deliveries, retry/dead-letter copies) of the snapshot."""
+        text = self.fs.read_text(self.p.offsets)
+        with gc_paused():  # (parsed once: 650 MB at 10M messages, see gc_paused)
+            doc = load_json(text, self.p.offsets)
+            del text
+            offsets = parse_offsets(doc, self.p.offsets)
+            copies = parse_copies(doc, self.p.offsets)
+            del doc
+            return offsets, last_deliveries(copies, offsets), len(copies)
+
+    def offsets_parsed(self) -> list[OffsetRow]:
+        """The committed offsets, once the snapshot's thread is done (its ReconcileError, if
+        any, raised here); sets ``offsets`` and ``deliveries``."""
+        if not hasattr(self, "offsets"):
+            self.offsets, self.deliveries, n_copies = self._offsets_job.result()
+            self.say(f"{len(self.offsets)} committed offsets, {n_copies} retry/dead-letter copies")
+        return self.offsets
+
+    def close(self) -> None:
+        """Let go of the inputs thread (a failed run does not wait for its parse)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- the lake ---------------------------------------------------------------------
     def discover(self) -> None:
         self.scan.discover()
 
     def preflight(self) -> None:
-        self.scan.preflight(self.subs, self.offsets, self.bgroups)
+        self.scan.preflight(self.subs, self.offsets_parsed, self.bgroups)
 
     # -- classification ---------------------------------------------------------------
     def classify(self) -> None:

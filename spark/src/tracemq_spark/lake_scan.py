@@ -99,10 +99,17 @@ class LakeScan:
         ts = F.col("timestamp")
         return df.where((ts >= self.read_lo) & (ts < self.read_hi)).select(*columns)
 
-    def preflight(self, subs: list[SubRow], offsets: list[OffsetRow], bgroups: list[str]) -> None:
+    def preflight(
+        self,
+        subs: list[SubRow],
+        offsets: Callable[[], list[OffsetRow]],
+        bgroups: list[str],
+    ) -> None:
         """One scan of a few columns: every row's schema version, the row counts (an empty
         window is an error), the strings of the hashed columns (group, topic, client host)
-        and the consuming clients of broadcasting groups."""
+        and the consuming clients of broadcasting groups. ``offsets`` is called once the
+        scan is done (the job parses the snapshot meanwhile); its strings join the
+        dictionary."""
         col = F.col
         ts = col("timestamp")
         in_window = ((ts >= self.f_ms) & (ts < self.t_ms)).cast("long")
@@ -147,8 +154,9 @@ class LakeScan:
             )
         strings = {s.group for s in subs} | {s.topic for s in subs}
         strings |= {s.tag for s in subs if s.tag is not None}
-        strings |= {o.group for o in offsets} | {o.topic for o in offsets}
-        strings |= {o.store_addr for o in offsets} | {o.client for o in offsets}
+        offset_rows = offsets()
+        strings |= {o.group for o in offset_rows} | {o.topic for o in offset_rows}
+        strings |= {o.store_addr for o in offset_rows} | {o.client for o in offset_rows}
         for r in rows:
             strings |= {r["group_name"], r["topic"], r["client_host"]}
         strings.discard(None)

@@ -197,8 +197,18 @@ _RUNTIME_CONF = {
 #: for the classification only (``job._Context.classify``): its aggregations are keyed by msgId
 #: (millions of keys), where the small first-level map of the two-level hash aggregation only
 #: misses and its look-ups (a key comparison on every hash match) were a tenth of the job's CPU
-#: (JFR, 1M messages); the tally's few keys, on the other hand, gain from it
-CLASSIFY_CONF = {"spark.sql.codegen.aggregate.map.twolevel.enabled": "false"}
+#: (JFR, 1M messages); the tally's few keys, on the other hand, gain from it.
+#: Whole-stage code generation stops at operators wider than 30 columns: the classification's
+#: joins (the expected ⟗ consumed rows, ~50 columns, and everything above them up to the
+#: outcome) otherwise became one generated method that neither C1 nor C2 could compile ("out
+#: of virtual registers", "out of nodes", JFR), so every classified row ran through the
+#: bytecode interpreter — 15 % of the whole job's CPU at 1M messages, in that one method.
+#: Outside it, the joins run row by row with projections generated per expression (split into
+#: methods small enough to compile); the aggregations (at most 20 columns) keep it.
+CLASSIFY_CONF = {
+    "spark.sql.codegen.aggregate.map.twolevel.enabled": "false",
+    "spark.sql.codegen.maxFields": "30",
+}
 
 
 def spark_schema() -> T.StructType:
