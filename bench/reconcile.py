@@ -164,7 +164,9 @@ def main() -> int:
         out["runs"] = runs
         out["outputs_equal"] = equal
         out["median_job_s"] = {
-            label: {str(r["messages"]): r["job_s"] for r in _medians(rs)}
+            # the median of the job times (of an even count, the mean of the middle two), not
+            # the job time of the median run (_median_run: the lower middle one)
+            label: {str(r["messages"]): round(_median(r["job_s_all"]), 2) for r in _medians(rs)}
             for label, rs in runs.items()
         }
     by = {r["messages"]: r for r in results}
