@@ -917,6 +917,22 @@ def raw_batches(draw: st.DrawFn) -> list[object]:
     return out
 
 
+def test_one_record_longer_in_bytes_than_the_limit_counts_as_oversize_both_ways() -> None:
+    """A record of fewer characters than the limit but more UTF-8 bytes is sent alone and
+    counted as oversize by the fast way too (it was not; found by the property test below)."""
+    text = "é" * 26  # in both records of the pair: 118 characters, 170 bytes
+    pair = (SUB_PAIR, "T", "DefaultRegion", "g", "r1", 0, "m1", text, 1, 2, 3, True, 0)
+    d = AsyncTraceDispatcher(
+        group="PG", route_cache=FakeRoutes(), sender=FakeSender(), max_message_size=120
+    )
+    texts = write_records([pair])
+    assert texts[0] is not None and len(texts[0]) <= 120 < len(texts[0].encode())
+    careful = d._plan_checked([pair], texts, 0)  # type: ignore[arg-type]
+    fast = d._plan([pair], texts, 0)  # type: ignore[arg-type]
+    assert careful[2] == 1
+    assert fast is not None and _keyed(fast) == _keyed(careful)
+
+
 @settings(max_examples=300, deadline=None)
 @given(raw_batches(), st.sampled_from([120, 300, 128_000]))
 def test_the_fast_batch_writer_equals_the_careful_one(batch: list[object], limit: int) -> None:

@@ -835,7 +835,8 @@ class AsyncTraceDispatcher:
         start, n, before, seps_before = 0, len(texts), 0, 0
         while start < n:
             stop = bisect.bisect_right(ends, before + limit, start)
-            if stop == start:  # one item longer than a message: sent alone
+            counted = stop == start
+            if counted:  # one item longer than a message: sent alone
                 oversize += 1
                 stop = start + 1
             value = "".join(texts[start:stop]).encode()
@@ -847,6 +848,8 @@ class AsyncTraceDispatcher:
             if len(value) > ends[stop - 1] - before:  # non-ASCII text
                 if stop - start > 1 or len(value) <= limit:
                     return None  # measure each record in bytes, the careful way
+                if not counted:
+                    oversize += 1  # (one item, longer in bytes than in characters)
             chunk = batch[start:stop]
             keys = set(map(_MSG_ID, chunk))
             for business in filter(None, map(_KEYS, chunk)):
