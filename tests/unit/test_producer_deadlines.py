@@ -112,3 +112,23 @@ async def test_the_heap_of_finished_sends_stays_small() -> None:
     assert len(d._heap) <= 1025 + 1  # compacted once finished entries are most of it
     d.close()
     assert RESOLUTION_S <= 0.01
+
+
+async def test_finished_entries_leave_the_heap_at_the_next_enqueue() -> None:
+    # (left for the compaction at 1 024 entries, each finished entry outlived young-generation
+    # collections: a consumer with one deadline per listener call ran ten times as many)
+    import gc
+
+    deadlines = SendDeadlines()
+    loop = asyncio.get_running_loop()
+    gc.collect()
+    young = gc.get_stats()[0]["collections"]
+    for _ in range(5000):
+        SendDeadlines.done(deadlines.enqueue(loop, loop.time() + 60))
+    assert len(deadlines._heap) <= 1
+    assert gc.get_stats()[0]["collections"] - young <= 2
+    live = deadlines.enqueue(loop, loop.time() + 60)
+    later = deadlines.enqueue(loop, loop.time() + 61)
+    SendDeadlines.done(later)  # (not at the top: stays until the live one is done)
+    assert live in deadlines._heap
+    deadlines.close()
