@@ -1,4 +1,4 @@
-"""The send time-out on the producer's shared timer (tracemq.producer._deadlines): an ack that
+"""The send time-out on the producer's shared timer (tracemq._deadlines): an ack that
 never comes and an enqueue that never returns both end as TimeoutError within the send timeout,
 the task is not left cancelled, an outside cancellation still propagates, and a batch times out
 as a whole."""
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 from tracemq import BatchSendError, Message, Producer, SendError
+from tracemq._deadlines import RESOLUTION_S, Deadlines
 from tracemq.message import SendResult, SendStatus
-from tracemq.producer._deadlines import RESOLUTION_S, SendDeadlines
 from tracemq.routing.model import QueueRoute
 
 ROUTE = QueueRoute("broker-a", "c", 2, 2, 6, "127.0.0.1:1", "10.0.0.1:10911")
@@ -105,7 +105,7 @@ async def test_a_batch_whose_acks_never_come_fails_as_a_whole_with_timeouts() ->
 
 
 async def test_the_heap_of_finished_sends_stays_small() -> None:
-    d = SendDeadlines()
+    d = Deadlines()
     loop = asyncio.get_running_loop()
     for _ in range(20_000):
         d.done(d.enqueue(loop, loop.time() + 60))
@@ -119,16 +119,16 @@ async def test_finished_entries_leave_the_heap_at_the_next_enqueue() -> None:
     # collections: a consumer with one deadline per listener call ran ten times as many)
     import gc
 
-    deadlines = SendDeadlines()
+    deadlines = Deadlines()
     loop = asyncio.get_running_loop()
     gc.collect()
     young = gc.get_stats()[0]["collections"]
     for _ in range(5000):
-        SendDeadlines.done(deadlines.enqueue(loop, loop.time() + 60))
+        Deadlines.done(deadlines.enqueue(loop, loop.time() + 60))
     assert len(deadlines._heap) <= 1
     assert gc.get_stats()[0]["collections"] - young <= 2
     live = deadlines.enqueue(loop, loop.time() + 60)
     later = deadlines.enqueue(loop, loop.time() + 61)
-    SendDeadlines.done(later)  # (not at the top: stays until the live one is done)
+    Deadlines.done(later)  # (not at the top: stays until the live one is done)
     assert live in deadlines._heap
     deadlines.close()

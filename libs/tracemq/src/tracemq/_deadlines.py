@@ -1,4 +1,6 @@
-"""Send time-outs on one timer per producer instead of one asyncio timer per send.
+"""Time-outs on one timer per client instead of one asyncio timer per operation: a producer's
+sends, a push consumer's listener calls (a listener call is watched like a send's hand-over:
+its task is cancelled at the deadline and the cancellation becomes :class:`TimeoutError`).
 
 ``asyncio.timeout_at`` arms a TimerHandle per send; the loop keeps every one in a heap ordered by
 a Python ``__lt__`` until it expires or a purge (a cancelled timer stays there): at thousands of
@@ -7,7 +9,7 @@ small entry in one heap (compared in C), and one timer, armed for the earliest d
 often than every :data:`RESOLUTION_S`), ends what is overdue:
 
 * while the send is handing its record to the transport (``enqueue``: aiokafka may wait for room
-  or for metadata), its task is cancelled and :meth:`SendDeadlines.expired` turns that
+  or for metadata), its task is cancelled and :meth:`Deadlines.expired` turns that
   cancellation into :class:`TimeoutError`, the same contract as ``asyncio.timeout_at``;
 * while it waits for the acknowledgement, the acknowledgement future gets a
   :class:`TimeoutError` (aiokafka skips a future already done: the record may still be stored,
@@ -34,8 +36,8 @@ _DEADLINE, _SEQ, _TASK, _FUT, _STATE, _CANCELLING = range(6)
 _LIVE, _DONE, _EXPIRED, _CANCELLED = 0, 1, 2, 3
 
 
-class SendDeadlines:
-    """The deadlines of one producer's sends in progress (one event loop)."""
+class Deadlines:
+    """The deadlines of one client's operations in progress (one event loop)."""
 
     __slots__ = ("_heap", "_seq", "_timer", "_timer_at", "_compact_at")
 

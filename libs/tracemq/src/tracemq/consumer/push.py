@@ -65,6 +65,7 @@ from aiokafka import TopicPartition
 from prometheus_client import Counter
 
 from tracemq._client import ClientBase, ClientRuntime, ClientSettings, now_ms
+from tracemq._deadlines import Deadlines
 from tracemq.consumer import tags as _tags
 from tracemq.consumer._fetch import FETCH_MAX_WAIT_MS
 from tracemq.consumer._process_queue import ProcessQueue
@@ -87,7 +88,6 @@ from tracemq.message import MessageConst, MessageExt
 from tracemq.message_id import new_request_id
 from tracemq.naming import dlq_topic, validate_topic
 from tracemq.offset_reset import IDLE_CHECK_S, OffsetReset, OffsetResetPolicy
-from tracemq.producer._deadlines import SendDeadlines
 from tracemq.protocol.control import Subscription
 from tracemq.routing import QueueRoute
 from tracemq.trace import ConsumeReturnType
@@ -385,7 +385,7 @@ class PushConsumer(ClientBase):
         self.consume_timeout_s = consume_timeout_minutes * 60
         #: the listener calls' time-outs on one timer (an ``asyncio.timeout`` per call armed a
         #: TimerHandle in the loop's heap per consumed message: ~3 us of the call's CPU)
-        self._deadlines = SendDeadlines()
+        self._deadlines = Deadlines()
         self.pull_batch_size = pull_batch_size
         self.pull_threshold_per_queue = pull_threshold_per_queue
         #: delay before consuming a message again locally when its send-back failed
@@ -797,11 +797,11 @@ class PushConsumer(ClientBase):
                     if inspect.isawaitable(status):
                         status = await status
             except asyncio.CancelledError:
-                if SendDeadlines.expired(deadline):
+                if Deadlines.expired(deadline):
                     raise TimeoutError from None
                 raise
             finally:
-                SendDeadlines.done(deadline)
+                Deadlines.done(deadline)
             if status is None:
                 code = ConsumeReturnType.RETURNNULL
             elif status in (

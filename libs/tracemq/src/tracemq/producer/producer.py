@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 from aiokafka.structs import RecordMetadata, TopicPartition
 
 from tracemq._client import ClientBase, ClientRuntime, ClientSettings
+from tracemq._deadlines import Deadlines
 from tracemq._kafka import MAX_MESSAGE_SIZE, record_size
 from tracemq.clock import now_ms
 from tracemq.errors import BatchSendError, SendError
@@ -72,7 +73,6 @@ from tracemq.message import (
 )
 from tracemq.message_id import encode_offset_msg_id, msg_id_source, new_msg_id
 from tracemq.naming import HALF_TOPIC, SCHEDULE_TOPIC, kafka_topic
-from tracemq.producer._deadlines import SendDeadlines
 from tracemq.producer._fault import FaultTolerance
 from tracemq.producer.recall import (
     RecallError,
@@ -174,7 +174,7 @@ class Producer(ClientBase):
         self._before_hooks: list[SendMessageHook] = []
         self._rr = 0
         self._plans: dict[str, _TopicPlan] = {}
-        self._deadlines = SendDeadlines()
+        self._deadlines = Deadlines()
         # the headers every record of this producer carries after UNIQ_KEY and BORN_TIMESTAMP
         self._born_headers = (
             (MessageConst.BORN_HOST, self._runtime.client_host.encode()),
