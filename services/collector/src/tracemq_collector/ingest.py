@@ -110,15 +110,23 @@ class _ClusterIngest:
 
     async def on_assigned(self, assigned: list[TopicPartition]) -> dict[TopicPartition, int]:
         """Where the partitions start: the store is the truth of what we hold."""
-        store = self.ingestor.store
-        progress = await self.ingestor.run(store.progress)
-        self.bases.update(await self.ingestor.run(store.offset_bases))
+        ing = self.ingestor
+        store = ing.store
+        progress = await ing.run(store.progress)
+        lake = await ing.run(store.lake_progress)
+        self.bases.update(await ing.run(store.offset_bases))
         starts = {}
+        now = time.monotonic()
         for tp in assigned:
             key = (tp.topic, tp.partition)
             nxt = progress.get(key)
             if nxt is not None:
                 starts[tp] = nxt - self.bases.get(key, 0)
+                done = lake.get(key)
+                if (done is None or done < nxt) and key not in ing._buffers:
+                    # Stored, not in the lake (killed before its flush): no chunk of it may
+                    # come again (caught up), so the lake reads the store at the next flush.
+                    ing._unbuffered.setdefault(key, now)
         log.info(
             "trace partitions assigned",
             bootstrap=self.cluster.bootstrap,
