@@ -248,3 +248,45 @@ async def test_a_lake_gap_left_by_a_kill_is_flushed_after_a_restart_with_nothing
         ing._lake_thread.shutdown(wait=True)
         ing.writer.shutdown(wait=True)
         store.close()
+
+
+async def test_a_failed_lake_flush_is_retried_even_if_nothing_more_is_fetched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lake flush takes the partition's buffer and fails (the lake's disk, the object store):
+    the next flush must write the range again from the store, without waiting for more trace
+    messages of the partition (there may be none)."""
+    topic = "tmq.trace-broker.RMQ_SYS_TRACE_TOPIC"
+    store = TraceStore(tmp_path / "traces.db")
+    store.open()
+    lake = TraceLake(tmp_path / "lake", store)
+    ing: Any = object.__new__(Ingestor)
+    ing.store, ing.lake, ing._buffers, ing._unbuffered = store, lake, {}, {}
+    ing.settings = SimpleNamespace(collector_lake_segment_rows=200_000)
+    ing.events_stored = 0
+    ing._lake_thread = ThreadPoolExecutor(max_workers=1)
+    try:
+        recs = [
+            (o, f"SubAfter\x01r{o}\x01MSG{o}\x0112\x01true\x01k\x010\x01{1_700_000_000_000 + o}"
+             f"\x01CG\x02".encode(), "10.0.0.7")
+            for o in range(4)
+        ]  # fmt: skip
+        decoded = decode_chunk([(topic, 0, recs)], 1_700_000_000_000)
+        new, before, _ = store.write_rows(decoded.store)
+        ing._stored(decoded, new, before)
+        tp = TopicPartition(topic, 0)
+
+        def broken(*args: object) -> None:
+            raise OSError("lake unwritable")
+
+        monkeypatch.setattr(lake, "write_decoded", broken)
+        with pytest.raises(OSError):
+            await ing._flush_one(tp)
+        assert (topic, 0) in ing._unbuffered, "the unwritten range is scheduled for nothing"
+        monkeypatch.undo()
+        assert await ing._flush_one(tp)
+        assert store.lake_progress() == {(topic, 0): 4}
+        assert lake.read_all().num_rows == 4
+    finally:
+        ing._lake_thread.shutdown(wait=True)
+        store.close()

@@ -561,13 +561,19 @@ class Ingestor:
         key = (tp.topic, tp.partition)
         buf = self._buffers.pop(key, None)
         self._unbuffered.pop(key, None)
-        if buf is not None and buf.entries:
-            files = await self._in_lake_thread(self._write_buffer, tp.topic, tp.partition, buf)
-            if files is not None:
-                return list(files)
-            # The lake is not where the buffer starts (a failed flush, a restart): the lake
-            # reads the store instead, which covers the buffered events too.
-        return list(await self._in_lake_thread(self.lake.flush, tp.topic, tp.partition))
+        try:
+            if buf is not None and buf.entries:
+                files = await self._in_lake_thread(self._write_buffer, tp.topic, tp.partition, buf)
+                if files is not None:
+                    return list(files)
+                # The lake is not where the buffer starts (a failed flush, a restart): the
+                # lake reads the store instead, which covers the buffered events too.
+            return list(await self._in_lake_thread(self.lake.flush, tp.topic, tp.partition))
+        except BaseException:
+            # The lake progress did not move and the buffer is gone: the next flush reads the
+            # store, even if nothing more of the partition is ever fetched.
+            self._unbuffered.setdefault(key, time.monotonic())
+            raise
 
     def _write_buffer(
         self, trace_topic: str, partition: int, buf: _LakeBuffer
