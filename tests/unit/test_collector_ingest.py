@@ -167,3 +167,126 @@ async def test_lake_buffers_written_after_a_backfill_flush_are_not_read_back_fro
     finally:
         ing._lake_thread.shutdown(wait=True)
         store.close()
+
+
+async def test_a_lake_gap_left_by_a_kill_is_flushed_after_a_restart_with_nothing_to_fetch(
+    tmp_path: Path,
+) -> None:
+    """Killed after storing a partition's last trace message but before its lake flush: after
+    the restart ingest resumes at the store's progress and fetches nothing more of it, so no
+    chunk ever puts it in a lake buffer. The take-over backfill only settles where its lake
+    starts. The gap between the lake and the store must still be scheduled for a flush at the
+    assignment (it was left silently, and the Kafka commit stuck at the lake's progress)."""
+    from tracemq_collector.backfill import Backfill
+    from tracemq_collector.ingest import _ClusterIngest
+
+    topic = "tmq.trace-broker.RMQ_SYS_TRACE_TOPIC"
+    store = TraceStore(tmp_path / "traces.db")
+    store.open()
+    lake = TraceLake(tmp_path / "lake", store)
+    # before the kill: partition 0 stored and in the lake up to 2, stored up to 6; partition 1
+    # stored and never flushed; partition 2 stored and flushed
+    for partition, flushed_to in ((0, 2), (1, None), (2, 6)):
+        for start in range(0, 6, 2):
+            recs = [
+                (o, f"SubAfter\x01r{o}\x01MSG{o}\x0112\x01true\x01k\x010\x01{1_700_000_000_000 + o}"
+                 f"\x01CG\x02".encode(), "10.0.0.7")
+                for o in range(start, start + 2)
+            ]  # fmt: skip
+            store.write_rows(decode_chunk([(topic, partition, recs)], 1_700_000_000_000).store)
+            if flushed_to is not None and start + 2 <= flushed_to:
+                lake.flush(topic, partition)
+        if flushed_to == 6:
+            lake.flush(topic, partition)
+    assert store.lake_progress() == {(topic, 0): 2, (topic, 2): 6}
+    # the restart: the backfill settles the lake's start of each partition, ingest is assigned
+    backfill = Backfill(store, lake, retention_ms=10**13)
+    backfill.assign({(topic, p) for p in range(3)})
+    while backfill.run_next(now_ms=1_700_000_000_000):
+        pass
+    assert store.lake_progress() == {(topic, 0): 2, (topic, 1): 0, (topic, 2): 6}
+
+    ing: Any = object.__new__(Ingestor)
+    ing.store, ing.lake, ing._buffers, ing._unbuffered = store, lake, {}, {}
+    ing.settings = SimpleNamespace(
+        collector_lake_segment_rows=200_000, collector_lake_flush_interval_ms=0
+    )
+    ing.events_stored = 0
+    ing._inflight = 0
+    ing._flushing = None
+    ing._lake_thread = ThreadPoolExecutor(max_workers=1)
+    ing.writer = ThreadPoolExecutor(max_workers=1)
+    tps = [TopicPartition(topic, p) for p in range(3)]
+    committed: dict[TopicPartition, int] = {}
+
+    async def commit(offsets: dict[TopicPartition, int]) -> None:
+        committed.update(offsets)
+
+    cluster: Any = SimpleNamespace(assigned=set(tps), commit=commit, bootstrap="b")
+    state = _ClusterIngest.__new__(_ClusterIngest)
+    state.ingestor, state.cluster, state.bases = ing, cluster, {}
+    cluster.state = state
+    try:
+        starts = await state.on_assigned(tps)
+        assert starts == {tp: 6 for tp in tps}
+        # caught up: every fetch after the restart is empty
+        await ing.maybe_flush(cluster, idle=True)
+        assert ing._flushing is not None, "a lake gap after the restart is scheduled for nothing"
+        await ing._flushing
+        assert store.lake_progress() == {(topic, p): 6 for p in range(3)}
+        assert committed == {tp: 6 for tp in tps[:2]}  # both durable: Kafka moves on
+        table = lake.read_all()
+        coords = list(
+            zip(
+                table["trace_partition"].to_pylist(),
+                table["trace_offset"].to_pylist(),
+                strict=True,
+            )
+        )
+        assert sorted(coords) == [(p, o) for p in range(3) for o in range(6)]
+    finally:
+        ing._lake_thread.shutdown(wait=True)
+        ing.writer.shutdown(wait=True)
+        store.close()
+
+
+async def test_a_failed_lake_flush_is_retried_even_if_nothing_more_is_fetched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lake flush takes the partition's buffer and fails (the lake's disk, the object store):
+    the next flush must write the range again from the store, without waiting for more trace
+    messages of the partition (there may be none)."""
+    topic = "tmq.trace-broker.RMQ_SYS_TRACE_TOPIC"
+    store = TraceStore(tmp_path / "traces.db")
+    store.open()
+    lake = TraceLake(tmp_path / "lake", store)
+    ing: Any = object.__new__(Ingestor)
+    ing.store, ing.lake, ing._buffers, ing._unbuffered = store, lake, {}, {}
+    ing.settings = SimpleNamespace(collector_lake_segment_rows=200_000)
+    ing.events_stored = 0
+    ing._lake_thread = ThreadPoolExecutor(max_workers=1)
+    try:
+        recs = [
+            (o, f"SubAfter\x01r{o}\x01MSG{o}\x0112\x01true\x01k\x010\x01{1_700_000_000_000 + o}"
+             f"\x01CG\x02".encode(), "10.0.0.7")
+            for o in range(4)
+        ]  # fmt: skip
+        decoded = decode_chunk([(topic, 0, recs)], 1_700_000_000_000)
+        new, before, _ = store.write_rows(decoded.store)
+        ing._stored(decoded, new, before)
+        tp = TopicPartition(topic, 0)
+
+        def broken(*args: object) -> None:
+            raise OSError("lake unwritable")
+
+        monkeypatch.setattr(lake, "write_decoded", broken)
+        with pytest.raises(OSError):
+            await ing._flush_one(tp)
+        assert (topic, 0) in ing._unbuffered, "the unwritten range is scheduled for nothing"
+        monkeypatch.undo()
+        assert await ing._flush_one(tp)
+        assert store.lake_progress() == {(topic, 0): 4}
+        assert lake.read_all().num_rows == 4
+    finally:
+        ing._lake_thread.shutdown(wait=True)
+        store.close()

@@ -110,15 +110,23 @@ class _ClusterIngest:
 
     async def on_assigned(self, assigned: list[TopicPartition]) -> dict[TopicPartition, int]:
         """Where the partitions start: the store is the truth of what we hold."""
-        store = self.ingestor.store
-        progress = await self.ingestor.run(store.progress)
-        self.bases.update(await self.ingestor.run(store.offset_bases))
+        ing = self.ingestor
+        store = ing.store
+        progress = await ing.run(store.progress)
+        lake = await ing.run(store.lake_progress)
+        self.bases.update(await ing.run(store.offset_bases))
         starts = {}
+        now = time.monotonic()
         for tp in assigned:
             key = (tp.topic, tp.partition)
             nxt = progress.get(key)
             if nxt is not None:
                 starts[tp] = nxt - self.bases.get(key, 0)
+                done = lake.get(key)
+                if (done is None or done < nxt) and key not in ing._buffers:
+                    # Stored, not in the lake (killed before its flush): no chunk of it may
+                    # come again (caught up), so the lake reads the store at the next flush.
+                    ing._unbuffered.setdefault(key, now)
         log.info(
             "trace partitions assigned",
             bootstrap=self.cluster.bootstrap,
@@ -553,13 +561,19 @@ class Ingestor:
         key = (tp.topic, tp.partition)
         buf = self._buffers.pop(key, None)
         self._unbuffered.pop(key, None)
-        if buf is not None and buf.entries:
-            files = await self._in_lake_thread(self._write_buffer, tp.topic, tp.partition, buf)
-            if files is not None:
-                return list(files)
-            # The lake is not where the buffer starts (a failed flush, a restart): the lake
-            # reads the store instead, which covers the buffered events too.
-        return list(await self._in_lake_thread(self.lake.flush, tp.topic, tp.partition))
+        try:
+            if buf is not None and buf.entries:
+                files = await self._in_lake_thread(self._write_buffer, tp.topic, tp.partition, buf)
+                if files is not None:
+                    return list(files)
+                # The lake is not where the buffer starts (a failed flush, a restart): the
+                # lake reads the store instead, which covers the buffered events too.
+            return list(await self._in_lake_thread(self.lake.flush, tp.topic, tp.partition))
+        except BaseException:
+            # The lake progress did not move and the buffer is gone: the next flush reads the
+            # store, even if nothing more of the partition is ever fetched.
+            self._unbuffered.setdefault(key, time.monotonic())
+            raise
 
     def _write_buffer(
         self, trace_topic: str, partition: int, buf: _LakeBuffer
