@@ -49,7 +49,7 @@ import fnmatch
 import multiprocessing
 import time
 from collections import defaultdict
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePath
 from typing import Any
@@ -69,7 +69,12 @@ from tracemq_collector import metrics
 from tracemq_collector.events import DecodedChunk, decode_chunk
 from tracemq_collector.lake import TraceLake
 from tracemq_collector.settings import CollectorSettings
-from tracemq_collector.store import TraceStore, init_worker, write_rows_in_worker
+from tracemq_collector.store import (
+    TraceStore,
+    commit_in_worker,
+    init_worker,
+    write_rows_in_worker,
+)
 
 log = get_logger("collector.ingest")
 
@@ -93,8 +98,25 @@ MAX_FETCH_RECORDS = 500
 FETCH_MAX_BYTES = 16 * 1024 * 1024
 #: Longest wait of an empty fetch: trace freshness vs idle fetch requests (10/s per broker).
 FETCH_MAX_WAIT_MS = 100
+#: Chunks the ingest worker stores in one transaction (the last of a fetch commits early): a
+#: COMMIT with its WAL sync costs the worker about as much as a thousand events, and larger
+#: chunks, which would save it too, make the collector's peak RSS ~25 MiB larger
+#: (docs/performance.md, fifth and sixth passes).
+CHUNKS_PER_TRANSACTION = 2
 #: Attempts at a chunk after its first failure (each on a new worker) before ingest stops.
 WORKER_RETRIES = 2
+
+
+@dataclass
+class _Stage:
+    """A chunk handed to the worker, as the store stage takes it: ``fut`` the worker's result,
+    ``decoded`` the chunk (None: only a commit), ``t0`` when its decode began, ``commit``
+    whether that call commits the worker's transaction."""
+
+    fut: asyncio.Future[Any]
+    decoded: DecodedChunk | None
+    t0: float
+    commit: bool
 
 
 class _ClusterIngest:
@@ -218,14 +240,14 @@ class Ingestor:
         self._worker: ProcessPoolExecutor | None = None
         self._lake_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lake-writer")
         self._decode_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
-        self._queue: asyncio.Queue[tuple[asyncio.Future[Any], DecodedChunk, float]] | None
-        self._queue = None
+        self._queue: asyncio.Queue[_Stage] | None = None
         self._stage: asyncio.Task[None] | None = None
         self._buffers: dict[tuple[str, int], _LakeBuffer] = {}
         # Partitions stored but not in the lake and not buffered (the lake reads the store).
         self._unbuffered: dict[tuple[str, int], float] = {}
         self._flushing: asyncio.Task[None] | None = None
         self._inflight = 0  # chunks handed to the pipeline and not stored yet
+        self._committing: asyncio.Future[None] | None = None  # see _commit_open
         self._redis: Any = None  # opened on the first offset reset (recorded for `trace lag`)
 
     @property
@@ -407,62 +429,125 @@ class Ingestor:
 
     # -- the write path --------------------------------------------------------------------
     async def ingest(self, data: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
-        """Hand a fetch to the pipeline; returns once its last chunk is queued for the store."""
+        """Hand a fetch to the pipeline; returns once its last chunk is queued for the store.
+
+        The worker stores the chunks two to a transaction (:data:`CHUNKS_PER_TRANSACTION`),
+        and a fetch's last chunk always commits: between fetches nothing is left open, so a
+        drain, a reset or a revocation never waits for a chunk that will not come.
+        """
         assert self._queue is not None, "start() first"
         ingest_ts = _now_ms()
-        for chunk in _chunks(data):
-            if self._stage is None or self._stage.done():
-                raise RuntimeError("the store stage of the ingest pipeline stopped")
-            self._inflight += 1
-            try:
-                t0 = time.perf_counter()
-                decoded = await asyncio.get_running_loop().run_in_executor(
-                    self._decode_thread, decode_chunk, chunk, ingest_ts
-                )
-                await self._queue.put((self._submit(decoded), decoded, t0))
-            except BaseException:
-                self._inflight -= 1
-                raise
+        chunks = _chunks(data)
+        uncommitted = 0  # chunks handed to the worker since its last commit
+        try:
+            for i, chunk in enumerate(chunks):
+                if self._stage is None or self._stage.done():
+                    raise RuntimeError("the store stage of the ingest pipeline stopped")
+                commit = uncommitted + 1 >= CHUNKS_PER_TRANSACTION or i == len(chunks) - 1
+                self._inflight += 1
+                try:
+                    t0 = time.perf_counter()
+                    decoded = await asyncio.get_running_loop().run_in_executor(
+                        self._decode_thread, decode_chunk, chunk, ingest_ts
+                    )
+                    fut = self._submit(decoded, commit=commit)
+                    uncommitted = 0 if commit else uncommitted + 1
+                    await self._queue.put(_Stage(fut, decoded, t0, commit))
+                except BaseException:
+                    self._inflight -= 1
+                    raise
+        finally:
+            if uncommitted:
+                self._commit_open()
 
-    def _submit(self, decoded: DecodedChunk) -> asyncio.Future[Any]:
+    def _commit_open(self) -> None:
+        """Close the worker's open transaction when ingest stops (an error, a cancellation)
+        before the chunk that was to commit it: the stage holds the chunks stored in it until
+        a commit says they are durable. The commit goes to the stage like a chunk, even if
+        this task is cancelled again meanwhile (shielded)."""
+        if self._queue is None or self._stage is None or self._stage.done():
+            return  # no stage: the worker is stopped, which rolls the transaction back
+        self._inflight += 1
+        stage = _Stage(self._submit(None, commit=True), None, time.perf_counter(), True)
+        self._committing = asyncio.ensure_future(asyncio.shield(self._queue.put(stage)))
+
+    def _submit(self, decoded: DecodedChunk | None, *, commit: bool) -> asyncio.Future[Any]:
+        """Hand a chunk to the worker (``None``: only commit its open transaction).
+
+        Without a worker, the store's own writer stores every chunk in a transaction of its
+        own (``commit`` ignored): other writes share that connection."""
         if self._worker is not None:
+            path = str(self.store.path)
+            cf: Future[Any]
             try:
-                return asyncio.wrap_future(
-                    self._worker.submit(write_rows_in_worker, str(self.store.path), decoded.store)
-                )
+                if decoded is None:
+                    cf = self._worker.submit(commit_in_worker, path)
+                else:
+                    cf = self._worker.submit(
+                        write_rows_in_worker, path, decoded.store, commit=commit
+                    )
+                return asyncio.wrap_future(cf)
             except Exception as exc:  # noqa: BLE001 - a broken pool: the stage restarts it
                 fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
                 fut.set_exception(exc)
                 return fut
+        if decoded is None:
+            done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
         return asyncio.ensure_future(self.run(self.store.write_rows, decoded.store))
 
     async def _store_stage(self) -> None:
-        """Take the chunks' results strictly in order; retry a failed chunk on a new worker."""
+        """Take the chunks' results strictly in order; a chunk stored in a transaction still
+        open is held until a later result commits it, and only then counts as stored (its
+        events go to the lake buffer). A failed chunk is retried on a new worker, together
+        with the held chunks its transaction rolled back."""
         assert self._queue is not None
+        held: list[tuple[_Stage, Any]] = []  # stored, not committed yet
         while True:
-            fut, decoded, t0 = await self._queue.get()
+            entry = await self._queue.get()
             try:
-                attempt = 0
-                while True:
-                    try:
-                        new, before, repeats = await fut
-                        break
-                    except Exception as exc:
-                        attempt += 1
-                        if attempt > WORKER_RETRIES:
-                            raise
-                        # The worker refuses every batch after a failed one, so nothing later
-                        # is stored before this chunk is; storing it again is harmless.
-                        log.warning("ingest worker failed; retrying the chunk", error=repr(exc))
-                        if self._worker is not None:
-                            self._stop_worker(wait=False)
-                            self._start_worker()
-                        fut = self._submit(decoded)
-                self._stored(decoded, new, before)
+                try:
+                    results = [r for _, r in held] + [await entry.fut]
+                except Exception as exc:  # noqa: BLE001 - retried, raised if it keeps failing
+                    results = await self._store_again([e for e, _ in held] + [entry], exc)
+            except BaseException:
+                self._inflight -= 1 + len(held)
+                held.clear()
+                raise
+            if not entry.commit:
+                held.append((entry, results[-1]))
+                continue
+            stages = [e for e, _ in held] + [entry]
+            held.clear()
+            self._inflight -= len(stages)
+            for stage, result in zip(stages, results, strict=True):
+                if stage.decoded is None:
+                    continue  # a commit only
+                new, before, repeats = result
+                self._stored(stage.decoded, new, before)
                 metrics.REPEATED_MESSAGES.labels("idempotency_key").inc(repeats)
-                metrics.BATCH_SECONDS.observe(time.perf_counter() - t0)
-            finally:
-                self._inflight -= 1
+                metrics.BATCH_SECONDS.observe(time.perf_counter() - stage.t0)
+
+    async def _store_again(self, stages: list[_Stage], exc: Exception) -> list[Any]:
+        """Store ``stages`` again on a new worker, in one transaction committed as the last
+        one says; the results in order. The failed call rolled back the worker's open
+        transaction, and the worker refuses every batch after a failed one, so nothing later
+        is stored before these are; storing a chunk again is harmless (the store dedupes)."""
+        for _ in range(WORKER_RETRIES):
+            log.warning("ingest worker failed; retrying the chunk", error=repr(exc))
+            if self._worker is not None:
+                self._stop_worker(wait=False)
+                self._start_worker()
+            futs = [self._submit(s.decoded, commit=s is stages[-1] and s.commit) for s in stages]
+            results = await asyncio.gather(*futs, return_exceptions=True)
+            failed = [r for r in results if isinstance(r, BaseException)]
+            if not failed:
+                return results
+            if not isinstance(failed[0], Exception):
+                raise failed[0]
+            exc = failed[0]
+        raise exc
 
     def _stored(
         self, decoded: DecodedChunk, new: int, before: dict[tuple[str, int], int | None]
