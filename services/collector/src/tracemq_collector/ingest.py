@@ -49,7 +49,7 @@ import fnmatch
 import multiprocessing
 import time
 from collections import defaultdict
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePath
 from typing import Any
@@ -111,12 +111,14 @@ WORKER_RETRIES = 2
 class _Stage:
     """A chunk handed to the worker, as the store stage takes it: ``fut`` the worker's result,
     ``decoded`` the chunk (None: only a commit), ``t0`` when its decode began, ``commit``
-    whether that call commits the worker's transaction."""
+    whether that call commits the worker's transaction, ``generation`` the worker's it went
+    to (see :meth:`Ingestor._store_again`)."""
 
     fut: asyncio.Future[Any]
     decoded: DecodedChunk | None
     t0: float
     commit: bool
+    generation: int
 
 
 class _ClusterIngest:
@@ -237,7 +239,8 @@ class Ingestor:
         self._fleet = self._new_fleet()
         self.events_stored = 0
         self.last_batch_ms = 0
-        self._worker: ProcessPoolExecutor | None = None
+        self._worker: Executor | None = None
+        self._generation = 0  # of the worker: a new one for every (re)start
         self._lake_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lake-writer")
         self._decode_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
         self._queue: asyncio.Queue[_Stage] | None = None
@@ -314,15 +317,19 @@ class Ingestor:
         await self._fleet.start()
 
     def _start_worker(self) -> None:
+        self._generation += 1
         try:
-            self._worker = ProcessPoolExecutor(
-                max_workers=1,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=init_worker,
-            )
+            self._worker = self._new_worker()
         except Exception as exc:  # noqa: BLE001 - ingest on the writer thread instead
             log.warning("ingest worker unavailable; storing in-process", error=repr(exc))
             self._worker = None
+
+    def _new_worker(self) -> Executor:
+        return ProcessPoolExecutor(
+            max_workers=1,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=init_worker,
+        )
 
     def _stop_worker(self, *, wait: bool) -> None:
         worker, self._worker = self._worker, None
@@ -450,9 +457,11 @@ class Ingestor:
                     decoded = await asyncio.get_running_loop().run_in_executor(
                         self._decode_thread, decode_chunk, chunk, ingest_ts
                     )
-                    fut = self._submit(decoded, commit=commit)
+                    stage = _Stage(
+                        self._submit(decoded, commit=commit), decoded, t0, commit, self._generation
+                    )
                     uncommitted = 0 if commit else uncommitted + 1
-                    await self._queue.put(_Stage(fut, decoded, t0, commit))
+                    await self._queue.put(stage)
                 except BaseException:
                     self._inflight -= 1
                     raise
@@ -468,7 +477,8 @@ class Ingestor:
         if self._queue is None or self._stage is None or self._stage.done():
             return  # no stage: the worker is stopped, which rolls the transaction back
         self._inflight += 1
-        stage = _Stage(self._submit(None, commit=True), None, time.perf_counter(), True)
+        fut = self._submit(None, commit=True)
+        stage = _Stage(fut, None, time.perf_counter(), True, self._generation)
         self._committing = asyncio.ensure_future(asyncio.shield(self._queue.put(stage)))
 
     def _submit(self, decoded: DecodedChunk | None, *, commit: bool) -> asyncio.Future[Any]:
@@ -506,16 +516,19 @@ class Ingestor:
         held: list[tuple[_Stage, Any]] = []  # stored, not committed yet
         while True:
             entry = await self._queue.get()
+            committed = entry.commit
             try:
                 try:
                     results = [r for _, r in held] + [await entry.fut]
                 except Exception as exc:  # noqa: BLE001 - retried, raised if it keeps failing
-                    results = await self._store_again([e for e, _ in held] + [entry], exc)
+                    stages = [e for e, _ in held] + [entry]
+                    results = await self._store_again(stages, exc, entry.generation)
+                    committed = True  # a retry always commits
             except BaseException:
                 self._inflight -= 1 + len(held)
                 held.clear()
                 raise
-            if not entry.commit:
+            if not committed:
                 held.append((entry, results[-1]))
                 continue
             stages = [e for e, _ in held] + [entry]
@@ -529,17 +542,27 @@ class Ingestor:
                 metrics.REPEATED_MESSAGES.labels("idempotency_key").inc(repeats)
                 metrics.BATCH_SECONDS.observe(time.perf_counter() - stage.t0)
 
-    async def _store_again(self, stages: list[_Stage], exc: Exception) -> list[Any]:
-        """Store ``stages`` again on a new worker, in one transaction committed as the last
-        one says; the results in order. The failed call rolled back the worker's open
-        transaction, and the worker refuses every batch after a failed one, so nothing later
-        is stored before these are; storing a chunk again is harmless (the store dedupes)."""
+    async def _store_again(
+        self, stages: list[_Stage], exc: Exception, generation: int
+    ) -> list[Any]:
+        """Store ``stages`` again, in one transaction that commits; the results in order.
+
+        The failed call rolled back the worker's open transaction (the held chunks in it), and
+        a worker refuses every batch after a failed one, so nothing later is stored before
+        these are; storing a chunk again is harmless (the store dedupes). The worker is
+        replaced only if the failure was the current worker's (``generation``): a chunk handed
+        to one replaced since is stored on the current one, which must not be replaced — it
+        may hold a later chunk in its open transaction. A retry always commits, so a held
+        chunk and the one that commits it always went to the same worker.
+        """
+        restart = generation == self._generation
         for _ in range(WORKER_RETRIES):
             log.warning("ingest worker failed; retrying the chunk", error=repr(exc))
-            if self._worker is not None:
+            if restart and self._worker is not None:
                 self._stop_worker(wait=False)
                 self._start_worker()
-            futs = [self._submit(s.decoded, commit=s is stages[-1] and s.commit) for s in stages]
+            restart = True  # from now on, a failure is the current worker's
+            futs = [self._submit(s.decoded, commit=s is stages[-1]) for s in stages]
             results = await asyncio.gather(*futs, return_exceptions=True)
             failed = [r for r in results if isinstance(r, BaseException)]
             if not failed:
