@@ -322,7 +322,6 @@ class _Pipeline:
         ing: Any = object.__new__(Ingestor)
         ing.store, ing._buffers, ing._unbuffered = self.store, {}, {}
         ing.events_stored, ing.last_batch_ms, ing._inflight = 0, 0, 0
-        ing._committing = None
         ing._decode_thread = ThreadPoolExecutor(max_workers=1)
         ing.writer = ThreadPoolExecutor(max_workers=1)
         ing._worker = ThreadPoolExecutor(max_workers=1)
@@ -434,12 +433,12 @@ async def test_a_failed_chunk_is_stored_again_with_the_chunks_its_transaction_ro
         await p.close()
 
 
-async def test_ingest_stopped_inside_a_transaction_commits_what_the_worker_holds(
+async def test_ingest_stopped_inside_a_transaction_stores_what_is_decoded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Ingest fails after handing the worker a chunk that leaves its transaction open and
-    before the chunk that was to commit it: the transaction is committed anyway, the chunk
-    counts as stored, and a drain does not wait for a chunk that never comes."""
+    """Ingest fails after decoding the first chunk of a transaction and before the chunk
+    that was to commit it: the decoded chunk is stored, committed on its own, it counts as
+    stored, and a drain does not wait for a chunk that never comes."""
     from tracemq_collector import ingest as ingest_module
 
     p = _Pipeline(tmp_path, monkeypatch)
@@ -457,7 +456,7 @@ async def test_ingest_stopped_inside_a_transaction_commits_what_the_worker_holds
         with pytest.raises(ValueError, match="decode failed"):
             await p.ing.ingest(p.fetch(range(3)))
         await p.ing.drain()
-        assert p.commits == [False]
+        assert p.commits == [True]
         assert p.store.progress() == {(p.TOPIC, 0): 1}
         assert p.ing.events_stored == 1 and p.ing._inflight == 0
         assert p.buffered() == [(0, 1)]

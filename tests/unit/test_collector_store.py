@@ -646,7 +646,7 @@ def test_the_ingest_worker_stores_chunks_in_one_transaction_until_one_commits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``commit=False`` leaves the worker's transaction open: nothing is visible (or
-    durable) until a later batch or ``commit_in_worker`` commits; a failure rolls back every
+    durable) until a later batch commits; a failure rolls back every
     batch of the open transaction, not only the failing one."""
     path = str(tmp_path / "w.db")
     monkeypatch.setattr(store_module, "_worker_stores", {})
@@ -672,15 +672,11 @@ def test_the_ingest_worker_stores_chunks_in_one_transaction_until_one_commits(
         assert (new, before) == (1, {(TOPIC, 0): 1})  # sees the first chunk's progress
         assert stored() == 2
         store_module.write_rows_in_worker(path, chunk(2), commit=False)
-        store_module.commit_in_worker(path)
-        store_module.commit_in_worker(path)  # nothing open: nothing to do
-        assert stored() == 3
-        store_module.write_rows_in_worker(path, chunk(3), commit=False)
         with pytest.raises(AttributeError):
             store_module.write_rows_in_worker(path, None)  # type: ignore[arg-type]
-        assert stored() == 3  # the failure rolled back chunk 3 as well
+        assert stored() == 2  # the failure rolled back chunk 2 as well
         with pytest.raises(TraceStoreError, match="an earlier batch failed"):
-            store_module.commit_in_worker(path)
+            store_module.write_rows_in_worker(path, chunk(2))
     finally:
         for s in store_module._worker_stores.values():
             s.close()

@@ -49,7 +49,7 @@ import fnmatch
 import multiprocessing
 import time
 from collections import defaultdict
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePath
 from typing import Any
@@ -71,7 +71,6 @@ from tracemq_collector.lake import TraceLake
 from tracemq_collector.settings import CollectorSettings
 from tracemq_collector.store import (
     TraceStore,
-    commit_in_worker,
     init_worker,
     write_rows_in_worker,
 )
@@ -110,12 +109,12 @@ WORKER_RETRIES = 2
 @dataclass
 class _Stage:
     """A chunk handed to the worker, as the store stage takes it: ``fut`` the worker's result,
-    ``decoded`` the chunk (None: only a commit), ``t0`` when its decode began, ``commit``
+    ``decoded`` the chunk, ``t0`` when its decode began, ``commit``
     whether that call commits the worker's transaction, ``generation`` the worker's it went
     to (see :meth:`Ingestor._store_again`)."""
 
     fut: asyncio.Future[Any]
-    decoded: DecodedChunk | None
+    decoded: DecodedChunk
     t0: float
     commit: bool
     generation: int
@@ -250,7 +249,6 @@ class Ingestor:
         self._unbuffered: dict[tuple[str, int], float] = {}
         self._flushing: asyncio.Task[None] | None = None
         self._inflight = 0  # chunks handed to the pipeline and not stored yet
-        self._committing: asyncio.Future[None] | None = None  # see _commit_open
         self._redis: Any = None  # opened on the first offset reset (recorded for `trace lag`)
 
     @property
@@ -438,73 +436,82 @@ class Ingestor:
     async def ingest(self, data: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
         """Hand a fetch to the pipeline; returns once its last chunk is queued for the store.
 
-        The worker stores the chunks two to a transaction (:data:`CHUNKS_PER_TRANSACTION`),
-        and a fetch's last chunk always commits: between fetches nothing is left open, so a
-        drain, a reset or a revocation never waits for a chunk that will not come.
+        The worker stores the chunks :data:`CHUNKS_PER_TRANSACTION` to a transaction, and a
+        fetch's last chunk always commits. The chunks of a transaction are handed over
+        together, once the last of them is decoded: the worker's transaction (and with it the
+        store's write lock, which the lake's segment records wait for) is never left open
+        while a chunk is still being decoded, and between fetches nothing is open at all.
         """
         assert self._queue is not None, "start() first"
         ingest_ts = _now_ms()
         chunks = _chunks(data)
-        uncommitted = 0  # chunks handed to the worker since its last commit
+        ready: list[tuple[DecodedChunk, float]] = []  # decoded, not handed over yet
         try:
             for i, chunk in enumerate(chunks):
                 if self._stage is None or self._stage.done():
                     raise RuntimeError("the store stage of the ingest pipeline stopped")
-                commit = uncommitted + 1 >= CHUNKS_PER_TRANSACTION or i == len(chunks) - 1
                 self._inflight += 1
                 try:
                     t0 = time.perf_counter()
                     decoded = await asyncio.get_running_loop().run_in_executor(
                         self._decode_thread, decode_chunk, chunk, ingest_ts
                     )
-                    stage = _Stage(
-                        self._submit(decoded, commit=commit), decoded, t0, commit, self._generation
-                    )
-                    uncommitted = 0 if commit else uncommitted + 1
-                    await self._queue.put(stage)
                 except BaseException:
                     self._inflight -= 1
                     raise
+                ready.append((decoded, t0))
+                if len(ready) >= CHUNKS_PER_TRANSACTION or i == len(chunks) - 1:
+                    batch, ready = ready, []
+                    await self._hand_over(batch)
         finally:
-            if uncommitted:
-                self._commit_open()
+            if ready:  # stopped before the rest of the transaction: store what is decoded
+                if self._stage is not None and not self._stage.done():
+                    await self._hand_over(ready)
+                else:
+                    self._inflight -= len(ready)
 
-    def _commit_open(self) -> None:
-        """Close the worker's open transaction when ingest stops (an error, a cancellation)
-        before the chunk that was to commit it: the stage holds the chunks stored in it until
-        a commit says they are durable. The commit goes to the stage like a chunk, even if
-        this task is cancelled again meanwhile (shielded)."""
-        if self._queue is None or self._stage is None or self._stage.done():
-            return  # no stage: the worker is stopped, which rolls the transaction back
-        self._inflight += 1
-        fut = self._submit(None, commit=True)
-        stage = _Stage(fut, None, time.perf_counter(), True, self._generation)
-        self._committing = asyncio.ensure_future(asyncio.shield(self._queue.put(stage)))
+    async def _hand_over(self, chunks: list[tuple[DecodedChunk, float]]) -> None:
+        """Hand decoded chunks (already counted in ``_inflight``) to the worker, one
+        transaction that the last commits, and queue them for the store stage in order.
 
-    def _submit(self, decoded: DecodedChunk | None, *, commit: bool) -> asyncio.Future[Any]:
-        """Hand a chunk to the worker (``None``: only commit its open transaction).
+        Queued whatever happens to this task (shielded): the stage holds a chunk stored
+        without a commit until the one that commits it comes, and a drain waits for them.
+        """
+        assert self._queue is not None
+        stages = [
+            _Stage(
+                self._submit(decoded, commit=n == len(chunks) - 1),
+                decoded,
+                t0,
+                n == len(chunks) - 1,
+                self._generation,
+            )
+            for n, (decoded, t0) in enumerate(chunks)
+        ]
+
+        async def put_all(queue: asyncio.Queue[_Stage]) -> None:
+            for stage in stages:
+                await queue.put(stage)
+
+        await asyncio.shield(put_all(self._queue))
+
+    def _submit(self, decoded: DecodedChunk, *, commit: bool) -> asyncio.Future[Any]:
+        """Hand a chunk to the worker; ``commit=False`` leaves its transaction open for the
+        next chunk, which is handed over right after.
 
         Without a worker, the store's own writer stores every chunk in a transaction of its
         own (``commit`` ignored): other writes share that connection."""
         if self._worker is not None:
-            path = str(self.store.path)
-            cf: Future[Any]
             try:
-                if decoded is None:
-                    cf = self._worker.submit(commit_in_worker, path)
-                else:
-                    cf = self._worker.submit(
-                        write_rows_in_worker, path, decoded.store, commit=commit
+                return asyncio.wrap_future(
+                    self._worker.submit(
+                        write_rows_in_worker, str(self.store.path), decoded.store, commit=commit
                     )
-                return asyncio.wrap_future(cf)
+                )
             except Exception as exc:  # noqa: BLE001 - a broken pool: the stage restarts it
                 fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
                 fut.set_exception(exc)
                 return fut
-        if decoded is None:
-            done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            done.set_result(None)
-            return done
         return asyncio.ensure_future(self.run(self.store.write_rows, decoded.store))
 
     async def _store_stage(self) -> None:
@@ -535,8 +542,6 @@ class Ingestor:
             held.clear()
             self._inflight -= len(stages)
             for stage, result in zip(stages, results, strict=True):
-                if stage.decoded is None:
-                    continue  # a commit only
                 new, before, repeats = result
                 self._stored(stage.decoded, new, before)
                 metrics.REPEATED_MESSAGES.labels("idempotency_key").inc(repeats)

@@ -1874,20 +1874,6 @@ def write_rows_in_worker(
         raise
 
 
-def commit_in_worker(path: str) -> None:
-    """Commit what ``write_rows_in_worker(..., commit=False)`` left open (ingest stopped
-    before the batch that was to commit it); nothing open: nothing to do."""
-    if _worker_failed:
-        raise TraceStoreError(f"an earlier batch failed in this worker: {_worker_failed[0]!r}")
-    try:
-        store = _worker_store(path)
-        if store.in_transaction:
-            store._write(lambda _conn: None)  # noqa: SLF001 - commits the open transaction
-    except BaseException as exc:
-        _worker_failed.append(exc)
-        raise
-
-
 def _worker_store(path: str) -> TraceStore:
     """The ingest worker's store of ``path``, opened on first use."""
     store = _worker_stores.get(path)
