@@ -16,9 +16,11 @@ The write path is a pipeline over two cores:
 
 * fetches are cut into chunks of about :data:`CHUNK_BYTES`; a decode thread turns a chunk into
   the store's rows and the lake's Arrow batches in one pass (:func:`events.decode_chunk`);
-* an ingest worker *process* writes the chunks to the store, strictly in order, one transaction
-  each (:func:`store.write_rows_in_worker`): SQLite's inserts bind each row with the GIL held,
-  and in this process they would wait behind the decode thread at every row;
+* an ingest worker *process* writes the chunks to the store, strictly in order, two chunks a
+  transaction (:func:`store.write_rows_in_worker`; a fetch's last chunk commits on its own):
+  SQLite's inserts bind each row with the GIL held, and in this process they would wait
+  behind the decode thread at every row. A chunk counts as stored (its events go to the lake
+  buffer, its progress may be committed to Kafka) only once its transaction is committed;
 * the Arrow batches of stored chunks wait here for the lake (:class:`_LakeBuffer`); a lake
   thread writes them as segments (:meth:`TraceLake.write_decoded`) without reading the store
   again. A segment is recorded before its files are written, as always, so a crash rewrites
@@ -214,7 +216,7 @@ class Ingestor:
     The write path is a pipeline (see the module docstring): trace messages are cut into
     chunks of about :data:`CHUNK_BYTES`; a decode thread turns each chunk into the store's
     rows and the lake's Arrow batches; an ingest worker process stores the chunks, in order,
-    one transaction each, on its own writer connection (SQLite there runs without competing
+    two to a transaction, on its own writer connection (SQLite there runs without competing
     for this process's GIL); the Arrow batches wait here until a lake thread writes them,
     every ``collector_lake_flush_interval_ms`` (or sooner when ``collector_lake_segment_rows``
     events wait), while the next chunks are decoded and stored.
