@@ -322,6 +322,7 @@ class _Pipeline:
         ing: Any = object.__new__(Ingestor)
         ing.store, ing._buffers, ing._unbuffered = self.store, {}, {}
         ing.events_stored, ing.last_batch_ms, ing._inflight = 0, 0, 0
+        ing._handing = set()
         ing._decode_thread = ThreadPoolExecutor(max_workers=1)
         ing.writer = ThreadPoolExecutor(max_workers=1)
         ing._worker = ThreadPoolExecutor(max_workers=1)

@@ -251,6 +251,7 @@ class Ingestor:
         self._unbuffered: dict[tuple[str, int], float] = {}
         self._flushing: asyncio.Task[None] | None = None
         self._inflight = 0  # chunks handed to the pipeline and not stored yet
+        self._handing: set[asyncio.Future[None]] = set()  # see _hand_over
         self._redis: Any = None  # opened on the first offset reset (recorded for `trace lag`)
 
     @property
@@ -495,7 +496,10 @@ class Ingestor:
             for stage in stages:
                 await queue.put(stage)
 
-        await asyncio.shield(put_all(self._queue))
+        task = asyncio.ensure_future(put_all(self._queue))
+        self._handing.add(task)  # the loop keeps only a weak reference to a task
+        task.add_done_callback(self._handing.discard)
+        await asyncio.shield(task)
 
     def _submit(self, decoded: DecodedChunk, *, commit: bool) -> asyncio.Future[Any]:
         """Hand a chunk to the worker; ``commit=False`` leaves its transaction open for the
@@ -555,8 +559,9 @@ class Ingestor:
         """Store ``stages`` again, in one transaction that commits; the results in order.
 
         The failed call rolled back the worker's open transaction (the held chunks in it), and
-        a worker refuses every batch after a failed one, so nothing later is stored before
-        these are; storing a chunk again is harmless (the store dedupes). The worker is
+        a worker refuses every batch after a failed one. Storing a chunk again is harmless (the
+        store dedupes), and so is storing it after a later chunk that went to the current
+        worker meanwhile (the lake then reads that partition from the store). The worker is
         replaced only if the failure was the current worker's (``generation``): a chunk handed
         to one replaced since is stored on the current one, which must not be replaced — it
         may hold a later chunk in its open transaction. A retry always commits, so a held
