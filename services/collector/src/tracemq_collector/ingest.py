@@ -40,7 +40,8 @@ GIL) and fetches (~1.3 µs); the worker unpickles (~0.8 µs) and stores (~10.5 �
 index inserts and commits, the blocks' column texts and zstd, the msgId and place hashes).
 Both processes collect garbage rarely (:func:`store.tune_gc`). Memory held here: the lake
 buffers (~280 bytes per event as Arrow, at most about two buffers' worth), one fetch (up to
-:data:`FETCH_MAX_BYTES`) and three chunks in flight (~650 bytes per event each).
+:data:`FETCH_MAX_BYTES`) and four chunks in flight (~650 bytes per event each: a transaction's
+two being stored, the next two being decoded and handed over).
 """
 
 from __future__ import annotations
