@@ -72,11 +72,7 @@ from tracemq_collector import metrics
 from tracemq_collector.events import DecodedChunk, decode_chunk
 from tracemq_collector.lake import TraceLake
 from tracemq_collector.settings import CollectorSettings
-from tracemq_collector.store import (
-    TraceStore,
-    init_worker,
-    write_rows_in_worker,
-)
+from tracemq_collector.store import TraceStore, init_worker, write_rows_in_worker
 
 log = get_logger("collector.ingest")
 
@@ -101,9 +97,10 @@ FETCH_MAX_BYTES = 16 * 1024 * 1024
 #: Longest wait of an empty fetch: trace freshness vs idle fetch requests (10/s per broker).
 FETCH_MAX_WAIT_MS = 100
 #: Chunks the ingest worker stores in one transaction (the last of a fetch commits early): a
-#: COMMIT with its WAL sync costs the worker about as much as a thousand events, and larger
-#: chunks, which would save it too, make the collector's peak RSS ~25 MiB larger
-#: (docs/performance.md, fifth and sixth passes).
+#: COMMIT with its WAL writes costs the worker about as much as storing 400 events (~9 % of
+#: its busy time at one chunk a transaction, ~5 % at two), and larger chunks, which would save
+#: it too, make the collector's peak RSS ~25 MiB larger (docs/performance.md, fifth and sixth
+#: passes).
 CHUNKS_PER_TRANSACTION = 2
 #: Attempts at a chunk after its first failure (each on a new worker) before ingest stops.
 WORKER_RETRIES = 2
@@ -112,9 +109,9 @@ WORKER_RETRIES = 2
 @dataclass
 class _Stage:
     """A chunk handed to the worker, as the store stage takes it: ``fut`` the worker's result,
-    ``decoded`` the chunk, ``t0`` when its decode began, ``commit``
-    whether that call commits the worker's transaction, ``generation`` the worker's it went
-    to (see :meth:`Ingestor._store_again`)."""
+    ``decoded`` the chunk, ``t0`` when its decode began, ``commit`` whether that call commits
+    the worker's transaction, ``generation`` the worker's it went to (see
+    :meth:`Ingestor._store_again`)."""
 
     fut: asyncio.Future[Any]
     decoded: DecodedChunk

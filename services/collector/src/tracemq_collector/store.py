@@ -873,8 +873,8 @@ class TraceStore:
         """:meth:`write_batch` for a batch already in the table's shape (ingest's path).
 
         ``commit=False`` leaves the transaction open for the next call (the ingest worker
-        stores two chunks in one transaction: a COMMIT and its WAL sync cost about as much as
-        storing a thousand events). Only for a writer that nothing else uses meanwhile (the
+        stores two chunks in one transaction: a COMMIT costs about as much as storing 400
+        events). Only for a writer that nothing else uses meanwhile (the
         worker's own): another write on it would join the open transaction. Until a call
         commits, nothing of the batch is visible or durable, and a failure of any call in
         the transaction rolls all of it back.
@@ -886,11 +886,6 @@ class TraceStore:
             at other coordinates (see ``message_keys`` in the module docstring).
         """
         return self._write(lambda c: self._write_rows(c, batch), commit=commit)
-
-    @property
-    def in_transaction(self) -> bool:
-        """Whether a ``write_rows(..., commit=False)`` left the writer's transaction open."""
-        return self._writer is not None and self._writer.in_transaction
 
     @staticmethod
     def _tp_id(
