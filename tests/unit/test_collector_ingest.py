@@ -290,3 +290,176 @@ async def test_a_failed_lake_flush_is_retried_even_if_nothing_more_is_fetched(
     finally:
         ing._lake_thread.shutdown(wait=True)
         store.close()
+
+
+class _Pipeline:
+    """An Ingestor's write path with a thread as its ingest worker (the worker functions and
+    the store are the real ones; only the process is not). ``commits`` records the
+    ``commit`` flag of every chunk handed to the worker."""
+
+    TOPIC = "tmq.trace-broker.RMQ_SYS_TRACE_TOPIC"
+
+    def __init__(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        import asyncio
+
+        from tracemq_collector import ingest as ingest_module
+        from tracemq_collector import store as store_module
+
+        self.store_module = store_module
+        monkeypatch.setattr(store_module, "_worker_stores", {})
+        monkeypatch.setattr(store_module, "_worker_failed", [])
+        monkeypatch.setattr(ingest_module, "CHUNK_BYTES", 1)  # one trace message a chunk
+        self.commits: list[bool] = []
+        real = store_module.write_rows_in_worker
+
+        def recording(path: str, batch: Any, *, commit: bool = True) -> Any:
+            self.commits.append(commit)
+            return real(path, batch, commit=commit)
+
+        monkeypatch.setattr(ingest_module, "write_rows_in_worker", recording)
+        self.store = TraceStore(tmp_path / "traces.db")
+        self.store.open()
+        ing: Any = object.__new__(Ingestor)
+        ing.store, ing._buffers, ing._unbuffered = self.store, {}, {}
+        ing.events_stored, ing.last_batch_ms, ing._inflight = 0, 0, 0
+        ing._handing = set()
+        ing._decode_thread = ThreadPoolExecutor(max_workers=1)
+        ing.writer = ThreadPoolExecutor(max_workers=1)
+        ing._worker = ThreadPoolExecutor(max_workers=1)
+        ing._queue = asyncio.Queue(maxsize=1)
+        ing._stage = asyncio.create_task(ing._store_stage())
+        self.restarts = 0
+
+        def stop_worker(*, wait: bool) -> None:
+            # As a worker process does, the old one refuses what was already handed to it
+            # (its globals say a batch failed) before the new one starts with fresh globals.
+            old, ing._worker = ing._worker, None
+            old.shutdown(wait=True)
+
+        def new_worker() -> ThreadPoolExecutor:  # a new "process": no failure, no connection
+            self.restarts += 1
+            self._close_worker_stores()
+            store_module._worker_failed.clear()
+            return ThreadPoolExecutor(max_workers=1)
+
+        ing._stop_worker = stop_worker
+        ing._new_worker = new_worker
+        ing._generation = 1
+        self.ing = ing
+
+    def _close_worker_stores(self) -> None:
+        for s in self.store_module._worker_stores.values():
+            s.close()  # an open transaction rolls back, as when a worker process dies
+        self.store_module._worker_stores.clear()
+
+    def fetch(self, offsets: range, partition: int = 0) -> dict[TopicPartition, list[Rec]]:
+        return {
+            TopicPartition(self.TOPIC, partition): [
+                Rec(o, f"SubAfter\x01r{o}\x01MSG{o}\x0112\x01true\x01k\x010"
+                       f"\x01{1_700_000_000_000 + o}\x01CG\x02".encode())
+                for o in offsets
+            ]
+        }  # fmt: skip
+
+    def buffered(self) -> list[tuple[int, int]]:
+        return [(s, e) for b in self.ing._buffers.values() for s, e, *_ in b.entries]
+
+    async def close(self) -> None:
+        import asyncio
+        import contextlib
+
+        self.ing._stage.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.ing._stage
+        for ex in (self.ing._worker, self.ing._decode_thread, self.ing.writer):
+            ex.shutdown(wait=True)
+        self._close_worker_stores()
+        self.store.close()
+
+
+async def test_the_worker_stores_two_chunks_per_transaction_and_a_fetch_ends_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks go to the worker two to a transaction, and a fetch's last chunk always commits
+    (nothing left open between fetches). A chunk counts as stored, and reaches the lake
+    buffer, only once its transaction is committed."""
+    p = _Pipeline(tmp_path, monkeypatch)
+    try:
+        await p.ing.ingest(p.fetch(range(5)))
+        await p.ing.drain()
+        assert p.commits == [False, True, False, True, True]
+        assert p.store.progress() == {(p.TOPIC, 0): 5}
+        assert p.ing.events_stored == 5 and p.ing._inflight == 0
+        assert p.buffered() == [(o, o + 1) for o in range(5)]
+        await p.ing.ingest(p.fetch(range(5, 7)))
+        await p.ing.drain()
+        assert p.commits[5:] == [False, True]
+        assert p.store.progress() == {(p.TOPIC, 0): 7}
+    finally:
+        await p.close()
+
+
+async def test_a_failed_chunk_is_stored_again_with_the_chunks_its_transaction_rolled_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker fails on the chunk that was to commit the transaction: the chunk before it,
+    stored in the same transaction, was rolled back too, and both are stored again on a new
+    worker; each event once, the lake buffer in order."""
+    p = _Pipeline(tmp_path, monkeypatch)
+    real = TraceStore._write_rows
+    calls = 0
+
+    def second_fails(self: TraceStore, conn: Any, batch: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise OSError("disk I/O error")
+        return real(self, conn, batch)
+
+    monkeypatch.setattr(TraceStore, "_write_rows", second_fails)
+    try:
+        await p.ing.ingest(p.fetch(range(4)))
+        await p.ing.drain()
+        assert p.restarts >= 1
+        assert p.store.progress() == {(p.TOPIC, 0): 4}
+        stored = [e["trace_offset"] for e in p.store.events_in_range(p.TOPIC, 0, 0, 9)]
+        assert stored == [0, 1, 2, 3]
+        assert p.store.event_count() == 4
+        assert p.ing.events_stored == 4 and p.ing._inflight == 0
+        # A chunk handed to the new worker before the retry of an earlier one is stored
+        # first: then the lake reads the partition from the store instead of its buffer.
+        key = (p.TOPIC, 0)
+        assert key in p.ing._unbuffered or p.buffered() == [(o, o + 1) for o in range(4)]
+    finally:
+        await p.close()
+
+
+async def test_ingest_stopped_inside_a_transaction_stores_what_is_decoded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ingest fails after decoding the first chunk of a transaction and before the chunk
+    that was to commit it: the decoded chunk is stored, committed on its own, it counts as
+    stored, and a drain does not wait for a chunk that never comes."""
+    from tracemq_collector import ingest as ingest_module
+
+    p = _Pipeline(tmp_path, monkeypatch)
+    decodes = 0
+
+    def decode_then_fail(*args: Any) -> Any:
+        nonlocal decodes
+        decodes += 1
+        if decodes == 2:
+            raise ValueError("decode failed")
+        return decode_chunk(*args)
+
+    monkeypatch.setattr(ingest_module, "decode_chunk", decode_then_fail)
+    try:
+        with pytest.raises(ValueError, match="decode failed"):
+            await p.ing.ingest(p.fetch(range(3)))
+        await p.ing.drain()
+        assert p.commits == [True]
+        assert p.store.progress() == {(p.TOPIC, 0): 1}
+        assert p.ing.events_stored == 1 and p.ing._inflight == 0
+        assert p.buffered() == [(0, 1)]
+    finally:
+        await p.close()
