@@ -1006,3 +1006,46 @@ async def test_a_route_read_failure_is_a_retried_attempt(make: Factory) -> None:
     assert await d.flush()
     s = d.stats()
     assert (s["sent"], s["failed"], s["retries"]) == (1, 0, 1)
+
+
+def raw_pub(i: int) -> RawRecord:
+    return (PUB, "T", "DefaultRegion", new_msg_id(), f"k{i:03d}", TS + i, "PG", "A",
+            "127.0.0.1:10911", 10, 3, 0, "0A00000100002A9F000300000000002A", True)  # fmt: skip
+
+
+@pytest.mark.parametrize("raw", [True, False])
+async def test_a_full_batch_keeps_its_short_last_message_for_the_next_batch(
+    make: Factory, raw: bool
+) -> None:
+    """A steady stream whose batches are a little more than one message: the short tail of
+    each full batch opens the next one instead of going as a message of its own (before: a
+    full and a small message per batch, 8 messages here instead of 5)."""
+    items: list[Any] = [raw_pub(i) if raw else pub(keys=f"k{i:03d}") for i in range(44)]
+    texts = write_records(items[:1]) if raw else [encode(items[0]).data]
+    assert texts[0] is not None
+    size = len(texts[0])  # (every record here has the same length)
+    d = make(batch_size=11, max_message_size=10 * size + size // 2)
+    for item in items:  # queued before the worker runs: batches full while it lasts
+        assert d.append_record(item) if raw else d.append(item)
+    await d.start()
+    # (no flush: a flush sends everything at once, as shutdown does)
+    await until(lambda: d.stats()["sent"] == 44, "every record sent")
+
+    sender = sender_of(d)
+    assert [len(decode(c.value.decode())) for c in sender.delivered] == [10, 10, 10, 10, 4]
+    order = [msg_id(ctx) for ctx in sender.contexts()]
+    assert order == [item[3] if raw else msg_id(item) for item in items]
+    s = d.stats()
+    assert (s["sent_messages"], s["failed"], s["discarded"], s["queue_depth"]) == (5, 0, 0, 0)
+
+
+async def test_a_flush_sends_the_short_last_message_at_once(make: Factory) -> None:
+    texts = write_records([raw_pub(0)])
+    assert texts[0] is not None
+    size = len(texts[0])
+    d = make(batch_size=11, max_message_size=10 * size + size // 2)
+    for i in range(11):
+        d.append_record(raw_pub(i))
+    await d.start()
+    assert await d.flush(5.0)
+    assert [len(decode(c.value.decode())) for c in sender_of(d).delivered] == [10, 1]

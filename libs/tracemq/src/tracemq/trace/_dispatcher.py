@@ -794,12 +794,48 @@ class AsyncTraceDispatcher:
         if planned is None:
             planned = self._plan_checked(batch, texts, first_seq)
         plans, bad, oversize = planned
+        held = self._tail_to_hold(batch, plans, first_seq, bad)
+        if held:
+            # (the tail's items go back to the front of the queue, their numbers with them:
+            # the queue still starts at _taken_seq, and a SubAfter can still join them)
+            plans.pop()
+            self._queue.extendleft(reversed(batch[-held:]))
+            del batch[-held:]
+            self._taken_seq -= held
         self._oversize += oversize
         jobs = [self._job(min_seq, count, value, keys) for min_seq, count, value, keys in plans]
         self._jobs.update(jobs)
         if bad:
             self._fail(bad, "trace context could not be encoded")
         return jobs
+
+    def _tail_to_hold(
+        self,
+        batch: list[_Item],
+        plans: list[tuple[int, int, bytes, set[Any]]],
+        first_seq: int,
+        bad: int,
+    ) -> int:
+        """How many items at the end of a full batch to put back in the queue instead of
+        sending them now: those of its last trace message when that is a short tail (less than
+        half of ``max_message_size``) behind a message cut at the limit. They then open the
+        next batch's first message, so a steady stream of records fills its messages instead
+        of sending a full one and a small one per batch: every trace message costs the client
+        ~250 us of send work however short (aiokafka's request, the send task, the
+        acknowledgement). Only while more records are coming (a full batch) and nobody waits
+        (no flush, no shutdown), and only within the queue's bound; an item goes back at
+        most once (it is at the front of the next batch, in its first message)."""
+        if bad or len(plans) < 2 or self._hurry or self._closing or len(batch) < self._batch_size:
+            return 0
+        min_seq, records, value, _ = plans[-1]
+        if len(value) * 2 >= self._max_message_size:
+            return 0
+        tail = batch[min_seq - first_seq :]
+        # the last message holds exactly the batch's last items (not so when the batch mixes
+        # topics or regions and another group's records come after its first one)
+        if _records_in(tail) != records or len(self._queue) + len(tail) > self._queue_size:
+            return 0
+        return len(tail)
 
     def _plan(
         self, batch: list[_Item], texts: list[str | None], first_seq: int
