@@ -1049,3 +1049,29 @@ async def test_a_flush_sends_the_short_last_message_at_once(make: Factory) -> No
     await d.start()
     assert await d.flush(5.0)
     assert [len(decode(c.value.decode())) for c in sender_of(d).delivered] == [10, 1]
+
+
+def test_a_held_tail_stays_joinable_and_numbered() -> None:
+    """The items of a held tail go back to the front of the queue with their numbers: a
+    SubAfter still joins its SubBefore there, and a flush still waits for them."""
+    d = AsyncTraceDispatcher(
+        group="PG", route_cache=FakeRoutes(), sender=FakeSender(), batch_size=3
+    )
+    size = len(encode(raw_context(sub_before("M0"))).data)
+    d._max_message_size = 2 * size + size // 2  # two per message: a batch of three leaves one
+    ids = [f"M{i}" for i in range(5)]  # (a join matches the SubBefore's msgId by identity)
+    seqs = [d.append_sub_before(sub_before(i)) for i in ids]
+    assert seqs == [0, 1, 2, 3, 4]
+    # what the worker does: take a full batch, then write it
+    d._gathering_seq = d._taken_seq
+    d._batch = [d._queue.popleft() for _ in range(3)]
+    d._taken_seq += 3
+    jobs = d._build_jobs(d._batch, 0)
+    assert [job.contexts for job in jobs] == [2]
+    assert d._batch == [sub_before("M0"), sub_before("M1")]
+    d._batch, d._gathering_seq = [], None
+    assert d._taken_seq == 2 and len(d._queue) == 3
+    assert d._watermark() == 0  # (the first message is not settled yet)
+    assert d.join_sub_after(2, ids[2], TS + 5, 5, True, 0)
+    assert d._queue[0][0] == SUB_PAIR and d._queue[0][3] == "M2"
+    assert d.stats()["appended"] == 6
