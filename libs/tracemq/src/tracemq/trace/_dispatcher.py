@@ -1040,7 +1040,10 @@ class AsyncTraceDispatcher:
         keys.difference_update(_NOT_KEYS)
         headers: list[tuple[str, bytes]] = []
         if keys:
-            headers.append(("KEYS", " ".join(sorted(keys)).encode()))
+            # (in the set's order, as RocketMQ joins its HashSet: an index of words, order
+            # means nothing to it; sorting ~1 000 keys cost ~70 us per message, ~0.15 us per
+            # consumed message)
+            headers.append(("KEYS", " ".join(keys).encode()))
         msg_id = new_msg_id().encode()
         headers.append(("UNIQ_KEY", msg_id))
         # The job keeps these headers for every attempt: one key per trace message.
