@@ -888,8 +888,9 @@ class AsyncTraceDispatcher:
                     oversize += 1  # (one item, longer in bytes than in characters)
             chunk = batch[start:stop]
             keys = set(map(_MSG_ID, chunk))
-            for business in filter(None, map(_KEYS, chunk)):
-                keys.update(business.split(KEY_SEPARATOR))
+            # (the business keys joined and split once: the split of a join on the separator
+            # is the splits of its parts, one after the other)
+            keys.update(KEY_SEPARATOR.join(filter(None, map(_KEYS, chunk))).split(KEY_SEPARATOR))
             records = stop - start + kinds[start:stop].count(SUB_PAIR)
             plans.append((first_seq + start, records, value, keys))
             before, seps_before, start = ends[stop - 1], seps[stop - 1], stop
