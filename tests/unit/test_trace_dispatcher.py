@@ -22,6 +22,8 @@ from tracemq.protocol.control import PERM_READ, PERM_RW
 from tracemq.routing.model import QueueRoute, TopicRoute
 from tracemq.trace import MessageType, TraceBean, TraceContext, TraceType, decode, encode
 from tracemq.trace._codec import (
+    CONTENT_SPLITOR,
+    FIELD_SPLITOR,
     PUB,
     SUB_AFTER,
     SUB_BEFORE,
@@ -1078,3 +1080,28 @@ def test_a_held_tail_stays_joinable_and_numbered() -> None:
     assert d.join_sub_after(2, ids[2], TS + 5, 5, True, 0)
     assert d._queue[0][0] == SUB_PAIR and d._queue[0][3] == "M2"
     assert d.stats()["appended"] == 6
+
+
+@pytest.mark.parametrize("field", [1, 2, 3, 4, 6, 7, 8, 12])
+def test_a_separator_in_any_text_field_of_a_pub_batch_sends_the_batch_the_careful_way(
+    field: int,
+) -> None:
+    """A batch of Pubs alone is checked by counting its body's separators (not column by
+    column, as pairs are): a U+0001 or U+0002 in any of a Pub's text fields still makes the
+    fast way step aside, and the careful way counts that one record as failed."""
+    records = [
+        (PUB, "T", "DefaultRegion", f"M{i}", f"k{i}", TS, "PG", "A", "b:10911", 10, 1, 0,
+         f"O{i}", True)
+        for i in range(20)
+    ]  # fmt: skip
+    d = AsyncTraceDispatcher(group="PG", route_cache=FakeRoutes(), sender=FakeSender())
+    texts = write_records(records)
+    fast = d._plan(records, texts, 0)  # type: ignore[arg-type]
+    assert fast is not None and fast[1] == 0 and len(fast[0]) == 1
+    bad = list(records[7])
+    bad[field] = f"x{FIELD_SPLITOR if field % 2 else CONTENT_SPLITOR}y"
+    records[7] = tuple(bad)
+    texts = write_records(records)
+    assert d._plan(records, texts, 0) is None  # type: ignore[arg-type]
+    plans, failed, _ = d._plan_checked(records, texts, 0)  # type: ignore[arg-type]
+    assert failed == 1 and sum(records for _, records, _, _ in plans) == 19
