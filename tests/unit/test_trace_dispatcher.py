@@ -22,6 +22,8 @@ from tracemq.protocol.control import PERM_READ, PERM_RW
 from tracemq.routing.model import QueueRoute, TopicRoute
 from tracemq.trace import MessageType, TraceBean, TraceContext, TraceType, decode, encode
 from tracemq.trace._codec import (
+    CONTENT_SPLITOR,
+    FIELD_SPLITOR,
     PUB,
     SUB_AFTER,
     SUB_BEFORE,
@@ -245,8 +247,9 @@ async def test_headers_keys_are_msg_ids_and_business_keys(make: Factory) -> None
     assert await d.flush()
 
     (call,) = sender_of(d).delivered
-    expected = sorted({msg_id(a), msg_id(b), "k1", "k2", "k3"})
-    assert call.header["KEYS"] == " ".join(expected).encode()
+    expected = {msg_id(a), msg_id(b), "k1", "k2", "k3"}
+    # (each key once, in no particular order: RocketMQ joins a HashSet)
+    assert sorted(call.header["KEYS"].decode().split(" ")) == sorted(expected)
     assert re.fullmatch(rb"[0-9A-F]{32}", call.header["UNIQ_KEY"])
     assert [name for name, _ in call.headers] == [
         "KEYS",
@@ -780,7 +783,9 @@ async def test_hook_records_and_contexts_share_a_message_and_its_keys(make: Fact
     (call,) = sender_of(d).delivered
     expected = encode(a).data + encode(raw_context(b)).data + encode(raw_context(c)).data
     assert call.value == expected.encode()
-    assert call.header["KEYS"] == " ".join(sorted({msg_id(a), "k1", "MSGB", "k2", "k3"})).encode()
+    assert sorted(call.header["KEYS"].split(b" ")) == sorted(
+        k.encode() for k in {msg_id(a), "k1", "MSGB", "k2", "k3"}
+    )
     s = d.stats()
     assert (s["appended"], s["sent"], s["discarded"]) == (3, 3, 1)
 
@@ -826,7 +831,7 @@ async def test_a_sub_after_joins_its_waiting_sub_before_into_one_item(make: Fact
         raw_context(sub_after("M2", ts=TS + 7, cost=7, ok=False, code=4)),
     ]
     assert call.value == "".join(encode(c).data for c in want).encode()
-    assert call.header["KEYS"] == b"M1 M2 k1"
+    assert sorted(call.header["KEYS"].split(b" ")) == [b"M1", b"M2", b"k1"]
     assert not d.join_sub_after(seq2, "M2", TS + 9, 9, True, 0)  # written and sent
     s = d.stats()
     assert (s["appended"], s["sent"], s["failed"], s["discarded"]) == (4, 4, 0, 0)
@@ -1006,3 +1011,97 @@ async def test_a_route_read_failure_is_a_retried_attempt(make: Factory) -> None:
     assert await d.flush()
     s = d.stats()
     assert (s["sent"], s["failed"], s["retries"]) == (1, 0, 1)
+
+
+def raw_pub(i: int) -> RawRecord:
+    return (PUB, "T", "DefaultRegion", new_msg_id(), f"k{i:03d}", TS + i, "PG", "A",
+            "127.0.0.1:10911", 10, 3, 0, "0A00000100002A9F000300000000002A", True)  # fmt: skip
+
+
+@pytest.mark.parametrize("raw", [True, False])
+async def test_a_full_batch_keeps_its_short_last_message_for_the_next_batch(
+    make: Factory, raw: bool
+) -> None:
+    """A steady stream whose batches are a little more than one message: the short tail of
+    each full batch opens the next one instead of going as a message of its own (before: a
+    full and a small message per batch, 8 messages here instead of 5)."""
+    items: list[Any] = [raw_pub(i) if raw else pub(keys=f"k{i:03d}") for i in range(44)]
+    texts = write_records(items[:1]) if raw else [encode(items[0]).data]
+    assert texts[0] is not None
+    size = len(texts[0])  # (every record here has the same length)
+    d = make(batch_size=11, max_message_size=10 * size + size // 2)
+    for item in items:  # queued before the worker runs: batches full while it lasts
+        assert d.append_record(item) if raw else d.append(item)
+    await d.start()
+    # (no flush: a flush sends everything at once, as shutdown does)
+    await until(lambda: d.stats()["sent"] == 44, "every record sent")
+
+    sender = sender_of(d)
+    assert [len(decode(c.value.decode())) for c in sender.delivered] == [10, 10, 10, 10, 4]
+    order = [msg_id(ctx) for ctx in sender.contexts()]
+    assert order == [item[3] if raw else msg_id(item) for item in items]
+    s = d.stats()
+    assert (s["sent_messages"], s["failed"], s["discarded"], s["queue_depth"]) == (5, 0, 0, 0)
+
+
+async def test_a_flush_sends_the_short_last_message_at_once(make: Factory) -> None:
+    texts = write_records([raw_pub(0)])
+    assert texts[0] is not None
+    size = len(texts[0])
+    d = make(batch_size=11, max_message_size=10 * size + size // 2)
+    for i in range(11):
+        d.append_record(raw_pub(i))
+    await d.start()
+    assert await d.flush(5.0)
+    assert [len(decode(c.value.decode())) for c in sender_of(d).delivered] == [10, 1]
+
+
+def test_a_held_tail_stays_joinable_and_numbered() -> None:
+    """The items of a held tail go back to the front of the queue with their numbers: a
+    SubAfter still joins its SubBefore there, and a flush still waits for them."""
+    d = AsyncTraceDispatcher(
+        group="PG", route_cache=FakeRoutes(), sender=FakeSender(), batch_size=3
+    )
+    size = len(encode(raw_context(sub_before("M0"))).data)
+    d._max_message_size = 2 * size + size // 2  # two per message: a batch of three leaves one
+    ids = [f"M{i}" for i in range(5)]  # (a join matches the SubBefore's msgId by identity)
+    seqs = [d.append_sub_before(sub_before(i)) for i in ids]
+    assert seqs == [0, 1, 2, 3, 4]
+    # what the worker does: take a full batch, then write it
+    d._gathering_seq = d._taken_seq
+    d._batch = [d._queue.popleft() for _ in range(3)]
+    d._taken_seq += 3
+    jobs = d._build_jobs(d._batch, 0)
+    assert [job.contexts for job in jobs] == [2]
+    assert d._batch == [sub_before("M0"), sub_before("M1")]
+    d._batch, d._gathering_seq = [], None
+    assert d._taken_seq == 2 and len(d._queue) == 3
+    assert d._watermark() == 0  # (the first message is not settled yet)
+    assert d.join_sub_after(2, ids[2], TS + 5, 5, True, 0)
+    assert d._queue[0][0] == SUB_PAIR and d._queue[0][3] == "M2"
+    assert d.stats()["appended"] == 6
+
+
+@pytest.mark.parametrize("field", [1, 2, 3, 4, 6, 7, 8, 12])
+def test_a_separator_in_any_text_field_of_a_pub_batch_sends_the_batch_the_careful_way(
+    field: int,
+) -> None:
+    """A batch of Pubs alone is checked by counting its body's separators (not column by
+    column, as pairs are): a U+0001 or U+0002 in any of a Pub's text fields still makes the
+    fast way step aside, and the careful way counts that one record as failed."""
+    records = [
+        (PUB, "T", "DefaultRegion", f"M{i}", f"k{i}", TS, "PG", "A", "b:10911", 10, 1, 0,
+         f"O{i}", True)
+        for i in range(20)
+    ]  # fmt: skip
+    d = AsyncTraceDispatcher(group="PG", route_cache=FakeRoutes(), sender=FakeSender())
+    texts = write_records(records)
+    fast = d._plan(records, texts, 0)  # type: ignore[arg-type]
+    assert fast is not None and fast[1] == 0 and len(fast[0]) == 1
+    bad = list(records[7])
+    bad[field] = f"x{FIELD_SPLITOR if field % 2 else CONTENT_SPLITOR}y"
+    records[7] = tuple(bad)
+    texts = write_records(records)
+    assert d._plan(records, texts, 0) is None  # type: ignore[arg-type]
+    plans, failed, _ = d._plan_checked(records, texts, 0)  # type: ignore[arg-type]
+    assert failed == 1 and sum(records for _, records, _, _ in plans) == 19

@@ -460,12 +460,22 @@ def encode_offset_msg_id(store_host: str, queue_id: int, kafka_offset: int) -> s
     Raises:
         ValueError: an argument is malformed or out of range; the message names it.
     """
+    # (once per sent and per consumed message: the host and queue part, 20 of the 32
+    # characters, is rendered once per queue; the offset's 12 digits are all that is left)
+    head = _queue_head(store_host, queue_id)
+    if not 0 <= kafka_offset <= MAX_KAFKA_OFFSET:
+        raise ValueError(f"kafka_offset must be in 0..2**48-1, got {kafka_offset}")
+    return f"{head}{kafka_offset:012X}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _queue_head(store_host: str, queue_id: int) -> str:
+    """The store host's and queue's part of an offsetMsgId: the offset field is
+    ``(queue_id << 48) | kafka_offset``, so its first 4 hex digits are the queue's."""
     head = _store_host_head(store_host)
     if not 0 <= queue_id <= MAX_QUEUE_ID:
         raise ValueError(f"queue_id must be in 0..{MAX_QUEUE_ID}, got {queue_id}")
-    if not 0 <= kafka_offset <= MAX_KAFKA_OFFSET:
-        raise ValueError(f"kafka_offset must be in 0..2**48-1, got {kafka_offset}")
-    return f"{head}{(queue_id << 48) | kafka_offset:016X}"
+    return f"{head}{queue_id:04X}"
 
 
 @functools.lru_cache(maxsize=1024)
