@@ -379,11 +379,13 @@ async def test_schedule_level_delivers_in_order_never_early(tmp_path: Path) -> N
         headers = {"REAL_TOPIC": "Gone" if i == 5 else "T", "REAL_QID": "0", "DELAY": "1"}
         if i == 7:
             headers = {}  # garbage
-        recs.append(_rec(i, f"m{i}".encode(), headers, timestamp=t0 + i * 5))
+        # due over two seconds: even a loop stalled for a second on a loaded machine sees
+        # them come due in several batches
+        recs.append(_rec(i, f"m{i}".encode(), headers, timestamp=t0 + i * 50))
     lv.buf.extend(recs)
     task = asyncio.create_task(svc._run(lv))
     try:
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 20
         while (lv.next < 40 or lv.dirty) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
     finally:
