@@ -144,8 +144,10 @@ def publish_tables(ctx: _Context) -> None:
         anomalies.where(col("msg_id").isNotNull()).select("msg_id"),
         broadcast=n_anomalies <= BROADCAST_IDS_MAX,
     )
+    # a shuffled hash join (details, one row per msgId, is the build side): a sort-merge join
+    # sorted both sides only to join them
     anomalies = (
-        anomalies.join(details, "msg_id", "left")
+        anomalies.join(details.hint("shuffle_hash"), "msg_id", "left")
         .withColumn("evidence", _evidence())
         .drop("tags_h", "store_h")
     )
