@@ -192,12 +192,6 @@ _RUNTIME_CONF = {
     "spark.sql.requireAllClusterKeysForCoPartition": "false",
     "spark.sql.sources.partitionOverwriteMode": "dynamic",
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-    # The datasets are written partitioned by window. With one open file per window and task
-    # (a run has a few dozen windows; past this many, Spark sorts the rest itself) the write
-    # needs no sort by window: the sort cost its time, and its generated sort_addToSorter,
-    # fused with the anomalies' decode and evidence projection, was the largest method C2
-    # compiled in the whole job (334 kB, 5.8 s of compiler CPU at 1M messages, JFR).
-    "spark.sql.maxConcurrentOutputFileWriters": "64",
 }
 
 #: for the classification only (``job._Context.classify``): its aggregations are keyed by msgId
