@@ -16,7 +16,6 @@ from tracemq_spark import classify
 from tracemq_spark.fs import HadoopFS
 from tracemq_spark.input_files import DeliveryRow, OffsetRow, SubRow
 from tracemq_spark.job import Params
-from tracemq_spark.msg_key import KEY, key_columns, msg_id_of
 from tracemq_spark.session import spark_schema
 
 MIN = 60_000
@@ -82,8 +81,7 @@ def _hash(spark: Any, s: str) -> int:
 
 
 def _by_pkey(df: DataFrame, *cols: str) -> dict[str, tuple[Any, ...]]:
-    rows = df.withColumn("_msg_id", msg_id_of()).collect()
-    return {r["_msg_id"]: tuple(r[c] for c in cols) for r in rows}
+    return {r["pkey"]: tuple(r[c] for c in cols) for r in df.collect()}
 
 
 def test_pubs_first_successful_pub_wins_and_what_is_expected_anywhere(spark: Any) -> None:
@@ -146,10 +144,7 @@ def test_expected_deliveries_by_topic_tag_time_and_broadcast_client(spark: Any) 
     )
     names = {_hash(spark, g): g for g in ("all", "only-b", "late-joiner", "bc")}
     cks = {_hash(spark, c): c for _, _, c in clients} | {0: None}
-    got = sorted(
-        (r["_msg_id"], names.get(r["group_h"]), cks[r["ck"]])
-        for r in exp.withColumn("_msg_id", msg_id_of()).collect()
-    )
+    got = sorted((r["pkey"], names.get(r["group_h"]), cks[r["ck"]]) for r in exp.collect())
     assert got == [
         ("ELSEWHERE", None, None),  # no group expects it: one message-level row
         ("TAG_A", "all", None),
@@ -331,9 +326,7 @@ def test_attempts_of_broadcasting_groups_are_per_client_and_dlq_moves_apart(spar
 def test_with_deliveries_adds_the_same_columns_either_way(
     spark: Any, tmp_path: Path, has_deliveries: bool
 ) -> None:
-    j = spark.createDataFrame([("M", _hash(spark, "g"))], "msg_id string, group_h long").select(
-        *key_columns(F.col("msg_id")), "group_h"
-    )
+    j = spark.createDataFrame([("M", _hash(spark, "g"))], "pkey string, group_h long")
     d = classify.deliveries_frame(
         spark,
         HadoopFS(spark),
@@ -344,7 +337,7 @@ def test_with_deliveries_adds_the_same_columns_either_way(
     out = classify.with_deliveries(j, d)
     row = out.first()
     assert out.columns == [
-        *KEY,
+        "pkey",
         "group_h",
         "retry_reconsume",
         "retry_queue_offset",
@@ -352,57 +345,4 @@ def test_with_deliveries_adds_the_same_columns_either_way(
         "dlq_queue_offset",
     ]
     want = (2, 40, 41, None) if has_deliveries else (None, None, None, None)
-    assert tuple(row)[4:] == want
-
-
-#: msgIds of every kind the key encoding must give back unchanged
-_IDS = [
-    "0A0000011F9018B4AAC2650B5A630000",  # a RocketMQ id: the fixed-width path
-    "FFFFFFFFFFFFFFFF8000000000000000",  # high bits set: negative longs
-    "00000000000000000000000000000000",  # leading zeros
-    "0a0000011f9018b4aac2650b5a630000",  # lowercase: hex() would give it back uppercase
-    "0A0000011f9018B4AAC2650B5A630000",  # mixed case
-    "0A0000011F9018B4AAC2650B5A63000",  # 31 digits
-    "0A0000011F9018B4AAC2650B5A6300001",  # 33 digits
-    "0A0000011F9018B4AAC2650B5A63000G",  # not hex
-    "0A0000011F9018B4AAC2650B5A63 000",  # a space
-    "0A0000011F9018B4AAC2650B5A63000É",  # 32 characters, 33 bytes
-    "0A00000100002A9F0000000000000001" + "AB12CD34EF567890AB12CD34",  # 56: IPv6 client
-    "M",
-    "\u0000request-1",  # a consume without msgId
-]
-
-
-def test_msg_key_round_trip_is_exact_and_one_to_one(spark: Any) -> None:
-    df = spark.createDataFrame([(i,) for i in _IDS], "msg_id string")
-    rows = (
-        df.select("msg_id", *key_columns(F.col("msg_id"))).withColumn("back", msg_id_of()).collect()
-    )
-    assert [r["back"] for r in rows] == _IDS
-    # only uppercase 32-hex ids go fixed-width; the others keep their string
-    fixed = {r["msg_id"] for r in rows if r["id_str"] == ""}
-    assert fixed == set(_IDS[:3])
-    assert all(r["id_hi"] == r["id_lo"] == 0 for r in rows if r["id_str"] != "")
-    assert len({(r["id_hi"], r["id_lo"], r["id_str"]) for r in rows}) == len(_IDS)
-    hi, lo = next((r["id_hi"], r["id_lo"]) for r in rows if r["msg_id"] == _IDS[1])
-    assert (hi, lo) == (-1, -(2**63))
-
-
-def test_stages_keep_a_lowercase_and_an_uppercase_id_apart(spark: Any) -> None:
-    """The same hex digits in two cases are two msgIds (a lake compares strings): the key
-    must not merge them, and each Pub must meet its own consume."""
-    up = "0A0000011F9018B4AAC2650B5A630000"
-    low = up.lower()
-    ev = _events(
-        spark,
-        [
-            pub(up, F0 + MIN),
-            pub(low, F0 + 2 * MIN),
-            *consume(up, "g", "r1", F0 + 3 * MIN, ok=True),
-        ],
-    )
-    p = classify.pubs(ev, f_ms=F0, t_ms=T0, base=READ_LO, n_parts=2)
-    assert _by_pkey(p, "pub_ts") == {up: (F0 + MIN,), low: (F0 + 2 * MIN,)}
-    att = classify.attempts(ev, bh=[], n_parts=2)
-    agg = classify.consumed(att, p)
-    assert _by_pkey(agg, "attempts", "a_pub_ts") == {up: (1, F0 + MIN)}
+    assert tuple(row)[2:] == want

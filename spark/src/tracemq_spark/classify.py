@@ -25,7 +25,6 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from tracemq_spark.input_files import DeliveryRow, OffsetRow, SubRow
-from tracemq_spark.msg_key import KEY, key_columns, key_equal, msg_id_of
 from tracemq_spark.params import (
     _DLQ_PREFIX,
     _MSG_DELAY,
@@ -93,8 +92,7 @@ def deliveries_frame(
     spark: SparkSession, fs: Any, path: str, deliveries: list[DeliveryRow]
 ) -> DataFrame | None:
     """The last deliveries (:func:`~tracemq_spark.input_files.last_deliveries`) as a frame
-    (the msgId's key as ``d_id_*``, :mod:`~tracemq_spark.msg_key`; ``d_group_h``,
-    retry/dead-letter columns), staged as a Parquet file under
+    (``d_pkey``, ``d_group_h``, retry/dead-letter columns), staged as a Parquet file under
     ``path``; None when there are none."""
     names = ["retry_reconsume", "retry_queue_offset", "retry_committed", "dlq_queue_offset"]
     if not deliveries:
@@ -118,7 +116,7 @@ def deliveries_frame(
     target = path  # (a file named "_…" Spark would skip)
     fs.write_bytes(f"{target}/deliveries.parquet", buf.getvalue().to_pybytes())
     return spark.read.parquet(target).select(
-        *key_columns(F.col("d_pkey"), "d_"), _h(F.col("group")).alias("d_group_h"), *names
+        "d_pkey", _h(F.col("group")).alias("d_group_h"), *names
     )
 
 
@@ -228,7 +226,7 @@ def _dlq_move() -> Column:
 
 
 def pubs(ev: DataFrame, *, f_ms: int, t_ms: int, base: int, n_parts: int) -> DataFrame:
-    """Producer side: one row per msgId (its :data:`~tracemq_spark.msg_key.KEY`) from its Pub, EndTransaction and Recall
+    """Producer side: one row per msgId (``pkey``) from its Pub, EndTransaction and Recall
     events; the first successful Pub wins (``pub_ok`` false: only failed Pubs). Adds
     ``in_window`` (Pub in ``[f_ms, t_ms)``) and ``expected_anywhere`` (sent, not recalled, not
     a half message without COMMIT). ``base`` is at most every timestamp of ``ev``."""
@@ -251,7 +249,7 @@ def pubs(ev: DataFrame, *, f_ms: int, t_ms: int, base: int, n_parts: int) -> Dat
             & (col("msg_id") != "")
         )
         .select(
-            *key_columns(col("msg_id")),
+            col("msg_id").alias("pkey"),
             order.alias("o"),
             *raw,
             *[_h(col(name)).alias(h) for h, name in hashed.items()],
@@ -263,7 +261,7 @@ def pubs(ev: DataFrame, *, f_ms: int, t_ms: int, base: int, n_parts: int) -> Dat
             .alias("is_rollback"),
             ((tt == "Recall") & col("success")).cast("int").alias("is_recall"),
         )
-        .repartition(n_parts, *KEY)
+        .repartition(n_parts, "pkey")
     )
     # the first successful Pub's (min_by o)
     firsts = [*raw, *hashed]
@@ -274,7 +272,7 @@ def pubs(ev: DataFrame, *, f_ms: int, t_ms: int, base: int, n_parts: int) -> Dat
         "send_cost": col("cost_time"),
     }
     pubs = (
-        prod.groupBy(*KEY)
+        prod.groupBy("pkey")
         .agg(
             F.min("o").alias("o"),
             *[F.min_by(c, "o").alias(c) for c in firsts],
@@ -283,7 +281,7 @@ def pubs(ev: DataFrame, *, f_ms: int, t_ms: int, base: int, n_parts: int) -> Dat
             F.max("is_recall").alias("recalled"),
         )
         .where(col("o").isNotNull())
-        .select(*KEY, *[renamed.get(c, col(c)).alias(c) for c in PUB_COLS[:-1]])
+        .select("pkey", *[renamed.get(c, col(c)).alias(c) for c in PUB_COLS[:-1]])
     )
     pubs = pubs.withColumn(
         "in_window", (col("pub_ts") >= f_ms) & (col("pub_ts") < t_ms)
@@ -321,7 +319,7 @@ def expected_deliveries(pubs: DataFrame, subs: DataFrame, clients: DataFrame) ->
             "left",
         )
         .select(
-            *KEY,
+            "pkey",
             col("s_group_h").alias("group_h"),
             F.when(
                 F.coalesce(col("s_bcast"), F.lit(False)),
@@ -338,9 +336,9 @@ def expected_deliveries(pubs: DataFrame, subs: DataFrame, clients: DataFrame) ->
 
 def attempts(ev: DataFrame, *, bh: list[int], n_parts: int) -> DataFrame:
     """Consume side: SubBefore/SubAfter events (and DLQ moves) paired by requestId into one
-    row per attempt (the msgId's :data:`~tracemq_spark.msg_key.KEY`, ``rid``), with its group (``group_h``), client and ``ck`` (the
+    row per attempt (``pkey``, ``rid``), with its group (``group_h``), client and ``ck`` (the
     client's hash for the broadcasting groups ``bh``, else 0). A consume without a msgId gets
-    a key of its own (``\\u0000`` + requestId)."""
+    a ``pkey`` of its own (``\\u0000`` + requestId)."""
     col = F.col
     tt = col("trace_type")
     dlq_move = _dlq_move()
@@ -353,7 +351,7 @@ def attempts(ev: DataFrame, *, bh: list[int], n_parts: int) -> DataFrame:
     cons = (
         ev.where(tt.isin("SubBefore", "SubAfter") | moved)
         .select(
-            *key_columns(F.coalesce(mid, F.concat(F.lit("\u0000"), rid))),
+            F.coalesce(mid, F.concat(F.lit("\u0000"), rid)).alias("pkey"),
             # a DLQ move is an "attempt" of its own (its rid), counted apart below
             F.xxhash64(
                 F.when(
@@ -371,12 +369,12 @@ def attempts(ev: DataFrame, *, bh: list[int], n_parts: int) -> DataFrame:
             "success",
             "retry_times",
         )
-        .repartition(n_parts, *KEY)
+        .repartition(n_parts, "pkey")
     )
     b, a = col("b"), ~col("b") & ~col("d")
     ok_ts = F.when(a & col("success"), col("timestamp"))
     att = (
-        cons.groupBy(*KEY, "rid")
+        cons.groupBy("pkey", "rid")
         .agg(
             F.max(F.when(b, col("gh"))).alias("gb"),
             F.max(F.when(~b, col("gh"))).alias("ga"),
@@ -414,7 +412,7 @@ def consumed(att: DataFrame, pubs: DataFrame) -> DataFrame:
     col = F.col
     done_ok = col("ok") == 1
     first_ok = F.when(done_ok, col("succ_ts"))
-    agg = att.groupBy(*KEY, "group_h", "ck").agg(
+    agg = att.groupBy("pkey", "group_h", "ck").agg(
         F.sum(1 - col("dlq")).alias("attempts"),
         F.max("dlq").alias("dead_lettered"),
         F.sum("ok").alias("successes"),
@@ -438,8 +436,8 @@ def consumed(att: DataFrame, pubs: DataFrame) -> DataFrame:
     )
     # pub facts for consumes nobody expected (UNEXPECTED_GROUP / ORPHAN_CONSUME)
     return agg.join(
-        pubs.select(*KEY, *[col(c).alias(f"a_{c}") for c in PUB_COLS]).hint("shuffle_hash"),
-        KEY,
+        pubs.select("pkey", *[col(c).alias(f"a_{c}") for c in PUB_COLS]).hint("shuffle_hash"),
+        "pkey",
         "left",
     )
 
@@ -458,9 +456,9 @@ def with_deliveries(j: DataFrame, d: DataFrame | None) -> DataFrame:
     c = F.col
     return j.join(
         F.broadcast(d),
-        key_equal("", "d_") & (c("group_h") == c("d_group_h")),
+        (c("pkey") == c("d_pkey")) & (c("group_h") == c("d_group_h")),
         "left",
-    ).drop(*[f"d_{k}" for k in KEY], "d_group_h")
+    ).drop("d_pkey", "d_group_h")
 
 
 def meet(
@@ -480,7 +478,7 @@ def meet(
     client]) with its outcome and evidence (strings still hashed). Without
     ``p.keep_classified`` the CONSUMED rows keep only what the tally needs."""
     col = F.col
-    j = exp.hint("shuffle_hash").join(agg, [*KEY, "group_h", "ck"], "full_outer")
+    j = exp.hint("shuffle_hash").join(agg, ["pkey", "group_h", "ck"], "full_outer")
 
     def pub(c: str) -> Column:
         return F.coalesce(col(f"e_{c}"), col(f"a_{c}"))
@@ -524,8 +522,8 @@ def meet(
     dead_traced = (col("dead_lettered") == 1) | (col("max_retry_times") >= p.max_reconsume_times)
     after_retry = (col("attempts") > 1) | (col("success_retry") > 0)
     first_ts = col("first_consume_ts")
-    real_id = ~col("id_str").startswith("\u0000")
-    created = _msg_id_created(msg_id_of(), first_ts, p.msgid_timezone)
+    real_id = ~col("pkey").startswith("\u0000")
+    created = _msg_id_created(col("pkey"), first_ts, p.msgid_timezone)
     orphan_ok = (
         (first_ts >= f_ms)
         & (first_ts < t_ms)
@@ -588,7 +586,7 @@ def meet(
         j.where(keep)
         .select(
             outcome.alias("outcome"),
-            *KEY,
+            "pkey",
             real_id.alias("real_id"),
             window_start.alias("window_start_ms"),
             F.coalesce(pub("topic_h"), col("c_topic_h")).alias("topic_h"),
@@ -621,8 +619,8 @@ def meet(
             col("success_cost").alias("consume_cost_ms"),
             (col("success_ts") - pub_ts).alias("end_to_end_ms"),
         )
-        .withColumn("msg_id", F.when(col("real_id") & keep_id, msg_id_of()))
-        .drop(*KEY, "real_id")
+        .withColumn("msg_id", F.when(col("real_id") & keep_id, col("pkey")))
+        .drop("pkey", "real_id")
     )
     if p.keep_classified:
         return df
