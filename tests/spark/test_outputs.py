@@ -194,3 +194,31 @@ def test_the_report_names_the_rows_without_a_group() -> None:
     assert ">None<" not in page
     # One row per table (counts, latency figures) for the send's own outcomes.
     assert page.count("(no consumer group)") == 1 + len(METRICS)
+
+
+def test_write_by_window_gives_the_same_rows_with_open_files_or_sorted(
+    spark: Any, tmp_path: Path
+) -> None:
+    """``outputs.write`` with one open file per window (no sort) and sorted (one file at a
+    time) writes the same partitions and rows, and leaves the session's setting as it was."""
+    from pyspark.sql import functions as F
+    from tracemq_spark.commit import Staging
+    from tracemq_spark.fs import HadoopFS
+    from tracemq_spark.outputs import write
+
+    key = "spark.sql.maxConcurrentOutputFileWriters"
+    before = spark.conf.get(key, None)
+    # rows of 5 windows spread over every partition: each write task meets every window
+    df = spark.range(0, 1000, 1, 4).select(
+        F.format_string("w%d", F.col("id") % 5).alias("window"), F.col("id")
+    )
+    fs = HadoopFS(spark)
+    rows = {}
+    for n in (64, 0):
+        stage = Staging(str(tmp_path / f"out{n}"), "r")
+        write(fs, stage, df, "ds", open_windows=n)
+        got = spark.read.parquet(stage.path("ds"))
+        rows[n] = sorted((r["window"], r["id"]) for r in got.collect())
+        assert (Path(stage.path("ds")) / "_SUCCESS").exists()
+        assert spark.conf.get(key, None) == before
+    assert rows[64] == rows[0] == sorted((f"w{i % 5}", i) for i in range(1000))

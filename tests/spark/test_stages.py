@@ -346,3 +346,24 @@ def test_with_deliveries_adds_the_same_columns_either_way(
     ]
     want = (2, 40, 41, None) if has_deliveries else (None, None, None, None)
     assert tuple(row)[2:] == want
+
+
+def test_stages_keep_a_lowercase_and_an_uppercase_id_apart(spark: Any) -> None:
+    """The same hex digits in two cases are two msgIds (the lake compares strings): a key
+    encoding of the msgId (e.g. its 128 bits as two longs) must not merge them, and each Pub
+    must meet its own consume."""
+    up = "0A0000011F9018B4AAC2650B5A630000"
+    low = up.lower()
+    ev = _events(
+        spark,
+        [
+            pub(up, F0 + MIN),
+            pub(low, F0 + 2 * MIN),
+            *consume(up, "g", "r1", F0 + 3 * MIN, ok=True),
+        ],
+    )
+    p = classify.pubs(ev, f_ms=F0, t_ms=T0, base=READ_LO, n_parts=2)
+    assert _by_pkey(p, "pub_ts") == {up: (F0 + MIN,), low: (F0 + 2 * MIN,)}
+    att = classify.attempts(ev, bh=[], n_parts=2)
+    agg = classify.consumed(att, p)
+    assert _by_pkey(agg, "attempts", "a_pub_ts") == {up: (1, F0 + MIN)}
