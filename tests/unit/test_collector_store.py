@@ -642,46 +642,6 @@ def test_the_ingest_worker_refuses_every_batch_after_a_failed_one(
         s.close()
 
 
-def test_the_ingest_worker_stores_chunks_in_one_transaction_until_one_commits(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``commit=False`` leaves the worker's transaction open: nothing is visible (or
-    durable) until a later batch commits; a failure rolls back every
-    batch of the open transaction, not only the failing one."""
-    path = str(tmp_path / "w.db")
-    monkeypatch.setattr(store_module, "_worker_stores", {})
-    monkeypatch.setattr(store_module, "_worker_failed", [])
-
-    def chunk(offset: int) -> Any:
-        value = encode_many([pub_ctx(offset + 1, T0)]).data.encode()
-        return decode_chunk([(TOPIC, 0, [(offset, value, None)])], INGEST).store
-
-    def stored() -> int:
-        """The committed progress, as another connection sees it."""
-        conn = sqlite3.connect(path)
-        try:
-            row = conn.execute("SELECT MAX(next_offset) FROM progress").fetchone()
-            return int(row[0] or 0)
-        finally:
-            conn.close()
-
-    try:
-        assert store_module.write_rows_in_worker(path, chunk(0), commit=False)[0] == 1
-        assert stored() == 0  # another connection sees nothing of the open transaction
-        new, before, _ = store_module.write_rows_in_worker(path, chunk(1), commit=True)
-        assert (new, before) == (1, {(TOPIC, 0): 1})  # sees the first chunk's progress
-        assert stored() == 2
-        store_module.write_rows_in_worker(path, chunk(2), commit=False)
-        with pytest.raises(AttributeError):
-            store_module.write_rows_in_worker(path, None)  # type: ignore[arg-type]
-        assert stored() == 2  # the failure rolled back chunk 2 as well
-        with pytest.raises(TraceStoreError, match="an earlier batch failed"):
-            store_module.write_rows_in_worker(path, chunk(2))
-    finally:
-        for s in store_module._worker_stores.values():
-            s.close()
-
-
 # ------------------------------------------------- repeated trace messages (idempotency key)
 
 

@@ -16,11 +16,9 @@ The write path is a pipeline over two cores:
 
 * fetches are cut into chunks of about :data:`CHUNK_BYTES`; a decode thread turns a chunk into
   the store's rows and the lake's Arrow batches in one pass (:func:`events.decode_chunk`);
-* an ingest worker *process* writes the chunks to the store, strictly in order, two chunks a
-  transaction (:func:`store.write_rows_in_worker`; a fetch's last chunk commits on its own):
-  SQLite's inserts bind each row with the GIL held, and in this process they would wait
-  behind the decode thread at every row. A chunk counts as stored (its events go to the lake
-  buffer, its progress may be committed to Kafka) only once its transaction is committed;
+* an ingest worker *process* writes the chunks to the store, strictly in order, one transaction
+  each (:func:`store.write_rows_in_worker`): SQLite's inserts bind each row with the GIL held,
+  and in this process they would wait behind the decode thread at every row;
 * the Arrow batches of stored chunks wait here for the lake (:class:`_LakeBuffer`); a lake
   thread writes them as segments (:meth:`TraceLake.write_decoded`) without reading the store
   again. A segment is recorded before its files are written, as always, so a crash rewrites
@@ -40,8 +38,7 @@ GIL) and fetches (~1.3 µs); the worker unpickles (~0.8 µs) and stores (~10.5 �
 index inserts and commits, the blocks' column texts and zstd, the msgId and place hashes).
 Both processes collect garbage rarely (:func:`store.tune_gc`). Memory held here: the lake
 buffers (~280 bytes per event as Arrow, at most about two buffers' worth), one fetch (up to
-:data:`FETCH_MAX_BYTES`) and four chunks in flight (~650 bytes per event each: a transaction's
-two being stored, the next two being decoded and handed over).
+:data:`FETCH_MAX_BYTES`) and three chunks in flight (~650 bytes per event each).
 """
 
 from __future__ import annotations
@@ -52,7 +49,7 @@ import fnmatch
 import multiprocessing
 import time
 from collections import defaultdict
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePath
 from typing import Any
@@ -96,28 +93,8 @@ MAX_FETCH_RECORDS = 500
 FETCH_MAX_BYTES = 16 * 1024 * 1024
 #: Longest wait of an empty fetch: trace freshness vs idle fetch requests (10/s per broker).
 FETCH_MAX_WAIT_MS = 100
-#: Chunks the ingest worker stores in one transaction (the last of a fetch commits early): a
-#: COMMIT with its WAL writes costs the worker about as much as storing 400 events (~9 % of
-#: its busy time at one chunk a transaction, ~5 % at two), and larger chunks, which would save
-#: it too, make the collector's peak RSS ~25 MiB larger (docs/performance.md, fifth and sixth
-#: passes).
-CHUNKS_PER_TRANSACTION = 2
 #: Attempts at a chunk after its first failure (each on a new worker) before ingest stops.
 WORKER_RETRIES = 2
-
-
-@dataclass
-class _Stage:
-    """A chunk handed to the worker, as the store stage takes it: ``fut`` the worker's result,
-    ``decoded`` the chunk, ``t0`` when its decode began, ``commit`` whether that call commits
-    the worker's transaction, ``generation`` the worker's it went to (see
-    :meth:`Ingestor._store_again`)."""
-
-    fut: asyncio.Future[Any]
-    decoded: DecodedChunk
-    t0: float
-    commit: bool
-    generation: int
 
 
 class _ClusterIngest:
@@ -214,7 +191,7 @@ class Ingestor:
     The write path is a pipeline (see the module docstring): trace messages are cut into
     chunks of about :data:`CHUNK_BYTES`; a decode thread turns each chunk into the store's
     rows and the lake's Arrow batches; an ingest worker process stores the chunks, in order,
-    two to a transaction, on its own writer connection (SQLite there runs without competing
+    one transaction each, on its own writer connection (SQLite there runs without competing
     for this process's GIL); the Arrow batches wait here until a lake thread writes them,
     every ``collector_lake_flush_interval_ms`` (or sooner when ``collector_lake_segment_rows``
     events wait), while the next chunks are decoded and stored.
@@ -238,18 +215,17 @@ class Ingestor:
         self._fleet = self._new_fleet()
         self.events_stored = 0
         self.last_batch_ms = 0
-        self._worker: Executor | None = None
-        self._generation = 0  # of the worker: a new one for every (re)start
+        self._worker: ProcessPoolExecutor | None = None
         self._lake_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lake-writer")
         self._decode_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
-        self._queue: asyncio.Queue[_Stage] | None = None
+        self._queue: asyncio.Queue[tuple[asyncio.Future[Any], DecodedChunk, float]] | None
+        self._queue = None
         self._stage: asyncio.Task[None] | None = None
         self._buffers: dict[tuple[str, int], _LakeBuffer] = {}
         # Partitions stored but not in the lake and not buffered (the lake reads the store).
         self._unbuffered: dict[tuple[str, int], float] = {}
         self._flushing: asyncio.Task[None] | None = None
         self._inflight = 0  # chunks handed to the pipeline and not stored yet
-        self._handing: set[asyncio.Future[None]] = set()  # see _hand_over
         self._redis: Any = None  # opened on the first offset reset (recorded for `trace lag`)
 
     @property
@@ -316,19 +292,15 @@ class Ingestor:
         await self._fleet.start()
 
     def _start_worker(self) -> None:
-        self._generation += 1
         try:
-            self._worker = self._new_worker()
+            self._worker = ProcessPoolExecutor(
+                max_workers=1,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=init_worker,
+            )
         except Exception as exc:  # noqa: BLE001 - ingest on the writer thread instead
             log.warning("ingest worker unavailable; storing in-process", error=repr(exc))
             self._worker = None
-
-    def _new_worker(self) -> Executor:
-        return ProcessPoolExecutor(
-            max_workers=1,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=init_worker,
-        )
 
     def _stop_worker(self, *, wait: bool) -> None:
         worker, self._worker = self._worker, None
@@ -435,82 +407,28 @@ class Ingestor:
 
     # -- the write path --------------------------------------------------------------------
     async def ingest(self, data: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> None:
-        """Hand a fetch to the pipeline; returns once its last chunk is queued for the store.
-
-        The worker stores the chunks :data:`CHUNKS_PER_TRANSACTION` to a transaction, and a
-        fetch's last chunk always commits. The chunks of a transaction are handed over
-        together, once the last of them is decoded: the worker's transaction (and with it the
-        store's write lock, which the lake's segment records wait for) is never left open
-        while a chunk is still being decoded, and between fetches nothing is open at all.
-        """
+        """Hand a fetch to the pipeline; returns once its last chunk is queued for the store."""
         assert self._queue is not None, "start() first"
         ingest_ts = _now_ms()
-        chunks = _chunks(data)
-        ready: list[tuple[DecodedChunk, float]] = []  # decoded, not handed over yet
-        try:
-            for i, chunk in enumerate(chunks):
-                if self._stage is None or self._stage.done():
-                    raise RuntimeError("the store stage of the ingest pipeline stopped")
-                self._inflight += 1
-                try:
-                    t0 = time.perf_counter()
-                    decoded = await asyncio.get_running_loop().run_in_executor(
-                        self._decode_thread, decode_chunk, chunk, ingest_ts
-                    )
-                except BaseException:
-                    self._inflight -= 1
-                    raise
-                ready.append((decoded, t0))
-                if len(ready) >= CHUNKS_PER_TRANSACTION or i == len(chunks) - 1:
-                    batch, ready = ready, []
-                    await self._hand_over(batch)
-        finally:
-            if ready:  # stopped before the rest of the transaction: store what is decoded
-                if self._stage is not None and not self._stage.done():
-                    await self._hand_over(ready)
-                else:
-                    self._inflight -= len(ready)
+        for chunk in _chunks(data):
+            if self._stage is None or self._stage.done():
+                raise RuntimeError("the store stage of the ingest pipeline stopped")
+            self._inflight += 1
+            try:
+                t0 = time.perf_counter()
+                decoded = await asyncio.get_running_loop().run_in_executor(
+                    self._decode_thread, decode_chunk, chunk, ingest_ts
+                )
+                await self._queue.put((self._submit(decoded), decoded, t0))
+            except BaseException:
+                self._inflight -= 1
+                raise
 
-    async def _hand_over(self, chunks: list[tuple[DecodedChunk, float]]) -> None:
-        """Hand decoded chunks (already counted in ``_inflight``) to the worker, one
-        transaction that the last commits, and queue them for the store stage in order.
-
-        Queued whatever happens to this task (shielded): the stage holds a chunk stored
-        without a commit until the one that commits it comes, and a drain waits for them.
-        """
-        assert self._queue is not None
-        stages = [
-            _Stage(
-                self._submit(decoded, commit=n == len(chunks) - 1),
-                decoded,
-                t0,
-                n == len(chunks) - 1,
-                self._generation,
-            )
-            for n, (decoded, t0) in enumerate(chunks)
-        ]
-
-        async def put_all(queue: asyncio.Queue[_Stage]) -> None:
-            for stage in stages:
-                await queue.put(stage)
-
-        task = asyncio.ensure_future(put_all(self._queue))
-        self._handing.add(task)  # the loop keeps only a weak reference to a task
-        task.add_done_callback(self._handing.discard)
-        await asyncio.shield(task)
-
-    def _submit(self, decoded: DecodedChunk, *, commit: bool) -> asyncio.Future[Any]:
-        """Hand a chunk to the worker; ``commit=False`` leaves its transaction open for the
-        next chunk, which is handed over right after.
-
-        Without a worker, the store's own writer stores every chunk in a transaction of its
-        own (``commit`` ignored): other writes share that connection."""
+    def _submit(self, decoded: DecodedChunk) -> asyncio.Future[Any]:
         if self._worker is not None:
             try:
                 return asyncio.wrap_future(
-                    self._worker.submit(
-                        write_rows_in_worker, str(self.store.path), decoded.store, commit=commit
-                    )
+                    self._worker.submit(write_rows_in_worker, str(self.store.path), decoded.store)
                 )
             except Exception as exc:  # noqa: BLE001 - a broken pool: the stage restarts it
                 fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -519,68 +437,32 @@ class Ingestor:
         return asyncio.ensure_future(self.run(self.store.write_rows, decoded.store))
 
     async def _store_stage(self) -> None:
-        """Take the chunks' results strictly in order; a chunk stored in a transaction still
-        open is held until a later result commits it, and only then counts as stored (its
-        events go to the lake buffer). A failed chunk is retried on a new worker, together
-        with the held chunks its transaction rolled back."""
+        """Take the chunks' results strictly in order; retry a failed chunk on a new worker."""
         assert self._queue is not None
-        held: list[tuple[_Stage, Any]] = []  # stored, not committed yet
         while True:
-            entry = await self._queue.get()
-            committed = entry.commit
+            fut, decoded, t0 = await self._queue.get()
             try:
-                try:
-                    results = [r for _, r in held] + [await entry.fut]
-                except Exception as exc:  # noqa: BLE001 - retried, raised if it keeps failing
-                    stages = [e for e, _ in held] + [entry]
-                    results = await self._store_again(stages, exc, entry.generation)
-                    committed = True  # a retry always commits
-            except BaseException:
-                self._inflight -= 1 + len(held)
-                held.clear()
-                raise
-            if not committed:
-                held.append((entry, results[-1]))
-                continue
-            stages = [e for e, _ in held] + [entry]
-            held.clear()
-            self._inflight -= len(stages)
-            for stage, result in zip(stages, results, strict=True):
-                new, before, repeats = result
-                self._stored(stage.decoded, new, before)
+                attempt = 0
+                while True:
+                    try:
+                        new, before, repeats = await fut
+                        break
+                    except Exception as exc:
+                        attempt += 1
+                        if attempt > WORKER_RETRIES:
+                            raise
+                        # The worker refuses every batch after a failed one, so nothing later
+                        # is stored before this chunk is; storing it again is harmless.
+                        log.warning("ingest worker failed; retrying the chunk", error=repr(exc))
+                        if self._worker is not None:
+                            self._stop_worker(wait=False)
+                            self._start_worker()
+                        fut = self._submit(decoded)
+                self._stored(decoded, new, before)
                 metrics.REPEATED_MESSAGES.labels("idempotency_key").inc(repeats)
-                metrics.BATCH_SECONDS.observe(time.perf_counter() - stage.t0)
-
-    async def _store_again(
-        self, stages: list[_Stage], exc: Exception, generation: int
-    ) -> list[Any]:
-        """Store ``stages`` again, in one transaction that commits; the results in order.
-
-        The failed call rolled back the worker's open transaction (the held chunks in it), and
-        a worker refuses every batch after a failed one. Storing a chunk again is harmless (the
-        store dedupes), and so is storing it after a later chunk that went to the current
-        worker meanwhile (the lake then reads that partition from the store). The worker is
-        replaced only if the failure was the current worker's (``generation``): a chunk handed
-        to one replaced since is stored on the current one, which must not be replaced — it
-        may hold a later chunk in its open transaction. A retry always commits, so a held
-        chunk and the one that commits it always went to the same worker.
-        """
-        restart = generation == self._generation
-        for _ in range(WORKER_RETRIES):
-            log.warning("ingest worker failed; retrying the chunk", error=repr(exc))
-            if restart and self._worker is not None:
-                self._stop_worker(wait=False)
-                self._start_worker()
-            restart = True  # from now on, a failure is the current worker's
-            futs = [self._submit(s.decoded, commit=s is stages[-1]) for s in stages]
-            results = await asyncio.gather(*futs, return_exceptions=True)
-            failed = [r for r in results if isinstance(r, BaseException)]
-            if not failed:
-                return results
-            if not isinstance(failed[0], Exception):
-                raise failed[0]
-            exc = failed[0]
-        raise exc
+                metrics.BATCH_SECONDS.observe(time.perf_counter() - t0)
+            finally:
+                self._inflight -= 1
 
     def _stored(
         self, decoded: DecodedChunk, new: int, before: dict[tuple[str, int], int | None]

@@ -789,17 +789,11 @@ class TraceStore:
             self._local.generation = self._generation
         return conn
 
-    def _write(
-        self,
-        body: Callable[[sqlite3.Connection], _T],
-        *,
-        full_sync: bool = False,
-        commit: bool = True,
-    ) -> _T:
+    def _write(self, body: Callable[[sqlite3.Connection], _T], *, full_sync: bool = False) -> _T:
         with self._write_lock:
             if self._writer is None:
                 raise TraceStoreError(f"trace store {self.path} is not open")
-            return self._transaction(self._writer, body, full_sync=full_sync, commit=commit)
+            return self._transaction(self._writer, body, full_sync=full_sync)
 
     @staticmethod
     def _transaction(
@@ -807,20 +801,14 @@ class TraceStore:
         body: Callable[[sqlite3.Connection], _T],
         *,
         full_sync: bool = False,
-        commit: bool = True,
     ) -> _T:
-        """Run ``body`` in the writer's transaction: a new one, or the one a ``commit=False``
-        call left open (see :meth:`write_rows`). Any failure rolls back the whole
-        transaction, including what earlier calls left uncommitted in it."""
         if full_sync:
             conn.execute("PRAGMA synchronous=FULL")
         try:
-            if not conn.in_transaction:
-                conn.execute("BEGIN IMMEDIATE")
+            conn.execute("BEGIN IMMEDIATE")
             try:
                 result = body(conn)
-                if commit:
-                    conn.execute("COMMIT")
+                conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
@@ -867,17 +855,8 @@ class TraceStore:
             ) from None
         return self.write_rows(store_rows(tuples, quarantine, progress, ordered=False))[0]
 
-    def write_rows(
-        self, batch: StoreRows, *, commit: bool = True
-    ) -> tuple[int, dict[tuple[str, int], int | None], int]:
+    def write_rows(self, batch: StoreRows) -> tuple[int, dict[tuple[str, int], int | None], int]:
         """:meth:`write_batch` for a batch already in the table's shape (ingest's path).
-
-        ``commit=False`` leaves the transaction open for the next call (the ingest worker
-        stores two chunks in one transaction: a COMMIT costs about as much as storing 400
-        events). Only for a writer that nothing else uses meanwhile (the
-        worker's own): another write on it would join the open transaction. Until a call
-        commits, nothing of the batch is visible or durable, and a failure of any call in
-        the transaction rolls all of it back.
 
         Returns:
             ``(new events, the progress of each partition of the batch's progress before
@@ -885,7 +864,7 @@ class TraceStore:
             partition. A repeat is a message whose idempotency key the store already holds
             at other coordinates (see ``message_keys`` in the module docstring).
         """
-        return self._write(lambda c: self._write_rows(c, batch), commit=commit)
+        return self._write(lambda c: self._write_rows(c, batch))
 
     @staticmethod
     def _tp_id(
@@ -1850,41 +1829,33 @@ _worker_failed: list[BaseException] = []
 
 
 def write_rows_in_worker(
-    path: str, batch: StoreRows, *, commit: bool = True
+    path: str, batch: StoreRows
 ) -> tuple[int, dict[tuple[str, int], int | None], int]:
     """:meth:`TraceStore.write_rows` in an ingest worker process, on its own writer of ``path``.
 
     Batches must be stored in order: after one fails, the worker refuses every later one
     (the caller starts a new worker and hands the failed batch again; storing a batch twice is
-    harmless, the store dedupes it). ``commit=False`` leaves the transaction open for the next
-    batch (:meth:`TraceStore.write_rows`); a failure rolls back every batch of the open
-    transaction, so the caller hands them all again.
+    harmless, the store dedupes it).
     """
     if _worker_failed:
         raise TraceStoreError(f"an earlier batch failed in this worker: {_worker_failed[0]!r}")
     try:
-        return _worker_store(path).write_rows(batch, commit=commit)
+        store = _worker_stores.get(path)
+        if store is None:
+            import multiprocessing.util
+
+            store = TraceStore(Path(path))
+            store.open()
+            writer = store._writer  # noqa: SLF001
+            assert writer is not None
+            # A smaller cache than the default writer's, and no memory map (it would map every
+            # page the writer touches, in time the whole file, into this process): the worker
+            # stays small, for about 5 % more CPU per event (measured at 1 M events).
+            writer.execute(f"PRAGMA cache_size=-{_WORKER_CACHE_KIB}")
+            writer.execute("PRAGMA mmap_size=0")
+            _worker_stores[path] = store
+            multiprocessing.util.Finalize(None, store.close, exitpriority=10)
+        return store.write_rows(batch)
     except BaseException as exc:
         _worker_failed.append(exc)
         raise
-
-
-def _worker_store(path: str) -> TraceStore:
-    """The ingest worker's store of ``path``, opened on first use."""
-    store = _worker_stores.get(path)
-    if store is None:
-        import multiprocessing.util
-
-        store = TraceStore(Path(path))
-        store.open()
-        writer = store._writer  # noqa: SLF001
-        assert writer is not None
-        # A smaller cache than the default writer's, and no memory map (it would map every
-        # page the writer touches, in time the whole file, into this process): the worker
-        # stays small, for about 5 % more CPU per event (measured at 1 M events).
-        writer.execute(f"PRAGMA cache_size=-{_WORKER_CACHE_KIB}")
-        writer.execute("PRAGMA mmap_size=0")
-        _worker_stores[path] = store
-        # closing with a transaction open rolls it back: never stored, never reported stored
-        multiprocessing.util.Finalize(None, store.close, exitpriority=10)
-    return store
