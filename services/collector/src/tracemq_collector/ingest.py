@@ -113,7 +113,6 @@ class _ClusterIngest:
         ing = self.ingestor
         store = ing.store
         progress = await ing.run(store.progress)
-        lake = await ing.run(store.lake_progress)
         self.bases.update(await ing.run(store.offset_bases))
         starts = {}
         now = time.monotonic()
@@ -122,10 +121,11 @@ class _ClusterIngest:
             nxt = progress.get(key)
             if nxt is not None:
                 starts[tp] = nxt - self.bases.get(key, 0)
-                done = lake.get(key)
-                if (done is None or done < nxt) and key not in ing._buffers:
-                    # Stored, not in the lake (killed before its flush): no chunk of it may
-                    # come again (caught up), so the lake reads the store at the next flush.
+                if key not in ing._buffers:
+                    # The next flush writes what is stored and not in the lake (killed before
+                    # its flush: no chunk of it may come again when caught up), then commits
+                    # Kafka up to what both hold: a commit that lagged at a kill -9 would
+                    # otherwise stay behind (lag > 0 for good) until new data comes.
                     ing._unbuffered.setdefault(key, now)
         log.info(
             "trace partitions assigned",
