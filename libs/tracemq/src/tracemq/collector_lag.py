@@ -46,11 +46,17 @@ class PartitionLag:
     #: resets of this partition's offset the collectors made (recorded in Redis)
     resets: int = 0
     last_reset: dict[str, Any] | None = None
+    #: False: the probe of the last batch failed (Tansu's reported end is its base + 1), so
+    #: ``end`` is only a lower bound and the partition is not known to be caught up
+    end_confirmed: bool = True
 
     @property
     def state(self) -> str:
         """``ok``; ``past_end`` / ``before_start``: the committed offset is outside the log
-        (a reset is due: the collector has skipped nothing yet only if it resets)."""
+        (a reset is due: the collector has skipped nothing yet only if it resets);
+        ``end_unconfirmed``: the end could not be read (``end`` is a lower bound)."""
+        if not self.end_confirmed:
+            return "end_unconfirmed"
         if self.committed == 0:
             return "ok"  # nothing committed: the collector starts at the log's beginning
         reason = classify(self.committed, self.log_start, self.end)
@@ -58,7 +64,7 @@ class PartitionLag:
 
     @property
     def lag(self) -> int:
-        if self.state != "ok":  # all of the log is still to be read
+        if self.state in ("past_end", "before_start"):  # all of the log is still to be read
             return max(0, self.end - self.log_start)
         return max(0, self.end - max(self.committed, self.log_start))
 
@@ -72,6 +78,7 @@ class PartitionLag:
             "committed": self.committed,
             "lag": self.lag,
             "state": self.state,
+            "end_confirmed": self.end_confirmed,
             "resets": self.resets,
             "last_reset": self.last_reset,
         }
@@ -146,19 +153,23 @@ class _Offsets:
             for topic, broker, tp in parts:
                 committed = await asyncio.wait_for(consumer.committed(tp), self.timeout_s)
                 # Tansu reports its last batch's base offset + 1 as the end: read the batch
+                # (twice at most: a probe that failed starts a new consumer)
                 probe = self.probes.setdefault(bootstrap, LogProbe(bootstrap))
-                end = await probe.end(tp, ends[tp])
+                end = await probe.exact_end(tp, ends[tp])
+                if end is None:
+                    end = await probe.exact_end(tp, ends[tp])
                 rec = recorded.get(f"{tp.topic}:{tp.partition}", {})
                 out.append(
                     PartitionLag(
                         topic,
                         broker,
                         tp.partition,
-                        end,
+                        ends[tp] if end is None else end,
                         committed or 0,
                         log_start=starts[tp],
                         resets=int(rec.get("count", 0) or 0),
                         last_reset=rec.get("last"),
+                        end_confirmed=end is not None,
                     )
                 )
         return out
@@ -210,11 +221,21 @@ async def wait_caught_up(
         await offsets.open(redis_url, trace_topics, redis_prefix)
         lags = await offsets.read()
         targets = {(p.trace_topic, p.broker, p.queue_id): p.end for p in lags}
+        # targets that are only lower bounds (the last batch could not be read): the first
+        # end read for sure replaces them, which may count records written since the call
+        unsure = {(p.trace_topic, p.broker, p.queue_id) for p in lags if not p.end_confirmed}
         while True:
+            for p in lags:
+                key = (p.trace_topic, p.broker, p.queue_id)
+                if key in unsure and p.end_confirmed:
+                    targets[key] = max(targets[key], p.end)
+                    unsure.discard(key)
             behind = [
                 p
                 for p in lags
-                if p.state != "ok" or p.committed < targets[(p.trace_topic, p.broker, p.queue_id)]
+                if (key := (p.trace_topic, p.broker, p.queue_id)) in unsure
+                or p.state in ("past_end", "before_start")
+                or p.committed < targets[key]
             ]
             if not behind:
                 return lags
@@ -223,8 +244,13 @@ async def wait_caught_up(
                     f"{p.trace_topic}@{p.broker}[{p.queue_id}] committed {p.committed} "
                     + (
                         f"outside the log [{p.log_start}, {p.end}] ({p.state})"
-                        if p.state != "ok"
+                        if p.state in ("past_end", "before_start")
                         else f"< {targets[(p.trace_topic, p.broker, p.queue_id)]}"
+                        + (
+                            " (the log's end could not be read: at least that)"
+                            if (p.trace_topic, p.broker, p.queue_id) in unsure
+                            else ""
+                        )
                     )
                     for p in behind
                 )

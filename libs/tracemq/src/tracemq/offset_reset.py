@@ -176,12 +176,27 @@ class LogProbe:
 
     async def end(self, tp: TopicPartition, reported: int) -> int:
         """The partition's real end offset: a fetch from the last record the broker counts
-        returns its whole batch (``reported`` where the fetch fails)."""
+        returns its whole batch (``reported`` where the fetch fails: a lower bound)."""
+        exact = await self.exact_end(tp, reported)
+        return reported if exact is None else exact
+
+    async def exact_end(self, tp: TopicPartition, reported: int) -> int | None:
+        """:meth:`end`, or None when the probe could not read the last batch (an error, or
+        nothing within its wait: a slow broker, a connection still being made). ``reported``
+        is then only a lower bound: the batch's records after its first are not counted, and
+        a reader waiting for "everything written so far" must not take it for the end."""
         if reported <= 0:
             return reported
         async with self._lock:
             records = await self._fetch(tp, reported - 1, 1_000_000)
-        return max([reported, *(r.offset + 1 for r in records or ())])
+            if records is None:
+                return None
+            if records is _OUT_OF_RANGE:
+                return reported  # the log no longer holds that record: nothing past it either
+            if not records:
+                await self.close()  # the next probe starts a consumer of its own
+                return None
+        return max([reported, *(r.offset + 1 for r in records)])
 
     async def _fetch(self, tp: TopicPartition, offset: int, n: int) -> list[Any] | None:
         try:

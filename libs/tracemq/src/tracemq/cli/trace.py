@@ -222,7 +222,11 @@ def lag(
 
 def _offset_state(p: Any) -> str:
     """``ok``, a committed offset outside the log (reset due), and the resets made so far."""
-    if p.state != "ok":
+    if p.state == "end_unconfirmed":
+        text = (
+            f"[yellow]end unconfirmed: the log's last batch could not be read (end >= {p.end})[/]"
+        )
+    elif p.state != "ok":
         text = f"[red]{p.state}: committed outside [{p.log_start}, {p.end}], reset due[/]"
     else:
         text = "ok"
