@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+import urllib.request
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 
 import pyarrow.dataset as ds
 import pytest
+from aiokafka import TopicPartition
 from tracemq import (
     ConsumeConcurrentlyStatus,
     ConsumeFromWhere,
@@ -29,6 +31,7 @@ from tracemq import (
     MessageExt,
     Producer,
     PushConsumer,
+    kafka_security,
 )
 from tracemq.admin import AdminClient
 from tracemq.collector_lag import wait_caught_up
@@ -85,6 +88,86 @@ def _expected_from_lake(rows: list[dict[str, Any]]) -> str:
         for r in rows
     )
     return "CONSUMED_AFTER_RETRY" if len(attempts) > 1 or retried else "CONSUMED"
+
+
+async def _diagnose_lost_pubs(
+    s: EmbeddedStack, sent: dict[str, str], pubs: set[str], producer_stats: dict[str, float]
+) -> str:
+    """Where the missing Pubs were lost: the producer's counters, the collector's health, and
+    whether their msgIds are in the trace cluster's log at all (a plain read of every trace
+    partition, no group)."""
+    from aiokafka import AIOKafkaConsumer
+
+    missing = sorted((b for b, m in sent.items() if m not in pubs), key=lambda b: int(b[1:]))
+    lines = [
+        f"missing {len(missing)} of {len(sent)}: {missing}",
+        f"producer trace stats: {producer_stats}",
+    ]
+    health = s.processes["collector"].health_url
+    try:
+        with urllib.request.urlopen(health, timeout=5) as resp:  # noqa: S310 (local)
+            lines.append(f"collector health: {resp.read().decode()[:2000]}")
+    except OSError as exc:
+        lines.append(f"collector health unavailable: {exc!r}")
+    api = health.removesuffix("/healthz")
+    for body in missing[:3]:
+        req = urllib.request.Request(
+            f"{api}/api/v1/traces/{sent[body]}",
+            headers={"Authorization": f"Bearer {s.secrets.collector_api_token}"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=5) as resp:  # noqa: S310 (local)
+                lines.append(f"store has {body}: {resp.read().decode()[:600]}")
+        except OSError as exc:
+            lines.append(f"store look-up of {body}: {exc!r}")
+    wanted = {m.encode(): b for b, m in sent.items()}  # all: the read itself is checked
+    found: dict[str, list[str]] = defaultdict(list)
+    c = AIOKafkaConsumer(
+        bootstrap_servers=s.trace_bootstrap,
+        enable_auto_commit=False,
+        **kafka_security.client_kwargs(s.trace_bootstrap),
+    )
+    await kafka_security.start(c, s.trace_bootstrap)
+    try:
+        tps = [
+            TopicPartition(t, p)
+            for t in await c.topics()
+            if t.endswith(".RMQ_SYS_TRACE_TOPIC")
+            for p in c.partitions_for_topic(t) or ()
+        ]
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        ends = await c.end_offsets(tps)
+        deadline = time.monotonic() + 30
+
+        async def behind() -> bool:
+            return any([await c.position(tp) < ends[tp] for tp in tps])
+
+        while time.monotonic() < deadline and await behind():
+            for tp, records in (await c.getmany(timeout_ms=500)).items():
+                for r in records:
+                    for key, body in wanted.items():
+                        if r.value and key in r.value:
+                            found[body].append(f"{tp.topic}/{tp.partition}@{r.offset}")
+        lines.append(f"trace partitions (end offsets): { {str(k): v for k, v in ends.items()} }")
+    finally:
+        await c.stop()
+    lines.append(f"Pubs found in the trace topic: {len(found)} of {len(sent)}")
+    lake = Path(s.workdir) / "data" / "collector" / "lake"
+    late: set[str] = set()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(late) < len(missing):
+        ids = set(
+            ds.dataset(lake, format="parquet", partitioning="hive")
+            .to_table(columns=["msg_id"])
+            .column("msg_id")
+            .to_pylist()
+        )
+        late = {b for b in missing if sent[b] in ids}
+        await asyncio.sleep(1)
+    lines.append(f"missing Pubs in the lake within 30 s more: {len(late)} of {len(missing)}")
+    lines.append(f"missing Pubs found there: { {b: found[b] for b in missing if b in found} }")
+    return "\n".join(lines)
 
 
 @pytest.mark.timeout(300)
@@ -230,7 +313,9 @@ async def test_partial_trace_loss_never_reads_as_failed_or_in_flight(
         if r["msg_id"] in set(sent.values())
     ]
     pubs = {r["msg_id"] for r in events if r["trace_type"] == "Pub" and r["topic"] == topic}
-    assert pubs == set(sent.values()), "a Pub was lost: the scenario needs every send traced"
+    if pubs != set(sent.values()):
+        report = await _diagnose_lost_pubs(s, sent, pubs, producer.trace_dispatcher.stats())
+        pytest.fail(f"a Pub was lost: the scenario needs every send traced\n{report}")
     consume: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in events:
         if r["trace_type"] in ("SubBefore", "SubAfter"):
