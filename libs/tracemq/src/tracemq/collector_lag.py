@@ -26,10 +26,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from tracemq import kafka_security
+from tracemq.log import get_logger
 from tracemq.naming import TRACE_TOPIC, kafka_topic
 from tracemq.offset_reset import LogProbe, OffsetReset, classify
 from tracemq.routing import RegistryReader, connect
 from tracemq.routing.keys import DEFAULT_PREFIX, RedisKeys
+
+log = get_logger("collector_lag")
 
 #: the collectors' Kafka consumer group (``TRACEMQ_COLLECTOR_GROUP``'s default)
 DEFAULT_GROUP = "tracemq-collector"
@@ -158,6 +161,8 @@ class _Offsets:
                 end = await probe.exact_end(tp, ends[tp])
                 if end is None:
                     end = await probe.exact_end(tp, ends[tp])
+                if end is None:
+                    log.info("trace partition end unconfirmed", tp=str(tp), reported=ends[tp])
                 rec = recorded.get(f"{tp.topic}:{tp.partition}", {})
                 out.append(
                     PartitionLag(
