@@ -604,3 +604,132 @@ def test_decode_chunk_collects_the_idempotency_keys_of_its_trace_messages() -> N
     # Without a key (RocketMQ clients, or a 3-tuple) a message is not a dedupe candidate.
     assert chunk.store.message_keys == [(TOPIC, 0, 3, "K3"), (TOPIC, 1, 9, "K9")]
     assert chunk.events == 4
+
+
+# ------------------------------------------------------------- the store's batch as columns
+
+import pickle  # noqa: E402
+
+
+def _row_by_row(messages: list[tuple[str, int, list[tuple]]]) -> tuple[ev.StoreRows, dict]:
+    """What decode_chunk hands the store and the lake, built a row at a time (the reference:
+    one event tuple per row, one lake batch per hour group)."""
+    rows: list[tuple] = []
+    lakes: dict = {}
+    for topic, partition, recs in messages:
+        mine = []
+        for offset, value, born in recs:
+            mine.extend(ev.decode_message(topic, partition, offset, value, INGEST, born)[0])
+        groups: dict = {}
+        for row in mine:
+            groups.setdefault((row[ev.COL["date"]], row[ev.COL["hour"]]), []).append(row)
+        lakes[(topic, partition)] = {k: ev.lake_batch(g) for k, g in groups.items()}
+        rows.extend(mine)
+    return ev.store_rows(rows, [], {}, True), lakes
+
+
+def test_decode_chunk_builds_the_store_and_lake_batches_of_several_partitions_and_hours() -> None:
+    hour = 3_600_000
+    first = (pub(ts=TS - hour, keys="k1") + sub_before() + pub(ts=TS, msg_id="B" * 32)).encode()
+    second = (sub_after(ts=TS + hour) + pub(ts=TS - hour, msg_id="C" * 32, keys="z y")).encode()
+    messages = [
+        (TOPIC, 0, [(5, first, "10.0.0.1"), (6, second, None)]),
+        (TOPIC, 1, [(2, second, "10.0.0.2")]),
+    ]
+    chunk = ev.decode_chunk(messages, INGEST)
+    reference, lakes = _row_by_row(messages)
+    assert chunk.store.events == reference.events
+    assert [e[0] for e in chunk.store.events] == list(range(7))
+    assert chunk.store.key_rows == reference.key_rows
+    # positions run on over the partitions; the second partition's Pub of C indexes nothing
+    assert [k[0] >> ev.KEY_SHIFT for k in chunk.store.key_rows] == [0, 2, 2, 4, 4]
+    assert chunk.store.key_msg_ids == reference.key_msg_ids == [MSG_ID, "B" * 32, "C" * 32]
+    for key, part in chunk.partitions.items():
+        # one batch per hour, in order of first appearance, each in the events' order
+        assert list(part.lake) == list(lakes[key])
+        for hour_key, batch in part.lake.items():
+            assert batch.schema == lake.arrow_schema()
+            assert batch.equals(lakes[key][hour_key])
+    assert len(chunk.partitions[(TOPIC, 0)].lake) == 3
+
+
+def test_store_rows_from_columns_and_from_events_are_the_same_batch() -> None:
+    value = (pub() + sub_before() + sub_after()).encode()
+    rows, _ = ev.decode_message(TOPIC, 3, 9, value, INGEST, "10.0.0.1")
+    batch = ev.store_rows(rows, [], {(TOPIC, 3): 10}, True)
+    events = [(i, *row[: len(ev.STORE_ROW)]) for i, row in enumerate(rows)]
+    same = ev.StoreRows(events, batch.key_rows, batch.key_msg_ids, [], {(TOPIC, 3): 10}, True)
+    assert batch.events == events and len(batch) == 3
+    assert same.columns == batch.columns and same == batch
+    with pytest.raises(ValueError, match="columns"):
+        ev.StoreRows.from_columns(batch.columns[1:], [], [], [], {}, True)
+    with pytest.raises(ValueError, match="different lengths"):
+        ev.StoreRows.from_columns([*batch.columns[:-1], ()], [], [], [], {}, True)
+
+
+_VALUES = st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1), st.text(max_size=8))
+
+
+@st.composite
+def _column_batches(draw: st.DrawFn) -> ev.StoreRows:
+    n = draw(st.integers(0, 12))
+    columns = []
+    for _ in ev.STORE_ROW:
+        if draw(st.booleans()):
+            columns.append((draw(_VALUES),) * n)  # one value throughout: travels packed
+        else:
+            columns.append(tuple(draw(st.lists(_VALUES, min_size=n, max_size=n))))
+    return ev.StoreRows.from_columns(
+        columns,
+        [(0, "k", "m", None, 1)],
+        ["m"],
+        [{"reason": "r"}],
+        {("t", 0): n},
+        draw(st.booleans()),
+        [("t", 0, 1, "K")],
+    )
+
+
+@given(_column_batches())
+@settings(max_examples=200, deadline=None)
+def test_a_batch_comes_back_from_the_worker_pipe_unchanged(batch: ev.StoreRows) -> None:
+    back = pickle.loads(pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL))
+    assert back == batch
+    assert back.events == batch.events
+    assert (back.key_rows, back.key_msg_ids, back.quarantine) == (
+        batch.key_rows,
+        batch.key_msg_ids,
+        batch.quarantine,
+    )
+    assert (back.progress, back.ordered, back.message_keys) == (
+        batch.progress,
+        batch.ordered,
+        batch.message_keys,
+    )
+
+
+def test_a_column_of_one_value_is_pickled_once() -> None:
+    value = (pub() + sub_before() + sub_after()).encode() * 100
+    rows, _ = ev.decode_message(TOPIC * 20, 3, 9, value, INGEST, "10.0.0.1")
+    batch = ev.store_rows(rows, [], {}, True)
+    # the 620-character trace topic of 300 events: once, not 300 memo references
+    assert len(pickle.dumps(batch)) < len(pickle.dumps(batch.events)) - 250
+
+
+@pytest.mark.parametrize(
+    ("values", "type_"),
+    [
+        (("a", "a", "a"), "string"),
+        ((None, None), "string"),
+        ((7, 7, 7, 7), "int32"),
+        ((False, False), "bool"),
+        ((1, 2, 1), "int64"),
+        ((5,), "int64"),
+        ((), "string"),
+    ],
+)
+def test_a_lake_column_of_one_value_is_the_array_of_its_values(values: tuple, type_: str) -> None:
+    import pyarrow as pa
+
+    t = pa.type_for_alias(type_)
+    assert ev._lake_array(values, t).equals(pa.array(values, type=t))

@@ -27,6 +27,8 @@ import dataclasses
 import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain, compress, repeat
+from operator import eq as _eq
 from typing import Any
 
 from tracemq import lake
@@ -595,12 +597,13 @@ class PartitionChunk:
     lake: dict[tuple[str, int], Any] = dataclasses.field(default_factory=dict)
 
 
-@dataclass
 class StoreRows:
     """A batch in the shape the trace store writes it (see ``TraceStore.write_rows``).
 
     * ``events``: ``(position, *STORE_ROW)``; the event gets id ``first id + position``,
       positions being ``0..len(events)-1`` in order;
+    * ``columns``: the same events column by column, one tuple per :data:`STORE_ROW` column
+      (no position column: it is the index);
     * ``key_rows``: ``(position << KEY_SHIFT | n, key, msg_id, topic, timestamp)`` for the n-th
       key of each Pub that indexes its keys (the first Pub of a msgId in the batch with keys);
     * ``key_msg_ids``: the msgIds of those Pubs (an earlier batch may have indexed them);
@@ -608,15 +611,164 @@ class StoreRows:
     * ``message_keys``: ``(trace_topic, partition, offset, idempotency key)`` of the trace
       messages that carry one (header ``IDEMPOTENCY_KEY``): the store drops a message whose
       key it already holds at other coordinates, a repeat of a retried send.
+
+    Ingest builds a batch from columns (:meth:`from_columns`) and hands it to the ingest worker
+    process as columns: pickling a few long tuples costs less on both sides than a tuple per
+    event, and a column holding one value throughout (the trace topic, the partition, the
+    ingest time, the born host) travels as that value and a count. The per-event tuples are
+    built only where they are read (``events``, in the worker), in one pass in C.
     """
 
-    events: list[tuple[Any, ...]]
-    key_rows: list[tuple[Any, ...]]
-    key_msg_ids: list[str]
-    quarantine: list[dict[str, Any]]
-    progress: dict[tuple[str, int], int]
-    ordered: bool
-    message_keys: list[tuple[str, int, int, str]] = dataclasses.field(default_factory=list)
+    __slots__ = (
+        "_columns",
+        "_events",
+        "key_msg_ids",
+        "key_rows",
+        "message_keys",
+        "ordered",
+        "progress",
+        "quarantine",
+    )
+
+    def __init__(
+        self,
+        events: list[tuple[Any, ...]],
+        key_rows: list[tuple[Any, ...]],
+        key_msg_ids: list[str],
+        quarantine: list[dict[str, Any]],
+        progress: dict[tuple[str, int], int],
+        ordered: bool,
+        message_keys: list[tuple[str, int, int, str]] | None = None,
+    ) -> None:
+        self._events: list[tuple[Any, ...]] | None = events
+        self._columns: list[tuple[Any, ...]] | None = None
+        self.key_rows = key_rows
+        self.key_msg_ids = key_msg_ids
+        self.quarantine = quarantine
+        self.progress = progress
+        self.ordered = ordered
+        self.message_keys: list[tuple[str, int, int, str]] = message_keys or []
+
+    @classmethod
+    def from_columns(
+        cls,
+        columns: Sequence[tuple[Any, ...]],
+        key_rows: list[tuple[Any, ...]],
+        key_msg_ids: list[str],
+        quarantine: list[dict[str, Any]],
+        progress: dict[tuple[str, int], int],
+        ordered: bool,
+        message_keys: list[tuple[str, int, int, str]] | None = None,
+    ) -> StoreRows:
+        """A batch from its :data:`STORE_ROW` columns (all of one length).
+
+        Raises:
+            ValueError: not one column per :data:`STORE_ROW` name, or columns of different
+                lengths.
+        """
+        if len(columns) != len(STORE_ROW):
+            raise ValueError(f"{len(columns)} columns, not {len(STORE_ROW)}")
+        if any(len(c) != len(columns[0]) for c in columns):
+            raise ValueError("columns of different lengths")
+        rows = cls([], key_rows, key_msg_ids, quarantine, progress, ordered, message_keys)
+        rows._events = None
+        rows._columns = [tuple(c) for c in columns]
+        return rows
+
+    @property
+    def events(self) -> list[tuple[Any, ...]]:
+        if self._events is None:
+            assert self._columns is not None
+            self._events = list(zip(range(len(self._columns[0])), *self._columns, strict=True))
+        return self._events
+
+    @property
+    def columns(self) -> list[tuple[Any, ...]]:
+        if self._columns is None:
+            assert self._events is not None
+            self._columns = _transpose(self._events, len(STORE_ROW) + 1)[1:]
+        return self._columns
+
+    def __len__(self) -> int:
+        """The number of events."""
+        if self._columns is not None:
+            return len(self._columns[0])
+        assert self._events is not None
+        return len(self._events)
+
+    def __getstate__(self) -> tuple[Any, ...]:
+        return (
+            [_packed(c) for c in self.columns],
+            self.key_rows,
+            self.key_msg_ids,
+            self.quarantine,
+            self.progress,
+            self.ordered,
+            self.message_keys,
+        )
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        packed, *rest = state
+        columns = [_unpacked(c) for c in packed]
+        if len(columns) != len(STORE_ROW) or any(len(c) != len(columns[0]) for c in columns):
+            raise ValueError("a pickled StoreRows of the wrong shape")
+        self._columns, self._events = columns, None
+        (
+            self.key_rows,
+            self.key_msg_ids,
+            self.quarantine,
+            self.progress,
+            self.ordered,
+            self.message_keys,
+        ) = rest
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StoreRows):
+            return NotImplemented
+        return (
+            self.columns == other.columns
+            and self.key_rows == other.key_rows
+            and self.key_msg_ids == other.key_msg_ids
+            and self.quarantine == other.quarantine
+            and self.progress == other.progress
+            and self.ordered == other.ordered
+            and self.message_keys == other.message_keys
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"StoreRows({len(self)} events, {len(self.key_rows)} key rows, "
+            f"{len(self.quarantine)} quarantined, progress={self.progress!r})"
+        )
+
+
+class _Repeat(tuple[Any, int]):
+    """A column holding one value throughout, as pickled: ``(value, length)``."""
+
+    __slots__ = ()
+
+
+def _packed(column: tuple[Any, ...]) -> tuple[Any, ...] | _Repeat:
+    # count() compares by identity first: a column of one object is counted at C speed.
+    if len(column) > 1 and column[0] == column[-1] and column.count(column[0]) == len(column):
+        return _Repeat((column[0], len(column)))
+    return column
+
+
+def _unpacked(column: tuple[Any, ...] | _Repeat) -> tuple[Any, ...]:
+    if isinstance(column, _Repeat):
+        value, n = column
+        return (value,) * n
+    return tuple(column)
+
+
+def _transpose(rows: Sequence[tuple[Any, ...]], width: int) -> list[tuple[Any, ...]]:
+    """Rows → columns, in one pass in C (``width`` columns when there is no row)."""
+    if not rows:
+        return [()] * width
+    return list(zip(*rows, strict=True))
 
 
 @dataclass
@@ -629,7 +781,7 @@ class DecodedChunk:
 
     @property
     def events(self) -> int:
-        return len(self.store.events)
+        return len(self.store)
 
 
 def key_rows_of(
@@ -643,6 +795,30 @@ def key_rows_of(
     return [(base + n, key, msg_id, topic, timestamp) for n, key in enumerate(found)]
 
 
+def _add_key_rows(
+    columns: Sequence[tuple[Any, ...]],
+    first: int,
+    seen: set[str],
+    key_rows: list[tuple[Any, ...]],
+    key_msg_ids: list[str],
+) -> None:
+    """The key rows of events in :data:`ROW_NAMES` columns, at positions from ``first``."""
+    types, keys, msg_ids = columns[_I_TYPE], columns[_I_KEYS], columns[_I_MSG_ID]
+    topics, stamps = columns[_I_TOPIC], columns[_I_TIMESTAMP]
+    # Only the Pubs are looked at in Python: compress() and map() walk the column in C.
+    for i in compress(range(len(types)), map(_eq, types, repeat("Pub"))):
+        if not keys[i]:
+            continue
+        msg_id = msg_ids[i]
+        if msg_id is not None and msg_id not in seen:
+            # A send retried under the same msgId is one message for key look-ups.
+            seen.add(msg_id)
+            rows = key_rows_of(first + i, msg_id, topics[i], stamps[i], keys[i])
+            if rows:
+                key_msg_ids.append(msg_id)
+                key_rows.extend(rows)
+
+
 def store_rows(
     rows: list[tuple[Any, ...]],
     quarantine: list[dict[str, Any]],
@@ -650,39 +826,64 @@ def store_rows(
     ordered: bool,
 ) -> StoreRows:
     """Event tuples (:data:`ROW_NAMES` order) → the :class:`StoreRows` of a batch."""
+    columns = _transpose(rows, len(ROW_NAMES))
     key_rows: list[tuple[Any, ...]] = []
     key_msg_ids: list[str] = []
-    seen: set[str] = set()
-    n = len(STORE_ROW)
-    events = [(position, *row[:n]) for position, row in enumerate(rows)]
-    for position, row in enumerate(rows):
-        if row[_I_TYPE] == "Pub" and row[_I_KEYS]:
-            msg_id = row[_I_MSG_ID]
-            if msg_id is not None and msg_id not in seen:
-                # A send retried under the same msgId is one message for key look-ups.
-                seen.add(msg_id)
-                keys = key_rows_of(position, msg_id, row[_I_TOPIC], row[_I_TIMESTAMP], row[_I_KEYS])
-                if keys:
-                    key_msg_ids.append(msg_id)
-                    key_rows.extend(keys)
-    return StoreRows(events, key_rows, key_msg_ids, quarantine, progress, ordered)
+    _add_key_rows(columns, 0, set(), key_rows, key_msg_ids)
+    return StoreRows.from_columns(
+        columns[: len(STORE_ROW)], key_rows, key_msg_ids, quarantine, progress, ordered
+    )
 
 
 def lake_batch(rows: list[tuple[Any, ...]]) -> Any:
     """Event tuples (:data:`ROW_NAMES` order) → an Arrow record batch of the lake schema."""
+    return _lake_batch_of_columns(_transpose(rows, len(ROW_NAMES)))
+
+
+def _lake_array(column: tuple[Any, ...], type_: Any) -> Any:
+    import pyarrow as pa
+
+    n = len(column)
+    # A column of one value (the trace topic and partition, the ingest time, a column no
+    # event fills): no conversion per value.
+    if n > 1 and column[0] == column[-1] and column.count(column[0]) == n:
+        value = column[0]
+        return pa.nulls(n, type_) if value is None else pa.repeat(pa.scalar(value, type_), n)
+    return pa.array(column, type=type_)
+
+
+def _lake_batch_of_columns(columns: Sequence[tuple[Any, ...]]) -> Any:
+    """Events as :data:`ROW_NAMES` columns → an Arrow record batch of the lake schema."""
     import pyarrow as pa
 
     schema = lake.arrow_schema()
-    columns = list(zip(*rows, strict=True))  # one pass in C, not one per column
-    if not columns:
-        columns = [()] * len(ROW_NAMES)
     return pa.RecordBatch.from_arrays(
         [
-            pa.array(columns[position], type=schema.field(i).type)
+            _lake_array(columns[position], schema.field(i).type)
             for i, position in enumerate(_LAKE_POSITIONS)
         ],
         schema=schema,
     )
+
+
+def _lake_batches(columns: Sequence[tuple[Any, ...]]) -> dict[tuple[str, int], Any]:
+    """Events of one partition as :data:`ROW_NAMES` columns → their lake record batches, one
+    per UTC ``(date, hour)`` in order of first appearance, each in the events' order."""
+    import pyarrow as pa
+
+    dates, hours = columns[_I_DATE], columns[_I_HOUR]
+    n = len(dates)
+    batch = _lake_batch_of_columns(columns)
+    if dates.count(dates[0]) == n and hours.count(hours[0]) == n:
+        return {(dates[0], hours[0]): batch}  # the common case: one hour
+    groups: dict[tuple[str, int], list[int]] = {}
+    for i, hour_key in enumerate(zip(dates, hours, strict=True)):
+        group = groups.get(hour_key)
+        if group is None:
+            groups[hour_key] = [i]
+        else:
+            group.append(i)
+    return {k: batch.take(pa.array(rows, pa.int64())) for k, rows in groups.items()}
 
 
 #: A trace message as ingest hands it over: ``(offset, value, born_host)``, optionally followed
@@ -710,19 +911,26 @@ def decode_chunk(
         ingest_ts: when the collector read them, epoch ms.
         with_lake: also build the lake's Arrow batches (:attr:`PartitionChunk.lake`).
 
-    Pure: runs in a worker process as well as in the caller's. Never raises on bad input.
+    Each partition's event tuples are turned into columns once; the store's batch and the
+    lake's batches are both built from those columns. Pure: runs in a worker process as well
+    as in the caller's. Never raises on bad input.
     """
-    rows: list[tuple[Any, ...]] = []
+    store_columns: list[list[tuple[Any, ...]]] = []
     quarantine: list[dict[str, Any]] = []
     progress: dict[tuple[str, int], int] = {}
     partitions: dict[tuple[str, int], PartitionChunk] = {}
     message_keys: list[tuple[str, int, int, str]] = []
+    key_rows: list[tuple[Any, ...]] = []
+    key_msg_ids: list[str] = []
+    seen: set[str] = set()
     ordered = True
     records = 0
+    events = 0
+    n_store = len(STORE_ROW)
     for trace_topic, partition, recs in messages:
         if not recs:
             continue
-        first = len(rows)
+        mine: list[tuple[Any, ...]] = []
         last = -1
         for rec in recs:
             offset, value, born = rec[0], rec[1], rec[2]
@@ -733,26 +941,30 @@ def decode_chunk(
             last = offset
             client_id = rec[4] if len(rec) > 4 else None  # type: ignore[misc]
             r, q = decode_message(trace_topic, partition, offset, value, ingest_ts, born, client_id)
-            rows.extend(r)
+            mine.extend(r)
             quarantine.extend(q)
         records += len(recs)
         key = (trace_topic, partition)
         if key in partitions:
             ordered = False  # the same partition twice in one chunk
         progress[key] = max(progress.get(key, 0), last + 1)
-        mine = rows[first:]
         part = PartitionChunk(recs[0][0], last + 1, len(mine))
-        if with_lake and mine:
-            groups: dict[tuple[str, int], list[tuple[Any, ...]]] = {}
-            for row in mine:
-                hour_key = (row[_I_DATE], row[_I_HOUR])
-                group = groups.get(hour_key)
-                if group is None:
-                    groups[hour_key] = [row]
-                else:
-                    group.append(row)
-            part.lake = {hour_key: lake_batch(group) for hour_key, group in groups.items()}
+        if mine:
+            columns = _transpose(mine, len(ROW_NAMES))
+            del mine  # the columns hold the values now
+            _add_key_rows(columns, events, seen, key_rows, key_msg_ids)
+            store_columns.append(columns[:n_store])
+            if with_lake:
+                part.lake = _lake_batches(columns)
+        events += part.events
         partitions[key] = part
-    store = store_rows(rows, quarantine, progress, ordered)
-    store.message_keys = message_keys
+    if len(store_columns) == 1:
+        merged = store_columns[0]
+    elif store_columns:
+        merged = [tuple(chain.from_iterable(c)) for c in zip(*store_columns, strict=True)]
+    else:
+        merged = [()] * n_store
+    store = StoreRows.from_columns(
+        merged, key_rows, key_msg_ids, quarantine, progress, ordered, message_keys
+    )
     return DecodedChunk(store, partitions, records)
