@@ -800,3 +800,38 @@ def test_an_ingesting_process_collects_garbage_rarely() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "True"]
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_INTS = st.one_of(
+    st.integers(-5, 1100), st.integers(-(2**63), 2**63 - 1), st.booleans(), st.sampled_from([0, 1])
+)
+
+
+@given(
+    st.one_of(
+        st.lists(_INTS, max_size=140),
+        st.builds(lambda v, n: [v] * n, _INTS, st.integers(0, 140)),
+        st.lists(st.integers(0, 1023), max_size=140),
+    )
+)
+@settings(max_examples=400, deadline=None)
+def test_an_integer_column_of_a_block_is_the_text_of_each_value(values: list[Any]) -> None:
+    for column in (values, tuple(values)):
+        expected = "\x02".join(str(int(v)) for v in column)
+        assert store_module._int_column_text(column) == expected
+
+
+@pytest.mark.parametrize("values", [["7", "x"], [None, 1], [1.5, 2], ["12", "12"]])
+def test_an_integer_column_of_other_values_is_what_int_makes_of_them(values: list[Any]) -> None:
+    try:
+        expected: Any = "\x02".join(str(int(v)) for v in values)
+    except (TypeError, ValueError) as exc:
+        expected = type(exc)
+    try:
+        got: Any = store_module._int_column_text(values)
+    except (TypeError, ValueError) as exc:
+        got = type(exc)
+    assert got == expected

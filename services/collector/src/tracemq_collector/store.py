@@ -395,11 +395,36 @@ def _msg_hash(msg_id: str) -> int:
     )
 
 
+#: The texts of small non-negative integers (block positions, record indexes in a trace
+#: message): looked up rather than formatted one by one.
+_SMALL = 1024
+_SMALL_INTS = tuple(map(str, range(_SMALL)))
+_small_int_text = _SMALL_INTS.__getitem__
+
+
+def _int_column_text(column: Sequence[Any]) -> str:
+    """An integer column's text: ``"\x02".join(str(int(v)) for v in column)``, with less work
+    for a column of one value (store_time, ingest_ts) and one of small numbers."""
+    n = len(column)
+    if not n:
+        return ""
+    first, last = column[0], column[-1]
+    try:
+        if first == last and column.count(first) == n:
+            return _FIELD_SEP.join([str(int(first))] * n)
+        # the ends tell a column of large numbers (timestamps, offsets) at once
+        if 0 <= first < _SMALL and 0 <= last < _SMALL and min(column) >= 0 and max(column) < _SMALL:
+            return _FIELD_SEP.join(map(_small_int_text, column))
+    except TypeError:  # not all integers: int() says what they are
+        pass
+    return _FIELD_SEP.join(map(str, map(int, column)))
+
+
 def _encode_column(i: int, column: Sequence[Any]) -> str | None:
     """A block's column as text (values joined by \x02, None as \x00), or None when a value
     holds a separator (records never do: they were split on \x02)."""
     if i in _INT_POSITIONS:
-        return _FIELD_SEP.join(map(str, map(int, column)))
+        return _int_column_text(column)
     try:
         text = _FIELD_SEP.join([_NONE if v is None else v for v in column])
     except TypeError:
