@@ -30,15 +30,18 @@ The write path is a pipeline over two cores:
   a segment is read, 2 kB per event, so the take-over backfill only settles where the lake
   starts (:meth:`TraceLake.start_partition`) and leaves the writing to ingest.
 
-Where the time goes (``bench/collector_ingest.py``, 1 M events, py-spy: docs/performance.md),
-about 11.5 µs per event in each process: this one decodes (~6 µs: splitting the records, the
-event tuples, the lake's Arrow columns, the store's key rows), pickles each chunk for the
-worker (~2 µs with the pipe), writes the lake (~1.3 µs: sort and Parquet, mostly without the
-GIL) and fetches (~1.3 µs); the worker unpickles (~0.8 µs) and stores (~10.5 µs: SQLite's
-index inserts and commits, the blocks' column texts and zstd, the msgId and place hashes).
-Both processes collect garbage rarely (:func:`store.tune_gc`). Memory held here: the lake
-buffers (~280 bytes per event as Arrow, at most about two buffers' worth), one fetch (up to
-:data:`FETCH_MAX_BYTES`) and three chunks in flight (~650 bytes per event each).
+Where the time goes (``bench/collector_ingest.py``, 1 M events, py-spy: docs/performance.md,
+"seventh pass"), about 9.5 µs per event in each process: this one decodes (~4.5 µs of the
+decode thread: splitting the records into event tuples, turning each partition's tuples into
+columns once, the lake's Arrow arrays and the store's key rows from those columns), pickles
+each chunk's store columns for the worker (~0.8 µs of the feeder thread with the pipe), writes
+the lake (~1.2 µs: sort and Parquet, mostly without the GIL) and fetches; the worker unpickles
+the columns and builds its event tuples (~0.3 µs) and stores (SQLite's index inserts and
+commits, the blocks' column texts and zstd, the msgId and place hashes). Both processes
+collect garbage rarely (:func:`store.tune_gc`). Memory held here: the lake buffers (~280
+bytes per event as Arrow, at most about two buffers' worth), one fetch (up to
+:data:`FETCH_MAX_BYTES`) and three chunks in flight (~650 bytes per event each when the
+store's rows were a tuple per event; less as columns).
 """
 
 from __future__ import annotations
