@@ -40,8 +40,8 @@ the columns and builds its event tuples (~0.3 µs) and stores (SQLite's index in
 commits, the blocks' column texts and zstd, the msgId and place hashes). Both processes
 collect garbage rarely (:func:`store.tune_gc`). Memory held here: the lake buffers (~280
 bytes per event as Arrow, at most about two buffers' worth), one fetch (up to
-:data:`FETCH_MAX_BYTES`) and three chunks in flight (~650 bytes per event each when the
-store's rows were a tuple per event; less as columns).
+:data:`FETCH_MAX_BYTES`) and three chunks in flight (~560 bytes per event each as Python
+objects, ~290 more in Arrow for the lake; 1.3 kB per event while a chunk is decoded).
 """
 
 from __future__ import annotations
