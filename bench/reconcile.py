@@ -3,7 +3,7 @@ local[2].
 
     .venv/bin/python bench/reconcile.py [--messages 1000000] [--also-10m]
                                         [--sizes 1000000,10000000] [--workdir DIR] [--keep]
-                                        [--baseline CHECKOUT [--rounds N]]
+                                        [--baseline CHECKOUT [--rounds N]] [--event-log DIR]
     .venv/bin/python bench/reconcile.py --compare OUT_A OUT_B
 
 For each size: generate the lake (``tracemq_devkit.generator``, timed separately: 3–5 trace events
@@ -78,6 +78,13 @@ def main() -> int:
         "each size runs both, interleaved, on the same lake; their outputs are compared",
     )
     ap.add_argument("--rounds", type=int, default=1, help="runs of each variant per size")
+    ap.add_argument(
+        "--event-log",
+        default=None,
+        metavar="DIR",
+        help="write each run's Spark event log (uncompressed) under DIR; per-stage task CPU: "
+        "bench/spark_eventlog.py DIR/eventlog_v2_<app id>",
+    )
     ap.add_argument(
         "--compare",
         nargs=2,
@@ -231,7 +238,19 @@ def _run_one(
         *(["--reuse-lakes"] if reuse else []),
     ]
     say(f"size {n:,} ({label}): {' '.join(cmd[1:])}")
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
+    env = None
+    if args.event_log:
+        # through the launcher's arguments: a baseline checkout's job builds its session
+        # without knowing of the option
+        log_dir = Path(args.event_log).resolve()
+        log_dir.mkdir(parents=True, exist_ok=True)
+        env = {
+            **os.environ,
+            "PYSPARK_SUBMIT_ARGS": "--conf spark.eventLog.enabled=true "
+            "--conf spark.eventLog.compress=false "
+            f"--conf spark.eventLog.dir={log_dir.as_uri()} pyspark-shell",
+        }
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False, env=env)
     lines = proc.stdout.splitlines()
     for line in lines[:-1]:
         print("    " + line, flush=True)
