@@ -8,9 +8,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 from tracemq_devkit.devstack import EmbeddedStack, StackConfig
 from tracemq_devkit.devstack.process import ManagedProcess
 from tracemq_devkit.devstack.secrets import StackSecrets
+
+# Property tests without hypothesis's per-example deadline (200 ms): on a loaded 2-core machine
+# (two xdist workers beside Spark's JVM) an example of the codec's took 415 ms, which measures
+# the machine, not the code. Speed is what bench/ measures; a test that must bound a run's time
+# says so itself.
+settings.register_profile("tracemq", deadline=None)
+settings.load_profile("tracemq")
 
 _SESSION_STACKS: list[EmbeddedStack] = []
 #: One set of generated credentials for every stack of the session, so a client built from the
