@@ -108,11 +108,14 @@ import hashlib
 import json
 import sqlite3
 import struct
+import sys
 import threading
 import warnings
 import zlib
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import repeat
+from itertools import compress, repeat
+from operator import eq as _eq
 from operator import itemgetter
 from pathlib import Path
 from types import TracebackType
@@ -386,6 +389,10 @@ _WAL_LIMIT_BYTES = 64 << 20
 _BUSY_TIMEOUT_S = 10.0
 
 
+_blake2b = hashlib.blake2b
+_LITTLE_ENDIAN = sys.byteorder == "little"
+
+
 def _msg_hash(msg_id: str) -> int:
     """8 bytes of BLAKE2b of a msgId, as a signed 64-bit integer (SQLite's INTEGER)."""
     return int.from_bytes(
@@ -532,6 +539,38 @@ def _place_hash(offset_msg_id: str | None) -> int | None:
     key of ``place_index``; None if it names none."""
     addr, queue_id, offset = _offset_coords(offset_msg_id)
     return None if addr is None else _msg_hash(f"{addr}/{queue_id}/{offset}")
+
+
+def _place_hashes(
+    types: Sequence[Any],
+    addrs: Sequence[str | None],
+    queue_ids: Sequence[int | None],
+    offsets: Sequence[int | None],
+) -> dict[int, int]:
+    """Position → place hash of each Pub whose place is known, from the place columns ingest
+    decoded (``StoreRows.places``): :func:`_place_hash` of its offsetMsgId without parsing
+    the record or the id again."""
+    pubs = [
+        i
+        for i in compress(range(len(types)), map(_eq, types, repeat("Pub")))
+        if addrs[i] is not None
+    ]
+    if not pubs:
+        return {}
+    digests = b"".join(
+        [
+            _blake2b(
+                f"{addrs[i]}/{queue_ids[i]}/{offsets[i]}".encode("utf-8", "surrogatepass"),
+                digest_size=8,
+            ).digest()
+            for i in pubs
+        ]
+    )
+    # 8 big-endian bytes as a signed 64-bit integer each, in C: _msg_hash's int.from_bytes
+    hashes = array("q", digests)
+    if _LITTLE_ENDIAN:
+        hashes.byteswap()
+    return dict(zip(pubs, hashes, strict=True))
 
 
 def _pub_offset_msg_id(e: Sequence[Any]) -> str | None:
@@ -970,7 +1009,7 @@ class TraceStore:
             if row[0] >> _KEY_SHIFT in where
         ]
         ids = {row[2] for row in key_rows}
-        return StoreRows(
+        kept = StoreRows(
             events,
             key_rows,
             [m for m in batch.key_msg_ids if m in ids],
@@ -978,6 +1017,9 @@ class TraceStore:
             batch.progress,
             True,
         )
+        if batch.places is not None:
+            kept.places = [tuple([c[old] for old in fresh]) for c in batch.places]
+        return kept
 
     @staticmethod
     def _repeats(
@@ -1075,6 +1117,9 @@ class TraceStore:
         msg_rows: list[tuple[int, int, int]] = []
         pub_rows: list[tuple[int, int, int]] = []
         place_rows: list[tuple[int, int]] = []
+        # the places ingest decoded (same hashes as from the records, tests/unit compare them)
+        places = batch.places
+        place_of = None if places is None else _place_hashes(batch.columns[_E_TYPE - 1], *places)
         hashes: dict[str, int] = {}  # a message's events mostly share a block, not always
         for (trace_topic, partition), group in by_partition.items():
             tp = self._tp_id(conn, trace_topic, partition, create=True)
@@ -1093,7 +1138,10 @@ class TraceStore:
                             msgs[msg_id] = 1
                         if e[_E_MTOPIC] is not None:
                             pub_rows.append((topic_ids[e[_E_MTOPIC]], e[_E_TS], ref))
-                        place = _place_hash(_pub_offset_msg_id(e))
+                        if place_of is None:
+                            place = _place_hash(_pub_offset_msg_id(e))
+                        else:
+                            place = place_of.get(e[0])
                         if place is not None:
                             place_rows.append((place, ref))
                     elif msg_id is not None and msg_id not in msgs:
