@@ -687,6 +687,18 @@ def _column_batches(draw: st.DrawFn) -> ev.StoreRows:
         {("t", 0): n},
         draw(st.booleans()),
         [("t", 0, 1, "K")],
+        draw(
+            st.none()
+            | st.tuples(
+                st.lists(
+                    st.none() | st.sampled_from(["10.0.0.9:10911", "[::1]:1"]),
+                    min_size=n,
+                    max_size=n,
+                ),
+                st.lists(st.none() | st.integers(0, 2**16), min_size=n, max_size=n),
+                st.lists(st.none() | st.integers(0, 2**48), min_size=n, max_size=n),
+            ).map(lambda cs: [tuple(c) for c in cs])
+        ),
     )
 
 
@@ -701,10 +713,11 @@ def test_a_batch_comes_back_from_the_worker_pipe_unchanged(batch: ev.StoreRows) 
         batch.key_msg_ids,
         batch.quarantine,
     )
-    assert (back.progress, back.ordered, back.message_keys) == (
+    assert (back.progress, back.ordered, back.message_keys, back.places) == (
         batch.progress,
         batch.ordered,
         batch.message_keys,
+        batch.places,
     )
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "MAX_RAW_BYTES",
     "MAX_TIMESTAMP_MS",
     "EXTRA_KEYS",
+    "PLACE_COLUMNS",
     "QUARANTINE_KEYS",
     "ROW_NAMES",
     "STORE_COLUMNS",
@@ -577,6 +578,10 @@ def split_keys(keys: str) -> list[str]:
 _I_TYPE, _I_MSG_ID, _I_KEYS = COL["trace_type"], COL["msg_id"], COL["keys"]
 _I_TOPIC, _I_TIMESTAMP = COL["topic"], COL["timestamp"]
 _I_DATE, _I_HOUR = COL["date"], COL["hour"]
+#: The lake columns of what a Pub's offsetMsgId names (its place: store host, queue, Kafka
+#: offset), which a :class:`StoreRows` from :func:`decode_chunk` carries for the store.
+PLACE_COLUMNS = ("store_addr", "queue_id", "queue_offset")
+_I_PLACES = [COL[name] for name in PLACE_COLUMNS]
 _LAKE_POSITIONS = [COL[name] for name in lake.COLUMN_NAMES]
 #: A key row's id is ``event id << KEY_SHIFT | n`` (n < :data:`MAX_KEYS_PER_MESSAGE`).
 KEY_SHIFT = 8
@@ -610,7 +615,11 @@ class StoreRows:
     * ``ordered``: no two events share coordinates;
     * ``message_keys``: ``(trace_topic, partition, offset, idempotency key)`` of the trace
       messages that carry one (header ``IDEMPOTENCY_KEY``): the store drops a message whose
-      key it already holds at other coordinates, a repeat of a retried send.
+      key it already holds at other coordinates, a repeat of a retried send;
+    * ``places``: None, or the events' :data:`PLACE_COLUMNS` (``store_addr, queue_id,
+      queue_offset``: what each offsetMsgId names, as the lake has them) so that the store
+      hashes a Pub's place without parsing its record again. Only :func:`decode_chunk` sets
+      them (it decoded the records itself); without them the store reads the records.
 
     Ingest builds a batch from columns (:meth:`from_columns`) and hands it to the ingest worker
     process as columns: pickling a few long tuples costs less on both sides than a tuple per
@@ -626,6 +635,7 @@ class StoreRows:
         "key_rows",
         "message_keys",
         "ordered",
+        "places",
         "progress",
         "quarantine",
     )
@@ -648,6 +658,7 @@ class StoreRows:
         self.progress = progress
         self.ordered = ordered
         self.message_keys: list[tuple[str, int, int, str]] = message_keys or []
+        self.places: list[tuple[Any, ...]] | None = None
 
     @classmethod
     def from_columns(
@@ -659,20 +670,25 @@ class StoreRows:
         progress: dict[tuple[str, int], int],
         ordered: bool,
         message_keys: list[tuple[str, int, int, str]] | None = None,
+        places: Sequence[tuple[Any, ...]] | None = None,
     ) -> StoreRows:
-        """A batch from its :data:`STORE_ROW` columns (all of one length).
+        """A batch from its :data:`STORE_ROW` columns (all of one length), and optionally its
+        :data:`PLACE_COLUMNS` (see :class:`StoreRows`).
 
         Raises:
-            ValueError: not one column per :data:`STORE_ROW` name, or columns of different
-                lengths.
+            ValueError: not one column per :data:`STORE_ROW` name (or :data:`PLACE_COLUMNS`
+                name), or columns of different lengths.
         """
         if len(columns) != len(STORE_ROW):
             raise ValueError(f"{len(columns)} columns, not {len(STORE_ROW)}")
-        if any(len(c) != len(columns[0]) for c in columns):
+        if places is not None and len(places) != len(PLACE_COLUMNS):
+            raise ValueError(f"{len(places)} place columns, not {len(PLACE_COLUMNS)}")
+        if any(len(c) != len(columns[0]) for c in (*columns, *(places or ()))):
             raise ValueError("columns of different lengths")
         rows = cls([], key_rows, key_msg_ids, quarantine, progress, ordered, message_keys)
         rows._events = None
         rows._columns = [tuple(c) for c in columns]
+        rows.places = None if places is None else [tuple(c) for c in places]
         return rows
 
     @property
@@ -705,14 +721,20 @@ class StoreRows:
             self.progress,
             self.ordered,
             self.message_keys,
+            None if self.places is None else [_packed(c) for c in self.places],
         )
 
     def __setstate__(self, state: tuple[Any, ...]) -> None:
-        packed, *rest = state
+        packed, *rest, places = state
         columns = [_unpacked(c) for c in packed]
-        if len(columns) != len(STORE_ROW) or any(len(c) != len(columns[0]) for c in columns):
+        place_columns = None if places is None else [_unpacked(c) for c in places]
+        if (
+            len(columns) != len(STORE_ROW)
+            or (place_columns is not None and len(place_columns) != len(PLACE_COLUMNS))
+            or any(len(c) != len(columns[0]) for c in (*columns, *(place_columns or ())))
+        ):
             raise ValueError("a pickled StoreRows of the wrong shape")
-        self._columns, self._events = columns, None
+        self._columns, self._events, self.places = columns, None, place_columns
         (
             self.key_rows,
             self.key_msg_ids,
@@ -733,6 +755,7 @@ class StoreRows:
             and self.progress == other.progress
             and self.ordered == other.ordered
             and self.message_keys == other.message_keys
+            and self.places == other.places
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -886,6 +909,15 @@ def _lake_batches(columns: Sequence[tuple[Any, ...]]) -> dict[tuple[str, int], A
     return {k: batch.take(pa.array(rows, pa.int64())) for k, rows in groups.items()}
 
 
+def _merged(parts: list[list[tuple[Any, ...]]], width: int) -> list[tuple[Any, ...]]:
+    """The columns of several partitions' events, one after the other."""
+    if len(parts) == 1:
+        return parts[0]
+    if parts:
+        return [tuple(chain.from_iterable(c)) for c in zip(*parts, strict=True)]
+    return [()] * width
+
+
 #: A trace message as ingest hands it over: ``(offset, value, born_host)``, optionally followed
 #: by its idempotency key and its client id.
 Received = (
@@ -916,6 +948,7 @@ def decode_chunk(
     as in the caller's. Never raises on bad input.
     """
     store_columns: list[list[tuple[Any, ...]]] = []
+    place_columns: list[list[tuple[Any, ...]]] = []
     quarantine: list[dict[str, Any]] = []
     progress: dict[tuple[str, int], int] = {}
     partitions: dict[tuple[str, int], PartitionChunk] = {}
@@ -954,17 +987,19 @@ def decode_chunk(
             del mine  # the columns hold the values now
             _add_key_rows(columns, events, seen, key_rows, key_msg_ids)
             store_columns.append(columns[:n_store])
+            place_columns.append([columns[i] for i in _I_PLACES])
             if with_lake:
                 part.lake = _lake_batches(columns)
         events += part.events
         partitions[key] = part
-    if len(store_columns) == 1:
-        merged = store_columns[0]
-    elif store_columns:
-        merged = [tuple(chain.from_iterable(c)) for c in zip(*store_columns, strict=True)]
-    else:
-        merged = [()] * n_store
     store = StoreRows.from_columns(
-        merged, key_rows, key_msg_ids, quarantine, progress, ordered, message_keys
+        _merged(store_columns, n_store),
+        key_rows,
+        key_msg_ids,
+        quarantine,
+        progress,
+        ordered,
+        message_keys,
+        _merged(place_columns, len(PLACE_COLUMNS)),
     )
     return DecodedChunk(store, partitions, records)

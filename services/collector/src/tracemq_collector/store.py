@@ -108,11 +108,14 @@ import hashlib
 import json
 import sqlite3
 import struct
+import sys
 import threading
 import warnings
 import zlib
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import repeat
+from itertools import compress, repeat
+from operator import eq as _eq
 from operator import itemgetter
 from pathlib import Path
 from types import TracebackType
@@ -386,6 +389,10 @@ _WAL_LIMIT_BYTES = 64 << 20
 _BUSY_TIMEOUT_S = 10.0
 
 
+_blake2b = hashlib.blake2b
+_LITTLE_ENDIAN = sys.byteorder == "little"
+
+
 def _msg_hash(msg_id: str) -> int:
     """8 bytes of BLAKE2b of a msgId, as a signed 64-bit integer (SQLite's INTEGER)."""
     return int.from_bytes(
@@ -532,6 +539,69 @@ def _place_hash(offset_msg_id: str | None) -> int | None:
     key of ``place_index``; None if it names none."""
     addr, queue_id, offset = _offset_coords(offset_msg_id)
     return None if addr is None else _msg_hash(f"{addr}/{queue_id}/{offset}")
+
+
+def _place_hashes(
+    types: Sequence[Any],
+    addrs: Sequence[str | None],
+    queue_ids: Sequence[int | None],
+    offsets: Sequence[int | None],
+) -> dict[int, int]:
+    """Position → place hash of each Pub whose place is known, from the place columns ingest
+    decoded (``StoreRows.places``): :func:`_place_hash` of its offsetMsgId without parsing
+    the record or the id again."""
+    pubs = [
+        i
+        for i in compress(range(len(types)), map(_eq, types, repeat("Pub")))
+        if addrs[i] is not None
+    ]
+    if not pubs:
+        return {}
+    hashes = _hashes_of([f"{addrs[i]}/{queue_ids[i]}/{offsets[i]}" for i in pubs])
+    return dict(zip(pubs, hashes, strict=True))
+
+
+def _hashes_of(texts: Iterable[str]) -> array[int]:
+    """:func:`_msg_hash` of each text: the digests joined, then read as big-endian signed
+    64-bit integers in C."""
+    digests = b"".join(
+        [_blake2b(t.encode("utf-8", "surrogatepass"), digest_size=8).digest() for t in texts]
+    )
+    hashes = array("q", digests)
+    if _LITTLE_ENDIAN:
+        hashes.byteswap()
+    return hashes
+
+
+def _msg_hashes(msg_ids: dict[str, Any]) -> dict[str, int]:
+    """msgId → :func:`_msg_hash`, for the keys of ``msg_ids``."""
+    return dict(zip(msg_ids, _hashes_of(msg_ids), strict=True))
+
+
+def _one_partition(trace_topics: Sequence[str], partitions: Sequence[int]) -> bool:
+    n = len(trace_topics)
+    return trace_topics.count(trace_topics[0]) == n and partitions.count(partitions[0]) == n
+
+
+def _partition_groups(
+    trace_topics: Sequence[str], partitions: Sequence[int]
+) -> list[tuple[tuple[str, int], Sequence[int]]]:
+    """Positions of a batch's events by ``(trace topic, partition)``, in order of first
+    appearance; a run of consecutive positions as a range (ingest's batches are one run per
+    partition)."""
+    if _one_partition(trace_topics, partitions):
+        return [((trace_topics[0], partitions[0]), range(len(trace_topics)))]
+    groups: dict[tuple[str, int], list[int]] = {}
+    for i, key in enumerate(zip(trace_topics, partitions, strict=True)):
+        group = groups.get(key)
+        if group is None:
+            groups[key] = [i]
+        else:
+            group.append(i)
+    return [
+        (key, range(g[0], g[-1] + 1) if g[-1] - g[0] + 1 == len(g) else g)
+        for key, g in groups.items()
+    ]
 
 
 def _pub_offset_msg_id(e: Sequence[Any]) -> str | None:
@@ -924,21 +994,25 @@ class TraceStore:
 
     @staticmethod
     def _fresh(
-        conn: sqlite3.Connection, events: list[tuple[Any, ...]], ordered: bool
+        conn: sqlite3.Connection, columns: list[tuple[Any, ...]], ordered: bool
     ) -> list[int] | None:
-        """Positions of the events not stored yet, or None when all of them are new."""
+        """Positions of the events (``StoreRows.columns``) not stored yet, or None when all of
+        them are new."""
+        trace_topics, parts, offsets, indexes = columns[0], columns[1], columns[2], columns[3]
         # One range read per partition finds the blocks that may hold some of them, so a
         # replay indexes no key twice; for a fresh batch it finds none.
         bounds: dict[tuple[str, int], list[int]] = {}
-        for row in events:
-            offset = row[3]
-            b = bounds.get((row[1], row[2]))
-            if b is None:
-                bounds[(row[1], row[2])] = [offset, offset]
-            elif offset < b[0]:
-                b[0] = offset
-            elif offset > b[1]:
-                b[1] = offset
+        if _one_partition(trace_topics, parts):
+            bounds[(trace_topics[0], parts[0])] = [min(offsets), max(offsets)]
+        else:
+            for key, offset in zip(zip(trace_topics, parts, strict=True), offsets, strict=True):
+                b = bounds.get(key)
+                if b is None:
+                    bounds[key] = [offset, offset]
+                elif offset < b[0]:
+                    b[0] = offset
+                elif offset > b[1]:
+                    b[1] = offset
         seen: set[tuple[str, int, int, int]] = set()
         for (topic, partition), (low, high) in bounds.items():
             tp = TraceStore._tp_id(conn, topic, partition, create=False)
@@ -952,12 +1026,11 @@ class TraceStore:
         if not seen and ordered:
             return None
         fresh = []
-        for i, row in enumerate(events):
-            coords = row[1:5]
+        for i, coords in enumerate(zip(trace_topics, parts, offsets, indexes, strict=True)):
             if coords not in seen:
                 seen.add(coords)  # also drops a duplicate inside the batch itself
                 fresh.append(i)
-        return None if len(fresh) == len(events) else fresh
+        return None if len(fresh) == len(offsets) else fresh
 
     @staticmethod
     def _renumber(batch: StoreRows, fresh: list[int]) -> StoreRows:
@@ -970,7 +1043,7 @@ class TraceStore:
             if row[0] >> _KEY_SHIFT in where
         ]
         ids = {row[2] for row in key_rows}
-        return StoreRows(
+        kept = StoreRows(
             events,
             key_rows,
             [m for m in batch.key_msg_ids if m in ids],
@@ -978,6 +1051,9 @@ class TraceStore:
             batch.progress,
             True,
         )
+        if batch.places is not None:
+            kept.places = [tuple([c[old] for old in fresh]) for c in batch.places]
+        return kept
 
     @staticmethod
     def _repeats(
@@ -1049,7 +1125,11 @@ class TraceStore:
         return found
 
     def _insert_events(self, conn: sqlite3.Connection, batch: StoreRows) -> None:
-        events = batch.events
+        # Column by column (the worker receives the batch as columns): Python looks at each
+        # Pub and each block, and at each event only where C cannot (grouping partitions
+        # that are not one run each).
+        columns = batch.columns
+        n = len(batch)
         key_rows = batch.key_rows
         if key_rows:
             # Messages whose keys an earlier Pub (a retried send) already indexed.
@@ -1058,67 +1138,81 @@ class TraceStore:
                 key_rows = [row for row in key_rows if row[2] not in indexed]
         # Read inside the transaction: correct even if another process wrote this file.
         next_block = int(self._meta(conn, "next_block_id"))
-        by_partition: dict[tuple[str, int], list[tuple[Any, ...]]] = {}
-        topics: set[str] = set()
-        for e in events:
-            group = by_partition.get((e[_E_TOPIC], e[_E_PART]))
-            if group is None:
-                by_partition[(e[_E_TOPIC], e[_E_PART])] = [e]
-            else:
-                group.append(e)
-            if e[_E_TYPE] == "Pub" and e[_E_MTOPIC] is not None:
-                topics.add(e[_E_MTOPIC])
+        types, msg_ids = columns[_E_TYPE - 1], columns[_E_MSG - 1]
+        msg_topics, stamps = columns[_E_MTOPIC - 1], columns[_E_TS - 1]
+        is_pub = list(map(_eq, types, repeat("Pub")))
+        topics = {t for t in compress(msg_topics, is_pub) if t is not None}
         topics.update(row[3] for row in key_rows if row[3] is not None)
         topic_ids = self._name_ids(conn, sorted(topics))
-        ref_of = [0] * len(events)
+        if batch.places is not None:
+            # the places ingest decoded (same hashes as from the records: tests/unit compare)
+            place_of = _place_hashes(types, *batch.places)
+        else:
+            events = batch.events
+            place_of = {}
+            for i in compress(range(n), is_pub):
+                place = _place_hash(_pub_offset_msg_id(events[i]))
+                if place is not None:
+                    place_of[i] = place
+        ids = dict.fromkeys(msg_ids)
+        ids.pop(None, None)
+        hashes = _msg_hashes(ids)  # a message's events mostly share a block, not always
+        ref_of = [0] * n
         block_rows: list[tuple[Any, ...]] = []
         msg_rows: list[tuple[int, int, int]] = []
         pub_rows: list[tuple[int, int, int]] = []
         place_rows: list[tuple[int, int]] = []
-        hashes: dict[str, int] = {}  # a message's events mostly share a block, not always
-        for (trace_topic, partition), group in by_partition.items():
+        block_fields = columns[2:]  # a block's columns after pos: all but topic and partition
+        for (trace_topic, partition), group in _partition_groups(columns[0], columns[1]):
             tp = self._tp_id(conn, trace_topic, partition, create=True)
             for start in range(0, len(group), BLOCK_EVENTS):
                 block = next_block
                 next_block += 1
                 base = block << _POS_BITS
                 chunk = group[start : start + BLOCK_EVENTS]
-                msgs: dict[str, int] = {}
-                for pos, e in enumerate(chunk):
-                    ref = base | pos
-                    ref_of[e[0]] = ref
-                    msg_id = e[_E_MSG]
-                    if e[_E_TYPE] == "Pub":
-                        if msg_id is not None:
-                            msgs[msg_id] = 1
-                        if e[_E_MTOPIC] is not None:
-                            pub_rows.append((topic_ids[e[_E_MTOPIC]], e[_E_TS], ref))
-                        place = _place_hash(_pub_offset_msg_id(e))
-                        if place is not None:
-                            place_rows.append((place, ref))
-                    elif msg_id is not None and msg_id not in msgs:
-                        msgs[msg_id] = 0
-                # the batch's events with their positions in the block: no copy of each event
-                columns = _block_columns(chunk)
-                columns[0] = range(len(chunk))
-                offsets, stamps = columns[_OFF_COLUMN], columns[_TS_COLUMN]
+                size = len(chunk)
+                if isinstance(chunk, range):
+                    lo, hi = chunk.start, chunk.stop
+                    ref_of[lo:hi] = range(base, base + size)
+                    block_columns: list[Sequence[Any]] = [range(size)]
+                    block_columns.extend([c[lo:hi] for c in block_fields])
+                    pubs: Sequence[bool] = is_pub[lo:hi]
+                else:
+                    for pos, i in enumerate(chunk):
+                        ref_of[i] = base | pos
+                    take = itemgetter(*chunk) if size > 1 else lambda c, i=chunk[0]: (c[i],)
+                    block_columns = [range(size)]
+                    block_columns.extend([take(c) for c in block_fields])
+                    pubs = take(is_pub)
+                block_msg_ids = block_columns[_MSG_COLUMN]
+                # msgIds in order of first appearance, 1 for those with a Pub in the block
+                msgs = dict.fromkeys(block_msg_ids, 0)
+                msgs.update(dict.fromkeys(compress(block_msg_ids, pubs), 1))
+                msgs.pop(None, None)
+                for pos in compress(range(size), pubs):
+                    i = chunk[pos]
+                    topic = msg_topics[i]
+                    if topic is not None:
+                        pub_rows.append((topic_ids[topic], stamps[i], base | pos))
+                    place = place_of.get(i)
+                    if place is not None:
+                        place_rows.append((place, base | pos))
+                offsets, times = block_columns[_OFF_COLUMN], block_columns[_TS_COLUMN]
                 block_rows.append(
                     (
                         block,
                         tp,
                         min(offsets),
                         max(offsets),
-                        min(stamps),
-                        max(stamps),
-                        len(chunk),
-                        _encode_columns(columns),
+                        min(times),
+                        max(times),
+                        size,
+                        _encode_columns(block_columns),
                     )
                 )
                 hashed: dict[int, int] = {}
                 for msg_id, pub in msgs.items():
-                    h = hashes.get(msg_id)
-                    if h is None:
-                        h = hashes[msg_id] = _msg_hash(msg_id)
+                    h = hashes[msg_id]
                     hashed[h] = max(pub, hashed.get(h, 0))  # two ids of one hash: one row
                 msg_rows.extend((h, block, pub) for h, pub in hashed.items())
         conn.executemany("INSERT INTO blocks VALUES (?, ?, ?, ?, ?, ?, ?, ?)", block_rows)
@@ -1142,7 +1236,7 @@ class TraceStore:
                 )
             conn.executemany("INSERT OR IGNORE INTO key_index VALUES (?, ?, ?, ?, ?)", rows)
         conn.execute("UPDATE meta SET value = ? WHERE key = 'next_block_id'", (next_block,))
-        conn.execute("UPDATE meta SET value = value + ? WHERE key = 'event_count'", (len(events),))
+        conn.execute("UPDATE meta SET value = value + ? WHERE key = 'event_count'", (n,))
 
     def _write_rows(
         self, conn: sqlite3.Connection, batch: StoreRows
@@ -1160,11 +1254,11 @@ class TraceStore:
             if repeats:
                 batch = self._without(batch, repeats)
         new = 0
-        if batch.events:
-            fresh = self._fresh(conn, batch.events, batch.ordered)
+        if len(batch):
+            fresh = self._fresh(conn, batch.columns, batch.ordered)
             if fresh is not None:
                 batch = self._renumber(batch, fresh)
-            new = len(batch.events)
+            new = len(batch)
         if new:
             self._insert_events(conn, batch)
         if batch.quarantine:
