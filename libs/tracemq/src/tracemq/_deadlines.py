@@ -48,11 +48,21 @@ class Deadlines:
         self._timer_at = 0.0
         self._compact_at = 1024  # heap length that triggers dropping finished entries
 
-    def enqueue(self, loop: asyncio.AbstractEventLoop, deadline: float) -> list[Any]:
+    def enqueue(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        deadline: float,
+        ack: asyncio.Future[Any] | None = None,
+    ) -> list[Any]:
         """Watch the current task until :meth:`wait_ack` or :meth:`done`: it is cancelled at
-        ``deadline`` (see :meth:`expired`). Returns the entry the other calls take."""
-        task = asyncio.current_task(loop)
-        entry = [deadline, next(self._seq), task, None, _LIVE, task.cancelling() if task else 0]
+        ``deadline`` (see :meth:`expired`). Returns the entry the other calls take. With
+        ``ack`` (a record handed over without an await: no task to watch), the entry starts
+        where :meth:`wait_ack` would put it: the deadline fails ``ack``."""
+        if ack is None:
+            task = asyncio.current_task(loop)
+            entry = [deadline, next(self._seq), task, None, _LIVE, task.cancelling() if task else 0]
+        else:
+            entry = [deadline, next(self._seq), None, ack, _LIVE, 0]
         heap = self._heap
         # Finished entries at the top go now: deadlines mostly grow with time (one time-out
         # per producer or consumer), so the top is the oldest entry and usually done. Left for

@@ -87,6 +87,28 @@ class ProducerPool:
         """The producer of ``bootstrap`` if it is started (no await on the send path)."""
         return self._producers.get(bootstrap)
 
+    def send_now(
+        self, bootstrap: str, tp: TopicPartition, value: bytes, headers: list[tuple[str, bytes]]
+    ) -> asyncio.Future[RecordMetadata] | None:
+        """:meth:`send` without a coroutine, for the usual record: appended to its partition's
+        open batch (one is opened if there is none) by the same steps as aiokafka's
+        ``add_message``, short of its wait. None, having done nothing, when anything would
+        take more than that — no started producer yet, an unknown partition, a closed or
+        failed accumulator, a full batch — then :meth:`send` the record, which waits as
+        aiokafka does (a full batch that refused the record is closed already; ``add_message``
+        finds it so and waits for it to drain). Three coroutine frames less per send: the
+        producer's own, this pool's and aiokafka's."""
+        fast = self._fast.get(bootstrap)
+        if fast is None:
+            return None
+        acc = fast[0]
+        known = fast[1]._partitions.get(tp.topic)  # replaced, not mutated, on updates
+        if known is None or tp.partition not in known or acc._closed or acc._exception is not None:
+            return None
+        pending = acc._batches.get(tp)
+        batch = pending[-1] if pending else acc._append_batch(acc.create_builder(), tp)
+        return batch.append(None, value, None, headers=headers)  # type: ignore[no-any-return]
+
     async def send(
         self, bootstrap: str, tp: TopicPartition, value: bytes, headers: list[tuple[str, bytes]]
     ) -> asyncio.Future[RecordMetadata]:
@@ -128,11 +150,16 @@ class ProducerPool:
             raise
         self._producers[bootstrap] = p
         cluster = getattr(getattr(p, "client", None), "cluster", None)
+        acc = getattr(p, "_message_accumulator", None)
         if (
-            getattr(p, "_message_accumulator", None) is not None
+            acc is not None
             and type(getattr(cluster, "_partitions", None)) is dict
             and getattr(p, "_txn_manager", True) is None
-        ):  # what enqueue() checks per record, checked once: see send()
+            and all(
+                hasattr(acc, name)
+                for name in ("_batches", "_closed", "_exception", "_append_batch", "create_builder")
+            )
+        ):  # what enqueue() checks per record, checked once: see send() and send_now()
             self._fast[bootstrap] = (p._message_accumulator, cluster, p._request_timeout_ms / 1000)
         return p
 

@@ -434,6 +434,12 @@ class Producer(ClientBase):
     ) -> SendResult:
         runtime = self._runtime
         store_host = runtime.cached_store_host(q.address) or await runtime.store_host(q.address)
+        return self._result_at(store_host, q, place, msg_id, md)
+
+    def _result_at(
+        self, store_host: str, q: QueueRoute, place: _Placement, msg_id: str, md: RecordMetadata
+    ) -> SendResult:
+        """:meth:`_result` once the store host is known (the usual case: no coroutine)."""
         # Kafka LogAppendTime (type 1) is the broker's store time; otherwise the ack time.
         store_ts = md.timestamp if md.timestamp_type == 1 else time.time_ns() // 1_000_000
         handle = None
@@ -518,6 +524,8 @@ class Producer(ClientBase):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (timeout or self.send_msg_timeout_ms / 1000)
         deadlines = self._deadlines
+        runtime = self._runtime
+        send_now = runtime.pool.send_now
         attempts = 1 + (0 if selector else self.retry_times_when_send_failed)
         avoid: str | None = None
         fixed = queues.index(self._select(queues, msg, selector, arg)) if selector else None
@@ -544,11 +552,22 @@ class Producer(ClientBase):
             try:
                 if deadline <= loop.time():
                     raise TimeoutError(f"send timed out after {attempt} attempt(s)")
-                # One deadline for enqueue + ack, on the producer's shared timer.
-                entry = deadlines.enqueue(loop, deadline)
-                fut = await self._produce(q, place, msg, headers)
-                deadlines.wait_ack(entry, fut)
-                md = await fut
+                # One deadline for enqueue + ack, on the producer's shared timer. The usual
+                # record is in its batch without an await (the record was checked against
+                # max_message_size: the pool skips aiokafka's re-checks).
+                ack = send_now(
+                    q.data_bootstrap,
+                    place.tp,
+                    msg.body,
+                    [*headers, *place.headers] if place.headers else headers,
+                )
+                if ack is not None:
+                    entry = deadlines.enqueue(loop, deadline, ack)
+                else:
+                    entry = deadlines.enqueue(loop, deadline)
+                    ack = await self._produce(q, place, msg, headers)
+                    deadlines.wait_ack(entry, ack)
+                md = await ack
             except asyncio.CancelledError:
                 if entry is None or not deadlines.expired(entry):
                     raise
@@ -587,7 +606,12 @@ class Producer(ClientBase):
                     break
                 continue
             self._faults.succeeded(q.broker)
-            result = await self._result(q, place, msg_id, md)
+            store_host = runtime.cached_store_host(q.address)
+            result = (
+                self._result_at(store_host, q, place, msg_id, md)
+                if store_host
+                else await self._result(q, place, msg_id, md)
+            )
             if ctx is not None:
                 ctx.end_timestamp, ctx.send_result, ctx.exception = now_ms(), result, None
                 call_hooks(hooks, "send_message_after", ctx)
@@ -790,6 +814,8 @@ class Producer(ClientBase):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (timeout or self.send_msg_timeout_ms / 1000)
         deadlines = self._deadlines
+        runtime = self._runtime
+        send_now = runtime.pool.send_now
         results: list[SendResult | None] = [None] * len(checked)
         errors: list[BaseException | None] = [None] * len(checked)
         pending = list(range(len(checked)))
@@ -817,9 +843,15 @@ class Producer(ClientBase):
             elif trace is not None:
                 begin = now_ms()
             futs: list[asyncio.Future[RecordMetadata] | BaseException] = []
+            bootstrap, tp = q.data_bootstrap, place.tp  # (a batch's placement adds no headers)
             for i in pending:
                 try:
-                    futs.append(await self._produce(q, place, checked[i], headers[i]))
+                    ack = send_now(bootstrap, tp, checked[i].body, headers[i])
+                    futs.append(
+                        ack
+                        if ack is not None
+                        else await self._produce(q, place, checked[i], headers[i])
+                    )
                 except Exception as exc:
                     futs.append(exc)
             # One deadline for the acknowledgements of all members (members of one request are
@@ -858,7 +890,12 @@ class Producer(ClientBase):
                     still.append(i)
                     result = None
                 else:
-                    result = results[i] = await self._result(q, place, msg_ids[i], md)
+                    store_host = runtime.cached_store_host(q.address)
+                    result = results[i] = (
+                        self._result_at(store_host, q, place, msg_ids[i], md)
+                        if store_host
+                        else await self._result(q, place, msg_ids[i], md)
+                    )
                     errors[i] = None
                 if ctxs is not None:
                     c = ctxs[i]
