@@ -132,3 +132,23 @@ async def test_finished_entries_leave_the_heap_at_the_next_enqueue() -> None:
     Deadlines.done(later)  # (not at the top: stays until the live one is done)
     assert live in deadlines._heap
     deadlines.close()
+
+
+@pytest.mark.timeout(10)
+async def test_an_ack_handed_over_without_an_await_is_failed_at_the_deadline() -> None:
+    # (Deadlines.enqueue with the ack: the producer's send_now path, no task watched)
+    d = Deadlines()
+    loop = asyncio.get_running_loop()
+    ack: asyncio.Future[Any] = loop.create_future()
+    entry = d.enqueue(loop, loop.time() + 0.05, ack)
+    with pytest.raises(TimeoutError):
+        await ack
+    assert not d.expired(entry)  # the task was never cancelled: nothing to withdraw
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0
+    d.done(entry)
+    acked: asyncio.Future[Any] = loop.create_future()
+    d.done(d.enqueue(loop, loop.time() + 0.01, acked))
+    await asyncio.sleep(0.05)
+    assert not acked.done()  # a finished entry fails nothing
+    d.close()
