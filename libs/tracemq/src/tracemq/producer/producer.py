@@ -196,6 +196,7 @@ class Producer(ClientBase):
             )
         )
         self._next_msg_id = msg_id_source()
+        self._born_ms, self._born_text = -1, b""  # BORN_TIMESTAMP of the last send, rendered
         self._replies: ReplyListener | None = None
         self._recall_lock = asyncio.Lock()
 
@@ -405,9 +406,11 @@ class Producer(ClientBase):
         return plan
 
     def _headers(self, msg: Message, msg_id: str, born_ms: int) -> list[tuple[str, bytes]]:
+        if born_ms != self._born_ms:  # (rendered once per millisecond: sends share it)
+            self._born_ms, self._born_text = born_ms, str(born_ms).encode()
         h = [
             (MessageConst.UNIQ_KEY, msg_id.encode()),
-            (MessageConst.BORN_TIMESTAMP, str(born_ms).encode()),
+            (MessageConst.BORN_TIMESTAMP, self._born_text),
             *self._born_headers,
         ]
         if msg.tags:
