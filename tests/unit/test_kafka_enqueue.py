@@ -77,11 +77,13 @@ class _Batch:
         self.room = room
         self.appended: list[tuple[Any, ...]] = []
 
-    def append(self, key: Any, value: Any, timestamp_ms: Any, headers: Any = ()) -> Any:
+    def append(
+        self, key: Any, value: Any, timestamp_ms: Any, _create_future: Any, headers: Any = ()
+    ) -> Any:
         if len(self.appended) >= self.room:
             return None  # full (aiokafka closes the batch)
         self.appended.append((key, value, timestamp_ms, headers))
-        return f"future {len(self.appended)}"
+        return _create_future()
 
 
 class _Accumulator:
@@ -103,7 +105,14 @@ class _Accumulator:
 
 def _pool(acc: _Accumulator, partitions: Any) -> ProducerPool:
     pool = ProducerPool()
-    pool._fast["b:9092"] = (acc, SimpleNamespace(_partitions=partitions), 10.0)
+    futures = iter(range(1, 100))
+    # (the producer loop's create_future: aiokafka's own would look the running loop up)
+    pool._fast["b:9092"] = (
+        acc,
+        SimpleNamespace(_partitions=partitions),
+        10.0,
+        lambda: f"future {next(futures)}",
+    )
     return pool
 
 
@@ -129,3 +138,10 @@ def test_send_now_does_nothing_where_send_would_wait_or_decide(case: str) -> Non
     assert pool.send_now(bootstrap, TP, b"v", []) is None
     # nothing appended (a full batch refused the record: aiokafka's add_message waits for it)
     assert all(not b.appended for q in acc._batches.values() for b in q)
+
+
+def test_the_installed_aiokafka_takes_the_future_factory_send_now_passes() -> None:
+    # (without it ProducerPool never takes its fast paths: every record would go through send)
+    from tracemq import _kafka
+
+    assert _kafka._APPEND_TAKES_FACTORY

@@ -197,11 +197,16 @@ class Producer(ClientBase):
         )
         self._next_msg_id = msg_id_source()
         self._born_ms, self._born_text = -1, b""  # BORN_TIMESTAMP of the last send, rendered
+        # The loop it was started in, where its Kafka producers live (aiokafka's are bound to
+        # theirs): a send reads it here, as CPython's running-loop look-up makes a getpid()
+        # system call each time. None before start: the running loop then.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._replies: ReplyListener | None = None
         self._recall_lock = asyncio.Lock()
 
     # -- lifecycle -------------------------------------------------------------------------
     async def _start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         await self._runtime.start()
         if self._runtime.dispatcher is not None:
             from tracemq.trace._hooks import SendMessageTraceHook
@@ -525,7 +530,7 @@ class Producer(ClientBase):
             else None
         )  # fmt: skip
         begin = 0
-        loop = asyncio.get_running_loop()
+        loop = self._loop or asyncio.get_running_loop()
         deadline = loop.time() + (timeout or self.send_msg_timeout_ms / 1000)
         deadlines = self._deadlines
         runtime = self._runtime
@@ -817,7 +822,7 @@ class Producer(ClientBase):
             else None
         )  # fmt: skip
         begin = 0
-        loop = asyncio.get_running_loop()
+        loop = self._loop or asyncio.get_running_loop()
         deadline = loop.time() + (timeout or self.send_msg_timeout_ms / 1000)
         deadlines = self._deadlines
         runtime = self._runtime
