@@ -65,6 +65,7 @@ class Deadlines:
         ``deadline`` (see :meth:`expired`). Returns the entry the other calls take. With
         ``ack`` (a record handed over without an await: no task to watch), the entry starts
         where :meth:`wait_ack` would put it: the deadline fails ``ack``."""
+        entry: list[Any]
         if ack is None:
             task = asyncio.current_task(loop)
             entry = [deadline, 0, task, None, _LIVE, task.cancelling() if task else 0]
