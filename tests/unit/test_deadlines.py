@@ -18,6 +18,10 @@ from tracemq.routing.model import QueueRoute
 ROUTE = QueueRoute("broker-a", "c", 2, 2, 6, "127.0.0.1:1", "10.0.0.1:10911")
 
 
+def _entries(d: Deadlines) -> list[Any]:
+    return [*d._fifo, *d._heap]
+
+
 def _producer(produce: Any) -> Producer:
     p = Producer("PG", redis_url="redis://127.0.0.1:1/0", control_bootstrap="127.0.0.1:1")
     p._state = "running"
@@ -85,7 +89,7 @@ async def test_an_outside_cancellation_is_not_turned_into_a_timeout() -> None:
     send.cancel()
     with pytest.raises(asyncio.CancelledError):
         await send
-    assert all(e[4] != 0 for e in p._deadlines._heap)  # no deadline left watching
+    assert all(e[4] != 0 for e in _entries(p._deadlines))  # no deadline left watching
 
 
 @pytest.mark.timeout(10)
@@ -104,17 +108,17 @@ async def test_a_batch_whose_acks_never_come_fails_as_a_whole_with_timeouts() ->
     assert all(f.done() for f in pending)  # nothing left waiting on the transport
 
 
-async def test_the_heap_of_finished_sends_stays_small() -> None:
+async def test_the_entries_of_finished_sends_stay_few() -> None:
     d = Deadlines()
     loop = asyncio.get_running_loop()
     for _ in range(20_000):
         d.done(d.enqueue(loop, loop.time() + 60))
-    assert len(d._heap) <= 1025 + 1  # compacted once finished entries are most of it
+    assert len(_entries(d)) <= 1025 + 1  # compacted once finished entries are most of it
     d.close()
     assert RESOLUTION_S <= 0.01
 
 
-async def test_finished_entries_leave_the_heap_at_the_next_enqueue() -> None:
+async def test_finished_entries_leave_at_the_next_enqueue() -> None:
     # (left for the compaction at 1 024 entries, each finished entry outlived young-generation
     # collections: a consumer with one deadline per listener call ran ten times as many)
     import gc
@@ -125,10 +129,54 @@ async def test_finished_entries_leave_the_heap_at_the_next_enqueue() -> None:
     young = gc.get_stats()[0]["collections"]
     for _ in range(5000):
         Deadlines.done(deadlines.enqueue(loop, loop.time() + 60))
-    assert len(deadlines._heap) <= 1
+    assert len(_entries(deadlines)) <= 1
     assert gc.get_stats()[0]["collections"] - young <= 2
     live = deadlines.enqueue(loop, loop.time() + 60)
     later = deadlines.enqueue(loop, loop.time() + 61)
     Deadlines.done(later)  # (not at the top: stays until the live one is done)
-    assert live in deadlines._heap
+    assert live in _entries(deadlines)
     deadlines.close()
+
+
+@pytest.mark.timeout(10)
+async def test_an_ack_handed_over_without_an_await_is_failed_at_the_deadline() -> None:
+    # (Deadlines.enqueue with the ack: the producer's send_now path, no task watched)
+    d = Deadlines()
+    loop = asyncio.get_running_loop()
+    ack: asyncio.Future[Any] = loop.create_future()
+    entry = d.enqueue(loop, loop.time() + 0.05, ack)
+    with pytest.raises(TimeoutError):
+        await ack
+    assert not d.expired(entry)  # the task was never cancelled: nothing to withdraw
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0
+    d.done(entry)
+    acked: asyncio.Future[Any] = loop.create_future()
+    d.done(d.enqueue(loop, loop.time() + 0.01, acked))
+    await asyncio.sleep(0.05)
+    assert not acked.done()  # a finished entry fails nothing
+    d.close()
+
+
+@pytest.mark.timeout(10)
+async def test_deadlines_out_of_order_each_fire_in_time() -> None:
+    # (in order they queue in a FIFO; an earlier one than the last goes to the heap: the timer
+    # serves whichever front is due first)
+    d = Deadlines()
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    acks = {delay: loop.create_future() for delay in (0.3, 0.1, 0.2, 0.05, 0.4)}
+    entries = {delay: d.enqueue(loop, t0 + delay, ack) for delay, ack in acks.items()}
+    assert d._heap  # (0.1, 0.2 and 0.05 came after a later one)
+    d.done(entries[0.2])  # finished: never fails its ack
+    failed_at: dict[float, float] = {}
+    for delay, ack in acks.items():
+        ack.add_done_callback(lambda _, delay=delay: failed_at.setdefault(delay, loop.time() - t0))
+    await asyncio.sleep(0.6)
+    assert sorted(failed_at) == [0.05, 0.1, 0.3, 0.4]
+    for delay, at in failed_at.items():
+        assert delay <= at < delay + 0.1
+        assert isinstance(acks[delay].exception(), TimeoutError)
+    assert not acks[0.2].done()
+    assert not _entries(d) or all(e[4] != 0 for e in _entries(d))
+    d.close()

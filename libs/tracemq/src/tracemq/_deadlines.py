@@ -16,13 +16,19 @@ often than every :data:`RESOLUTION_S`), ends what is overdue:
   as with any time-out, which stops the wait, not the record).
 
 A deadline fires at most :data:`RESOLUTION_S` late. Entries of finished sends are dropped lazily;
-the heap is compacted when they are most of it, so it stays within a small multiple of the sends
-in progress.
+the entries are compacted when finished ones are most of them, so they stay within a small
+multiple of the sends in progress.
+
+Entries live in a FIFO while their deadlines come in order (one client's operations mostly share
+one time-out, so a later one ends later): an append and a pop from its front, instead of a
+heap's sift on both ends (~0.4 us per operation). Only a deadline earlier than the FIFO's last
+(a shorter time-out) goes to the heap; the timer serves the earlier of the two fronts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import heapq
 import itertools
 from typing import Any
@@ -39,32 +45,49 @@ _LIVE, _DONE, _EXPIRED, _CANCELLED = 0, 1, 2, 3
 class Deadlines:
     """The deadlines of one client's operations in progress (one event loop)."""
 
-    __slots__ = ("_heap", "_seq", "_timer", "_timer_at", "_compact_at")
+    __slots__ = ("_fifo", "_heap", "_seq", "_timer", "_timer_at", "_compact_at")
 
     def __init__(self) -> None:
-        self._heap: list[list[Any]] = []
+        self._fifo: collections.deque[list[Any]] = collections.deque()  # deadlines in order
+        self._heap: list[list[Any]] = []  # the others
         self._seq = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._compact_at = 1024  # heap length that triggers dropping finished entries
 
-    def enqueue(self, loop: asyncio.AbstractEventLoop, deadline: float) -> list[Any]:
+    def enqueue(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        deadline: float,
+        ack: asyncio.Future[Any] | None = None,
+    ) -> list[Any]:
         """Watch the current task until :meth:`wait_ack` or :meth:`done`: it is cancelled at
-        ``deadline`` (see :meth:`expired`). Returns the entry the other calls take."""
-        task = asyncio.current_task(loop)
-        entry = [deadline, next(self._seq), task, None, _LIVE, task.cancelling() if task else 0]
-        heap = self._heap
-        # Finished entries at the top go now: deadlines mostly grow with time (one time-out
-        # per producer or consumer), so the top is the oldest entry and usually done. Left for
-        # the compaction, every entry would outlive young-generation collections (a consumer
-        # ran ten times as many as with asyncio.timeout).
-        while heap and heap[0][_STATE] != _LIVE:
-            heapq.heappop(heap)
-        if len(heap) > self._compact_at:
-            heap[:] = [e for e in heap if e[_STATE] == _LIVE]
-            heapq.heapify(heap)
-            self._compact_at = max(1024, 4 * len(heap))
-        heapq.heappush(heap, entry)
+        ``deadline`` (see :meth:`expired`). Returns the entry the other calls take. With
+        ``ack`` (a record handed over without an await: no task to watch), the entry starts
+        where :meth:`wait_ack` would put it: the deadline fails ``ack``."""
+        entry: list[Any]
+        if ack is None:
+            task = asyncio.current_task(loop)
+            entry = [deadline, 0, task, None, _LIVE, task.cancelling() if task else 0]
+        else:
+            entry = [deadline, 0, None, ack, _LIVE, 0]
+        # Finished entries at the front go now: deadlines mostly grow with time (one time-out
+        # per producer or consumer), so the front is the oldest entry and usually done. Left
+        # for the compaction, every entry would outlive young-generation collections (a
+        # consumer ran ten times as many as with asyncio.timeout).
+        fifo = self._fifo
+        while fifo and fifo[0][_STATE] != _LIVE:
+            fifo.popleft()
+        if not fifo or fifo[-1][_DEADLINE] <= deadline:
+            fifo.append(entry)
+        else:
+            heap = self._heap
+            while heap and heap[0][_STATE] != _LIVE:
+                heapq.heappop(heap)
+            entry[_SEQ] = next(self._seq)  # (equal deadlines never compare their tasks)
+            heapq.heappush(heap, entry)
+        if len(fifo) + len(self._heap) > self._compact_at:
+            self._compact()
         if self._timer is None or deadline + RESOLUTION_S < self._timer_at:
             self._arm(loop, deadline)
         return entry
@@ -95,6 +118,14 @@ class Deadlines:
             return False
         return bool(task.uncancel() <= entry[_CANCELLING])
 
+    def _compact(self) -> None:
+        """Drop every finished entry (a live one at a front keeps those behind it)."""
+        self._fifo = collections.deque(e for e in self._fifo if e[_STATE] == _LIVE)
+        heap = self._heap
+        heap[:] = [e for e in heap if e[_STATE] == _LIVE]
+        heapq.heapify(heap)
+        self._compact_at = max(1024, 4 * (len(self._fifo) + len(heap)))
+
     def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
         if self._timer is not None:
             self._timer.cancel()
@@ -105,22 +136,32 @@ class Deadlines:
     def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
         self._timer = None
         now = loop.time()
-        heap = self._heap
+        fifo, heap = self._fifo, self._heap
+        while fifo and fifo[0][_DEADLINE] <= now:
+            self._expire(fifo.popleft())
         while heap and heap[0][_DEADLINE] <= now:
-            entry = heapq.heappop(heap)
-            if entry[_STATE] != _LIVE:
-                continue
-            entry[_STATE] = _EXPIRED
-            fut, task = entry[_FUT], entry[_TASK]
-            if fut is not None:
-                entry[_FUT] = None
-                if not fut.done():
-                    fut.set_exception(TimeoutError("no acknowledgement before the send deadline"))
-            elif task is not None and not task.done():
-                entry[_STATE] = _CANCELLED
-                task.cancel()
-        if heap:
-            self._arm(loop, heap[0][_DEADLINE])
+            self._expire(heapq.heappop(heap))
+        if fifo or heap:
+            if not heap:
+                self._arm(loop, fifo[0][_DEADLINE])
+            elif not fifo:
+                self._arm(loop, heap[0][_DEADLINE])
+            else:
+                self._arm(loop, min(fifo[0][_DEADLINE], heap[0][_DEADLINE]))
+
+    @staticmethod
+    def _expire(entry: list[Any]) -> None:
+        if entry[_STATE] != _LIVE:
+            return
+        entry[_STATE] = _EXPIRED
+        fut, task = entry[_FUT], entry[_TASK]
+        if fut is not None:
+            entry[_FUT] = None
+            if not fut.done():
+                fut.set_exception(TimeoutError("no acknowledgement before the send deadline"))
+        elif task is not None and not task.done():
+            entry[_STATE] = _CANCELLED
+            task.cancel()
 
     def close(self) -> None:
         if self._timer is not None:

@@ -4,6 +4,7 @@ and the one message size limit every part of tracemq agrees on."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,6 +13,13 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.structs import RecordMetadata, TopicPartition
 
 from tracemq import kafka_security
+
+try:  # send_now() hands aiokafka the future factory of the producer's loop (see there)
+    from aiokafka.producer.message_accumulator import MessageBatch
+
+    _APPEND_TAKES_FACTORY = "_create_future" in inspect.signature(MessageBatch.append).parameters
+except (ImportError, AttributeError, TypeError, ValueError):  # another aiokafka
+    _APPEND_TAKES_FACTORY = False
 
 #: The largest message a producer sends (RocketMQ's default maxMessageSize, 4 MiB), counted as
 #: the transport counts it: the serialized Kafka record with its body, its properties and the
@@ -79,13 +87,38 @@ class ProducerPool:
     def __init__(self, **producer_kwargs: Any) -> None:
         self._kwargs = {**PRODUCER_DEFAULTS, **producer_kwargs}
         self._producers: dict[str, AIOKafkaProducer] = {}
-        # bootstrap -> (accumulator, cluster metadata, enqueue timeout): see send()
-        self._fast: dict[str, tuple[Any, Any, float]] = {}
+        # bootstrap -> (accumulator, cluster metadata, enqueue timeout, the producer loop's
+        # create_future): see send() and send_now()
+        self._fast: dict[str, tuple[Any, Any, float, Any]] = {}
         self._starting: dict[str, asyncio.Task[AIOKafkaProducer]] = {}
 
     def started(self, bootstrap: str) -> AIOKafkaProducer | None:
         """The producer of ``bootstrap`` if it is started (no await on the send path)."""
         return self._producers.get(bootstrap)
+
+    def send_now(
+        self, bootstrap: str, tp: TopicPartition, value: bytes, headers: list[tuple[str, bytes]]
+    ) -> asyncio.Future[RecordMetadata] | None:
+        """:meth:`send` without a coroutine, for the usual record: appended to its partition's
+        open batch (one is opened if there is none) by the same steps as aiokafka's
+        ``add_message``, short of its wait. None, having done nothing, when anything would
+        take more than that — no started producer yet, an unknown partition, a closed or
+        failed accumulator, a full batch — then :meth:`send` the record, which waits as
+        aiokafka does (a full batch that refused the record is closed already; ``add_message``
+        finds it so and waits for it to drain). Three coroutine frames less per send: the
+        producer's own, this pool's and aiokafka's. The acknowledgement's future comes from
+        the producer's loop directly: aiokafka's own factory looks the running loop up per
+        record, and CPython's look-up makes a ``getpid()`` system call each time."""
+        fast = self._fast.get(bootstrap)
+        if fast is None:
+            return None
+        acc = fast[0]
+        known = fast[1]._partitions.get(tp.topic)  # replaced, not mutated, on updates
+        if known is None or tp.partition not in known or acc._closed or acc._exception is not None:
+            return None
+        pending = acc._batches.get(tp)
+        batch = pending[-1] if pending else acc._append_batch(acc.create_builder(), tp)
+        return batch.append(None, value, None, fast[3], headers=headers)  # type: ignore[no-any-return]
 
     async def send(
         self, bootstrap: str, tp: TopicPartition, value: bytes, headers: list[tuple[str, bytes]]
@@ -94,7 +127,7 @@ class ProducerPool:
         use); the future of its acknowledgement. The common case is one call into aiokafka."""
         fast = self._fast.get(bootstrap)
         if fast is not None:
-            acc, cluster, timeout_s = fast
+            acc, cluster, timeout_s, _ = fast
             known = cluster._partitions.get(tp.topic)  # replaced, not mutated, on updates
             if known is not None and tp.partition in known:
                 return await acc.add_message(  # type: ignore[no-any-return]
@@ -128,12 +161,24 @@ class ProducerPool:
             raise
         self._producers[bootstrap] = p
         cluster = getattr(getattr(p, "client", None), "cluster", None)
+        acc = getattr(p, "_message_accumulator", None)
         if (
-            getattr(p, "_message_accumulator", None) is not None
+            acc is not None
             and type(getattr(cluster, "_partitions", None)) is dict
             and getattr(p, "_txn_manager", True) is None
-        ):  # what enqueue() checks per record, checked once: see send()
-            self._fast[bootstrap] = (p._message_accumulator, cluster, p._request_timeout_ms / 1000)
+            and _APPEND_TAKES_FACTORY
+            and isinstance(getattr(p, "_loop", None), asyncio.AbstractEventLoop)
+            and all(
+                hasattr(acc, name)
+                for name in ("_batches", "_closed", "_exception", "_append_batch", "create_builder")
+            )
+        ):  # what enqueue() checks per record, checked once: see send() and send_now()
+            self._fast[bootstrap] = (
+                acc,
+                cluster,
+                p._request_timeout_ms / 1000,
+                p._loop.create_future,
+            )
         return p
 
     async def close(self) -> None:

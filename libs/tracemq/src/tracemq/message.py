@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from tracemq.errors import InvalidMessageError
 from tracemq.naming import validate_topic
@@ -173,35 +174,34 @@ class SendResult:
         recall_handle: str | None,
     ) -> SendResult:
         """The producer's constructor, one per sent message: the same object as ``__init__``
-        makes, its slots set directly (a frozen dataclass's ``__init__`` pays a
-        ``object.__setattr__`` look-up per field)."""
-        r = object.__new__(cls)
-        _SR_SLOTS[0](r, send_status)
-        _SR_SLOTS[1](r, msg_id)
-        _SR_SLOTS[2](r, offset_msg_id)
-        _SR_SLOTS[3](r, queue)
-        _SR_SLOTS[4](r, queue_offset)
-        _SR_SLOTS[5](r, region_id)
-        _SR_SLOTS[6](r, trace_on)
-        _SR_SLOTS[7](r, store_timestamp)
-        _SR_SLOTS[8](r, recall_handle)
-        return r
+        makes, without a frozen dataclass's ``object.__setattr__`` per field. The fields are
+        stored into a :class:`_SendResultSlots` (the same slots, plain attribute stores),
+        which then becomes a SendResult: CPython lets an object change between two classes
+        of the same layout (same base, same ``__slots__``). ~0.17 us against ~0.6 us for
+        nine slot descriptors' ``__set__`` calls and ~0.7 us for ``__init__``."""
+        if cls is not SendResult:  # (a subclass may add slots: its own __init__)
+            return cls(send_status, msg_id, offset_msg_id, queue, queue_offset, region_id,
+                       trace_on, store_timestamp, recall_handle)  # fmt: skip
+        r: Any = _SendResultSlots()
+        r.send_status = send_status
+        r.msg_id = msg_id
+        r.offset_msg_id = offset_msg_id
+        r.queue = queue
+        r.queue_offset = queue_offset
+        r.region_id = region_id
+        r.trace_on = trace_on
+        r.store_timestamp = store_timestamp
+        r.recall_handle = recall_handle
+        r.__class__ = SendResult
+        return r  # type: ignore[no-any-return]
 
 
-_SR_SLOTS = tuple(
-    SendResult.__dict__[f].__set__
-    for f in (
-        "send_status",
-        "msg_id",
-        "offset_msg_id",
-        "queue",
-        "queue_offset",
-        "region_id",
-        "trace_on",
-        "store_timestamp",
-        "recall_handle",
-    )
-)
+class _SendResultSlots:
+    """:class:`SendResult`'s layout without its frozen ``__setattr__`` (see ``_of``)."""
+
+    __slots__ = SendResult.__slots__
+
+
 assert [f for f in SendResult.__dataclass_fields__] == [  # _of() sets every field
     "send_status", "msg_id", "offset_msg_id", "queue", "queue_offset", "region_id", "trace_on",
     "store_timestamp", "recall_handle",

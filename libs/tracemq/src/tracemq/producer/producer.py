@@ -196,11 +196,17 @@ class Producer(ClientBase):
             )
         )
         self._next_msg_id = msg_id_source()
+        self._born_ms, self._born_text = -1, b""  # BORN_TIMESTAMP of the last send, rendered
+        # The loop it was started in, where its Kafka producers live (aiokafka's are bound to
+        # theirs): a send reads it here, as CPython's running-loop look-up makes a getpid()
+        # system call each time. None before start: the running loop then.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._replies: ReplyListener | None = None
         self._recall_lock = asyncio.Lock()
 
     # -- lifecycle -------------------------------------------------------------------------
     async def _start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         await self._runtime.start()
         if self._runtime.dispatcher is not None:
             from tracemq.trace._hooks import SendMessageTraceHook
@@ -404,10 +410,12 @@ class Producer(ClientBase):
         self._plans[topic] = plan
         return plan
 
-    def _headers(self, msg: Message, msg_id: str) -> list[tuple[str, bytes]]:
+    def _headers(self, msg: Message, msg_id: str, born_ms: int) -> list[tuple[str, bytes]]:
+        if born_ms != self._born_ms:  # (rendered once per millisecond: sends share it)
+            self._born_ms, self._born_text = born_ms, str(born_ms).encode()
         h = [
             (MessageConst.UNIQ_KEY, msg_id.encode()),
-            (MessageConst.BORN_TIMESTAMP, str(time.time_ns() // 1_000_000).encode()),
+            (MessageConst.BORN_TIMESTAMP, self._born_text),
             *self._born_headers,
         ]
         if msg.tags:
@@ -434,6 +442,12 @@ class Producer(ClientBase):
     ) -> SendResult:
         runtime = self._runtime
         store_host = runtime.cached_store_host(q.address) or await runtime.store_host(q.address)
+        return self._result_at(store_host, q, place, msg_id, md)
+
+    def _result_at(
+        self, store_host: str, q: QueueRoute, place: _Placement, msg_id: str, md: RecordMetadata
+    ) -> SendResult:
+        """:meth:`_result` once the store host is known (the usual case: no coroutine)."""
         # Kafka LogAppendTime (type 1) is the broker's store time; otherwise the ack time.
         store_ts = md.timestamp if md.timestamp_type == 1 else time.time_ns() // 1_000_000
         handle = None
@@ -500,7 +514,8 @@ class Producer(ClientBase):
             msg_type = MessageType.Delay_Msg
         else:
             msg_type = _ORDER_MSG if selector else _NORMAL_MSG
-        headers = self._headers(msg, msg_id)
+        born = time.time_ns() // 1_000_000  # (now_ms() inline: once per send)
+        headers = self._headers(msg, msg_id, born)
         self._check_placed_size(msg, headers, queues, half)
         hooks = self._hooks
         # Without hooks (no trace, no OpenTelemetry) no context is built at all, nor with
@@ -515,9 +530,11 @@ class Producer(ClientBase):
             else None
         )  # fmt: skip
         begin = 0
-        loop = asyncio.get_running_loop()
+        loop = self._loop or asyncio.get_running_loop()
         deadline = loop.time() + (timeout or self.send_msg_timeout_ms / 1000)
         deadlines = self._deadlines
+        runtime = self._runtime
+        send_now = runtime.pool.send_now
         attempts = 1 + (0 if selector else self.retry_times_when_send_failed)
         avoid: str | None = None
         fixed = queues.index(self._select(queues, msg, selector, arg)) if selector else None
@@ -539,16 +556,28 @@ class Producer(ClientBase):
                 if self._before_hooks:
                     call_hooks(self._before_hooks, "send_message_before", ctx)
             elif trace is not None:
-                begin = now_ms()
+                # (the first attempt begins as the message is born: one clock read less)
+                begin = now_ms() if attempt else born
             entry = None
             try:
                 if deadline <= loop.time():
                     raise TimeoutError(f"send timed out after {attempt} attempt(s)")
-                # One deadline for enqueue + ack, on the producer's shared timer.
-                entry = deadlines.enqueue(loop, deadline)
-                fut = await self._produce(q, place, msg, headers)
-                deadlines.wait_ack(entry, fut)
-                md = await fut
+                # One deadline for enqueue + ack, on the producer's shared timer. The usual
+                # record is in its batch without an await (the record was checked against
+                # max_message_size: the pool skips aiokafka's re-checks).
+                ack = send_now(
+                    q.data_bootstrap,
+                    place.tp,
+                    msg.body,
+                    [*headers, *place.headers] if place.headers else headers,
+                )
+                if ack is not None:
+                    entry = deadlines.enqueue(loop, deadline, ack)
+                else:
+                    entry = deadlines.enqueue(loop, deadline)
+                    ack = await self._produce(q, place, msg, headers)
+                    deadlines.wait_ack(entry, ack)
+                md = await ack
             except asyncio.CancelledError:
                 if entry is None or not deadlines.expired(entry):
                     raise
@@ -587,7 +616,12 @@ class Producer(ClientBase):
                     break
                 continue
             self._faults.succeeded(q.broker)
-            result = await self._result(q, place, msg_id, md)
+            store_host = runtime.cached_store_host(q.address)
+            result = (
+                self._result_at(store_host, q, place, msg_id, md)
+                if store_host
+                else await self._result(q, place, msg_id, md)
+            )
             if ctx is not None:
                 ctx.end_timestamp, ctx.send_result, ctx.exception = now_ms(), result, None
                 call_hooks(hooks, "send_message_after", ctx)
@@ -692,7 +726,7 @@ class Producer(ClientBase):
         msg = self._check(msg)
         msg_id = new_msg_id()
         _, queues = await self._queues(msg.topic, delay_level=msg.delay_level)
-        headers = self._headers(msg, msg_id)
+        headers = self._headers(msg, msg_id, now_ms())
         self._check_placed_size(msg, headers, queues)
         q, qid = queues[self._pick(queues, None)]
         place = self._place(q, qid, msg)
@@ -757,7 +791,8 @@ class Producer(ClientBase):
         queues, places = plan.queues, plan.places
         next_id = self._next_msg_id
         msg_ids = [next_id() for _ in checked]
-        headers = [self._headers(m, i) for m, i in zip(checked, msg_ids, strict=True)]
+        born = now_ms()
+        headers = [self._headers(m, i, born) for m, i in zip(checked, msg_ids, strict=True)]
         total = 0
         for n, (m, h) in enumerate(zip(checked, headers, strict=True)):
             try:
@@ -787,9 +822,11 @@ class Producer(ClientBase):
             else None
         )  # fmt: skip
         begin = 0
-        loop = asyncio.get_running_loop()
+        loop = self._loop or asyncio.get_running_loop()
         deadline = loop.time() + (timeout or self.send_msg_timeout_ms / 1000)
         deadlines = self._deadlines
+        runtime = self._runtime
+        send_now = runtime.pool.send_now
         results: list[SendResult | None] = [None] * len(checked)
         errors: list[BaseException | None] = [None] * len(checked)
         pending = list(range(len(checked)))
@@ -817,9 +854,15 @@ class Producer(ClientBase):
             elif trace is not None:
                 begin = now_ms()
             futs: list[asyncio.Future[RecordMetadata] | BaseException] = []
+            bootstrap, tp = q.data_bootstrap, place.tp  # (a batch's placement adds no headers)
             for i in pending:
                 try:
-                    futs.append(await self._produce(q, place, checked[i], headers[i]))
+                    ack = send_now(bootstrap, tp, checked[i].body, headers[i])
+                    futs.append(
+                        ack
+                        if ack is not None
+                        else await self._produce(q, place, checked[i], headers[i])
+                    )
                 except Exception as exc:
                     futs.append(exc)
             # One deadline for the acknowledgements of all members (members of one request are
@@ -858,7 +901,12 @@ class Producer(ClientBase):
                     still.append(i)
                     result = None
                 else:
-                    result = results[i] = await self._result(q, place, msg_ids[i], md)
+                    store_host = runtime.cached_store_host(q.address)
+                    result = results[i] = (
+                        self._result_at(store_host, q, place, msg_ids[i], md)
+                        if store_host
+                        else await self._result(q, place, msg_ids[i], md)
+                    )
                     errors[i] = None
                 if ctxs is not None:
                     c = ctxs[i]
