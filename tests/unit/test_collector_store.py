@@ -824,14 +824,27 @@ def test_an_integer_column_of_a_block_is_the_text_of_each_value(values: list[Any
         assert store_module._int_column_text(column) == expected
 
 
-@pytest.mark.parametrize("values", [["7", "x"], [None, 1], [1.5, 2], ["12", "12"]])
+@pytest.mark.parametrize(
+    "values",
+    [
+        ["7", "x"],
+        [None, 1],
+        [1.5, 2],
+        ["12", "12"],
+        [5000, "12", 7000],  # large numbers (the printf path) with a text among them
+        [5000.7, 2e20, True, -3.9],
+        [5000, float("nan")],
+        [5000, float("inf")],
+        [5000, None, 7000],
+    ],
+)
 def test_an_integer_column_of_other_values_is_what_int_makes_of_them(values: list[Any]) -> None:
     try:
         expected: Any = "\x02".join(str(int(v)) for v in values)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         expected = type(exc)
     try:
         got: Any = store_module._int_column_text(values)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         got = type(exc)
     assert got == expected

@@ -409,6 +409,9 @@ _SMALL_INTS = tuple(map(str, range(_SMALL)))
 _small_int_text = _SMALL_INTS.__getitem__
 
 
+_INT_FORMAT = "%d" + _FIELD_SEP
+
+
 def _int_column_text(column: Sequence[Any]) -> str:
     """An integer column's text: ``"\x02".join(str(int(v)) for v in column)``, with less work
     for a column of one value (store_time, ingest_ts) and one of small numbers."""
@@ -422,6 +425,10 @@ def _int_column_text(column: Sequence[Any]) -> str:
         # the ends tell a column of large numbers (timestamps, offsets) at once
         if 0 <= first < _SMALL and 0 <= last < _SMALL and min(column) >= 0 and max(column) < _SMALL:
             return _FIELD_SEP.join(map(_small_int_text, column))
+        # One printf-style format over the whole column, each value formatted in C: ~3 times
+        # faster than str() per value, and the same text as str(int(v)) for whatever "%d"
+        # accepts (ints, bools, floats); a text value raises TypeError and goes the long way.
+        return (_INT_FORMAT * n)[:-1] % tuple(column)
     except TypeError:  # not all integers: int() says what they are
         pass
     return _FIELD_SEP.join(map(str, map(int, column)))
@@ -1106,17 +1113,23 @@ class TraceStore:
         return kept
 
     @staticmethod
-    def _published(conn: sqlite3.Connection, msg_ids: list[str]) -> set[str]:
-        """The msgIds of ``msg_ids`` with a Pub already stored (a retried send)."""
+    def _published(
+        conn: sqlite3.Connection, msg_ids: list[str], hashes: dict[str, int] | None = None
+    ) -> set[str]:
+        """The msgIds of ``msg_ids`` with a Pub already stored (a retried send).
+
+        ``hashes``: msgId → :func:`_msg_hash`, those the caller has already computed."""
         if not msg_ids:
             return set()
         wanted = set(msg_ids)
         blocks = _Blocks(conn)
         found: set[str] = set()
+        if hashes is None:
+            hashes = {}
         hits = conn.execute(
             "SELECT DISTINCT block FROM msg_index "
             "WHERE msg_hash IN (SELECT value FROM json_each(?)) AND pub = 1",
-            (json.dumps([_msg_hash(m) for m in msg_ids]),),
+            (json.dumps([hashes[m] if m in hashes else _msg_hash(m) for m in msg_ids]),),
         ).fetchall()
         for (block,) in hits:
             for e in blocks.get(block).values():
@@ -1130,15 +1143,18 @@ class TraceStore:
         # that are not one run each).
         columns = batch.columns
         n = len(batch)
+        types, msg_ids = columns[_E_TYPE - 1], columns[_E_MSG - 1]
+        ids = dict.fromkeys(msg_ids)
+        ids.pop(None, None)
+        hashes = _msg_hashes(ids)  # a message's events mostly share a block, not always
         key_rows = batch.key_rows
         if key_rows:
             # Messages whose keys an earlier Pub (a retried send) already indexed.
-            indexed = self._published(conn, batch.key_msg_ids)
+            indexed = self._published(conn, batch.key_msg_ids, hashes)
             if indexed:
                 key_rows = [row for row in key_rows if row[2] not in indexed]
         # Read inside the transaction: correct even if another process wrote this file.
         next_block = int(self._meta(conn, "next_block_id"))
-        types, msg_ids = columns[_E_TYPE - 1], columns[_E_MSG - 1]
         msg_topics, stamps = columns[_E_MTOPIC - 1], columns[_E_TS - 1]
         is_pub = list(map(_eq, types, repeat("Pub")))
         topics = {t for t in compress(msg_topics, is_pub) if t is not None}
@@ -1154,9 +1170,6 @@ class TraceStore:
                 place = _place_hash(_pub_offset_msg_id(events[i]))
                 if place is not None:
                     place_of[i] = place
-        ids = dict.fromkeys(msg_ids)
-        ids.pop(None, None)
-        hashes = _msg_hashes(ids)  # a message's events mostly share a block, not always
         ref_of = [0] * n
         block_rows: list[tuple[Any, ...]] = []
         msg_rows: list[tuple[int, int, int]] = []
