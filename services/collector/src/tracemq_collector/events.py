@@ -799,7 +799,7 @@ class StoreRows:
         ):
             raise ValueError("a pickled StoreRows of the wrong shape")
         self._columns, self._events, self.places = columns, None, place_columns
-        self.key_rows = list(zip(*key_columns))
+        self.key_rows = list(zip(*key_columns, strict=True))
         (
             self.key_msg_ids,
             self.quarantine,

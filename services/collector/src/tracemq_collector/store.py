@@ -117,6 +117,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import compress, repeat
 from operator import eq as _eq
 from operator import itemgetter
+from operator import rshift as _rshift
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -439,14 +440,15 @@ def _encode_column(i: int, column: Sequence[Any]) -> str | None:
     holds a separator (records never do: they were split on \x02)."""
     if i in _INT_POSITIONS:
         return _int_column_text(column)
+    nones = column.count(None)
     try:
-        text = _FIELD_SEP.join([_NONE if v is None else v for v in column])
+        text = _FIELD_SEP.join([_NONE if v is None else v for v in column] if nones else column)
     except TypeError:
         raise ValueError(f"event field of an unexpected type in {column!r}") from None
     if (
         text.count(_FIELD_SEP) == len(column) - 1
         and _EVENT_SEP not in text
-        and text.count(_NONE) == column.count(None)
+        and text.count(_NONE) == nones
     ):
         return text
     return None
@@ -1223,11 +1225,14 @@ class TraceStore:
                         _encode_columns(block_columns),
                     )
                 )
-                hashed: dict[int, int] = {}
-                for msg_id, pub in msgs.items():
-                    h = hashes[msg_id]
-                    hashed[h] = max(pub, hashed.get(h, 0))  # two ids of one hash: one row
-                msg_rows.extend((h, block, pub) for h, pub in hashed.items())
+                block_hashes = list(map(hashes.__getitem__, msgs))
+                if len(set(block_hashes)) == len(block_hashes):
+                    msg_rows.extend(zip(block_hashes, repeat(block), msgs.values()))
+                else:  # two ids of one hash: one row, with a Pub if either has one
+                    hashed: dict[int, int] = {}
+                    for h, pub in zip(block_hashes, msgs.values(), strict=True):
+                        hashed[h] = max(pub, hashed.get(h, 0))
+                    msg_rows.extend((h, block, pub) for h, pub in hashed.items())
         conn.executemany("INSERT INTO blocks VALUES (?, ?, ?, ?, ?, ?, ?, ?)", block_rows)
         conn.executemany("INSERT OR IGNORE INTO msg_index VALUES (?, ?, ?)", msg_rows)
         if pub_rows:
@@ -1235,19 +1240,20 @@ class TraceStore:
         if place_rows:
             conn.executemany("INSERT OR IGNORE INTO place_index VALUES (?, ?)", place_rows)
         if key_rows:
-            rows = []
-            for position_n, key, _msg_id, topic, timestamp in key_rows:
-                ref = ref_of[position_n >> _KEY_SHIFT]
-                rows.append(
-                    (
-                        ref >> KEY_BUCKET_BITS,
-                        key,
-                        timestamp,
-                        ref,
-                        None if topic is None else topic_ids[topic],
-                    )
-                )
-            conn.executemany("INSERT OR IGNORE INTO key_index VALUES (?, ?, ?, ?, ?)", rows)
+            # (bucket, key, timestamp, ref, topic id) of each key row, built in C
+            ids, keys, _, key_topics, key_stamps = zip(*key_rows, strict=True)
+            refs = list(map(ref_of.__getitem__, map(_rshift, ids, repeat(_KEY_SHIFT))))
+            conn.executemany(
+                "INSERT OR IGNORE INTO key_index VALUES (?, ?, ?, ?, ?)",
+                zip(
+                    map(_rshift, refs, repeat(KEY_BUCKET_BITS)),
+                    keys,
+                    key_stamps,
+                    refs,
+                    map(topic_ids.get, key_topics),  # None for no topic
+                    strict=True,
+                ),
+            )
         conn.execute("UPDATE meta SET value = ? WHERE key = 'next_block_id'", (next_block,))
         conn.execute("UPDATE meta SET value = value + ? WHERE key = 'event_count'", (n,))
 
