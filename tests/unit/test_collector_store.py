@@ -824,14 +824,46 @@ def test_an_integer_column_of_a_block_is_the_text_of_each_value(values: list[Any
         assert store_module._int_column_text(column) == expected
 
 
-@pytest.mark.parametrize("values", [["7", "x"], [None, 1], [1.5, 2], ["12", "12"]])
+@pytest.mark.parametrize(
+    "values",
+    [
+        ["7", "x"],
+        [None, 1],
+        [1.5, 2],
+        ["12", "12"],
+        [5000, "12", 7000],  # large numbers (the printf path) with a text among them
+        [5000.7, 2e20, True, -3.9],
+        [5000, float("nan")],
+        [5000, float("inf")],
+        [5000, None, 7000],
+    ],
+)
 def test_an_integer_column_of_other_values_is_what_int_makes_of_them(values: list[Any]) -> None:
     try:
         expected: Any = "\x02".join(str(int(v)) for v in values)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         expected = type(exc)
     try:
         got: Any = store_module._int_column_text(values)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         got = type(exc)
     assert got == expected
+
+
+def test_two_msg_ids_of_one_hash_in_a_block_are_one_index_row_with_the_pub(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 64-bit hash collision (forced here): one msg_index row per (hash, block), marked as
+    holding a Pub when either message has one, and each look-up still finds only its own."""
+    from array import array
+
+    monkeypatch.setattr(store_module, "_msg_hash", lambda m: 42)
+    monkeypatch.setattr(store_module, "_hashes_of", lambda texts: array("q", [42] * len(texts)))
+    path = tmp_path / "traces.db"
+    feed = Feed()
+    with TraceStore(path) as s:
+        s.write_batch(*feed.batch([*consume_ctxs(2, T0), pub_ctx(1, T0 + 1)]))
+        assert [e["trace_type"] for e in s.by_msg_id(msg_id(1))] == ["Pub"]
+        assert [e["trace_type"] for e in s.by_msg_id(msg_id(2))] == ["SubBefore", "SubAfter"]
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT msg_hash, pub FROM msg_index").fetchall() == [(42, 1)]

@@ -325,15 +325,6 @@ _KAFKA_OFFSET_MASK = 2**48 - 1
 _store_addrs: dict[bytes, str] = {}
 
 
-def _nat(value: str, high: int) -> int | None:
-    """A plain ASCII decimal (no sign) in ``0..high``, else None (the general path decides)."""
-    if len(value) <= 19 and value.isdigit() and value.isascii():
-        number = int(value)
-        if number <= high:
-            return number
-    return None
-
-
 def _offset_coords(offset_msg_id: str | None) -> tuple[str | None, int | None, int | None]:
     """``decode_offset_msg_id`` as ``_event_row`` uses it: (store_addr, queue_id, offset).
 
@@ -377,78 +368,128 @@ def _fast_row(
     ``client_host`` fills the column (the three shapes decoded here never carry one), and
     ``client_id`` its own.
     """
-    if len(text) > MAX_FIELD_CHARS or FIELD_SPLITOR in text:
+    if FIELD_SPLITOR in text:
         return None
-    f = text.split(_C)
-    n = len(f)
-    if not f[-1]:
-        return None  # Java's split drops trailing empty fields: another field count
-    kind = f[0]
-    if kind == "SubAfter" and n == 9:
-        cost = _nat(f[3], _INT_MAX)
-        code = _nat(f[6], _INT_MAX)
-        ts = _nat(f[7], _LONG_MAX)
-        if cost is None or code is None or ts is None:
-            return None
-        timestamp = ts or ingest_ts
-        if timestamp > MAX_TIMESTAMP_MS:
-            return None
-        date, hour = _partition_of_hour(timestamp // _HOUR_MS)
-        v1, v2, v5, v8 = f[1], f[2], f[5], f[8]
-        return (
-            trace_topic, partition, offset, index, "SubAfter", timestamp,
-            None if v2 == "null" else v2, None, client_host, 0, ingest_ts, text,
-            client_id,
-            None, None if v8 == "null" else v8, None if v1 == "null" else v1, cost,
-            f[4].lower() == "true", code, None, None, None if v5 == "null" else v5, None,
-            0, 0, None, None, None, False, None, None, None, _SCHEMA_VERSION, date, hour,
-        )  # fmt: skip
-    if kind == "SubBefore" and n == 8:
-        ts = _nat(f[1], _LONG_MAX)
-        retry = _nat(f[6], _INT_MAX)
-        if ts is None or retry is None:
-            return None
-        timestamp = ts or ingest_ts
-        if timestamp > MAX_TIMESTAMP_MS:
-            return None
-        date, hour = _partition_of_hour(timestamp // _HOUR_MS)
-        v2, v3, v4, v5, v7 = f[2], f[3], f[4], f[5], f[7]
-        return (
-            trace_topic, partition, offset, index, "SubBefore", timestamp,
-            None if v5 == "null" else v5, None, client_host, 0, ingest_ts, text,
-            client_id,
-            None if v2 == "null" else v2, None if v3 == "null" else v3,
-            None if v4 == "null" else v4, 0, True, 0, None, None,
-            None if v7 == "null" else v7, None,
-            retry, 0, None, None, None, False, None, None, None, _SCHEMA_VERSION, date, hour,
-        )  # fmt: skip
-    if kind == "Pub" and n == 14:
-        ts = _nat(f[1], _LONG_MAX)
-        body = _nat(f[9], _INT_MAX)
-        cost = _nat(f[10], _INT_MAX)
-        msg_type = _nat(f[11], _MSG_TYPE_MAX)
-        if ts is None or body is None or cost is None or msg_type is None:
-            return None
-        timestamp = ts or ingest_ts
-        if timestamp > MAX_TIMESTAMP_MS:
-            return None
-        date, hour = _partition_of_hour(timestamp // _HOUR_MS)
-        v2, v3, v4, v5, v6, v7, v8, v12 = f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[12]
-        offset_msg_id = None if v12 == "null" else v12
-        store_addr, queue_id, queue_offset = _offset_coords(offset_msg_id)
-        return (
-            trace_topic, partition, offset, index, "Pub", timestamp,
-            None if v5 == "null" else v5, None if v4 == "null" else v4, client_host, 0,
-            ingest_ts, text,
-            client_id,
-            None if v2 == "null" else v2, None if v3 == "null" else v3, None, cost,
-            f[13].lower() == "true", 0, offset_msg_id,
-            None if v6 == "null" else v6, None if v7 == "null" else v7,
-            None if v8 == "null" else v8,
-            0, body, msg_type, None, None, False, store_addr, queue_id, queue_offset,
-            _SCHEMA_VERSION, date, hour,
-        )  # fmt: skip
-    return None
+    return _fast_rows(
+        (text,), trace_topic, partition, offset, ingest_ts, client_host, client_id, index
+    )[0]
+
+
+def _fast_rows(
+    texts: Sequence[str],
+    trace_topic: str,
+    partition: int,
+    offset: int,
+    ingest_ts: int,
+    client_host: str | None,
+    client_id: str | None,
+    first_index: int = 0,
+) -> list[tuple[Any, ...] | None]:
+    """:func:`_fast_row` of each text (none holds a record separator), the n-th with trace
+    index ``first_index + n``: one loop over a message's records, no call per record or number
+    (a number is a plain ASCII decimal of at most 19 digits, in range; else the general path)."""
+    rows: list[tuple[Any, ...] | None] = []
+    append = rows.append
+    sep = _C
+    version = _SCHEMA_VERSION
+    for index, text in enumerate(texts, first_index):
+        f = text.split(sep)
+        n = len(f)
+        if len(text) > MAX_FIELD_CHARS or not f[-1]:
+            append(None)  # Java's split drops trailing empty fields: another field count
+            continue
+        kind = f[0]
+        if kind == "SubAfter" and n == 9:
+            v3, v6, v7 = f[3], f[6], f[7]
+            if not (
+                len(v3) <= 19 and v3.isdigit() and v3.isascii()
+                and len(v6) <= 19 and v6.isdigit() and v6.isascii()
+                and len(v7) <= 19 and v7.isdigit() and v7.isascii()
+            ):  # fmt: skip
+                append(None)
+                continue
+            cost, code, ts = int(v3), int(v6), int(v7)
+            if cost > _INT_MAX or code > _INT_MAX or ts > _LONG_MAX:
+                append(None)
+                continue
+            timestamp = ts or ingest_ts
+            if timestamp > MAX_TIMESTAMP_MS:
+                append(None)
+                continue
+            date, hour = _partition_of_hour(timestamp // _HOUR_MS)
+            v1, v2, v5, v8 = f[1], f[2], f[5], f[8]
+            append((
+                trace_topic, partition, offset, index, "SubAfter", timestamp,
+                None if v2 == "null" else v2, None, client_host, 0, ingest_ts, text,
+                client_id,
+                None, None if v8 == "null" else v8, None if v1 == "null" else v1, cost,
+                f[4].lower() == "true", code, None, None, None if v5 == "null" else v5, None,
+                0, 0, None, None, None, False, None, None, None, version, date, hour,
+            ))  # fmt: skip
+        elif kind == "SubBefore" and n == 8:
+            v1, v6 = f[1], f[6]
+            if not (
+                len(v1) <= 19 and v1.isdigit() and v1.isascii()
+                and len(v6) <= 19 and v6.isdigit() and v6.isascii()
+            ):  # fmt: skip
+                append(None)
+                continue
+            ts, retry = int(v1), int(v6)
+            if ts > _LONG_MAX or retry > _INT_MAX:
+                append(None)
+                continue
+            timestamp = ts or ingest_ts
+            if timestamp > MAX_TIMESTAMP_MS:
+                append(None)
+                continue
+            date, hour = _partition_of_hour(timestamp // _HOUR_MS)
+            v2, v3, v4, v5, v7 = f[2], f[3], f[4], f[5], f[7]
+            append((
+                trace_topic, partition, offset, index, "SubBefore", timestamp,
+                None if v5 == "null" else v5, None, client_host, 0, ingest_ts, text,
+                client_id,
+                None if v2 == "null" else v2, None if v3 == "null" else v3,
+                None if v4 == "null" else v4, 0, True, 0, None, None,
+                None if v7 == "null" else v7, None,
+                retry, 0, None, None, None, False, None, None, None, version, date, hour,
+            ))  # fmt: skip
+        elif kind == "Pub" and n == 14:
+            v1, v9, v10, v11 = f[1], f[9], f[10], f[11]
+            if not (
+                len(v1) <= 19 and v1.isdigit() and v1.isascii()
+                and len(v9) <= 19 and v9.isdigit() and v9.isascii()
+                and len(v10) <= 19 and v10.isdigit() and v10.isascii()
+                and len(v11) <= 19 and v11.isdigit() and v11.isascii()
+            ):  # fmt: skip
+                append(None)
+                continue
+            ts, body, cost, msg_type = int(v1), int(v9), int(v10), int(v11)
+            if ts > _LONG_MAX or body > _INT_MAX or cost > _INT_MAX or msg_type > _MSG_TYPE_MAX:
+                append(None)
+                continue
+            timestamp = ts or ingest_ts
+            if timestamp > MAX_TIMESTAMP_MS:
+                append(None)
+                continue
+            date, hour = _partition_of_hour(timestamp // _HOUR_MS)
+            v2, v3, v4, v5, v6, v7, v8, v12 = f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[12]
+            offset_msg_id = None if v12 == "null" else v12
+            store_addr, queue_id, queue_offset = _offset_coords(offset_msg_id)
+            append((
+                trace_topic, partition, offset, index, "Pub", timestamp,
+                None if v5 == "null" else v5, None if v4 == "null" else v4, client_host, 0,
+                ingest_ts, text,
+                client_id,
+                None if v2 == "null" else v2, None if v3 == "null" else v3, None, cost,
+                f[13].lower() == "true", 0, offset_msg_id,
+                None if v6 == "null" else v6, None if v7 == "null" else v7,
+                None if v8 == "null" else v8,
+                0, body, msg_type, None, None, False, store_addr, queue_id, queue_offset,
+                version, date, hour,
+            ))  # fmt: skip
+        else:
+            append(None)
+    return rows
 
 
 def _as_tuple(
@@ -502,18 +543,35 @@ def decode_message(
     pieces = value.split(_RECORD_END) if value else []
     if pieces and not pieces[-1]:
         pieces.pop()  # the text after the last separator is not a record
+    fast: Sequence[tuple[Any, ...] | None] = ()
+    if pieces:
+        try:
+            # Valid UTF-8 throughout (the common case): decoded once, and the common records
+            # in one loop. A separator byte never occurs inside a UTF-8 sequence, so the
+            # texts are the pieces decoded one by one.
+            texts = value.decode("utf-8").split(FIELD_SPLITOR)  # type: ignore[union-attr]
+            del texts[len(pieces) :]
+            fast = _fast_rows(
+                texts, trace_topic, partition, offset, ingest_ts, client_host, client_id
+            )
+        except Exception:  # noqa: BLE001 - invalid UTF-8 somewhere: record by record below
+            fast = ()
     for index, piece in enumerate(pieces):
         try:
-            try:
-                text = piece.decode("utf-8")
-            except UnicodeDecodeError:
-                fast = None
+            if fast:
+                row = fast[index]
             else:
-                fast = _fast_row(
-                    text, trace_topic, partition, offset, index, ingest_ts, client_host, client_id
-                )
-            if fast is not None:
-                events.append(fast)
+                try:
+                    text = piece.decode("utf-8")
+                except UnicodeDecodeError:
+                    row = None
+                else:
+                    row = _fast_row(
+                        text, trace_topic, partition, offset, index, ingest_ts, client_host,
+                        client_id,
+                    )  # fmt: skip
+            if row is not None:
+                events.append(row)
                 continue
             slow: list[dict[str, Any]] = []
             _decode_piece(piece, trace_topic, partition, offset, index, ingest_ts, slow, quarantine)

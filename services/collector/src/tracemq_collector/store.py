@@ -117,6 +117,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import compress, repeat
 from operator import eq as _eq
 from operator import itemgetter
+from operator import rshift as _rshift
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -409,6 +410,9 @@ _SMALL_INTS = tuple(map(str, range(_SMALL)))
 _small_int_text = _SMALL_INTS.__getitem__
 
 
+_INT_FORMAT = "%d" + _FIELD_SEP
+
+
 def _int_column_text(column: Sequence[Any]) -> str:
     """An integer column's text: ``"\x02".join(str(int(v)) for v in column)``, with less work
     for a column of one value (store_time, ingest_ts) and one of small numbers."""
@@ -422,6 +426,10 @@ def _int_column_text(column: Sequence[Any]) -> str:
         # the ends tell a column of large numbers (timestamps, offsets) at once
         if 0 <= first < _SMALL and 0 <= last < _SMALL and min(column) >= 0 and max(column) < _SMALL:
             return _FIELD_SEP.join(map(_small_int_text, column))
+        # One printf-style format over the whole column, each value formatted in C: ~3 times
+        # faster than str() per value, and the same text as str(int(v)) for whatever "%d"
+        # accepts (ints, bools, floats); a text value raises TypeError and goes the long way.
+        return (_INT_FORMAT * n)[:-1] % tuple(column)
     except TypeError:  # not all integers: int() says what they are
         pass
     return _FIELD_SEP.join(map(str, map(int, column)))
@@ -432,14 +440,15 @@ def _encode_column(i: int, column: Sequence[Any]) -> str | None:
     holds a separator (records never do: they were split on \x02)."""
     if i in _INT_POSITIONS:
         return _int_column_text(column)
+    nones = column.count(None)
     try:
-        text = _FIELD_SEP.join([_NONE if v is None else v for v in column])
+        text = _FIELD_SEP.join([_NONE if v is None else v for v in column] if nones else column)
     except TypeError:
         raise ValueError(f"event field of an unexpected type in {column!r}") from None
     if (
         text.count(_FIELD_SEP) == len(column) - 1
         and _EVENT_SEP not in text
-        and text.count(_NONE) == column.count(None)
+        and text.count(_NONE) == nones
     ):
         return text
     return None
@@ -1106,17 +1115,23 @@ class TraceStore:
         return kept
 
     @staticmethod
-    def _published(conn: sqlite3.Connection, msg_ids: list[str]) -> set[str]:
-        """The msgIds of ``msg_ids`` with a Pub already stored (a retried send)."""
+    def _published(
+        conn: sqlite3.Connection, msg_ids: list[str], hashes: dict[str, int] | None = None
+    ) -> set[str]:
+        """The msgIds of ``msg_ids`` with a Pub already stored (a retried send).
+
+        ``hashes``: msgId → :func:`_msg_hash`, those the caller has already computed."""
         if not msg_ids:
             return set()
         wanted = set(msg_ids)
         blocks = _Blocks(conn)
         found: set[str] = set()
+        if hashes is None:
+            hashes = {}
         hits = conn.execute(
             "SELECT DISTINCT block FROM msg_index "
             "WHERE msg_hash IN (SELECT value FROM json_each(?)) AND pub = 1",
-            (json.dumps([_msg_hash(m) for m in msg_ids]),),
+            (json.dumps([hashes[m] if m in hashes else _msg_hash(m) for m in msg_ids]),),
         ).fetchall()
         for (block,) in hits:
             for e in blocks.get(block).values():
@@ -1130,15 +1145,18 @@ class TraceStore:
         # that are not one run each).
         columns = batch.columns
         n = len(batch)
+        types, msg_ids = columns[_E_TYPE - 1], columns[_E_MSG - 1]
+        ids = dict.fromkeys(msg_ids)
+        ids.pop(None, None)
+        hashes = _msg_hashes(ids)  # a message's events mostly share a block, not always
         key_rows = batch.key_rows
         if key_rows:
             # Messages whose keys an earlier Pub (a retried send) already indexed.
-            indexed = self._published(conn, batch.key_msg_ids)
+            indexed = self._published(conn, batch.key_msg_ids, hashes)
             if indexed:
                 key_rows = [row for row in key_rows if row[2] not in indexed]
         # Read inside the transaction: correct even if another process wrote this file.
         next_block = int(self._meta(conn, "next_block_id"))
-        types, msg_ids = columns[_E_TYPE - 1], columns[_E_MSG - 1]
         msg_topics, stamps = columns[_E_MTOPIC - 1], columns[_E_TS - 1]
         is_pub = list(map(_eq, types, repeat("Pub")))
         topics = {t for t in compress(msg_topics, is_pub) if t is not None}
@@ -1154,9 +1172,6 @@ class TraceStore:
                 place = _place_hash(_pub_offset_msg_id(events[i]))
                 if place is not None:
                     place_of[i] = place
-        ids = dict.fromkeys(msg_ids)
-        ids.pop(None, None)
-        hashes = _msg_hashes(ids)  # a message's events mostly share a block, not always
         ref_of = [0] * n
         block_rows: list[tuple[Any, ...]] = []
         msg_rows: list[tuple[int, int, int]] = []
@@ -1210,11 +1225,14 @@ class TraceStore:
                         _encode_columns(block_columns),
                     )
                 )
-                hashed: dict[int, int] = {}
-                for msg_id, pub in msgs.items():
-                    h = hashes[msg_id]
-                    hashed[h] = max(pub, hashed.get(h, 0))  # two ids of one hash: one row
-                msg_rows.extend((h, block, pub) for h, pub in hashed.items())
+                block_hashes = list(map(hashes.__getitem__, msgs))
+                if len(set(block_hashes)) == len(block_hashes):
+                    msg_rows.extend(zip(block_hashes, repeat(block), msgs.values()))
+                else:  # two ids of one hash: one row, with a Pub if either has one
+                    hashed: dict[int, int] = {}
+                    for h, pub in zip(block_hashes, msgs.values(), strict=True):
+                        hashed[h] = max(pub, hashed.get(h, 0))
+                    msg_rows.extend((h, block, pub) for h, pub in hashed.items())
         conn.executemany("INSERT INTO blocks VALUES (?, ?, ?, ?, ?, ?, ?, ?)", block_rows)
         conn.executemany("INSERT OR IGNORE INTO msg_index VALUES (?, ?, ?)", msg_rows)
         if pub_rows:
@@ -1222,19 +1240,20 @@ class TraceStore:
         if place_rows:
             conn.executemany("INSERT OR IGNORE INTO place_index VALUES (?, ?)", place_rows)
         if key_rows:
-            rows = []
-            for position_n, key, _msg_id, topic, timestamp in key_rows:
-                ref = ref_of[position_n >> _KEY_SHIFT]
-                rows.append(
-                    (
-                        ref >> KEY_BUCKET_BITS,
-                        key,
-                        timestamp,
-                        ref,
-                        None if topic is None else topic_ids[topic],
-                    )
-                )
-            conn.executemany("INSERT OR IGNORE INTO key_index VALUES (?, ?, ?, ?, ?)", rows)
+            # (bucket, key, timestamp, ref, topic id) of each key row, built in C
+            ids, keys, _, key_topics, key_stamps = zip(*key_rows, strict=True)
+            refs = list(map(ref_of.__getitem__, map(_rshift, ids, repeat(_KEY_SHIFT))))
+            conn.executemany(
+                "INSERT OR IGNORE INTO key_index VALUES (?, ?, ?, ?, ?)",
+                zip(
+                    map(_rshift, refs, repeat(KEY_BUCKET_BITS)),
+                    keys,
+                    key_stamps,
+                    refs,
+                    map(topic_ids.get, key_topics),  # None for no topic
+                    strict=True,
+                ),
+            )
         conn.execute("UPDATE meta SET value = ? WHERE key = 'next_block_id'", (next_block,))
         conn.execute("UPDATE meta SET value = value + ? WHERE key = 'event_count'", (n,))
 
