@@ -198,8 +198,7 @@ def subscription_segments(
 
 # ---- the classification's steps: pure DataFrame -> DataFrame functions ----------------------
 
-#: the Pub facts each (message, group[, client]) row carries (``e_*`` from the expected side,
-#: ``a_*`` from the consumed side)
+#: the Pub facts of a message (:func:`pubs`)
 PUB_COLS = [
     "pub_ts",
     "pub_ok",
@@ -216,6 +215,42 @@ PUB_COLS = [
     "recalled",
     "in_window",
 ]
+
+
+#: the Pub facts both sides of :func:`meet` carry (``e_*`` from the expected side, ``a_*``
+#: from the consumed side); besides them, an expected row carries ``e_flags``
+#: (:data:`E_FLAGS`: what only its message-level outcomes read) and a consumed row ``a_ok``
+#: (its Pub succeeded and is in the window: all an unexpected consume's outcome reads)
+SHARED_PUB_COLS = [
+    "pub_ts",
+    "topic_h",
+    "tags_h",
+    "send_cost",
+    "store_time",
+    "msg_type",
+    "store_h",
+    "queue_id",
+    "queue_offset",
+]
+
+#: bits of ``e_flags``: Pub facts that are never null (0/1) and read by one rule each
+E_FLAGS = {"pub_ok": 1, "tx_commit": 2, "tx_rollback": 4, "recalled": 8}
+
+
+def _e_flags() -> Column:
+    """The :data:`E_FLAGS` of a :func:`pubs` row, packed into one int."""
+    col = F.col
+    return (
+        col("pub_ok").cast("int") * E_FLAGS["pub_ok"]
+        + col("tx_commit") * E_FLAGS["tx_commit"]
+        + col("tx_rollback") * E_FLAGS["tx_rollback"]
+        + col("recalled") * E_FLAGS["recalled"]
+    )
+
+
+def _e_flag(name: str) -> Column:
+    """One of the :data:`E_FLAGS` of an expected row (0 or 1)."""
+    return F.when((F.col("e_flags").bitwiseAND(E_FLAGS[name])) != 0, 1).otherwise(0)
 
 
 def _dlq_move() -> Column:
@@ -328,8 +363,8 @@ def expected_deliveries(pubs: DataFrame, subs: DataFrame, clients: DataFrame) ->
             .otherwise(F.lit(0))
             .cast("long")
             .alias("ck"),
-            F.lit(True).alias("expected"),
-            *[col(c).alias(f"e_{c}") for c in PUB_COLS],
+            *[col(c).alias(f"e_{c}") for c in SHARED_PUB_COLS],
+            _e_flags().alias("e_flags"),
         )
     )
 
@@ -408,7 +443,8 @@ def attempts(ev: DataFrame, *, bh: list[int], n_parts: int) -> DataFrame:
 def consumed(att: DataFrame, pubs: DataFrame) -> DataFrame:
     """The attempts aggregated per (message, group, client): attempts, successes, failures,
     in-flight attempts, retry counts, first consume and success times; with the message's
-    Pub facts (``a_*`` columns, null without a Pub) for consumes nobody expected."""
+    Pub facts (``a_*`` columns, :data:`SHARED_PUB_COLS` and ``a_ok``; null without a Pub) for
+    consumes nobody expected."""
     col = F.col
     done_ok = col("ok") == 1
     first_ok = F.when(done_ok, col("succ_ts"))
@@ -435,8 +471,13 @@ def consumed(att: DataFrame, pubs: DataFrame) -> DataFrame:
         F.sum("n").alias("consume_events"),
     )
     # pub facts for consumes nobody expected (UNEXPECTED_GROUP / ORPHAN_CONSUME)
+    facts = pubs.select(
+        "pkey",
+        *[col(c).alias(f"a_{c}") for c in SHARED_PUB_COLS],
+        (col("pub_ok") & col("in_window")).alias("a_ok"),
+    )
     return agg.join(
-        pubs.select("pkey", *[col(c).alias(f"a_{c}") for c in PUB_COLS]).hint("shuffle_hash"),
+        facts.hint("shuffle_hash"),
         "pkey",
         "left",
     )
@@ -483,8 +524,10 @@ def meet(
     def pub(c: str) -> Column:
         return F.coalesce(col(f"e_{c}"), col(f"a_{c}"))
 
-    expected = F.coalesce(col("expected"), F.lit(False)) & col("group_h").isNotNull()
-    msg_level = F.coalesce(col("expected"), F.lit(False)) & col("group_h").isNull()
+    # (an expected row's e_flags is never null)
+    is_exp = col("e_flags").isNotNull()
+    expected = is_exp & col("group_h").isNotNull()
+    msg_level = is_exp & col("group_h").isNull()
     has_consume = col("attempts").isNotNull()
     pub_ts = pub("pub_ts")
     msg_type = F.coalesce(pub("msg_type"), F.lit(0))
@@ -531,13 +574,13 @@ def meet(
     )
     is_half = msg_type == _MSG_HALF
     outcome = (
-        F.when(msg_level & ~pub("pub_ok"), F.lit("PUB_FAILED"))
-        .when(msg_level & (pub("recalled") == 1), F.lit("RECALLED"))
+        F.when(msg_level & (_e_flag("pub_ok") == 0), F.lit("PUB_FAILED"))
+        .when(msg_level & (_e_flag("recalled") == 1), F.lit("RECALLED"))
         .when(
-            msg_level & is_half & (pub("tx_rollback") == 1) & (pub("tx_commit") == 0),
+            msg_level & is_half & (_e_flag("tx_rollback") == 1) & (_e_flag("tx_commit") == 0),
             F.lit("ROLLED_BACK"),
         )
-        .when(msg_level & is_half & (pub("tx_commit") == 0), F.lit("TX_UNRESOLVED"))
+        .when(msg_level & is_half & (_e_flag("tx_commit") == 0), F.lit("TX_UNRESOLVED"))
         .when(msg_level, F.lit("NO_EXPECTED_GROUP"))
         .when(expected & has_consume & (col("successes") > 1), F.lit("DUPLICATE"))
         .when(
@@ -563,17 +606,14 @@ def meet(
         .when(expected & (due > cutoff), F.lit("PENDING"))
         .when(expected, F.lit("NOT_CONSUMED"))
         # consumes nobody expected
-        .when(
-            col("a_pub_ts").isNotNull(),
-            F.when(col("a_pub_ok") & col("a_in_window"), F.lit("UNEXPECTED_GROUP")),
-        )
+        .when(col("a_pub_ts").isNotNull(), F.when(col("a_ok"), F.lit("UNEXPECTED_GROUP")))
         .when(orphan_ok, F.lit("ORPHAN_CONSUME"))
     )
     # the rows that get an outcome (the same as "outcome is not null", but cheap: the
     # optimizer would otherwise evaluate the whole CASE twice)
     keep = (
-        F.coalesce(col("expected"), F.lit(False))
-        | (col("a_pub_ts").isNotNull() & col("a_pub_ok") & col("a_in_window"))
+        is_exp
+        | (col("a_pub_ts").isNotNull() & col("a_ok"))
         | (col("a_pub_ts").isNull() & orphan_ok)
     )
     store_ref = F.when(pub("store_time") > 0, pub("store_time")).otherwise(
