@@ -218,9 +218,7 @@ PUB_COLS = [
 
 
 #: the Pub facts both sides of :func:`meet` carry (``e_*`` from the expected side, ``a_*``
-#: from the consumed side); besides them, an expected row carries ``e_flags``
-#: (:data:`E_FLAGS`: what only its message-level outcomes read) and a consumed row ``a_ok``
-#: (its Pub succeeded and is in the window: all an unexpected consume's outcome reads)
+#: from the consumed side), besides ``e_flags`` / ``a_flags`` (:data:`FLAGS`)
 SHARED_PUB_COLS = [
     "pub_ts",
     "topic_h",
@@ -233,24 +231,17 @@ SHARED_PUB_COLS = [
     "queue_offset",
 ]
 
-#: bits of ``e_flags``: Pub facts that are never null (0/1) and read by one rule each
-E_FLAGS = {"pub_ok": 1, "tx_commit": 2, "tx_rollback": 4, "recalled": 8}
+#: bits of a :func:`pubs` row's ``flags``: its 0/1 facts (never null), packed into one int
+FLAGS = {"pub_ok": 1, "tx_commit": 2, "tx_rollback": 4, "recalled": 8, "in_window": 16}
 
 
-def _e_flags() -> Column:
-    """The :data:`E_FLAGS` of a :func:`pubs` row, packed into one int."""
-    col = F.col
-    return (
-        col("pub_ok").cast("int") * E_FLAGS["pub_ok"]
-        + col("tx_commit") * E_FLAGS["tx_commit"]
-        + col("tx_rollback") * E_FLAGS["tx_rollback"]
-        + col("recalled") * E_FLAGS["recalled"]
-    )
+#: the FLAGS aggregated from a msgId's events (``fl``: their bit_or)
+_FL = ("tx_commit", "tx_rollback", "recalled")
 
 
-def _e_flag(name: str) -> Column:
-    """One of the :data:`E_FLAGS` of an expected row (0 or 1)."""
-    return F.when((F.col("e_flags").bitwiseAND(E_FLAGS[name])) != 0, 1).otherwise(0)
+def _flag(flags: str, name: str) -> Column:
+    """One of the :data:`FLAGS` of a ``flags`` column (0 or 1)."""
+    return F.when(F.col(flags).bitwiseAND(FLAGS[name]) != 0, 1).otherwise(0)
 
 
 def _dlq_move() -> Column:
@@ -288,13 +279,24 @@ def pubs(ev: DataFrame, *, f_ms: int, t_ms: int, base: int, n_parts: int) -> Dat
             order.alias("o"),
             *raw,
             *[_h(col(name)).alias(h) for h, name in hashed.items()],
-            ((tt == "EndTransaction") & (col("transaction_state") == _TX_COMMIT))
-            .cast("int")
-            .alias("is_commit"),
-            ((tt == "EndTransaction") & (col("transaction_state") == _TX_ROLLBACK))
-            .cast("int")
-            .alias("is_rollback"),
-            ((tt == "Recall") & col("success")).cast("int").alias("is_recall"),
+            # the transaction's end and the recall, as FLAGS bits (one bit_or below)
+            (
+                F.coalesce(
+                    ((tt == "EndTransaction") & (col("transaction_state") == _TX_COMMIT)).cast(
+                        "int"
+                    ),
+                    F.lit(0),
+                )
+                * FLAGS["tx_commit"]
+                + F.coalesce(
+                    ((tt == "EndTransaction") & (col("transaction_state") == _TX_ROLLBACK)).cast(
+                        "int"
+                    ),
+                    F.lit(0),
+                )
+                * FLAGS["tx_rollback"]
+                + ((tt == "Recall") & col("success")).cast("int") * FLAGS["recalled"]
+            ).alias("fl"),
         )
         .repartition(n_parts, "pkey")
     )
@@ -311,20 +313,31 @@ def pubs(ev: DataFrame, *, f_ms: int, t_ms: int, base: int, n_parts: int) -> Dat
         .agg(
             F.min("o").alias("o"),
             *[F.min_by(c, "o").alias(c) for c in firsts],
-            F.max("is_commit").alias("tx_commit"),
-            F.max("is_rollback").alias("tx_rollback"),
-            F.max("is_recall").alias("recalled"),
+            F.bit_or("fl").alias("fl"),
         )
         .where(col("o").isNotNull())
-        .select("pkey", *[renamed.get(c, col(c)).alias(c) for c in PUB_COLS[:-1]])
+        .select(
+            "pkey",
+            *[renamed.get(c, col(c)).alias(c) for c in PUB_COLS[:-1] if c not in _FL],
+            "fl",
+        )
     )
-    pubs = pubs.withColumn(
-        "in_window", (col("pub_ts") >= f_ms) & (col("pub_ts") < t_ms)
-    ).withColumn(
-        "expected_anywhere",
-        col("pub_ok")
-        & (col("recalled") == 0)
-        & ((F.coalesce(col("msg_type"), F.lit(0)) != _MSG_HALF) | (col("tx_commit") == 1)),
+    for name in _FL:
+        pubs = pubs.withColumn(name, _flag("fl", name))
+    pubs = (
+        pubs.withColumn("in_window", (col("pub_ts") >= f_ms) & (col("pub_ts") < t_ms))
+        .withColumn(
+            "flags",
+            col("fl")
+            + F.col("pub_ok").cast("int") * FLAGS["pub_ok"]
+            + col("in_window").cast("int") * FLAGS["in_window"],
+        )
+        .withColumn(
+            "expected_anywhere",
+            col("pub_ok")
+            & (col("recalled") == 0)
+            & ((F.coalesce(col("msg_type"), F.lit(0)) != _MSG_HALF) | (col("tx_commit") == 1)),
+        )
     )
     return pubs
 
@@ -364,7 +377,7 @@ def expected_deliveries(pubs: DataFrame, subs: DataFrame, clients: DataFrame) ->
             .cast("long")
             .alias("ck"),
             *[col(c).alias(f"e_{c}") for c in SHARED_PUB_COLS],
-            _e_flags().alias("e_flags"),
+            col("flags").alias("e_flags"),
         )
     )
 
@@ -443,7 +456,7 @@ def attempts(ev: DataFrame, *, bh: list[int], n_parts: int) -> DataFrame:
 def consumed(att: DataFrame, pubs: DataFrame) -> DataFrame:
     """The attempts aggregated per (message, group, client): attempts, successes, failures,
     in-flight attempts, retry counts, first consume and success times; with the message's
-    Pub facts (``a_*`` columns, :data:`SHARED_PUB_COLS` and ``a_ok``; null without a Pub) for
+    Pub facts (``a_*`` columns, :data:`SHARED_PUB_COLS` and ``a_flags``; null without a Pub) for
     consumes nobody expected."""
     col = F.col
     done_ok = col("ok") == 1
@@ -474,7 +487,7 @@ def consumed(att: DataFrame, pubs: DataFrame) -> DataFrame:
     facts = pubs.select(
         "pkey",
         *[col(c).alias(f"a_{c}") for c in SHARED_PUB_COLS],
-        (col("pub_ok") & col("in_window")).alias("a_ok"),
+        col("flags").alias("a_flags"),
     )
     return agg.join(
         facts.hint("shuffle_hash"),
@@ -573,14 +586,21 @@ def meet(
         & (~real_id | created.isNull() | (created >= read_lo))
     )
     is_half = msg_type == _MSG_HALF
+    # a consume nobody expected: UNEXPECTED_GROUP if its Pub succeeded in the window
+    a_ok = F.col("a_flags").bitwiseAND(FLAGS["pub_ok"] | FLAGS["in_window"]) == (
+        FLAGS["pub_ok"] | FLAGS["in_window"]
+    )
     outcome = (
-        F.when(msg_level & (_e_flag("pub_ok") == 0), F.lit("PUB_FAILED"))
-        .when(msg_level & (_e_flag("recalled") == 1), F.lit("RECALLED"))
+        F.when(msg_level & (_flag("e_flags", "pub_ok") == 0), F.lit("PUB_FAILED"))
+        .when(msg_level & (_flag("e_flags", "recalled") == 1), F.lit("RECALLED"))
         .when(
-            msg_level & is_half & (_e_flag("tx_rollback") == 1) & (_e_flag("tx_commit") == 0),
+            msg_level
+            & is_half
+            & (_flag("e_flags", "tx_rollback") == 1)
+            & (_flag("e_flags", "tx_commit") == 0),
             F.lit("ROLLED_BACK"),
         )
-        .when(msg_level & is_half & (_e_flag("tx_commit") == 0), F.lit("TX_UNRESOLVED"))
+        .when(msg_level & is_half & (_flag("e_flags", "tx_commit") == 0), F.lit("TX_UNRESOLVED"))
         .when(msg_level, F.lit("NO_EXPECTED_GROUP"))
         .when(expected & has_consume & (col("successes") > 1), F.lit("DUPLICATE"))
         .when(
@@ -606,16 +626,12 @@ def meet(
         .when(expected & (due > cutoff), F.lit("PENDING"))
         .when(expected, F.lit("NOT_CONSUMED"))
         # consumes nobody expected
-        .when(col("a_pub_ts").isNotNull(), F.when(col("a_ok"), F.lit("UNEXPECTED_GROUP")))
+        .when(col("a_pub_ts").isNotNull(), F.when(a_ok, F.lit("UNEXPECTED_GROUP")))
         .when(orphan_ok, F.lit("ORPHAN_CONSUME"))
     )
     # the rows that get an outcome (the same as "outcome is not null", but cheap: the
     # optimizer would otherwise evaluate the whole CASE twice)
-    keep = (
-        is_exp
-        | (col("a_pub_ts").isNotNull() & col("a_ok"))
-        | (col("a_pub_ts").isNull() & orphan_ok)
-    )
+    keep = is_exp | (col("a_pub_ts").isNotNull() & a_ok) | (col("a_pub_ts").isNull() & orphan_ok)
     store_ref = F.when(pub("store_time") > 0, pub("store_time")).otherwise(
         pub_ts + pub("send_cost")
     )
