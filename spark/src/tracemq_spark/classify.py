@@ -198,7 +198,8 @@ def subscription_segments(
 
 # ---- the classification's steps: pure DataFrame -> DataFrame functions ----------------------
 
-#: the Pub facts of a message (:func:`pubs`)
+#: the Pub facts each (message, group[, client]) row carries (``e_*`` from the expected side,
+#: ``a_*`` from the consumed side)
 PUB_COLS = [
     "pub_ts",
     "pub_ok",
@@ -215,33 +216,6 @@ PUB_COLS = [
     "recalled",
     "in_window",
 ]
-
-
-#: the Pub facts both sides of :func:`meet` carry (``e_*`` from the expected side, ``a_*``
-#: from the consumed side), besides ``e_flags`` / ``a_flags`` (:data:`FLAGS`)
-SHARED_PUB_COLS = [
-    "pub_ts",
-    "topic_h",
-    "tags_h",
-    "send_cost",
-    "store_time",
-    "msg_type",
-    "store_h",
-    "queue_id",
-    "queue_offset",
-]
-
-#: bits of a :func:`pubs` row's ``flags``: its 0/1 facts (never null), packed into one int
-FLAGS = {"pub_ok": 1, "tx_commit": 2, "tx_rollback": 4, "recalled": 8, "in_window": 16}
-
-
-#: the FLAGS aggregated from a msgId's events (``fl``: their bit_or)
-_FL = ("tx_commit", "tx_rollback", "recalled")
-
-
-def _flag(flags: str, name: str) -> Column:
-    """One of the :data:`FLAGS` of a ``flags`` column (0 or 1)."""
-    return F.when(F.col(flags).bitwiseAND(FLAGS[name]) != 0, 1).otherwise(0)
 
 
 def _dlq_move() -> Column:
@@ -279,24 +253,13 @@ def pubs(ev: DataFrame, *, f_ms: int, t_ms: int, base: int, n_parts: int) -> Dat
             order.alias("o"),
             *raw,
             *[_h(col(name)).alias(h) for h, name in hashed.items()],
-            # the transaction's end and the recall, as FLAGS bits (one bit_or below)
-            (
-                F.coalesce(
-                    ((tt == "EndTransaction") & (col("transaction_state") == _TX_COMMIT)).cast(
-                        "int"
-                    ),
-                    F.lit(0),
-                )
-                * FLAGS["tx_commit"]
-                + F.coalesce(
-                    ((tt == "EndTransaction") & (col("transaction_state") == _TX_ROLLBACK)).cast(
-                        "int"
-                    ),
-                    F.lit(0),
-                )
-                * FLAGS["tx_rollback"]
-                + ((tt == "Recall") & col("success")).cast("int") * FLAGS["recalled"]
-            ).alias("fl"),
+            ((tt == "EndTransaction") & (col("transaction_state") == _TX_COMMIT))
+            .cast("int")
+            .alias("is_commit"),
+            ((tt == "EndTransaction") & (col("transaction_state") == _TX_ROLLBACK))
+            .cast("int")
+            .alias("is_rollback"),
+            ((tt == "Recall") & col("success")).cast("int").alias("is_recall"),
         )
         .repartition(n_parts, "pkey")
     )
@@ -313,31 +276,20 @@ def pubs(ev: DataFrame, *, f_ms: int, t_ms: int, base: int, n_parts: int) -> Dat
         .agg(
             F.min("o").alias("o"),
             *[F.min_by(c, "o").alias(c) for c in firsts],
-            F.bit_or("fl").alias("fl"),
+            F.max("is_commit").alias("tx_commit"),
+            F.max("is_rollback").alias("tx_rollback"),
+            F.max("is_recall").alias("recalled"),
         )
         .where(col("o").isNotNull())
-        .select(
-            "pkey",
-            *[renamed.get(c, col(c)).alias(c) for c in PUB_COLS[:-1] if c not in _FL],
-            "fl",
-        )
+        .select("pkey", *[renamed.get(c, col(c)).alias(c) for c in PUB_COLS[:-1]])
     )
-    for name in _FL:
-        pubs = pubs.withColumn(name, _flag("fl", name))
-    pubs = (
-        pubs.withColumn("in_window", (col("pub_ts") >= f_ms) & (col("pub_ts") < t_ms))
-        .withColumn(
-            "flags",
-            col("fl")
-            + F.col("pub_ok").cast("int") * FLAGS["pub_ok"]
-            + col("in_window").cast("int") * FLAGS["in_window"],
-        )
-        .withColumn(
-            "expected_anywhere",
-            col("pub_ok")
-            & (col("recalled") == 0)
-            & ((F.coalesce(col("msg_type"), F.lit(0)) != _MSG_HALF) | (col("tx_commit") == 1)),
-        )
+    pubs = pubs.withColumn(
+        "in_window", (col("pub_ts") >= f_ms) & (col("pub_ts") < t_ms)
+    ).withColumn(
+        "expected_anywhere",
+        col("pub_ok")
+        & (col("recalled") == 0)
+        & ((F.coalesce(col("msg_type"), F.lit(0)) != _MSG_HALF) | (col("tx_commit") == 1)),
     )
     return pubs
 
@@ -376,8 +328,8 @@ def expected_deliveries(pubs: DataFrame, subs: DataFrame, clients: DataFrame) ->
             .otherwise(F.lit(0))
             .cast("long")
             .alias("ck"),
-            *[col(c).alias(f"e_{c}") for c in SHARED_PUB_COLS],
-            col("flags").alias("e_flags"),
+            F.lit(True).alias("expected"),
+            *[col(c).alias(f"e_{c}") for c in PUB_COLS],
         )
     )
 
@@ -456,8 +408,7 @@ def attempts(ev: DataFrame, *, bh: list[int], n_parts: int) -> DataFrame:
 def consumed(att: DataFrame, pubs: DataFrame) -> DataFrame:
     """The attempts aggregated per (message, group, client): attempts, successes, failures,
     in-flight attempts, retry counts, first consume and success times; with the message's
-    Pub facts (``a_*`` columns, :data:`SHARED_PUB_COLS` and ``a_flags``; null without a Pub) for
-    consumes nobody expected."""
+    Pub facts (``a_*`` columns, null without a Pub) for consumes nobody expected."""
     col = F.col
     done_ok = col("ok") == 1
     first_ok = F.when(done_ok, col("succ_ts"))
@@ -484,13 +435,8 @@ def consumed(att: DataFrame, pubs: DataFrame) -> DataFrame:
         F.sum("n").alias("consume_events"),
     )
     # pub facts for consumes nobody expected (UNEXPECTED_GROUP / ORPHAN_CONSUME)
-    facts = pubs.select(
-        "pkey",
-        *[col(c).alias(f"a_{c}") for c in SHARED_PUB_COLS],
-        col("flags").alias("a_flags"),
-    )
     return agg.join(
-        facts.hint("shuffle_hash"),
+        pubs.select("pkey", *[col(c).alias(f"a_{c}") for c in PUB_COLS]).hint("shuffle_hash"),
         "pkey",
         "left",
     )
@@ -537,10 +483,8 @@ def meet(
     def pub(c: str) -> Column:
         return F.coalesce(col(f"e_{c}"), col(f"a_{c}"))
 
-    # (an expected row's e_flags is never null)
-    is_exp = col("e_flags").isNotNull()
-    expected = is_exp & col("group_h").isNotNull()
-    msg_level = is_exp & col("group_h").isNull()
+    expected = F.coalesce(col("expected"), F.lit(False)) & col("group_h").isNotNull()
+    msg_level = F.coalesce(col("expected"), F.lit(False)) & col("group_h").isNull()
     has_consume = col("attempts").isNotNull()
     pub_ts = pub("pub_ts")
     msg_type = F.coalesce(pub("msg_type"), F.lit(0))
@@ -586,21 +530,14 @@ def meet(
         & (~real_id | created.isNull() | (created >= read_lo))
     )
     is_half = msg_type == _MSG_HALF
-    # a consume nobody expected: UNEXPECTED_GROUP if its Pub succeeded in the window
-    a_ok = F.col("a_flags").bitwiseAND(FLAGS["pub_ok"] | FLAGS["in_window"]) == (
-        FLAGS["pub_ok"] | FLAGS["in_window"]
-    )
     outcome = (
-        F.when(msg_level & (_flag("e_flags", "pub_ok") == 0), F.lit("PUB_FAILED"))
-        .when(msg_level & (_flag("e_flags", "recalled") == 1), F.lit("RECALLED"))
+        F.when(msg_level & ~pub("pub_ok"), F.lit("PUB_FAILED"))
+        .when(msg_level & (pub("recalled") == 1), F.lit("RECALLED"))
         .when(
-            msg_level
-            & is_half
-            & (_flag("e_flags", "tx_rollback") == 1)
-            & (_flag("e_flags", "tx_commit") == 0),
+            msg_level & is_half & (pub("tx_rollback") == 1) & (pub("tx_commit") == 0),
             F.lit("ROLLED_BACK"),
         )
-        .when(msg_level & is_half & (_flag("e_flags", "tx_commit") == 0), F.lit("TX_UNRESOLVED"))
+        .when(msg_level & is_half & (pub("tx_commit") == 0), F.lit("TX_UNRESOLVED"))
         .when(msg_level, F.lit("NO_EXPECTED_GROUP"))
         .when(expected & has_consume & (col("successes") > 1), F.lit("DUPLICATE"))
         .when(
@@ -626,12 +563,19 @@ def meet(
         .when(expected & (due > cutoff), F.lit("PENDING"))
         .when(expected, F.lit("NOT_CONSUMED"))
         # consumes nobody expected
-        .when(col("a_pub_ts").isNotNull(), F.when(a_ok, F.lit("UNEXPECTED_GROUP")))
+        .when(
+            col("a_pub_ts").isNotNull(),
+            F.when(col("a_pub_ok") & col("a_in_window"), F.lit("UNEXPECTED_GROUP")),
+        )
         .when(orphan_ok, F.lit("ORPHAN_CONSUME"))
     )
     # the rows that get an outcome (the same as "outcome is not null", but cheap: the
     # optimizer would otherwise evaluate the whole CASE twice)
-    keep = is_exp | (col("a_pub_ts").isNotNull() & a_ok) | (col("a_pub_ts").isNull() & orphan_ok)
+    keep = (
+        F.coalesce(col("expected"), F.lit(False))
+        | (col("a_pub_ts").isNotNull() & col("a_pub_ok") & col("a_in_window"))
+        | (col("a_pub_ts").isNull() & orphan_ok)
+    )
     store_ref = F.when(pub("store_time") > 0, pub("store_time")).otherwise(
         pub_ts + pub("send_cost")
     )
