@@ -14,6 +14,7 @@ def test_driver_jvm_runs_with_the_job_flags(spark: Any) -> None:
     args = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
     assert "-XX:-DontCompileHugeMethods" in args, args
     assert "-XX:+UseParallelGC" in args, args
+    assert "-XX:CompileThresholdScaling=4" in args, args
     names = [
         gc.getName()
         for gc in jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
@@ -22,11 +23,16 @@ def test_driver_jvm_runs_with_the_job_flags(spark: Any) -> None:
 
 
 def test_a_chosen_collector_is_kept() -> None:
-    assert _with_jvm_flags("-XX:+UseG1GC") == "-XX:+UseG1GC -XX:-DontCompileHugeMethods"
-    assert _with_jvm_flags("-XX:+UseZGC -XX:-DontCompileHugeMethods") == (
-        "-XX:+UseZGC -XX:-DontCompileHugeMethods"
+    jit = "-XX:-DontCompileHugeMethods -XX:CompileThresholdScaling=4"
+    assert _with_jvm_flags("-XX:+UseG1GC") == f"-XX:+UseG1GC {jit}"
+    assert _with_jvm_flags("-XX:+UseZGC -XX:-DontCompileHugeMethods") == f"-XX:+UseZGC {jit}"
+    assert _with_jvm_flags("") == f"{jit} -XX:+UseParallelGC"
+
+
+def test_a_chosen_compile_threshold_is_kept() -> None:
+    assert _with_jvm_flags("-XX:CompileThresholdScaling=1 -XX:+UseG1GC") == (
+        "-XX:CompileThresholdScaling=1 -XX:+UseG1GC -XX:-DontCompileHugeMethods"
     )
-    assert _with_jvm_flags("") == "-XX:-DontCompileHugeMethods -XX:+UseParallelGC"
 
 
 def test_files_go_through_the_jvm_whole(spark: Any, tmp_path: Path) -> None:

@@ -108,14 +108,14 @@ def test_pubs_first_successful_pub_wins_and_what_is_expected_anywhere(spark: Any
         ],
     )
     p = classify.pubs(ev, f_ms=F0, t_ms=T0, base=READ_LO, n_parts=2)
-    got = _by_pkey(p, "pub_ts", "pub_ok", "in_window", "expected_anywhere", "recalled")
+    got = _by_pkey(p, "pub_ts", "pub_ok", "in_window", "expected_anywhere", "recalled", "tx_commit")
     assert got == {
-        "RETRIED": (F0 + 2000, True, True, True, 0),
-        "FAILED": (F0 + 1000, False, True, False, 0),
-        "RECALLED": (F0 + 1000, True, True, False, 1),
-        "HALF_COMMIT": (F0 + 1000, True, True, True, 0),
-        "HALF_OPEN": (F0 + 1000, True, True, False, 0),
-        "LATE": (T0 + 1000, True, False, True, 0),
+        "RETRIED": (F0 + 2000, True, True, True, 0, 0),
+        "FAILED": (F0 + 1000, False, True, False, 0, 0),
+        "RECALLED": (F0 + 1000, True, True, False, 1, 0),
+        "HALF_COMMIT": (F0 + 1000, True, True, True, 0, 1),
+        "HALF_OPEN": (F0 + 1000, True, True, False, 0, 0),
+        "LATE": (T0 + 1000, True, False, True, 0, 0),
     }
 
 
@@ -232,6 +232,21 @@ def test_meet_gives_each_case_its_outcome(spark: Any, tmp_path: Path) -> None:
             *consume("UNEXPECTED", g, "u1", F0 + 2 * MIN, ok=True, topic="other"),
             # a consume without a msgId (and without a Pub): an orphan
             *consume("", g, "o1", F0 + 2 * MIN, ok=True),
+            # half messages: rolled back, never resolved (the Pub's packed flags)
+            pub("ROLLED_BACK", F0 + MIN, msg_type=1, queue_offset=14),
+            {
+                "trace_type": "EndTransaction",
+                "timestamp": F0 + 2 * MIN,
+                "msg_id": "ROLLED_BACK",
+                "transaction_state": "ROLLBACK_MESSAGE",
+            },
+            pub("TX_UNRESOLVED", F0 + MIN, msg_type=1, queue_offset=15),
+            # consumes nobody expected of a failed Pub, and of a Pub after the window: no
+            # UNEXPECTED_GROUP row (the first is PUB_FAILED, the second not this run's message)
+            pub("FAILED_ELSEWHERE", F0 + MIN, topic="other", success=False, queue_offset=16),
+            *consume("FAILED_ELSEWHERE", g, "fe1", F0 + 2 * MIN, ok=True, topic="other"),
+            pub("LATE_ELSEWHERE", T0 + MIN, topic="other", queue_offset=17),
+            *consume("LATE_ELSEWHERE", g, "le1", T0 + 2 * MIN, ok=True, topic="other"),
         ],
     )
     p = classify.pubs(ev, f_ms=F0, t_ms=T0, base=READ_LO, n_parts=2)
@@ -291,6 +306,9 @@ def test_meet_gives_each_case_its_outcome(spark: Any, tmp_path: Path) -> None:
             ("UNEXPECTED", "NO_EXPECTED_GROUP"),
             ("UNEXPECTED", "UNEXPECTED_GROUP"),
             ("", "ORPHAN_CONSUME"),
+            ("ROLLED_BACK", "ROLLED_BACK"),
+            ("TX_UNRESOLVED", "TX_UNRESOLVED"),
+            ("FAILED_ELSEWHERE", "PUB_FAILED"),
         ]
     )
 
