@@ -478,6 +478,23 @@ def test_a_new_file_has_large_pages_and_an_older_file_keeps_its_own(tmp_path: Pa
             assert reopened.by_msg_id(msg_id(n)), path
 
 
+def test_the_page_size_of_a_new_file_is_the_collector_s_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tracemq.errors import ConfigError
+    from tracemq.settings import load_settings
+    from tracemq_collector.settings import CollectorSettings
+
+    monkeypatch.setenv("TRACEMQ_COLLECTOR_STORE_PAGE_SIZE", "4096")
+    page_size = load_settings(CollectorSettings).collector_store_page_size
+    with TraceStore(tmp_path / "traces.db", page_size=page_size) as s:
+        assert s._writer is not None  # noqa: SLF001
+        assert s._writer.execute("PRAGMA page_size").fetchone()[0] == 4096  # noqa: SLF001
+    monkeypatch.setenv("TRACEMQ_COLLECTOR_STORE_PAGE_SIZE", "5000")
+    with pytest.raises(ConfigError, match="TRACEMQ_COLLECTOR_STORE_PAGE_SIZE"):
+        load_settings(CollectorSettings)
+
+
 def test_a_closed_store_refuses_calls(tmp_path: Path) -> None:
     store = TraceStore(tmp_path / "traces.db")
     with pytest.raises(TraceStoreError, match="not open"):
