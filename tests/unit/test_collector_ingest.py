@@ -169,6 +169,67 @@ async def test_lake_buffers_written_after_a_backfill_flush_are_not_read_back_fro
         store.close()
 
 
+async def test_each_partition_s_lake_buffer_is_freed_and_trimmed_as_soon_as_it_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flush writes the partitions one by one; each one's Arrow batches are dropped and the
+    heap handed back to the OS right after its files are written, not at the end of the whole
+    flush (which held every flushed buffer while ingest refilled the next ones)."""
+    import pyarrow as pa
+    from tracemq_collector import ingest as ingest_module
+
+    topic = "tmq.trace-broker.RMQ_SYS_TRACE_TOPIC"
+    store = TraceStore(tmp_path / "traces.db")
+    store.open()
+    lake = TraceLake(tmp_path / "lake", store)
+    ing: Any = object.__new__(Ingestor)
+    ing.store, ing.lake, ing._buffers, ing._unbuffered = store, lake, {}, {}
+    ing.settings = SimpleNamespace(collector_lake_segment_rows=200_000)
+    ing.events_stored = 0
+    ing._lake_thread = ThreadPoolExecutor(max_workers=1)
+    trims: list[int] = []
+    monkeypatch.setattr(
+        ingest_module, "release_free_memory", lambda: trims.append(pa.total_allocated_bytes())
+    )
+    try:
+        for partition in (0, 1):
+            recs = []
+            for offset in range(20):
+                value = "".join(
+                    f"SubAfter\x01req{partition}-{offset}-{i}\x01MSG{partition}x{offset}x{i}"
+                    f"\x0112\x01true\x01k\x010\x01{1_700_000_000_000 + offset}\x01CG\x02"
+                    for i in range(50)
+                )
+                recs.append((offset, value.encode(), "10.0.0.7"))
+            decoded = decode_chunk([(topic, partition, recs)], 1_700_000_000_000)
+            new, before, _ = store.write_rows(decoded.store)
+            ing._stored(decoded, new, before)
+            del decoded
+        held = [
+            sum(
+                b.nbytes
+                for e in ing._buffers[(topic, p)].entries
+                for bs in e[3].values()
+                for b in bs
+            )
+            for p in (0, 1)
+        ]
+        assert all(held)
+        start = pa.total_allocated_bytes()
+        assert await ing._flush_one(TopicPartition(topic, 0))
+        assert len(trims) == 1
+        # partition 0's batches were gone at its trim (its Arrow bytes, up to padding)
+        assert trims[0] < start - 0.9 * held[0]
+        assert await ing._flush_one(TopicPartition(topic, 1))
+        assert len(trims) == 2
+        assert trims[1] < start - 0.9 * (held[0] + held[1])
+        assert store.lake_progress() == {(topic, 0): 20, (topic, 1): 20}
+        assert lake.read_all().num_rows == 2 * 20 * 50
+    finally:
+        ing._lake_thread.shutdown(wait=True)
+        store.close()
+
+
 async def test_a_lake_gap_left_by_a_kill_is_flushed_after_a_restart_with_nothing_to_fetch(
     tmp_path: Path,
 ) -> None:

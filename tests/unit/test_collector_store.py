@@ -448,6 +448,53 @@ def test_the_file_is_in_wal_mode(store: TraceStore) -> None:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
+def test_a_new_file_has_large_pages_and_an_older_file_keeps_its_own(tmp_path: Path) -> None:
+    """New stores get 16 KiB pages (cheaper inserts into the hashed indexes); a file made with
+    other pages (SQLite's default 4 KiB: every store before) keeps them, and the WAL is
+    checkpointed after the same bytes either way."""
+    from tracemq_collector import store as store_module
+
+    def pragmas(s: TraceStore) -> tuple[int, int]:
+        conn = s._writer  # noqa: SLF001 - the checkpoint threshold is the writer's setting
+        assert conn is not None
+        page = int(conn.execute("PRAGMA page_size").fetchone()[0])
+        return page, int(conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0])
+
+    wal_bytes = store_module._WAL_AUTOCHECKPOINT_BYTES  # noqa: SLF001
+    feed = Feed()
+    with TraceStore(tmp_path / "new.db") as new:
+        assert pragmas(new) == (16_384, wal_bytes // 16_384)
+        new.write_batch(*feed.batch([pub_ctx(1, T0)]))
+    old_path = tmp_path / "old.db"
+    with sqlite3.connect(old_path) as conn:
+        conn.execute("PRAGMA page_size=4096")
+        conn.execute("PRAGMA journal_mode=WAL")
+    conn.close()
+    with TraceStore(old_path) as old:
+        assert pragmas(old) == (4096, wal_bytes // 4096)
+        old.write_batch(*feed.batch([pub_ctx(2, T0 + 1)]))
+    for path, n in ((tmp_path / "new.db", 1), (old_path, 2)):
+        with TraceStore(path) as reopened:
+            assert reopened.by_msg_id(msg_id(n)), path
+
+
+def test_the_page_size_of_a_new_file_is_the_collector_s_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tracemq.errors import ConfigError
+    from tracemq.settings import load_settings
+    from tracemq_collector.settings import CollectorSettings
+
+    monkeypatch.setenv("TRACEMQ_COLLECTOR_STORE_PAGE_SIZE", "4096")
+    page_size = load_settings(CollectorSettings).collector_store_page_size
+    with TraceStore(tmp_path / "traces.db", page_size=page_size) as s:
+        assert s._writer is not None  # noqa: SLF001
+        assert s._writer.execute("PRAGMA page_size").fetchone()[0] == 4096  # noqa: SLF001
+    monkeypatch.setenv("TRACEMQ_COLLECTOR_STORE_PAGE_SIZE", "5000")
+    with pytest.raises(ConfigError, match="TRACEMQ_COLLECTOR_STORE_PAGE_SIZE"):
+        load_settings(CollectorSettings)
+
+
 def test_a_closed_store_refuses_calls(tmp_path: Path) -> None:
     store = TraceStore(tmp_path / "traces.db")
     with pytest.raises(TraceStoreError, match="not open"):

@@ -53,7 +53,7 @@ class Collector:
     def __init__(self, settings: CollectorSettings) -> None:
         self.settings = settings
         data = settings.collector_data_dir
-        self.store = TraceStore(data / "traces.db")
+        self.store = TraceStore(data / "traces.db", page_size=settings.collector_store_page_size)
         filesystem, root = lake_filesystem(
             settings.lake_uri(),
             s3_endpoint=settings.collector_lake_s3_endpoint,

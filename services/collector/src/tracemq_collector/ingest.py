@@ -41,7 +41,9 @@ commits, the blocks' column texts and zstd, the msgId and place hashes). Both pr
 collect garbage rarely (:func:`store.tune_gc`). Memory held here: the lake buffers (~280
 bytes per event as Arrow, at most about two buffers' worth), one fetch (up to
 :data:`FETCH_MAX_BYTES`) and three chunks in flight (~560 bytes per event each as Python
-objects, ~290 more in Arrow for the lake; 1.3 kB per event while a chunk is decoded).
+objects, ~290 more in Arrow for the lake; 1.3 kB per event while a chunk is decoded). In RSS
+a buffered event costs ~700 bytes (the heap around the Arrow buffers), so each partition's
+freed heap is handed back to the OS as soon as its buffer is written (:meth:`_flush_one`).
 """
 
 from __future__ import annotations
@@ -561,17 +563,25 @@ class Ingestor:
             )
 
     async def _flush_one(self, tp: TopicPartition) -> list[Path]:
+        """Write one partition's buffer (or, failing that, its stored range) to the lake, then
+        hand the freed heap back to the OS: one partition at a time, so a flush of several
+        partitions does not hold all their buffers' memory until its end while ingest refills
+        the next buffers (the collector's peak RSS)."""
         key = (tp.topic, tp.partition)
         buf = self._buffers.pop(key, None)
         self._unbuffered.pop(key, None)
         try:
+            files = None
             if buf is not None and buf.entries:
                 files = await self._in_lake_thread(self._write_buffer, tp.topic, tp.partition, buf)
-                if files is not None:
-                    return list(files)
-                # The lake is not where the buffer starts (a failed flush, a restart): the
-                # lake reads the store instead, which covers the buffered events too.
-            return list(await self._in_lake_thread(self.lake.flush, tp.topic, tp.partition))
+                # The lake is not where the buffer starts (a failed flush, a restart) when
+                # files is None: the lake reads the store instead, which covers the buffered
+                # events too.
+            buf = None  # its Arrow batches are freed here, before the trim
+            if files is None:
+                files = await self._in_lake_thread(self.lake.flush, tp.topic, tp.partition)
+            await self._in_lake_thread(release_free_memory)
+            return list(files)
         except BaseException:
             # The lake progress did not move and the buffer is gone: the next flush reads the
             # store, even if nothing more of the partition is ever fetched.
@@ -635,7 +645,6 @@ class Ingestor:
             files = await self._flush_one(tp)
             metrics.LAKE_FILES.inc(len(files))
         metrics.LAKE_ROWS_PENDING.set(sum(b.events for b in self._buffers.values()))
-        await self._in_lake_thread(release_free_memory)
         lake = await self.run(self.store.lake_progress)
         store = await self.run(self.store.progress)
         bases = cluster.state.bases
