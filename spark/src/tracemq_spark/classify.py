@@ -485,9 +485,10 @@ def meet(
     read_lo: int,
     cutoff: int,
 ) -> DataFrame:
-    """Expected ⟗ consumed (co-partitioned by msgId: no shuffle), joined with the committed
-    offsets (:func:`offsets_frame`) and the last deliveries: one row per (message, group[,
-    client]) with its outcome and evidence (strings still hashed). Without
+    """Expected ⟗ consumed (co-partitioned by msgId: no shuffle), the expected side joined
+    with the committed offsets (:func:`offsets_frame`) and both sides with the last deliveries
+    first (``agg`` may have them already: :func:`consumed` with ``deliveries``): one row per
+    (message, group[, client]) with its outcome and evidence (strings still hashed). Without
     ``p.keep_classified`` the CONSUMED rows keep only what the tally needs."""
     col = F.col
     # The committed offsets and the last deliveries are joined to each side before the full
