@@ -385,3 +385,84 @@ def test_stages_keep_a_lowercase_and_an_uppercase_id_apart(spark: Any) -> None:
     att = classify.attempts(ev, bh=[], n_parts=2)
     agg = classify.consumed(att, p)
     assert _by_pkey(agg, "attempts", "a_pub_ts") == {up: (1, F0 + MIN)}
+
+
+def test_meet_takes_the_last_deliveries_from_either_side(spark: Any, tmp_path: Path) -> None:
+    """The last deliveries reach an expected row through the expected side and a consume
+    nobody expected through the consumed side (joined in ``consumed`` as the job does, or in
+    ``meet`` when ``consumed`` had none): the same rows either way."""
+    g, other = "g", "h"
+    subs = [SubRow(g, TOPIC, None, F0 - 60 * MIN, T0, False)]
+    ev = _events(
+        spark,
+        [
+            # expected by g, failed; its copy went to %DLQ%g
+            pub("DLQ", F0 + MIN, queue_offset=1),
+            *consume("DLQ", g, "d1", F0 + 2 * MIN, ok=False),
+            # expected by g, consumed by h (not subscribed) after a retry through %RETRY%h
+            pub("ELSEWHERE", F0 + MIN, queue_offset=2),
+            *consume("ELSEWHERE", g, "e1", F0 + 2 * MIN, ok=True),
+            *consume("ELSEWHERE", other, "e2", F0 + 2 * MIN, ok=False),
+            *consume("ELSEWHERE", other, "e3", F0 + 3 * MIN, ok=True, retry=1),
+            # expected by g, never consumed, sent back once by g's consumer (trace lost)
+            pub("LOST", F0 + MIN, queue_offset=3),
+        ],
+    )
+    p = classify.pubs(ev, f_ms=F0, t_ms=T0, base=READ_LO, n_parts=2)
+    exp = classify.expected_deliveries(
+        p, classify.subs_frame(spark, subs, 2 * MIN), classify.clients_frame(spark, [])
+    )
+    att = classify.attempts(ev, bh=[], n_parts=2)
+    deliveries = classify.deliveries_frame(
+        spark,
+        HadoopFS(spark),
+        str(tmp_path / "_deliveries"),
+        [
+            DeliveryRow("DLQ", g, None, None, None, 7),
+            DeliveryRow("ELSEWHERE", other, 1, 20, 21, None),
+            DeliveryRow("LOST", g, 1, 30, 31, None),
+        ],
+    )
+    params = Params(
+        lake="lake",
+        out="out",
+        from_ms=F0,
+        to_ms=T0,
+        subscriptions="s",
+        offsets="o",
+        horizon_ms=HORIZON,
+        keep_classified=True,
+    )
+    offsets = classify.offsets_frame(spark, [OffsetRow(g, TOPIC, BROKER, 0, "", 0)])
+    cols = (
+        "msg_id",
+        "outcome",
+        "retry_reconsume",
+        "retry_queue_offset",
+        "retry_committed",
+        "dlq_queue_offset",
+        "committed_offset",
+    )
+    got = []
+    for agg in (classify.consumed(att, p, deliveries), classify.consumed(att, p)):
+        df = classify.meet(
+            exp,
+            agg,
+            offsets,
+            deliveries,
+            params,
+            f_ms=F0,
+            t_ms=T0,
+            read_lo=READ_LO,
+            cutoff=T0 + HORIZON,
+        )
+        got.append(sorted(tuple(r[c] for c in cols) for r in df.collect()))
+    assert got[0] == got[1]
+    assert got[0] == [
+        ("DLQ", "DEAD_LETTERED", None, None, None, 7, 0),
+        ("ELSEWHERE", "CONSUMED", None, None, None, None, 0),
+        # a consume nobody expected: its own retry copy, no committed offset (none applies)
+        ("ELSEWHERE", "UNEXPECTED_GROUP", 1, 20, 21, None, None),
+        # no trace, but the retry copy's queue is past it
+        ("LOST", "TRACE_LOST", 1, 30, 31, None, 0),
+    ]

@@ -405,10 +405,12 @@ def attempts(ev: DataFrame, *, bh: list[int], n_parts: int) -> DataFrame:
     )
 
 
-def consumed(att: DataFrame, pubs: DataFrame) -> DataFrame:
+def consumed(att: DataFrame, pubs: DataFrame, deliveries: DataFrame | None = None) -> DataFrame:
     """The attempts aggregated per (message, group, client): attempts, successes, failures,
     in-flight attempts, retry counts, first consume and success times; with the message's
-    Pub facts (``a_*`` columns, null without a Pub) for consumes nobody expected."""
+    Pub facts (``a_*`` columns, null without a Pub) for consumes nobody expected. With
+    ``deliveries`` (:func:`deliveries_frame`), also the last deliveries (``a_retry_*``,
+    ``a_dlq_queue_offset``), joined while the rows are narrow (else :func:`meet` joins them)."""
     col = F.col
     done_ok = col("ok") == 1
     first_ok = F.when(done_ok, col("succ_ts"))
@@ -434,6 +436,8 @@ def consumed(att: DataFrame, pubs: DataFrame) -> DataFrame:
         F.max("th").alias("c_topic_h"),
         F.sum("n").alias("consume_events"),
     )
+    if deliveries is not None:
+        agg = _prefixed(with_deliveries(agg, deliveries), DELIVERY_COLS, "a_")
     # pub facts for consumes nobody expected (UNEXPECTED_GROUP / ORPHAN_CONSUME)
     return agg.join(
         pubs.select("pkey", *[col(c).alias(f"a_{c}") for c in PUB_COLS]).hint("shuffle_hash"),
@@ -442,11 +446,19 @@ def consumed(att: DataFrame, pubs: DataFrame) -> DataFrame:
     )
 
 
+#: the last deliveries' columns (:func:`with_deliveries`)
+DELIVERY_COLS = ["retry_reconsume", "retry_queue_offset", "retry_committed", "dlq_queue_offset"]
+
+
+def _prefixed(df: DataFrame, names: list[str], prefix: str) -> DataFrame:
+    return df.withColumnsRenamed({n: f"{prefix}{n}" for n in names})
+
+
 def with_deliveries(j: DataFrame, d: DataFrame | None) -> DataFrame:
     """``j`` with the last retry copy and dead-letter copy of each (message, group) from
     ``d`` (:func:`deliveries_frame`; broadcast: retried messages are few); null columns when
     none is known."""
-    names = ["retry_reconsume", "retry_queue_offset", "retry_committed", "dlq_queue_offset"]
+    names = DELIVERY_COLS
     if d is None:
         return j.select(
             "*",
@@ -473,11 +485,29 @@ def meet(
     read_lo: int,
     cutoff: int,
 ) -> DataFrame:
-    """Expected ⟗ consumed (co-partitioned by msgId: no shuffle), joined with the committed
-    offsets (:func:`offsets_frame`) and the last deliveries: one row per (message, group[,
-    client]) with its outcome and evidence (strings still hashed). Without
+    """Expected ⟗ consumed (co-partitioned by msgId: no shuffle), the expected side joined
+    with the committed offsets (:func:`offsets_frame`) and both sides with the last deliveries
+    first (``agg`` may have them already: :func:`consumed` with ``deliveries``): one row per
+    (message, group[, client]) with its outcome and evidence (strings still hashed). Without
     ``p.keep_classified`` the CONSUMED rows keep only what the tally needs."""
     col = F.col
+    # The committed offsets and the last deliveries are joined to each side before the full
+    # outer join, not after it: its output (~50 columns) is too wide for whole-stage code, so
+    # every broadcast join above it copied whole rows, while each side's rows are narrow
+    # enough for the joins to run inside generated code. (Only expected rows have offsets:
+    # the join uses the expected side's Pub facts.)
+    exp = exp.join(
+        F.broadcast(offsets),
+        (col("group_h") == col("o_group_h"))
+        & (col("e_topic_h") == col("o_topic_h"))
+        & (col("e_store_h") == col("o_store_h"))
+        & (col("e_queue_id") == col("o_queue_id"))
+        & (col("ck") == col("o_client_h")),
+        "left",
+    ).select(*exp.columns, "o_committed")
+    exp = _prefixed(with_deliveries(exp, deliveries), DELIVERY_COLS, "e_")
+    if f"a_{DELIVERY_COLS[0]}" not in agg.columns:
+        agg = _prefixed(with_deliveries(agg, deliveries), DELIVERY_COLS, "a_")
     j = exp.hint("shuffle_hash").join(agg, ["pkey", "group_h", "ck"], "full_outer")
 
     def pub(c: str) -> Column:
@@ -491,16 +521,11 @@ def meet(
     due = pub_ts + F.when(
         msg_type == _MSG_DELAY, F.lit(max(p.max_delay_ms, p.horizon_ms))
     ).otherwise(p.horizon_ms)
-    j = j.join(
-        F.broadcast(offsets),
-        (col("group_h") == col("o_group_h"))
-        & (col("e_topic_h") == col("o_topic_h"))
-        & (col("e_store_h") == col("o_store_h"))
-        & (col("e_queue_id") == col("o_queue_id"))
-        & (col("ck") == col("o_client_h")),
-        "left",
-    )
-    j = with_deliveries(j, deliveries)
+
+    def delivery(c: str) -> Column:
+        # one (message, group)'s last deliveries, on either side: the same row
+        return F.coalesce(col(f"e_{c}"), col(f"a_{c}"))
+
     committed = col("o_committed")
     offset_applicable = ~msg_type.isin(_MSG_HALF, _MSG_DELAY)
     passed = offset_applicable & committed.isNotNull() & (committed > pub("queue_offset"))
@@ -510,14 +535,15 @@ def meet(
     # in part (a SubAfter, a retry's records); offsets cannot, so they overrule a trace
     # that says FAILED or IN_FLIGHT. A traced failure of that last delivery (or a later
     # one) keeps the message unconsumed: it went back once more.
-    has_copy = col("retry_reconsume").isNotNull()
-    in_dlq = col("dlq_queue_offset").isNotNull()
+    has_copy = delivery("retry_reconsume").isNotNull()
+    in_dlq = delivery("dlq_queue_offset").isNotNull()
     last_passed = F.when(
-        has_copy, F.coalesce(col("retry_committed") > col("retry_queue_offset"), F.lit(False))
+        has_copy,
+        F.coalesce(delivery("retry_committed") > delivery("retry_queue_offset"), F.lit(False)),
     ).otherwise(passed)
     offsets_consumed = last_passed & ~in_dlq
     failed_last = F.coalesce(
-        col("max_failed_retry") >= F.coalesce(col("retry_reconsume"), F.lit(0)), F.lit(False)
+        col("max_failed_retry") >= F.coalesce(delivery("retry_reconsume"), F.lit(0)), F.lit(False)
     )
     dead_traced = (col("dead_lettered") == 1) | (col("max_retry_times") >= p.max_reconsume_times)
     after_retry = (col("attempts") > 1) | (col("success_retry") > 0)
@@ -600,10 +626,7 @@ def meet(
             pub("queue_id").alias("queue_id"),
             pub("queue_offset").alias("queue_offset"),
             committed.alias("committed_offset"),
-            "retry_reconsume",
-            "retry_queue_offset",
-            "retry_committed",
-            "dlq_queue_offset",
+            *[delivery(c).alias(c) for c in DELIVERY_COLS],
             due.alias("due_ts"),
             F.coalesce(col("attempts"), F.lit(0)).alias("attempts"),
             F.coalesce(col("successes"), F.lit(0)).alias("successes"),

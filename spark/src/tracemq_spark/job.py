@@ -322,10 +322,10 @@ class _Context:
         )
         bh = [self.scan.hash_of[g] for g in self.bgroups if g in self.scan.hash_of]
         att = classify.attempts(ev, bh=bh, n_parts=n_parts)
-        agg = classify.consumed(att, pubs)
         deliveries = classify.deliveries_frame(
             spark, self.fs, self.stage.path("_deliveries"), self.deliveries
         )
+        agg = classify.consumed(att, pubs, deliveries)
         return classify.meet(
             exp,
             agg,
