@@ -422,6 +422,25 @@ def _trace_drops(workload: Workload) -> tuple[int, int, int]:
     )
 
 
+def _keep_evidence(workdir: Path, out: Path) -> Path | None:
+    """Copy what explains a reconciliation that disagrees with the listeners — the collector's
+    store and lake and every process's log — to ``out/evidence`` before the stack (and its
+    temporary workdir) goes; returns where, or None when nothing could be copied."""
+    dest = out / "evidence"
+    copied = False
+    for part in (Path("data") / "collector", Path("logs")):
+        src = workdir / part
+        if not src.is_dir():
+            continue
+        try:
+            shutil.copytree(src, dest / part, dirs_exist_ok=True)
+            copied = True
+        except (OSError, shutil.Error) as exc:  # a file written or removed meanwhile
+            console().print(f"[yellow]evidence: {part} copied in part ({exc})[/]")
+            copied = True
+    return dest if copied else None
+
+
 def _check_against_listeners(workload: Workload, out: Path) -> bool:
     """Compare the reconciliation with what the listeners saw, group by group, for the
     outcomes a listener can tell (consumed, after a retry, twice, failed); print the
@@ -619,6 +638,9 @@ def demo(
                         "[red]the reconciliation differs from what the listeners saw, with "
                         "every trace delivered: a bug[/]"
                     )
+                    evidence = _keep_evidence(stack.workdir, out)
+                    if evidence is not None:
+                        con.print(f"the collector's store, lake and the logs: {evidence}")
                     raise typer.Exit(1)
         if keep_running:
             con.print(f"stack and viewer up ({api}); Ctrl-C stops everything")
