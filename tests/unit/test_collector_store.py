@@ -567,7 +567,7 @@ def test_events_in_range_are_in_offset_order_with_their_partition(store: TraceSt
 
 from tracemq_collector import store as store_module  # noqa: E402
 from tracemq_collector.events import decode_chunk  # noqa: E402
-from tracemq_collector.store import KEY_BUCKET_BITS  # noqa: E402
+from tracemq_collector.store import BUCKET_BITS  # noqa: E402
 
 
 def table(path: Path, sql: str) -> list[tuple[Any, ...]]:
@@ -629,7 +629,7 @@ def test_key_look_ups_span_every_bucket_in_time_order(store: TraceStore) -> None
         with sqlite3.connect(store.path) as conn:
             conn.execute(
                 "UPDATE meta SET value = value + ? WHERE key = 'next_block_id'",
-                (1 << (KEY_BUCKET_BITS - 8),),
+                (1 << (BUCKET_BITS - 8),),
             )
     buckets = table(store.path, "SELECT DISTINCT bucket FROM key_index ORDER BY bucket")
     assert len(buckets) == 6
@@ -647,6 +647,118 @@ def test_key_look_ups_span_every_bucket_in_time_order(store: TraceStore) -> None
     assert sorted(i["msg_id"] for i in store.by_key("shared")[0]) == sorted(
         msg_id(n) for n in range(6) if (n * 7) % 6 >= 2
     )
+
+
+def jump_buckets(path: Path, buckets: int = 1) -> None:
+    """The next block of ``path``'s store lands ``buckets`` buckets further on."""
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "UPDATE meta SET value = value + ? WHERE key = 'next_block_id'",
+            (buckets << (BUCKET_BITS - 8),),
+        )
+
+
+def placed_pub(n: int, ts: int, *, keys: str | None = None) -> TraceContext:
+    from tracemq.message_id import encode_offset_msg_id
+
+    ctx = pub_ctx(n, ts, keys=keys)
+    ctx.trace_beans[0].offset_msg_id = encode_offset_msg_id("10.0.0.9:10911", 1, 1000 + n)
+    return ctx
+
+
+def test_msg_id_and_place_look_ups_span_every_bucket(store: TraceStore) -> None:
+    from tracemq.message_id import encode_offset_msg_id
+
+    feed = Feed()
+    for n in range(4):  # each message's Pub in one bucket, its consume records in the next
+        store.write_batch(*feed.batch([placed_pub(n, T0 + n)]))
+        jump_buckets(store.path)
+        store.write_batch(*feed.batch(consume_ctxs(n, T0 + 10 + n)))
+    buckets = table(store.path, "SELECT DISTINCT bucket FROM msg_index ORDER BY bucket")
+    assert len(buckets) == 5
+    assert len(table(store.path, "SELECT DISTINCT bucket FROM place_index")) == 4
+    for n in range(4):
+        found = store.by_msg_id(msg_id(n))
+        assert [e["trace_type"] for e in found] == ["Pub", "SubBefore", "SubAfter"], n
+        place = encode_offset_msg_id("10.0.0.9:10911", 1, 1000 + n)
+        assert store.msg_id_by_offset_msg_id(place) == msg_id(n)
+    activity, _ = store.consume_activity(T0, T0 + 100)
+    assert {e["msg_topic"] for e in activity} == {"orders"}  # each Pub found across buckets
+    # Retention takes the first message's Pub (and with it the oldest bucket's rows).
+    assert store.delete_older_than(T0 + 1) == 1
+    assert [e["trace_type"] for e in store.by_msg_id(msg_id(0))] == ["SubBefore", "SubAfter"]
+    assert store.msg_id_by_offset_msg_id(encode_offset_msg_id("10.0.0.9:10911", 1, 1000)) is None
+    assert table(store.path, "SELECT count(*) FROM place_index") == [(3,)]
+    assert table(store.path, "SELECT min(bucket) FROM msg_index") == [(buckets[1][0],)]
+
+
+def test_a_retried_send_is_checked_in_the_newest_buckets_only(store: TraceStore) -> None:
+    """The retried-send check looks RETRY_BUCKETS buckets back (documented): a retry's Pub
+    stored further from its first is listed again by key."""
+    feed = Feed()
+    store.write_batch(*feed.batch([pub_ctx(1, T0)]))
+    jump_buckets(store.path, store_module.RETRY_BUCKETS - 1)
+    store.write_batch(*feed.batch([pub_ctx(1, T0 + 700)]))  # still in the window: one row
+    assert [i["timestamp"] for i in store.by_key("order-1")[0]] == [T0]
+    store.write_batch(*feed.batch([pub_ctx(2, T0)]))
+    jump_buckets(store.path, store_module.RETRY_BUCKETS)
+    store.write_batch(*feed.batch([pub_ctx(2, T0 + 700)]))  # past it
+    assert [i["timestamp"] for i in store.by_key("order-2")[0]] == [T0 + 700, T0]
+    assert len(store.by_msg_id(msg_id(2))) == 2
+
+
+def _as_schema_5(path: Path, *, places: bool = True) -> None:
+    """Turn a store file into what schema 5 wrote: the hashed indexes without buckets."""
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "CREATE TABLE m5 (msg_hash INTEGER NOT NULL, block INTEGER NOT NULL, "
+            "pub INTEGER NOT NULL, PRIMARY KEY (msg_hash, block)) WITHOUT ROWID"
+        )
+        conn.execute("INSERT INTO m5 SELECT msg_hash, block, pub FROM msg_index")
+        conn.execute("DROP TABLE msg_index")
+        conn.execute("ALTER TABLE m5 RENAME TO msg_index")
+        conn.execute(
+            "CREATE TABLE p5 (place_hash INTEGER NOT NULL, ref INTEGER NOT NULL, "
+            "PRIMARY KEY (place_hash, ref)) WITHOUT ROWID"
+        )
+        conn.execute("INSERT INTO p5 SELECT place_hash, ref FROM place_index")
+        conn.execute("DROP TABLE place_index")
+        if places:
+            conn.execute("ALTER TABLE p5 RENAME TO place_index")
+        else:
+            conn.execute("DROP TABLE p5")
+        conn.execute("UPDATE meta SET value = 5 WHERE key = 'schema_version'")
+
+
+@pytest.mark.parametrize("places", [True, False])
+def test_a_schema_5_file_is_upgraded_on_open(tmp_path: Path, places: bool) -> None:
+    from tracemq.message_id import encode_offset_msg_id
+
+    path = tmp_path / "five.db"
+    feed = Feed()
+    with TraceStore(path) as s:
+        for n in range(3):
+            s.write_batch(*feed.batch([placed_pub(n, T0 + n), *consume_ctxs(n, T0 + 5)]))
+            jump_buckets(path)
+        indexes = [
+            table(path, f"SELECT * FROM {t} ORDER BY 1, 2, 3") for t in ("msg_index", "place_index")
+        ]
+    _as_schema_5(path, places=places)
+    assert table(path, "SELECT value FROM meta WHERE key = 'schema_version'") == [(5,)]
+    with TraceStore(path) as s:
+        assert table(path, "SELECT value FROM meta WHERE key = 'schema_version'") == [(6,)]
+        assert table(path, "SELECT * FROM msg_index ORDER BY 1, 2, 3") == indexes[0]
+        assert table(path, "SELECT * FROM place_index ORDER BY 1, 2, 3") == (
+            indexes[1] if places else []
+        )
+        for n in range(3):
+            assert len(s.by_msg_id(msg_id(n))) == 3
+            place = encode_offset_msg_id("10.0.0.9:10911", 1, 1000 + n)
+            assert s.msg_id_by_offset_msg_id(place) == (msg_id(n) if places else None)
+        s.write_batch(*feed.batch([placed_pub(9, T0 + 9)]))  # and it takes new events
+        assert len(s.by_msg_id(msg_id(9))) == 1
+    with TraceStore(path) as s:  # opened again: nothing left to upgrade
+        assert s.event_count() == 3 * 3 + 1
 
 
 @pytest.mark.parametrize("version", [1, 4])

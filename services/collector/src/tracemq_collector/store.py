@@ -2,7 +2,7 @@
 
 Why SQLite, why this layout, and the measurements behind both: ``services/collector/STORE.md``.
 
-Tables (schema version 5)
+Tables (schema version 6)
 -------------------------
 ``meta``
     ``schema_version`` of the file, ``next_block_id`` (block ids are assigned by the batch
@@ -24,24 +24,32 @@ Tables (schema version 5)
     pos``. Indexes: ``(tp, last_offset, first_offset)`` (dedupe and the lake's range reads),
     ``max_ts`` (time windows) and ``min_ts`` (retention).
 ``msg_index``
-    ``(msg_hash, block)``, one row per msgId and block that holds events of it, and ``pub``:
-    whether one of them is a Pub. ``msg_hash`` is 8 bytes of BLAKE2b of the msgId text, so the
-    index is small whatever the id looks like; a look-up decodes the blocks it names and keeps
-    the events whose msgId is the one asked for (a hash collision costs a block read, never a
-    wrong answer).
+    ``(bucket, msg_hash, block)``, one row per msgId and block that holds events of it, and
+    ``pub``: whether one of them is a Pub. ``msg_hash`` is 8 bytes of BLAKE2b of the msgId text,
+    so the index is small whatever the id looks like; a look-up decodes the blocks it names and
+    keeps the events whose msgId is the one asked for (a hash collision costs a block read,
+    never a wrong answer). ``bucket`` is the block's ref >> :data:`BUCKET_BITS` (512 blocks,
+    65 536 events at most), as in every index keyed by a hash or a key: a batch inserts into
+    the newest bucket only, a subtree of a few hundred pages that stays in the cache, where an
+    index led by the hash would put every new row on a random page of the whole index and
+    each transaction would write most of it to the WAL again (the cost per event grew with the
+    store: docs/performance.md, "Collector ingest, eleventh pass"). A look-up seeks each
+    bucket (about 150 at ten million events).
 ``pub_index``
     ``(topic id, timestamp, ref)`` of every Pub event with a topic: "messages of a topic".
 ``key_index``
     The business-key index: ``(bucket, key, timestamp, ref)`` and the topic id, one row per
-    (key, message). ``bucket`` is the ref >> :data:`KEY_BUCKET_BITS`: a batch's key rows all go
-    to the newest bucket, a few hundred pages that stay hot, where an index led by the key would
-    put every random key on a page of its own. A look-up seeks each bucket (one per 512 blocks,
-    about 150 at ten million events). Keys come from a message's Pub trace, which also names
-    its topic and tags; a send retried under the same msgId adds no second row (the batch checks
-    ``msg_index`` for an earlier Pub), so look-ups list every message once. A message whose Pub
-    trace is lost is still found by msgId, not by key.
+    (key, message), bucketed like ``msg_index``. Keys come from a message's Pub trace, which
+    also names its topic and tags; a send retried under the same msgId adds no second row: the
+    batch checks ``msg_index`` for an earlier Pub in the newest :data:`RETRY_BUCKETS` buckets
+    (the last 65 536 – 131 072 events stored; a retry's Pub traces are written within the
+    send's time-out of each other and stored next to each other). A retry whose first Pub is
+    stored further back (trace partitions read far apart, after a long stop) is listed twice
+    by key, once per Pub. A message whose Pub trace is lost is still found by msgId, not by
+    key.
 ``place_index``
-    ``(place hash, ref)`` of every Pub with an offsetMsgId: the hash of the store host, queue
+    ``(bucket, place hash, ref)`` of every Pub with an offsetMsgId, bucketed like
+    ``msg_index``: the hash of the store host, queue
     and Kafka offset it names (:func:`tracemq_collector.events._offset_coords`, the decode
     ingest uses), for :meth:`TraceStore.msg_id_by_offset_msg_id`.
 ``names`` / ``partitions``
@@ -110,6 +118,7 @@ import sqlite3
 import struct
 import sys
 import threading
+import time
 import warnings
 import zlib
 from array import array
@@ -144,10 +153,11 @@ from tracemq_collector.events import _offset_coords as _offset_coords  # the ing
 __all__ = [
     "BLOCK_EVENTS",
     "DEDUPE_WINDOW_MESSAGES",
-    "KEY_BUCKET_BITS",
+    "BUCKET_BITS",
     "MAX_KEYS_PER_MESSAGE",
     "STORE_ROW",
     "MAX_PAGE_SIZE",
+    "RETRY_BUCKETS",
     "OLD_LAYOUT_HELP",
     "SCHEMA_VERSION",
     "StoreSchemaError",
@@ -157,7 +167,7 @@ __all__ = [
 ]
 
 #: Version of this file's table layout; a file of another version is refused, not misread.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 #: Trace offsets per partition whose idempotency keys are kept (see ``message_keys``): about
 #: 100 bytes each. A repeat arriving later than this many trace messages after the first copy
 #: in its partition is stored again.
@@ -165,8 +175,11 @@ DEDUPE_WINDOW_MESSAGES = 200_000
 #: Events per block at most (a ref keeps 8 bits for the position). Larger blocks compress a
 #: little better, but a look-up decompresses a whole block per event it returns.
 BLOCK_EVENTS = 128
-#: A key-index bucket covers the refs with the same ``ref >> KEY_BUCKET_BITS`` (512 blocks).
-KEY_BUCKET_BITS = 17
+#: A bucket of the hashed and keyed indexes (``msg_index``, ``place_index``, ``key_index``)
+#: covers the refs with the same ``ref >> BUCKET_BITS`` (512 blocks).
+BUCKET_BITS = 17
+#: The retried-send check of keyed Pubs looks for an earlier Pub in this many newest buckets.
+RETRY_BUCKETS = 2
 #: Largest ``limit`` a paged query accepts.
 MAX_PAGE_SIZE = 1000
 #: What to do with a file of an older layout (the error message says it).
@@ -235,10 +248,11 @@ CREATE INDEX blocks_offsets ON blocks (tp, last_offset, first_offset);
 CREATE INDEX blocks_max_ts ON blocks (max_ts);
 CREATE INDEX blocks_min_ts ON blocks (min_ts);
 CREATE TABLE msg_index (
+    bucket INTEGER NOT NULL,
     msg_hash INTEGER NOT NULL,
     block INTEGER NOT NULL,
     pub INTEGER NOT NULL,
-    PRIMARY KEY (msg_hash, block)
+    PRIMARY KEY (bucket, msg_hash, block)
 ) WITHOUT ROWID;
 CREATE TABLE pub_index (
     topic INTEGER NOT NULL,
@@ -247,9 +261,10 @@ CREATE TABLE pub_index (
     PRIMARY KEY (topic, timestamp, ref)
 ) WITHOUT ROWID;
 CREATE TABLE place_index (
+    bucket INTEGER NOT NULL,
     place_hash INTEGER NOT NULL,
     ref INTEGER NOT NULL,
-    PRIMARY KEY (place_hash, ref)
+    PRIMARY KEY (bucket, place_hash, ref)
 ) WITHOUT ROWID;
 CREATE TABLE key_index (
     bucket INTEGER NOT NULL,
@@ -331,20 +346,45 @@ _MSG_COLUMN = 1 + _BLOCK_FIELDS.index("msg_id")
 _OFF_COLUMN = 1 + _BLOCK_FIELDS.index("trace_offset")
 _TS_COLUMN = 1 + _BLOCK_FIELDS.index("timestamp")
 
-_PLACE_INDEX = (
-    "CREATE TABLE place_index (place_hash INTEGER NOT NULL, ref INTEGER NOT NULL, "
-    "PRIMARY KEY (place_hash, ref)) WITHOUT ROWID"
+# Schema 5 → 6: the hashed indexes get their bucket (rebuilt in order, in the open's
+# transaction: ~1 s per million events; a schema-5 file from before the place index has none).
+_UPGRADE_5 = (
+    "CREATE TABLE msg_index_6 (bucket INTEGER NOT NULL, msg_hash INTEGER NOT NULL, "
+    "block INTEGER NOT NULL, pub INTEGER NOT NULL, PRIMARY KEY (bucket, msg_hash, block)) "
+    "WITHOUT ROWID",
+    f"INSERT INTO msg_index_6 SELECT block >> {BUCKET_BITS - _POS_BITS}, msg_hash, block, pub "  # noqa: S608
+    "FROM msg_index ORDER BY 1, 2, 3",
+    "DROP TABLE msg_index",
+    "ALTER TABLE msg_index_6 RENAME TO msg_index",
+    "CREATE TABLE place_index_6 (bucket INTEGER NOT NULL, place_hash INTEGER NOT NULL, "
+    "ref INTEGER NOT NULL, PRIMARY KEY (bucket, place_hash, ref)) WITHOUT ROWID",
+)
+_UPGRADE_5_PLACES = (
+    f"INSERT INTO place_index_6 SELECT ref >> {BUCKET_BITS}, place_hash, ref FROM place_index "  # noqa: S608
+    "ORDER BY 1, 2, 3",
+    "DROP TABLE place_index",
 )
 _KNOWN_KEYS = """
 SELECT key, trace_topic, trace_partition, trace_offset FROM message_keys
 WHERE key IN (SELECT value FROM json_each(?))
 """
 # Every bucket that may hold key rows: those of the blocks still stored.
+_BLOCK_BUCKET_SHIFT = BUCKET_BITS - _POS_BITS  # a block's bucket: block >> this
 _BUCKETS = (  # built from constants only
     "WITH RECURSIVE buckets(b) AS ("  # noqa: S608
-    f"SELECT (SELECT min(id) FROM blocks) >> {KEY_BUCKET_BITS - _POS_BITS} UNION ALL "
+    f"SELECT (SELECT min(id) FROM blocks) >> {_BLOCK_BUCKET_SHIFT} UNION ALL "
     f"SELECT b + 1 FROM buckets WHERE b < (SELECT max(id) FROM blocks) >> "
-    f"{KEY_BUCKET_BITS - _POS_BITS}) "
+    f"{_BLOCK_BUCKET_SHIFT}) "
+)
+# Look-ups in the hashed indexes: every bucket that may hold rows (constants only).
+_MSG_BLOCKS = f"{_BUCKETS}SELECT block FROM msg_index WHERE bucket IN buckets AND msg_hash = ?"  # noqa: S608
+_PUB_BLOCKS = f"{_MSG_BLOCKS} AND pub = 1"
+_PLACE_REFS = f"{_BUCKETS}SELECT ref FROM place_index WHERE bucket IN buckets AND place_hash = ?"  # noqa: S608
+# Blocks of the newest buckets with a Pub of one of the msgIds (seeks, not a range scan).
+_RETRIED = (
+    "SELECT DISTINCT block FROM msg_index "  # noqa: S608 - constants only
+    f"WHERE bucket IN ({', '.join('?' * RETRY_BUCKETS)}) "
+    "AND msg_hash IN (SELECT value FROM json_each(?)) AND pub = 1"
 )
 _INSERT_QUARANTINE = """
 INSERT OR IGNORE INTO quarantine
@@ -826,6 +866,9 @@ class TraceStore:
             elif "meta" not in tables:
                 raise TraceStoreError(f"{self.path} is an SQLite file but not a trace store")
             version = self._meta(c, "schema_version")
+            if version == 5 and "blocks" in tables:
+                self._upgrade_5(c, "place_index" in tables)
+                version = self._meta(c, "schema_version")
             if version != SCHEMA_VERSION:
                 older = isinstance(version, int) and 1 <= version < SCHEMA_VERSION
                 newer = isinstance(version, int) and version > SCHEMA_VERSION
@@ -835,12 +878,28 @@ class TraceStore:
                     + ("; the file is newer: upgrade the collector" if newer else "")
                     + (f"; {OLD_LAYOUT_HELP}" if older else "")
                 )
-            if tables and "place_index" not in tables and "blocks" in tables:
-                c.execute(_PLACE_INDEX)  # a schema-5 file from before the place index
             if tables and "blocks" not in tables:
                 raise StoreSchemaError(f"trace store {self.path} has no blocks table")
 
         self._transaction(conn, body)
+
+    def _upgrade_5(self, c: sqlite3.Connection, has_places: bool) -> None:
+        """Schema 5 → 6 in the open's transaction: the hashed indexes get their bucket."""
+        started = time.monotonic()
+        for statement in _UPGRADE_5:
+            c.execute(statement)
+        if has_places:
+            for statement in _UPGRADE_5_PLACES:
+                c.execute(statement)
+        c.execute("ALTER TABLE place_index_6 RENAME TO place_index")
+        c.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (SCHEMA_VERSION,))
+        log.info(
+            "store_upgraded",
+            path=str(self.path),
+            from_version=5,
+            to_version=SCHEMA_VERSION,
+            seconds=round(time.monotonic() - started, 3),
+        )
 
     @staticmethod
     def _meta(conn: sqlite3.Connection, key: str) -> Any:
@@ -1129,22 +1188,29 @@ class TraceStore:
 
     @staticmethod
     def _published(
-        conn: sqlite3.Connection, msg_ids: list[str], hashes: dict[str, int] | None = None
+        conn: sqlite3.Connection,
+        msg_ids: list[str],
+        next_block: int,
+        hashes: dict[str, int] | None = None,
     ) -> set[str]:
-        """The msgIds of ``msg_ids`` with a Pub already stored (a retried send).
+        """The msgIds of ``msg_ids`` with a Pub already stored (a retried send) in the newest
+        :data:`RETRY_BUCKETS` buckets before ``next_block``, the batch's first block.
 
         ``hashes``: msgId → :func:`_msg_hash`, those the caller has already computed."""
         if not msg_ids:
             return set()
+        newest = next_block >> _BLOCK_BUCKET_SHIFT
         wanted = set(msg_ids)
         blocks = _Blocks(conn)
         found: set[str] = set()
         if hashes is None:
             hashes = {}
         hits = conn.execute(
-            "SELECT DISTINCT block FROM msg_index "
-            "WHERE msg_hash IN (SELECT value FROM json_each(?)) AND pub = 1",
-            (json.dumps([hashes[m] if m in hashes else _msg_hash(m) for m in msg_ids]),),
+            _RETRIED,
+            (
+                *range(newest - RETRY_BUCKETS + 1, newest + 1),
+                json.dumps([hashes[m] if m in hashes else _msg_hash(m) for m in msg_ids]),
+            ),
         ).fetchall()
         for (block,) in hits:
             for e in blocks.get(block).values():
@@ -1162,14 +1228,14 @@ class TraceStore:
         ids = dict.fromkeys(msg_ids)
         ids.pop(None, None)
         hashes = _msg_hashes(ids)  # a message's events mostly share a block, not always
+        # Read inside the transaction: correct even if another process wrote this file.
+        next_block = int(self._meta(conn, "next_block_id"))
         key_rows = batch.key_rows
         if key_rows:
             # Messages whose keys an earlier Pub (a retried send) already indexed.
-            indexed = self._published(conn, batch.key_msg_ids, hashes)
+            indexed = self._published(conn, batch.key_msg_ids, next_block, hashes)
             if indexed:
                 key_rows = [row for row in key_rows if row[2] not in indexed]
-        # Read inside the transaction: correct even if another process wrote this file.
-        next_block = int(self._meta(conn, "next_block_id"))
         msg_topics, stamps = columns[_E_MTOPIC - 1], columns[_E_TS - 1]
         is_pub = list(map(_eq, types, repeat("Pub")))
         topics = {t for t in compress(msg_topics, is_pub) if t is not None}
@@ -1187,9 +1253,9 @@ class TraceStore:
                     place_of[i] = place
         ref_of = [0] * n
         block_rows: list[tuple[Any, ...]] = []
-        msg_rows: list[tuple[int, int, int]] = []
+        msg_rows: list[tuple[int, int, int, int]] = []
         pub_rows: list[tuple[int, int, int]] = []
-        place_rows: list[tuple[int, int]] = []
+        place_rows: list[tuple[int, int, int]] = []
         block_fields = columns[2:]  # a block's columns after pos: all but topic and partition
         for (trace_topic, partition), group in _partition_groups(columns[0], columns[1]):
             tp = self._tp_id(conn, trace_topic, partition, create=True)
@@ -1224,7 +1290,8 @@ class TraceStore:
                         pub_rows.append((topic_ids[topic], stamps[i], base | pos))
                     place = place_of.get(i)
                     if place is not None:
-                        place_rows.append((place, base | pos))
+                        ref = base | pos
+                        place_rows.append((ref >> BUCKET_BITS, place, ref))
                 offsets, times = block_columns[_OFF_COLUMN], block_columns[_TS_COLUMN]
                 block_rows.append(
                     (
@@ -1239,19 +1306,20 @@ class TraceStore:
                     )
                 )
                 block_hashes = list(map(hashes.__getitem__, msgs))
+                bucket = block >> _BLOCK_BUCKET_SHIFT
                 if len(set(block_hashes)) == len(block_hashes):
-                    msg_rows.extend(zip(block_hashes, repeat(block), msgs.values()))
+                    msg_rows.extend(zip(repeat(bucket), block_hashes, repeat(block), msgs.values()))
                 else:  # two ids of one hash: one row, with a Pub if either has one
                     hashed: dict[int, int] = {}
                     for h, pub in zip(block_hashes, msgs.values(), strict=True):
                         hashed[h] = max(pub, hashed.get(h, 0))
-                    msg_rows.extend((h, block, pub) for h, pub in hashed.items())
+                    msg_rows.extend((bucket, h, block, pub) for h, pub in hashed.items())
         conn.executemany("INSERT INTO blocks VALUES (?, ?, ?, ?, ?, ?, ?, ?)", block_rows)
-        conn.executemany("INSERT OR IGNORE INTO msg_index VALUES (?, ?, ?)", msg_rows)
+        conn.executemany("INSERT OR IGNORE INTO msg_index VALUES (?, ?, ?, ?)", msg_rows)
         if pub_rows:
             conn.executemany("INSERT OR IGNORE INTO pub_index VALUES (?, ?, ?)", pub_rows)
         if place_rows:
-            conn.executemany("INSERT OR IGNORE INTO place_index VALUES (?, ?)", place_rows)
+            conn.executemany("INSERT OR IGNORE INTO place_index VALUES (?, ?, ?)", place_rows)
         if key_rows:
             # (bucket, key, timestamp, ref, topic id) of each key row, built in C
             ids, keys, _, key_topics, key_stamps = zip(*key_rows, strict=True)
@@ -1259,7 +1327,7 @@ class TraceStore:
             conn.executemany(
                 "INSERT OR IGNORE INTO key_index VALUES (?, ?, ?, ?, ?)",
                 zip(
-                    map(_rshift, refs, repeat(KEY_BUCKET_BITS)),
+                    map(_rshift, refs, repeat(BUCKET_BITS)),
                     keys,
                     key_stamps,
                     refs,
@@ -1350,9 +1418,7 @@ class TraceStore:
         conn = self._reader()
         blocks = _Blocks(conn)
         found: list[tuple[Any, ...]] = []
-        hits = conn.execute(
-            "SELECT block FROM msg_index WHERE msg_hash = ?", (_msg_hash(msg_id),)
-        ).fetchall()
+        hits = conn.execute(_MSG_BLOCKS, (_msg_hash(msg_id),)).fetchall()
         for (block,) in hits:
             found.extend(blocks.of_message(block, msg_id))
         found.sort(key=lambda e: (e[_E_TS], e[_E_OFF], e[_E_IDX]))
@@ -1376,7 +1442,7 @@ class TraceStore:
         conn = self._reader()
         blocks = _Blocks(conn)
         best: tuple[int, str] | None = None
-        refs = conn.execute("SELECT ref FROM place_index WHERE place_hash = ?", (place,))
+        refs = conn.execute(_PLACE_REFS, (place,))
         for (ref,) in refs.fetchall():
             e = blocks.event(ref)
             if e is None or e[_E_TYPE] != "Pub":
@@ -1560,9 +1626,7 @@ class TraceStore:
     @staticmethod
     def _pub_topic(conn: sqlite3.Connection, blocks: _Blocks, msg_id: str) -> str | None:
         """The topic of a message's (non-DLQ) Pub in this store, or None."""
-        for (block,) in conn.execute(
-            "SELECT block FROM msg_index WHERE msg_hash = ? AND pub = 1", (_msg_hash(msg_id),)
-        ).fetchall():
+        for (block,) in conn.execute(_PUB_BLOCKS, (_msg_hash(msg_id),)).fetchall():
             events = blocks.get(block)
             for e in events.values():
                 if e[_E_MSG] == msg_id and e[_E_TYPE] == "Pub" and not _is_dlq(e[_E_MTOPIC]):
@@ -1653,7 +1717,7 @@ class TraceStore:
         kept = [e for p, e in sorted(events.items()) if p not in gone]
         pub_rows: list[tuple[Any, ...]] = []
         key_rows: list[tuple[Any, ...]] = []
-        place_rows: list[tuple[int, int]] = []
+        place_rows: list[tuple[int, int, int]] = []
         for e in old:
             if e[_E_TYPE] != "Pub":
                 continue
@@ -1667,11 +1731,11 @@ class TraceStore:
             row = _event_row(e)
             place = _place_hash(row.get("offset_msg_id"))
             if place is not None:
-                place_rows.append((place, ref))
+                place_rows.append((ref >> BUCKET_BITS, place, ref))
             keys = row["keys"]
             if keys:
                 key_rows.extend(
-                    (ref >> KEY_BUCKET_BITS, k, e[_E_TS], ref)
+                    (ref >> BUCKET_BITS, k, e[_E_TS], ref)
                     for k in split_keys(keys)[:MAX_KEYS_PER_MESSAGE]
                 )
         c.executemany(
@@ -1681,20 +1745,23 @@ class TraceStore:
             "DELETE FROM key_index WHERE bucket = ? AND key = ? AND timestamp = ? AND ref = ?",
             key_rows,
         )
-        c.executemany("DELETE FROM place_index WHERE place_hash = ? AND ref = ?", place_rows)
+        c.executemany(
+            "DELETE FROM place_index WHERE bucket = ? AND place_hash = ? AND ref = ?", place_rows
+        )
         left: dict[int, int] = {}
         for e in kept:
             if e[_E_MSG] is not None:
                 h = _msg_hash(e[_E_MSG])
                 left[h] = max(left.get(h, 0), 1 if e[_E_TYPE] == "Pub" else 0)
         hashes = {_msg_hash(e[_E_MSG]) for e in old if e[_E_MSG] is not None}
+        bucket = block >> _BLOCK_BUCKET_SHIFT
         c.executemany(
-            "DELETE FROM msg_index WHERE msg_hash = ? AND block = ?",
-            [(h, block) for h in hashes if h not in left],
+            "DELETE FROM msg_index WHERE bucket = ? AND msg_hash = ? AND block = ?",
+            [(bucket, h, block) for h in hashes if h not in left],
         )
         c.executemany(
-            "UPDATE msg_index SET pub = ? WHERE msg_hash = ? AND block = ?",
-            [(left[h], h, block) for h in hashes if h in left],
+            "UPDATE msg_index SET pub = ? WHERE bucket = ? AND msg_hash = ? AND block = ?",
+            [(left[h], bucket, h, block) for h in hashes if h in left],
         )
         if kept:
             offsets = [e[_E_OFF] for e in kept]
