@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from aiokafka import TopicPartition
 from tracemq_collector.events import decode_chunk
-from tracemq_collector.ingest import CHUNK_BYTES, Ingestor, _chunks, _segments
+from tracemq_collector.ingest import CHUNK_BYTES, Ingestor, _at_end, _chunks, _segments
 from tracemq_collector.lake import TraceLake
 from tracemq_collector.store import TraceStore
 
@@ -353,3 +353,48 @@ async def test_a_failed_lake_flush_is_retried_even_if_nothing_more_is_fetched(
     finally:
         ing._lake_thread.shutdown(wait=True)
         store.close()
+
+
+def test_a_fetch_is_at_the_end_when_it_reaches_every_high_watermark() -> None:
+    a, b = TopicPartition("t", 0), TopicPartition("t", 1)
+    consumer = SimpleNamespace(highwater={a: 10, b: 5}.get)
+    recs = lambda *offsets: [Rec(o, b"") for o in offsets]  # noqa: E731
+    assert _at_end(consumer, {a: recs(8, 9), b: recs(4)})
+    assert not _at_end(consumer, {a: recs(7, 8), b: recs(4)})  # a has offset 9 still to come
+    assert not _at_end(consumer, {a: recs(9), TopicPartition("t", 2): recs(0)})  # unknown end
+    assert not _at_end(consumer, {a: []})
+
+
+async def test_the_lake_flush_starts_when_the_last_chunk_of_a_caught_up_fetch_is_stored() -> None:
+    import asyncio
+
+    ing: Any = object.__new__(Ingestor)
+    ing._queue = asyncio.Queue()
+    ing._inflight = 2
+    ing._worker = None
+    ing._stored = lambda decoded, new, before: None
+    flushed: list[tuple[Any, bool, int]] = []
+
+    async def maybe_flush(cluster: Any, *, idle: bool = False) -> None:
+        flushed.append((cluster, idle, ing._inflight))
+
+    ing.maybe_flush = maybe_flush
+    cluster = SimpleNamespace(bootstrap="b")
+    ing._caught_up = {"b": cluster}
+    loop = asyncio.get_running_loop()
+    futures = [loop.create_future() for _ in range(2)]
+    for fut in futures:
+        ing._queue.put_nowait((fut, SimpleNamespace(), 0.0))
+    stage = asyncio.create_task(ing._store_stage())
+    try:
+        async with asyncio.timeout(5):  # each wait below yields to the stage until it is there
+            futures[0].set_result((1, {}, 0))
+            while ing._inflight != 1:
+                await asyncio.sleep(0)
+            assert flushed == []  # a chunk of the burst is still being stored
+            futures[1].set_result((1, {}, 0))
+            while not flushed:
+                await asyncio.sleep(0)
+        assert flushed == [(cluster, True, 0)]
+    finally:
+        stage.cancel()

@@ -231,6 +231,9 @@ class Ingestor:
         self._unbuffered: dict[tuple[str, int], float] = {}
         self._flushing: asyncio.Task[None] | None = None
         self._inflight = 0  # chunks handed to the pipeline and not stored yet
+        # Clusters whose last fetch reached every fetched partition's end: the lake flush that
+        # an empty fetch would start starts as soon as their last chunk is stored instead.
+        self._caught_up: dict[str, FleetCluster] = {}
         self._redis: Any = None  # opened on the first offset reset (recorded for `trace lag`)
 
     @property
@@ -386,6 +389,10 @@ class Ingestor:
     async def _on_batch(
         self, cluster: FleetCluster, data: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
     ) -> None:
+        if data and _at_end(cluster.consumer, data):
+            self._caught_up[cluster.bootstrap] = cluster
+        else:
+            self._caught_up.pop(cluster.bootstrap, None)
         if data:
             await self.ingest(cluster.state._store_offsets(data))
         # Caught up (nothing fetched): the lake gets what is waiting without delay.
@@ -468,6 +475,11 @@ class Ingestor:
                 metrics.BATCH_SECONDS.observe(time.perf_counter() - t0)
             finally:
                 self._inflight -= 1
+            if not self._inflight and self._caught_up:
+                # The last chunk of a burst is stored: flush now, not after the empty fetch
+                # that would tell (up to FETCH_MAX_WAIT_MS later).
+                for cluster in list(self._caught_up.values()):
+                    await self.maybe_flush(cluster, idle=True)
 
     def _stored(
         self, decoded: DecodedChunk, new: int, before: dict[tuple[str, int], int | None]
@@ -656,6 +668,16 @@ class Ingestor:
             if both > 0:
                 offsets[tp] = both
         return offsets
+
+
+def _at_end(consumer: Any, data: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]) -> bool:
+    """Whether a fetch reached the end of every partition it holds (their high watermarks as
+    that fetch's responses gave them)."""
+    for tp, records in data.items():
+        high = consumer.highwater(tp)
+        if high is None or not records or records[-1].offset + 1 < high:
+            return False
+    return True
 
 
 def _segments(

@@ -1324,8 +1324,8 @@ class TraceStore:
             conn.executemany("INSERT OR IGNORE INTO place_index VALUES (?, ?, ?)", place_rows)
         if key_rows:
             # (bucket, key, timestamp, ref, topic id) of each key row, built in C
-            ids, keys, _, key_topics, key_stamps = zip(*key_rows, strict=True)
-            refs = list(map(ref_of.__getitem__, map(_rshift, ids, repeat(_KEY_SHIFT))))
+            key_ids, keys, _, key_topics, key_stamps = zip(*key_rows, strict=True)
+            refs = list(map(ref_of.__getitem__, map(_rshift, key_ids, repeat(_KEY_SHIFT))))
             conn.executemany(
                 "INSERT OR IGNORE INTO key_index VALUES (?, ?, ?, ?, ?)",
                 zip(
