@@ -13,15 +13,13 @@ except ImportError:  # no Cython (a build outside the declared build requirement
     ext_modules = []
 else:
     ext_modules = cythonize(
-        [
-            Extension(
-                "tracemq.trace._speedups",
-                ["src/tracemq/trace/_speedups.pyx"],
-                optional=True,  # a failed compile is a warning, not a failed install
-            )
-        ],
+        [Extension("tracemq.trace._speedups", ["src/tracemq/trace/_speedups.pyx"])],
         compiler_directives={"language_level": "3"},
         quiet=True,
     )
+    for ext in ext_modules:
+        # a failed compile is a warning, not a failed install (set here: cythonize's copies of
+        # the extensions do not keep it)
+        ext.optional = True
 
 setup(ext_modules=ext_modules)
