@@ -94,13 +94,6 @@ BENCHES: tuple[BenchSpec, ...] = (
         ("--messages", "100000", "--rounds", "2"),
         300,
     ),
-    # the trace path alone (hooks + dispatcher worker, no stack): what the two above pay for it
-    BenchSpec(
-        "trace_path",
-        ("--messages", "100000", "--repeats", "3"),
-        ("--messages", "100000", "--repeats", "5"),
-        180,
-    ),
     BenchSpec("collector_ingest", ("--events", "1000000"), ("--events", "1000000"), 400),
     BenchSpec("otlp_ingest", ("--spans", "100000"), ("--spans", "200000"), 300),
     BenchSpec(
@@ -503,19 +496,6 @@ FIGURES: tuple[Figure, ...] = (
         "whole-run throughput trace on / off",
         "x",
         at("consumer", "ratios.on_vs_off"),
-    ),  # fmt: skip
-    # -- the trace path alone (what the producer's and consumer's tracing figures pay for it)
-    Figure(
-        "trace_path.sub_us",
-        "trace path alone per consumed message (hooks + worker, no Kafka)",
-        "us",
-        at("trace_path", "trace_us_per_msg.sub"),
-    ),  # fmt: skip
-    Figure(
-        "trace_path.pub_us",
-        "trace path alone per send (hook + worker, no Kafka)",
-        "us",
-        at("trace_path", "trace_us_per_msg.pub"),
     ),  # fmt: skip
     # -- collector (issue 19, goal 3)
     Figure(
