@@ -62,6 +62,7 @@ integer-conversion limit).
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -491,6 +492,28 @@ def write_records(items: Sequence[object]) -> list[str | None]:
 _DECIMALS = tuple(str(i) for i in range(4096))
 _CODE_TYPES = (int, ConsumeReturnType)
 _MSG_TYPE_TYPES = (int, MessageType)
+
+#: the pure-Python writer: the reference the compiled one is tested against, and the fallback
+write_records_py = write_records
+
+
+def _compiled_writer() -> Callable[[Sequence[object]], list[str | None]] | None:
+    """The compiled ``write_records`` (``tracemq/trace/_speedups.pyx``, built at install when a
+    C compiler is there), or None: not built, not loadable, or ``TRACEMQ_NO_EXTENSIONS`` set
+    (to anything but 0), as ``AIOKAFKA_NO_EXTENSIONS`` turns off aiokafka's."""
+    if os.environ.get("TRACEMQ_NO_EXTENSIONS", "") not in ("", "0"):
+        return None
+    try:
+        from tracemq.trace._speedups import write_records as compiled
+    except ImportError:
+        return None
+    return compiled  # type: ignore[no-any-return]
+
+
+#: the writer in use: the compiled one when it loads, else the pure-Python one (same output)
+write_records = _compiled_writer() or write_records_py  # type: ignore[assignment]
+#: whether ``write_records`` is the compiled one (benches report it)
+COMPILED = write_records is not write_records_py
 
 
 def split_pair(raw: RawRecord) -> tuple[RawRecord, RawRecord]:

@@ -68,6 +68,7 @@ from tracemq.message import MessageConst
 from tracemq.message_id import local_ipv4, new_msg_id
 from tracemq.naming import TRACE_TOPIC, kafka_topic
 from tracemq.trace._codec import (
+    COMPILED,
     CONTENT_SPLITOR,
     FIELD_SPLITOR,
     KEY_SEPARATOR,
@@ -147,6 +148,64 @@ def _texts_clean(batch: Sequence[RawRecord], fields: list[Any]) -> bool:
 
 def _min_seq(job: Sequence[Any]) -> int:
     return int(job[3])
+
+
+def plan_slices_py(
+    batch: list[RawRecord], texts: list[str], first_seq: int, limit: int
+) -> tuple[list[tuple[int, int, bytes, set[Any]]], int, int] | None:
+    """:meth:`AsyncTraceDispatcher._plan` for written raw records of one topic and region,
+    cut into messages of at most ``limit`` bytes (the reference: a compiled twin, when built,
+    returns the same, see ``_speedups.pyx``)."""
+    kinds = list(map(_KIND, batch))
+    # records of one kind (the usual batch) have their text fields checked for separators
+    # column by column, not the separators of every body counted
+    kind_set = set(kinds)
+    fields = _TEXT_FIELDS.get(kind_set.pop()) if len(kind_set) == 1 else None
+    checked = fields is not None and _texts_clean(batch, fields)
+    ends = list(itertools.accumulate(map(len, texts)))  # characters up to each item
+    # separators up to each item (only counted when the columns were not checked)
+    seps = ends if checked else list(itertools.accumulate(map(RAW_SEPARATORS.__getitem__, kinds)))
+    plans: list[tuple[int, int, bytes, set[Any]]] = []
+    oversize = 0
+    start, n, before, seps_before = 0, len(texts), 0, 0
+    while start < n:
+        stop = bisect.bisect_right(ends, before + limit, start)
+        counted = stop == start
+        if counted:  # one item longer than a message: sent alone
+            oversize += 1
+            stop = start + 1
+        value = "".join(texts[start:stop]).encode()
+        expected = seps[stop - 1] - seps_before
+        if not checked and (len(value) - len(value.translate(None, _SEPARATOR_BYTES)) != expected):
+            return None  # a text field holds a separator: find which, the careful way
+        if len(value) > ends[stop - 1] - before:  # non-ASCII text
+            if stop - start > 1 or len(value) <= limit:
+                return None  # measure each record in bytes, the careful way
+            if not counted:
+                oversize += 1  # (one item, longer in bytes than in characters)
+        chunk = batch[start:stop]
+        keys = set(map(_MSG_ID, chunk))
+        # (the business keys joined and split once: the split of a join on the separator
+        # is the splits of its parts, one after the other)
+        keys.update(KEY_SEPARATOR.join(filter(None, map(_KEYS, chunk))).split(KEY_SEPARATOR))
+        records = stop - start + kinds[start:stop].count(SUB_PAIR)
+        plans.append((first_seq + start, records, value, keys))
+        before, seps_before, start = ends[stop - 1], seps[stop - 1], stop
+    return plans, 0, oversize
+
+
+def _compiled_plan_slices() -> Any:
+    """The compiled :func:`plan_slices_py` (``_speedups.pyx``; it hands what it does not cover
+    to the reference), or None when the compiled writer is not in use either."""
+    if not COMPILED:
+        return None
+    from tracemq.trace._speedups import plan_slices
+
+    return functools.partial(plan_slices, fallback=plan_slices_py)
+
+
+#: the one-group planner in use (compiled when ``tracemq.trace._codec.COMPILED``)
+_plan_one_group = _compiled_plan_slices() or plan_slices_py
 
 
 if TYPE_CHECKING:
@@ -856,47 +915,7 @@ class AsyncTraceDispatcher:
         self, batch: list[RawRecord], texts: list[str], first_seq: int
     ) -> tuple[list[tuple[int, int, bytes, set[Any]]], int, int] | None:
         """:meth:`_plan` for written raw records of one topic and region."""
-        limit = self._max_message_size
-        kinds = list(map(_KIND, batch))
-        # records of one kind (the usual batch) have their text fields checked for separators
-        # column by column, not the separators of every body counted
-        kind_set = set(kinds)
-        fields = _TEXT_FIELDS.get(kind_set.pop()) if len(kind_set) == 1 else None
-        checked = fields is not None and _texts_clean(batch, fields)
-        ends = list(itertools.accumulate(map(len, texts)))  # characters up to each item
-        # separators up to each item (only counted when the columns were not checked)
-        seps = (
-            ends if checked else list(itertools.accumulate(map(RAW_SEPARATORS.__getitem__, kinds)))
-        )
-        plans: list[tuple[int, int, bytes, set[Any]]] = []
-        oversize = 0
-        start, n, before, seps_before = 0, len(texts), 0, 0
-        while start < n:
-            stop = bisect.bisect_right(ends, before + limit, start)
-            counted = stop == start
-            if counted:  # one item longer than a message: sent alone
-                oversize += 1
-                stop = start + 1
-            value = "".join(texts[start:stop]).encode()
-            expected = seps[stop - 1] - seps_before
-            if not checked and (
-                len(value) - len(value.translate(None, _SEPARATOR_BYTES)) != expected
-            ):
-                return None  # a text field holds a separator: find which, the careful way
-            if len(value) > ends[stop - 1] - before:  # non-ASCII text
-                if stop - start > 1 or len(value) <= limit:
-                    return None  # measure each record in bytes, the careful way
-                if not counted:
-                    oversize += 1  # (one item, longer in bytes than in characters)
-            chunk = batch[start:stop]
-            keys = set(map(_MSG_ID, chunk))
-            # (the business keys joined and split once: the split of a join on the separator
-            # is the splits of its parts, one after the other)
-            keys.update(KEY_SEPARATOR.join(filter(None, map(_KEYS, chunk))).split(KEY_SEPARATOR))
-            records = stop - start + kinds[start:stop].count(SUB_PAIR)
-            plans.append((first_seq + start, records, value, keys))
-            before, seps_before, start = ends[stop - 1], seps[stop - 1], stop
-        return plans, 0, oversize
+        return _plan_one_group(batch, texts, first_seq, self._max_message_size)
 
     def _plan_loop(
         self, batch: list[_Item], texts: list[str | None], first_seq: int

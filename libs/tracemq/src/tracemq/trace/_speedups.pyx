@@ -1,0 +1,391 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
+"""Compiled twins of the trace worker's per-record steps: ``write_records``
+(``tracemq.trace._codec``) and ``plan_slices`` (``tracemq.trace._dispatcher``).
+
+The pure-Python functions are the reference: these must return the same for every input the
+worker can give them (tests/unit/test_trace_speedups.py holds them equal with hypothesis), and
+the worker uses the Python ones when this module is missing or ``TRACEMQ_NO_EXTENSIONS`` is set.
+Each branch mirrors one of the reference's; the differences are only how: integers checked and
+compared as C ``long long`` (a Java long is exactly that), tuples read without unpacking, a
+message body copied from the records' ASCII text without a join and an encode.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.set cimport PySet_Add
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
+from libc.string cimport memcpy
+
+
+cdef extern from "Python.h":
+    bint PyUnicode_IS_ASCII(object o)
+    void* PyUnicode_DATA(object o)
+    Py_ssize_t PyUnicode_GET_LENGTH(object o)
+
+# (imported from the codec at the end of its own import: the kinds are compared by identity)
+from tracemq.trace._codec import PUB, SUB_AFTER, SUB_BEFORE, SUB_PAIR, _DECIMALS
+from tracemq.trace._model import ConsumeReturnType, MessageType
+
+cdef object _PUB = PUB
+cdef object _SUB_AFTER = SUB_AFTER
+cdef object _SUB_BEFORE = SUB_BEFORE
+cdef object _SUB_PAIR = SUB_PAIR
+cdef tuple _DEC = _DECIMALS
+cdef long long _N_DEC = len(_DECIMALS)
+cdef object _NULL = "null"
+cdef object _CODE_ENUM = ConsumeReturnType
+cdef object _MSG_TYPE_ENUM = MessageType
+
+cdef long long _INT_MIN = -2147483648
+cdef long long _INT_MAX = 2147483647
+
+
+cdef inline bint _exact_int(object x):
+    return type(x) is int
+
+
+cdef inline bint _as_long(object x, long long* out):
+    """x (an exact int) as a C long long; False when it does not fit (outside a Java long)."""
+    cdef int overflow = 0
+    cdef long long v = PyLong_AsLongLongAndOverflow(x, &overflow)
+    if overflow:
+        return False
+    out[0] = v
+    return True
+
+
+cdef inline bint _as_int32(object x, long long* out):
+    """x as a Java int: an exact int in range; False otherwise."""
+    if type(x) is not int:
+        return False
+    if not _as_long(x, out):
+        return False
+    return _INT_MIN <= out[0] <= _INT_MAX
+
+
+cdef inline object _dec(object x, long long v):
+    """Decimal text of the exact int x (= v)."""
+    if 0 <= v < _N_DEC:
+        return <object>PyTuple_GET_ITEM(_DEC, <Py_ssize_t>v)
+    return str(x)
+
+
+cdef inline object _t(object x):
+    return _NULL if x is None else x
+
+
+def write_records(items):
+    """See ``tracemq.trace._codec.write_records``: the same result for every input."""
+    cdef list out = []
+    cdef object r, kind, ts_s = "", unset = object()
+    cdef Py_ssize_t size
+    cdef long long ts_v = 0, last_ts = 0, end_v = 0, a = 0, b = 0, c = 0
+    cdef bint have_ts = False
+    cdef object region, msg_id, keys, ts, group, rid, retry, end, cost, ok, code
+    cdef object topic, tags, store_host, body_length, msg_type, offset_msg_id
+    cdef object msg_type_s, end_s, retry_s, cost_s, code_s, group_s, rid_s, msg_id_s, keys_s, ok_s
+    cdef object pair_region = unset, pair_group = unset, pair_head = "", pair_tail = ""
+    cdef object pub_region = unset, pub_group = unset, pub_topic = unset, pub_head = ""
+    for r in items:
+        try:
+            if type(r) is not tuple:
+                out.append(None)
+                continue
+            size = PyTuple_GET_SIZE(r)
+            if size == 0:
+                out.append(None)
+                continue
+            kind = <object>PyTuple_GET_ITEM(r, 0)
+            if kind is _SUB_PAIR:
+                if size != 13:
+                    out.append(None)
+                    continue
+                region = <object>PyTuple_GET_ITEM(r, 2)
+                msg_id = <object>PyTuple_GET_ITEM(r, 3)
+                keys = <object>PyTuple_GET_ITEM(r, 4)
+                ts = <object>PyTuple_GET_ITEM(r, 5)
+                group = <object>PyTuple_GET_ITEM(r, 6)
+                rid = <object>PyTuple_GET_ITEM(r, 7)
+                retry = <object>PyTuple_GET_ITEM(r, 8)
+                end = <object>PyTuple_GET_ITEM(r, 9)
+                cost = <object>PyTuple_GET_ITEM(r, 10)
+                ok = <object>PyTuple_GET_ITEM(r, 11)
+                code = <object>PyTuple_GET_ITEM(r, 12)
+                if type(ts) is not int or not _as_long(ts, &ts_v):
+                    out.append(None)
+                    continue
+                if not have_ts or ts_v != last_ts:
+                    have_ts, last_ts, ts_s = True, ts_v, str(ts)
+                if type(end) is not int or not _as_long(end, &end_v):
+                    out.append(None)
+                    continue
+                end_s = ts_s if end_v == ts_v else str(end)
+                if not _as_int32(retry, &a) or not _as_int32(cost, &b):
+                    out.append(None)
+                    continue
+                if type(code) is int:
+                    if not _as_int32(code, &c):
+                        out.append(None)
+                        continue
+                    code_s = _dec(code, c)
+                elif type(code) is _CODE_ENUM and _INT_MIN <= code <= _INT_MAX:
+                    code_s = f"{code:d}"
+                else:
+                    out.append(None)
+                    continue
+                retry_s = _dec(retry, a)
+                cost_s = _dec(cost, b)
+                if region is not pair_region or group is not pair_group:
+                    pair_region, pair_group = region, group
+                    group_s = _t(group)
+                    pair_head = f"\x01{_t(region)}\x01{group_s}\x01"
+                    pair_tail = f"\x01{group_s}\x02"
+                rid_s = _t(rid)
+                msg_id_s = _t(msg_id)
+                keys_s = _t(keys)
+                ok_s = "true" if ok else "false"
+                out.append(
+                    f"SubBefore\x01{ts_s}{pair_head}{rid_s}\x01{msg_id_s}\x01{retry_s}\x01{keys_s}"
+                    f"\x02SubAfter\x01{rid_s}\x01{msg_id_s}\x01{cost_s}\x01"
+                    f"{ok_s}\x01{keys_s}\x01{code_s}\x01{end_s}{pair_tail}"
+                )
+            elif kind is _SUB_AFTER:
+                if size != 11:
+                    out.append(None)
+                    continue
+                msg_id = <object>PyTuple_GET_ITEM(r, 3)
+                keys = <object>PyTuple_GET_ITEM(r, 4)
+                ts = <object>PyTuple_GET_ITEM(r, 5)
+                group = <object>PyTuple_GET_ITEM(r, 6)
+                rid = <object>PyTuple_GET_ITEM(r, 7)
+                cost = <object>PyTuple_GET_ITEM(r, 8)
+                ok = <object>PyTuple_GET_ITEM(r, 9)
+                code = <object>PyTuple_GET_ITEM(r, 10)
+                if type(ts) is not int or not _as_long(ts, &ts_v):
+                    out.append(None)
+                    continue
+                if not have_ts or ts_v != last_ts:
+                    have_ts, last_ts, ts_s = True, ts_v, str(ts)
+                if not _as_int32(cost, &b):
+                    out.append(None)
+                    continue
+                cost_s = _dec(cost, b)
+                if type(code) is int:
+                    if not _as_int32(code, &c):
+                        out.append(None)
+                        continue
+                    code_s = _dec(code, c)
+                elif type(code) is _CODE_ENUM and _INT_MIN <= code <= _INT_MAX:
+                    code_s = f"{code:d}"
+                else:
+                    out.append(None)
+                    continue
+                ok_s = "true" if ok else "false"
+                out.append(
+                    f"SubAfter\x01{_t(rid)}\x01{_t(msg_id)}\x01{cost_s}\x01{ok_s}\x01{_t(keys)}"
+                    f"\x01{code_s}\x01{ts_s}\x01{_t(group)}\x02"
+                )
+            elif kind is _SUB_BEFORE:
+                if size != 9:
+                    out.append(None)
+                    continue
+                region = <object>PyTuple_GET_ITEM(r, 2)
+                msg_id = <object>PyTuple_GET_ITEM(r, 3)
+                keys = <object>PyTuple_GET_ITEM(r, 4)
+                ts = <object>PyTuple_GET_ITEM(r, 5)
+                group = <object>PyTuple_GET_ITEM(r, 6)
+                rid = <object>PyTuple_GET_ITEM(r, 7)
+                retry = <object>PyTuple_GET_ITEM(r, 8)
+                if type(ts) is not int or not _as_long(ts, &ts_v):
+                    out.append(None)
+                    continue
+                if not have_ts or ts_v != last_ts:
+                    have_ts, last_ts, ts_s = True, ts_v, str(ts)
+                if not _as_int32(retry, &a):
+                    out.append(None)
+                    continue
+                out.append(
+                    f"SubBefore\x01{ts_s}\x01{_t(region)}\x01{_t(group)}\x01{_t(rid)}\x01"
+                    f"{_t(msg_id)}\x01{_dec(retry, a)}\x01{_t(keys)}\x02"
+                )
+            elif kind is _PUB:
+                if size != 14:
+                    out.append(None)
+                    continue
+                topic = <object>PyTuple_GET_ITEM(r, 1)
+                region = <object>PyTuple_GET_ITEM(r, 2)
+                msg_id = <object>PyTuple_GET_ITEM(r, 3)
+                keys = <object>PyTuple_GET_ITEM(r, 4)
+                ts = <object>PyTuple_GET_ITEM(r, 5)
+                group = <object>PyTuple_GET_ITEM(r, 6)
+                tags = <object>PyTuple_GET_ITEM(r, 7)
+                store_host = <object>PyTuple_GET_ITEM(r, 8)
+                body_length = <object>PyTuple_GET_ITEM(r, 9)
+                cost = <object>PyTuple_GET_ITEM(r, 10)
+                msg_type = <object>PyTuple_GET_ITEM(r, 11)
+                offset_msg_id = <object>PyTuple_GET_ITEM(r, 12)
+                ok = <object>PyTuple_GET_ITEM(r, 13)
+                if type(ts) is not int or not _as_long(ts, &ts_v):
+                    out.append(None)
+                    continue
+                if not have_ts or ts_v != last_ts:
+                    have_ts, last_ts, ts_s = True, ts_v, str(ts)
+                if not _as_int32(body_length, &a) or not _as_int32(cost, &b):
+                    out.append(None)
+                    continue
+                if type(msg_type) is int:
+                    if not _as_long(msg_type, &c) or not 0 <= c <= 4:
+                        out.append(None)
+                        continue
+                elif type(msg_type) is _MSG_TYPE_ENUM and 0 <= msg_type <= 4:
+                    c = msg_type
+                else:
+                    out.append(None)
+                    continue
+                msg_type_s = <object>PyTuple_GET_ITEM(_DEC, <Py_ssize_t>c)
+                if region is not pub_region or group is not pub_group or topic is not pub_topic:
+                    pub_region, pub_group, pub_topic = region, group, topic
+                    pub_head = f"\x01{_t(region)}\x01{_t(group)}\x01{_t(topic)}"
+                ok_s = "true" if ok else "false"
+                out.append(
+                    f"Pub\x01{ts_s}{pub_head}\x01{_t(msg_id)}\x01{_t(tags)}\x01{_t(keys)}\x01"
+                    f"{_t(store_host)}\x01{_dec(body_length, a)}\x01{_dec(cost, b)}\x01"
+                    f"{msg_type_s}\x01{_t(offset_msg_id)}\x01"
+                    f"{ok_s}\x02"
+                )
+            else:
+                out.append(None)
+        except Exception:  # as the reference: this record goes the checked way
+            out.append(None)
+    return out
+
+
+# ---------------------------------------------------------------------------- plan_slices
+
+cdef inline Py_ssize_t _separators(const unsigned char* p, Py_ssize_t n) noexcept nogil:
+    """U+0001 and U+0002 in n bytes of ASCII text (a loop the C compiler vectorises)."""
+    cdef Py_ssize_t i, count = 0
+    for i in range(n):
+        count += <unsigned char>(p[i] - 1) < 2
+    return count
+
+
+cdef inline bint _text_or_none(object r, tuple at):
+    """Every field of raw record r at these indices is None or a str (exactly)."""
+    cdef object i, v
+    for i in at:
+        v = <object>PyTuple_GET_ITEM(r, <Py_ssize_t>i)
+        if v is not None and type(v) is not str:
+            return False
+    return True
+
+
+# the text fields each kind writes (as tracemq.trace._codec.write_records writes them)
+cdef tuple _PUB_TEXT = (1, 2, 3, 4, 6, 7, 8, 12)
+cdef tuple _BEFORE_TEXT = (2, 3, 4, 6, 7)
+cdef tuple _AFTER_TEXT = (3, 4, 6, 7)
+cdef tuple _PAIR_TEXT = (2, 3, 4, 6, 7)
+
+
+def plan_slices(batch, texts, first_seq, limit, fallback):
+    """See ``tracemq.trace._dispatcher._plan_slices``: the same result for the batches the
+    worker gives it (raw records, every one written: ``texts`` is ``write_records(batch)``
+    without a None). Anything else — non-ASCII text, a text field that is not a str, a malformed
+    record, a limit out of C's range — is handed to ``fallback`` (that reference) whole."""
+    cdef Py_ssize_t n, i, start, stop, size, length, pairs
+    cdef long long lim, before, total
+    cdef long long* ends = NULL
+    cdef Py_ssize_t expected
+    cdef bint clean = True, any_key
+    cdef object r, t, kind, k, value, keys
+    cdef tuple text_at
+    cdef char* dst
+    cdef list plans
+    cdef Py_ssize_t oversize = 0
+    if (
+        type(batch) is not list or type(texts) is not list or type(limit) is not int
+        or not 1 <= limit <= 2**62 or len(batch) != len(texts)
+    ):
+        return fallback(batch, texts, first_seq, limit)
+    n = len(texts)
+    lim = limit
+    ends = <long long*>PyMem_Malloc((n + 1) * sizeof(long long))
+    if ends == NULL:
+        raise MemoryError()
+    try:
+        # one pass checks that every record is one this path covers and counts its separators
+        total = 0
+        for i in range(n):
+            t = texts[i]
+            r = batch[i]
+            if type(t) is not str or not PyUnicode_IS_ASCII(t) or type(r) is not tuple:
+                return fallback(batch, texts, first_seq, limit)
+            size = PyTuple_GET_SIZE(r)
+            if size == 0:
+                return fallback(batch, texts, first_seq, limit)
+            kind = <object>PyTuple_GET_ITEM(r, 0)
+            if kind is _SUB_PAIR and size == 13:
+                expected, text_at = 17, _PAIR_TEXT
+            elif kind is _PUB and size == 14:
+                expected, text_at = 14, _PUB_TEXT
+            elif kind is _SUB_AFTER and size == 11:
+                expected, text_at = 9, _AFTER_TEXT
+            elif kind is _SUB_BEFORE and size == 9:
+                expected, text_at = 8, _BEFORE_TEXT
+            else:
+                return fallback(batch, texts, first_seq, limit)
+            if not _text_or_none(r, text_at):
+                return fallback(batch, texts, first_seq, limit)
+            length = PyUnicode_GET_LENGTH(t)
+            # (a text field holding a separator adds to the record's own: the reference then
+            # finds a body whose count is off, and returns None)
+            if _separators(<const unsigned char*>PyUnicode_DATA(t), length) != expected:
+                clean = False
+            total += length
+            ends[i] = total
+        if not clean:
+            return None  # a text field holds a separator: find which, the careful way
+        plans = []
+        start, before = 0, 0
+        while start < n:
+            stop = start
+            while stop < n and ends[stop] <= before + lim:
+                stop += 1
+            if stop == start:  # one item longer than a message: sent alone
+                oversize += 1
+                stop = start + 1
+            value = PyBytes_FromStringAndSize(NULL, ends[stop - 1] - before)
+            dst = PyBytes_AS_STRING(value)
+            keys = set()
+            pairs = 0
+            for i in range(start, stop):
+                t = texts[i]
+                length = PyUnicode_GET_LENGTH(t)
+                memcpy(dst, PyUnicode_DATA(t), length)
+                dst += length
+                r = batch[i]
+                PySet_Add(keys, <object>PyTuple_GET_ITEM(r, 3))
+                if <object>PyTuple_GET_ITEM(r, 0) is _SUB_PAIR:
+                    pairs += 1
+            # the business keys after the msgIds, in the reference's order: its join of the
+            # chunk's keys and split on the separator is each one's split in turn
+            any_key = False
+            for i in range(start, stop):
+                k = <object>PyTuple_GET_ITEM(batch[i], 4)
+                if k is None or PyUnicode_GET_LENGTH(k) == 0:
+                    continue
+                any_key = True
+                if " " in k:
+                    for piece in k.split(" "):
+                        PySet_Add(keys, piece)
+                else:
+                    PySet_Add(keys, k)
+            if not any_key:
+                PySet_Add(keys, "")  # ("".split(" ") is [""])
+            plans.append((first_seq + start, stop - start + pairs, value, keys))
+            before = ends[stop - 1]
+            start = stop
+        return plans, 0, oversize
+    finally:
+        PyMem_Free(ends)

@@ -1,0 +1,312 @@
+"""The compiled trace worker steps (``tracemq/trace/_speedups.pyx``) against their pure-Python
+references, and the fallback to those when the compiled module is absent or turned off.
+
+The references are ``_codec.write_records_py`` and ``_dispatcher.plan_slices_py``: the compiled
+twins must return the same for any input the worker can give them (same texts, same message
+bodies byte for byte, same key sets in the same order, same counts).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tracemq.trace import _codec as c
+from tracemq.trace import _dispatcher as dm
+from tracemq.trace._model import ConsumeReturnType, MessageType, TraceContext, TraceType
+
+S, E = c.CONTENT_SPLITOR, c.FIELD_SPLITOR
+
+
+class _Str(str):
+    """A str subclass: written as its text, but not a plain str to the compiled checks."""
+
+
+# ---- what a raw record's fields can hold: what the hooks give, and what a caller might ----
+
+# shared values (the writer caches the text of repeated region/group/topic objects by identity)
+_POOL = ["Orders", "CG", "DefaultRegion", "k1 k2", "k1  k2 ", " ", "", "null", "T%RETRY%CG"]
+_text = st.one_of(
+    st.sampled_from(_POOL),
+    st.none(),
+    st.text(max_size=10),  # any character: non-ASCII, U+0001, U+0002 included
+    st.lists(st.sampled_from([S, E, " ", "a", "é", "中", "😀", "null"]), max_size=6).map("".join),
+    st.builds(_Str, st.text(max_size=4)),
+    st.integers(-5, 5),
+    st.floats(allow_nan=False),
+    st.booleans(),
+)
+_int = st.one_of(
+    st.integers(0, 4095),  # the table's integers
+    st.integers(-(2**31) - 2, 2**31 + 1),
+    st.integers(-(2**63) - 2, 2**63 + 1),
+    st.integers(),
+    st.booleans(),
+    st.none(),
+    st.floats(allow_nan=False),
+    st.sampled_from(ConsumeReturnType),
+    st.sampled_from(MessageType),
+    st.builds(str, st.integers(0, 9)),
+)
+_timestamp = st.one_of(st.sampled_from([1_764_300_000_000, 1_764_300_000_001]), _int)
+_ok = st.one_of(st.booleans(), st.none(), st.integers(0, 2), st.text(max_size=1))
+_msg_type = st.one_of(st.integers(-1, 6), st.sampled_from(MessageType), _int)
+_code = st.one_of(st.sampled_from(ConsumeReturnType), _int)
+_WILD = {
+    "text": _text, "int": _int, "timestamp": _timestamp, "ok": _ok, "msg_type": _msg_type,
+    "code": _code,
+}  # fmt: skip
+
+# what the hooks give: text or None (ASCII mostly, a separator or non-ASCII now and then) and
+# integers the writer takes
+_tame_text = st.one_of(
+    st.sampled_from(_POOL),
+    st.none(),
+    st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=12),
+    st.lists(st.sampled_from([S, E, " ", "a", "k", "é"]), max_size=4).map("".join),
+)
+_tame_int = st.one_of(st.integers(0, 4095), st.integers(-(2**31), 2**31 - 1))
+_tame_timestamp = st.one_of(
+    st.sampled_from([1_764_300_000_000, 1_764_300_000_001]), st.integers(-(2**63), 2**63 - 1)
+)
+_TAME = {
+    "text": _tame_text, "int": _tame_int, "timestamp": _tame_timestamp,
+    "ok": st.booleans(), "msg_type": st.sampled_from(MessageType), "code": _tame_int,
+}  # fmt: skip
+
+
+@st.composite
+def _raw(draw: st.DrawFn, kind: str | None = None, tame: bool = False) -> tuple[Any, ...]:
+    if tame:
+        _text, _int, _timestamp, _ok, _msg_type, _code = _TAME.values()
+    else:
+        _text, _int, _timestamp, _ok, _msg_type, _code = _WILD.values()
+    kind = kind or draw(st.sampled_from([c.SUB_PAIR, c.PUB, c.SUB_AFTER, c.SUB_BEFORE]))
+    head = (kind, draw(_text), draw(_text), draw(_text), draw(_text), draw(_timestamp),
+            draw(_text))  # fmt: skip
+    if kind is c.SUB_PAIR:
+        tail: tuple[Any, ...] = (draw(_text), draw(_int), draw(_timestamp), draw(_int),
+                                 draw(_ok), draw(_code))  # fmt: skip
+    elif kind is c.SUB_BEFORE:
+        tail = (draw(_text), draw(_int))
+    elif kind is c.SUB_AFTER:
+        tail = (draw(_text), draw(_int), draw(_ok), draw(_code))
+    else:
+        tail = (draw(_text), draw(_text), draw(_int), draw(_int), draw(_msg_type), draw(_text),
+                draw(_ok))  # fmt: skip
+    return head + tail
+
+
+@st.composite
+def _odd_item(draw: st.DrawFn) -> object:
+    """Queue items the writer refuses: contexts, malformed tuples, other objects."""
+    good = draw(_raw())
+    return draw(
+        st.sampled_from(
+            [
+                TraceContext(TraceType.Pub),
+                None,
+                (),
+                ("Nope", 1, 2),
+                list(good),
+                good[:-1],
+                (*good, 1),
+                ("SubBefore+SubAfter", *good[1:]),  # an equal kind, not the constant
+            ]
+        )
+    )
+
+
+_items = st.lists(st.one_of(_raw(), _raw(tame=True), _raw(tame=True), _odd_item()), max_size=12)
+
+
+def _outcome(fn: Any, *args: Any) -> tuple[str, Any]:
+    try:
+        return "ok", fn(*args)
+    except Exception as exc:  # noqa: BLE001 - compared, not swallowed
+        return type(exc).__name__, str(exc)
+
+
+try:
+    from tracemq.trace import _speedups as speedups
+except ImportError:  # not built (no compiler at install): the fallback tests still run
+    speedups = None
+
+compiled = pytest.mark.skipif(speedups is None, reason="the compiled trace steps are not built")
+
+
+@compiled
+def test_the_built_module_is_the_one_in_use() -> None:
+    assert speedups is not None
+    assert speedups.__file__.endswith((".so", ".pyd"))
+    if os.environ.get("TRACEMQ_NO_EXTENSIONS", "") in ("", "0"):
+        assert c.COMPILED
+        assert c.write_records is speedups.write_records
+        assert dm._plan_one_group is not dm.plan_slices_py
+
+
+@compiled
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(_items)
+def test_compiled_write_records_equals_the_reference(items: list[object]) -> None:
+    assert _outcome(speedups.write_records, items) == _outcome(c.write_records_py, items)
+
+
+@compiled
+@settings(max_examples=200)
+@given(st.lists(_text, min_size=1, max_size=3), _raw(c.SUB_PAIR), _raw(c.PUB))
+def test_shared_fields_are_written_per_record(pool: list[Any], pair: Any, pub: Any) -> None:
+    # the same region/group/topic objects over several records, changing in between: the
+    # writers' per-change caches must write each record as if alone
+    items = []
+    for i in range(6):
+        v = pool[i % len(pool)]
+        items.append((*pair[:2], v, *pair[3:6], v, *pair[7:]))
+        items.append((pub[0], v, v, *pub[3:6], v, *pub[7:]))
+    expected = [c.write_records_py([item])[0] for item in items]
+    assert speedups.write_records(items) == c.write_records_py(items) == expected
+
+
+def _plan(fn: Any, batch: list[Any], texts: list[Any], first_seq: int, limit: int) -> Any:
+    kind, result = _outcome(fn, batch, texts, first_seq, limit)
+    if kind == "ok" and result is not None:
+        plans, bad, oversize = result
+        # (a key set's order is the KEYS header's order: compared too)
+        return kind, [(*p, list(p[3])) for p in plans], bad, oversize
+    return kind, result
+
+
+_compiled_plan = dm._compiled_plan_slices()
+
+
+@compiled
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.one_of(_raw(c.SUB_PAIR, tame=True), _raw(tame=True), _raw(c.SUB_PAIR), _raw()),
+        min_size=1,
+        max_size=14,
+    ),  # fmt: skip
+    st.integers(0, 2**40),
+    st.one_of(st.integers(1, 400), st.integers(1, 200_000)),
+)
+def test_compiled_plan_slices_equals_the_reference(
+    batch: list[Any], first_seq: int, limit: int
+) -> None:
+    texts = c.write_records_py(batch)
+    if None in texts:  # (the worker plans those the careful way: not this step's input)
+        batch = [r for r, t in zip(batch, texts, strict=True) if t is not None]
+        texts = [t for t in texts if t is not None]
+        if not batch:
+            return
+    assert _compiled_plan is not None
+    assert _plan(_compiled_plan, batch, texts, first_seq, limit) == _plan(
+        dm.plan_slices_py, batch, texts, first_seq, limit
+    )
+
+
+@compiled
+@settings(max_examples=100)
+@given(st.integers(1, 3000), st.booleans())
+def test_compiled_plan_slices_on_a_clean_stream(limit: int, with_pubs: bool) -> None:
+    # the worker's usual batch: ASCII, every record clean; cut into several messages
+    batch: list[Any] = []
+    for i in range(300):
+        keys = None if i % 7 == 0 else ("" if i % 11 == 0 else f"k{i} k{i % 5}")
+        if with_pubs and i % 3 == 0:
+            batch.append((c.PUB, "Orders", "DefaultRegion", f"MSG{i:08X}", keys, 1_764_300_000_000,
+                          "PG", "t", "a:10911", 200, 1, 0, f"OFF{i:08X}", True))  # fmt: skip
+        else:
+            batch.append((c.SUB_PAIR, "Orders", "DefaultRegion", f"MSG{i:08X}", keys,
+                           1_764_300_000_000 + i // 9, "CG", f"RID{i:08X}", 0,
+                           1_764_300_000_001 + i // 9, 1, True, 0))  # fmt: skip
+    texts = speedups.write_records(batch)
+    assert texts == c.write_records_py(batch)
+    got = _plan(_compiled_plan, batch, texts, 10, limit)
+    assert got == _plan(dm.plan_slices_py, batch, texts, 10, limit)
+    assert got[0] == "ok" and got[1]
+
+
+@compiled
+def test_compiled_plan_slices_hands_odd_input_to_the_reference() -> None:
+    calls = []
+
+    def reference(*args: Any) -> str:
+        calls.append(args)
+        return "reference"
+
+    pair = (c.SUB_PAIR, "T", "R", "M", "K", 1, "G", "RID", 0, 2, 1, True, 0)
+    (text,) = c.write_records_py([pair])
+    plan = speedups.plan_slices
+    assert plan([pair], [text], 0, 100, fallback=reference) != "reference"
+    for args in [
+        ([pair], [text + "é"], 0, 100),  # non-ASCII text
+        ([(*pair[:3], 5, *pair[4:])], [text], 0, 100),  # a text field that is no str
+        ([pair], [text, text], 0, 100),  # lengths differ
+        ([pair], [text], 0, 2**70),  # a limit past C's
+        ((pair,), [text], 0, 100),  # not lists
+        ([pair[:-1]], [text], 0, 100),  # a malformed record
+    ]:
+        calls.clear()
+        assert plan(*args, fallback=reference) == "reference"
+        assert calls == [args]
+
+
+# ---- the fallback: no compiled module, or turned off, and the pure-Python steps are used ----
+
+
+def test_no_compiled_writer_when_the_module_is_absent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRACEMQ_NO_EXTENSIONS", raising=False)
+    monkeypatch.setitem(sys.modules, "tracemq.trace._speedups", None)  # import fails
+    assert c._compiled_writer() is None
+
+
+def test_no_compiled_writer_when_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRACEMQ_NO_EXTENSIONS", "1")
+    assert c._compiled_writer() is None
+    monkeypatch.setenv("TRACEMQ_NO_EXTENSIONS", "0")
+    assert c._compiled_writer() is (speedups and speedups.write_records)
+
+
+_FALLBACK_CHECK = textwrap.dedent(
+    """
+    import asyncio, sys
+    if sys.argv[1] == "absent":
+        sys.modules["tracemq.trace._speedups"] = None  # as if it was never built
+    from tracemq.trace import _codec as c, _dispatcher as dm
+    assert not c.COMPILED
+    assert c.write_records is c.write_records_py
+    assert dm._plan_one_group is dm.plan_slices_py
+
+    class Routes:
+        async def get(self, topic, refresh=False):
+            raise AssertionError("not reached")
+
+    async def main():
+        d = dm.AsyncTraceDispatcher(group="G", route_cache=Routes(), sender=object())
+        pair = (c.SUB_PAIR, "T", "R", "M1", "K1 K2", 5, "G", "RID", 0, 6, 1, True, 0)
+        (job,) = d._build_jobs([pair], 0)
+        assert job.value == c.write_records_py([pair])[0].encode()
+        assert job.contexts == 2
+        print("pure", len(job.value))
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["absent", "env"])
+def test_the_worker_falls_back_to_pure_python(how: str) -> None:
+    env = {**os.environ, "TRACEMQ_NO_EXTENSIONS": "1" if how == "env" else ""}
+    done = subprocess.run(
+        [sys.executable, "-c", _FALLBACK_CHECK, how],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("pure")
