@@ -169,6 +169,54 @@ async def test_lake_buffers_written_after_a_backfill_flush_are_not_read_back_fro
         store.close()
 
 
+async def test_a_partition_start_settled_during_the_first_flush_does_not_read_the_store_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A take-over's start_partition (the backfill's thread) sets the lake's progress of a new
+    partition between ingest's read of it and its write: the buffer is written anyway, from
+    memory, not read back from the store."""
+    topic = "tmq.trace-broker.RMQ_SYS_TRACE_TOPIC"
+    store = TraceStore(tmp_path / "traces.db")
+    store.open()
+    lake = TraceLake(tmp_path / "lake", store)
+    ing: Any = object.__new__(Ingestor)
+    ing.store, ing.lake, ing._buffers, ing._unbuffered = store, lake, {}, {}
+    ing.settings = SimpleNamespace(collector_lake_segment_rows=200_000)
+    ing.events_stored = 0
+    ing._lake_thread = ThreadPoolExecutor(max_workers=1)
+    try:
+        for n in range(2):
+            value = "".join(
+                f"SubAfter\x01req{n}-{i}\x01MSG{n}\x0112\x01true\x01k\x010"
+                f"\x01{1_700_002_000_000 + i}\x01CG\x02"
+                for i in range(5)
+            )
+            decoded = decode_chunk([(topic, 0, [(n, value.encode(), "10.0.0.7")])], 1)
+            new, before, _ = store.write_rows(decoded.store)
+            ing._stored(decoded, new, before)
+        assert store.lake_progress() == {}
+        write_decoded = lake.write_decoded
+        settled: list[int | None] = []
+
+        def racing_write(*args: Any) -> Any:
+            if not settled:  # the backfill thread gets there first, once
+                settled.append(lake.start_partition(topic, 0))
+            return write_decoded(*args)
+
+        def no_store_reads(*args: object) -> None:
+            raise AssertionError("the buffered chunks were read back from the store")
+
+        monkeypatch.setattr(lake, "write_decoded", racing_write)
+        monkeypatch.setattr(store, "events_in_range", no_store_reads)
+        files = await ing._flush_one(TopicPartition(topic, 0))
+        assert settled == [0] and files
+        assert store.lake_progress() == {(topic, 0): 2}
+        assert lake.read_all().num_rows == 10
+    finally:
+        ing._lake_thread.shutdown(wait=True)
+        store.close()
+
+
 async def test_each_partition_s_lake_buffer_is_freed_and_trimmed_as_soon_as_it_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

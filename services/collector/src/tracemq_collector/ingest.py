@@ -610,21 +610,31 @@ class Ingestor:
         lake's progress falls on a boundary of the buffered chunks, only the chunks after it
         are written (they hold exactly the store's events of their ranges), instead of
         reading the whole range back from the store (about 15 µs and 2 kB per event).
-        :meth:`TraceLake.write_decoded` checks the progress again under the lake's lock.
+        :meth:`TraceLake.write_decoded` checks the progress again under the lake's lock; when
+        it moved in between (a take-over's :meth:`TraceLake.start_partition` settling a new
+        partition's start, in the backfill's thread, as ingest's first flush of it begins),
+        the buffer is lined up with the new progress once more. Reading the store back there
+        cost the bench's first flush of a partition ~1 s with the GIL and ~190 MiB of RSS
+        (docs/performance.md, eleventh pass).
         """
-        entries, after = buf.entries, buf.after
-        done = self.store.lake_progress().get((trace_topic, partition))
-        if done is not None and done != after:
-            if done == buf.end:
-                return []  # the lake holds all of it
-            skip = next((i for i, e in enumerate(entries) if e[0] == done), None)
-            if skip is None:
-                return None  # not on a chunk boundary (or behind the buffer)
-            entries, after = entries[skip:], done
-        return self.lake.write_decoded(
-            trace_topic, partition, after,
-            _segments(entries, self.settings.collector_lake_segment_rows),
-        )  # fmt: skip
+        key = (trace_topic, partition)
+        for _ in range(3):
+            done = self.store.lake_progress().get(key)
+            entries, after = buf.entries, buf.after
+            if done is not None and done != after:
+                if done == buf.end:
+                    return []  # the lake holds all of it
+                skip = next((i for i, e in enumerate(entries) if e[0] == done), None)
+                if skip is None:
+                    return None  # not on a chunk boundary (or behind the buffer)
+                entries, after = entries[skip:], done
+            files = self.lake.write_decoded(
+                trace_topic, partition, after,
+                _segments(entries, self.settings.collector_lake_segment_rows),
+            )  # fmt: skip
+            if files is not None or self.store.lake_progress().get(key) == done:
+                return files  # written, or refused for another reason (a pending segment)
+        return None
 
     async def flush_and_commit(
         self, cluster: FleetCluster, tps: list[TopicPartition], *, drain: bool = False
