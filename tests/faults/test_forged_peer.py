@@ -157,6 +157,17 @@ async def test_forged_peers_get_nothing_and_broken_or_slow_peers_cost_only_their
         return True
 
     await eventually(both_see_it, timeout=90, what="the trace via either collector (fan-out)")
+
+    async def registry_read(c: ManagedProcess, *urls: str) -> None:
+        """Wait until ``c``'s look-ups use a registry read with ``urls`` in it (a collector
+        reads it at most once per ``PEERS_CACHE_S``): each is then named in the answers."""
+
+        async def named() -> bool:
+            _, listing = await get(f"{api(c)}/api/v1/messages", token, topic="Orders")
+            return set(urls) <= {f["peer"] for f in listing["peers_failed"]}
+
+        await eventually(named, timeout=30, what=f"the registry read by {c.name} with {urls}")
+
     local = [(await get(f"{api(c)}/api/v1/traces/{mid}", token, local="1"))[0] for c in (c2, c3)]
     assert sorted(local) == [200, 404]  # one stores it: the other answered by asking its peer
 
@@ -171,6 +182,7 @@ async def test_forged_peers_get_nothing_and_broken_or_slow_peers_cost_only_their
         at = int(time.time() * 1000)
         await redis.zadd(keys.collectors, {unsigned.url: at, wrong.url: at})
         await redis.hset(signatures, wrong.url, f"{at}:{'0' * 64}")
+        await registry_read(c2, unsigned.url, wrong.url)
         status, listing = await get(f"{api(c2)}/api/v1/messages", token, topic="Orders")
         status_v, view = await get(f"{api(c2)}/api/v1/traces/{mid}", token)
         for forger in (unsigned, wrong):
@@ -188,6 +200,7 @@ async def test_forged_peers_get_nothing_and_broken_or_slow_peers_cost_only_their
         assert real is not None
         await redis.zadd(keys.collectors, {replayed.url: int(time.time() * 1000)})
         await redis.hset(signatures, replayed.url, real)
+        await registry_read(c2, replayed.url)
         status, listing = await get(f"{api(c2)}/api/v1/messages", token, topic="Orders")
         assert status == 200 and [i["msg_id"] for i in listing["items"]] == [mid]
         assert {f["peer"]: f["reason"] for f in listing["peers_failed"]}[replayed.url] == (
@@ -217,6 +230,8 @@ async def test_forged_peers_get_nothing_and_broken_or_slow_peers_cost_only_their
         for p in (broken, stuck):
             await redis.hset(signatures, p.url, sign_registration(token, p.url, at))
         try:
+            for c in (c2, c3):
+                await registry_read(c, broken.url, stuck.url)
             for c in (c2, c3):
                 t0 = time.monotonic()
                 status, view = await get(f"{api(c)}/api/v1/traces/{mid}", token)

@@ -354,13 +354,102 @@ async def test_peers_are_only_fresh_proven_registrations_and_at_most_max_peers(
             "not a url": "bad_url",
             **{u: "too_many_peers" for u in good[MAX_PEERS:]},
         }
-        # Without a token nothing can be proven: every live well-formed URL is asked, and
-        # without credentials.
-        q.token = None
+    finally:
+        await q.close()
+    # Without a token nothing can be proven: every live well-formed URL is asked, and
+    # without credentials.
+    q = Queries(
+        store,
+        redis=FakeRegistry(beats, sigs),  # type: ignore[arg-type]
+        prefix="t:",
+        self_url=SELF,
+        token=None,
+        fanout_timeout_s=1,
+    )
+    try:
         trusted, skipped = await q.peers()
         assert len(trusted) == MAX_PEERS and "http://forged:1" not in trusted
         assert {"http://unsigned:1", "http://wrong:1", "http://old:1"} <= set(trusted)
         assert {s["reason"] for s in skipped} == {"bad_url", "too_many_peers"}
+    finally:
+        await q.close()
+
+
+class CountingRegistry(FakeRegistry):
+    """A registry that counts its reads and can be down (Redis's error)."""
+
+    def __init__(self, beats: dict[str, float], sigs: dict[str, str]) -> None:
+        super().__init__(beats, sigs)
+        self.reads = 0
+        self.down = False
+
+    async def zrevrangebyscore(
+        self, _key: str, hi: float, lo: float, start: int, num: int
+    ) -> list[str]:
+        self.reads += 1
+        await asyncio.sleep(0)  # a real read yields: the other look-ups come in meanwhile
+        if self.down:
+            from redis.exceptions import ConnectionError as RedisConnectionError
+
+            raise RedisConnectionError("down")
+        return await super().zrevrangebyscore(_key, hi, lo, start, num)
+
+
+async def test_the_registry_is_read_once_per_cache_period_and_skips_are_reported_each_time(
+    store: TraceStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from tracemq_collector import queries
+
+    clock = [1000.0]
+    monkeypatch.setattr(queries, "_monotonic", lambda: clock[0])
+    now = int(time.time() * 1000)
+    a, b = "http://10.0.0.1:8080", "http://10.0.0.2:8080"
+    reg = CountingRegistry(
+        {a: now, "http://unsigned:1": now}, {a: sign_registration("s3cret", a, now)}
+    )
+    q = Queries(
+        store,
+        redis=reg,  # type: ignore[arg-type]
+        prefix="t:",
+        self_url=SELF,
+        token="s3cret",
+        fanout_timeout_s=1,
+    )
+    before = (
+        REGISTRY.get_sample_value("tracemq_collector_peer_failures_total", {"reason": "unsigned"})
+        or 0.0
+    )
+    try:
+        # 20 look-ups at once: one read, and each look-up reports the unproven registration
+        answers = await asyncio.gather(*(q.peers() for _ in range(20)))
+        assert reg.reads == 1
+        assert all(t == [a] for t, _ in answers)
+        assert all([f["reason"] for f in sk] == ["unsigned"] for _, sk in answers)
+        assert (
+            REGISTRY.get_sample_value(
+                "tracemq_collector_peer_failures_total", {"reason": "unsigned"}
+            )
+            == before + 20
+        )
+        trusted, _ = await q.peers()
+        trusted.append("http://mutated:1")  # a caller's copy: the cache is not changed
+        # a new registration is seen once the period is over, not before
+        reg.beats[b] = now
+        reg.sigs[b] = sign_registration("s3cret", b, now)
+        clock[0] += queries.PEERS_CACHE_S * 0.9
+        assert (await q.peers())[0] == [a] and reg.reads == 1
+        clock[0] += queries.PEERS_CACHE_S * 0.2
+        assert sorted((await q.peers())[0]) == [a, b] and reg.reads == 2
+        # Redis down: local answers only, and Redis is not asked again within the period
+        reg.down = True
+        clock[0] += queries.PEERS_CACHE_S
+        assert await q.peers() == ([], [])
+        assert await q.peers() == ([], []) and reg.reads == 3
+        reg.down = False
+        clock[0] += queries.PEERS_CACHE_S
+        assert sorted((await q.peers())[0]) == [a, b] and reg.reads == 4
     finally:
         await q.close()
 

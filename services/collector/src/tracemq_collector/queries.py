@@ -16,6 +16,10 @@ the network, so neither is trusted:
   against the shape a collector answers with (:class:`PeerList`, :class:`PeerEvent`); an
   item that fails is dropped, an answer that fails as a whole counts as that peer failing.
 
+The registry is read from Redis at most once a second (:data:`PEERS_CACHE_S`) and shared by
+the look-ups of that second: a look-up pays no Redis round trip, and a collector that
+registers (or stops) is asked (or no longer asked) at most that much later than before.
+
 Every skipped registration and failed or partly dropped answer is named in the answer's
 ``peers_failed`` (``{"peer", "reason", "error"}``), counted in
 ``tracemq_collector_peer_failures_total{reason}`` and logged; the local part is always answered.
@@ -67,6 +71,11 @@ PEER_SKEW_MS = 30_000
 MAX_PEERS = 32
 #: Registrations read (and checked) per query.
 MAX_REGISTRATIONS = 4 * MAX_PEERS
+#: How long the registry read from Redis (and its signature checks) serves look-ups: a look-up
+#: does not pay a Redis round trip (bench/query.py), and a new or ended registration is seen at
+#: most this late (collectors heartbeat every 10 s; a registration lives PEER_TTL_MS).
+PEERS_CACHE_S = 1.0
+_monotonic = time.monotonic  # the cache's clock (a test turns it)
 #: Largest peer answer read; a longer one is the peer failing (``too_large``).
 MAX_PEER_ANSWER_BYTES = 32 << 20
 #: A collector's own page cursor is 24 base64 characters; a peer's longer one is not a cursor.
@@ -215,6 +224,9 @@ class Queries:
             max_workers=lake_readers, thread_name_prefix="lake-read"
         )
         self._lake_slots = asyncio.Semaphore(lake_readers)
+        #: (monotonic time read, trusted URLs, skipped registrations): see peers()
+        self._peers_cache: tuple[float, list[str], list[tuple[str, str, str]]] | None = None
+        self._peers_lock = asyncio.Lock()
 
     async def close(self) -> None:
         if self._session is not None:
@@ -268,9 +280,27 @@ class Queries:
         return await loop.run_in_executor(self._pool, lambda: fn(*args, **kw))
 
     async def peers(self) -> tuple[list[str], list[dict[str, str]]]:
-        """The live peers this collector trusts, and the registrations it skipped (failures)."""
+        """The live peers this collector trusts, and the registrations it skipped (failures).
+
+        The registry is read at most once per :data:`PEERS_CACHE_S` (one read at a time; the
+        look-ups meanwhile wait for it); every skipped registration is still counted, logged
+        and reported by each look-up it is skipped for."""
         if self.redis is None:
             return [], []
+        cached = self._peers_cache
+        if cached is None or _monotonic() - cached[0] >= PEERS_CACHE_S:
+            async with self._peers_lock:
+                cached = self._peers_cache
+                if cached is None or _monotonic() - cached[0] >= PEERS_CACHE_S:
+                    trusted, skipped = await self._read_peers()
+                    cached = self._peers_cache = (_monotonic(), trusted, skipped)
+        _, trusted, skipped = cached
+        return list(trusted), [_failed(*why) for why in skipped]
+
+    async def _read_peers(self) -> tuple[list[str], list[tuple[str, str, str]]]:
+        """The registry's trusted URLs and the skipped ones (URL, reason, error), from Redis;
+        nothing when Redis cannot be read (the look-ups answer from the local store)."""
+        assert self.redis is not None
         now = int(time.time() * 1000)
         try:
             # Newest first, none dated ahead of the skew (forged "+inf" scores do not lead).
@@ -293,21 +323,20 @@ class Queries:
         except (RedisError, OSError) as exc:  # Redis down: answer from the local store only
             log.warning("peer list unavailable", error=repr(exc))
             return [], []
-        trusted, skipped = [], []
+        trusted: list[str] = []
+        skipped: list[tuple[str, str, str]] = []
         for url, sig in zip(urls, sigs, strict=True):
             if not _url_ok(url):
-                skipped.append(_failed(url[:200], "bad_url", "not an http(s) URL"))
+                skipped.append((url[:200], "bad_url", "not an http(s) URL"))
                 continue
             why = check_registration(self.token, url, sig, now) if self.token else None
             if why is not None:
-                skipped.append(_failed(url, why, "registration not proven with the shared token"))
+                skipped.append((url, why, "registration not proven with the shared token"))
                 continue
             trusted.append(url)
         if len(trusted) > MAX_PEERS:
             log.warning("more live collectors than the fan-out takes", limit=MAX_PEERS)
-            skipped += [
-                _failed(u, "too_many_peers", f"over {MAX_PEERS}") for u in trusted[MAX_PEERS:]
-            ]
+            skipped += [(u, "too_many_peers", f"over {MAX_PEERS}") for u in trusted[MAX_PEERS:]]
             trusted = trusted[:MAX_PEERS]
         return trusted, skipped
 
