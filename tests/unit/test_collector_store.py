@@ -692,6 +692,36 @@ def test_msg_id_and_place_look_ups_span_every_bucket(store: TraceStore) -> None:
     assert table(store.path, "SELECT min(bucket) FROM msg_index") == [(buckets[1][0],)]
 
 
+def test_an_id_whose_port_field_is_over_16_bits_names_no_place(
+    store: TraceStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A msgId (its producer's PID where an offsetMsgId has the port) is answered None without
+    sweeping the place index; a real place is still found."""
+    from tracemq.message_id import MessageIdGenerator, decode_offset_msg_id, encode_offset_msg_id
+
+    real = encode_offset_msg_id("10.0.0.9:65535", 1, 1000)  # the highest port
+    pub = placed_pub(0, T0)
+    pub.trace_beans[0].offset_msg_id = real
+    store.write_batch(*Feed().batch([pub]))
+    assert store.msg_id_by_offset_msg_id(real) == msg_id(0)
+    # the place index is not even read for a msgId, nor for a port of 65536
+    swept: list[str] = []
+    conn = store._reader()
+    conn.set_trace_callback(swept.append)
+    try:
+        for odd in (
+            MessageIdGenerator(ip="10.1.2.3").next(),
+            real[:8] + "00010000" + real[16:],  # port 65536, the rest a real place's
+        ):
+            assert decode_offset_msg_id(odd)  # decodable: only its port rules it out
+            assert store.msg_id_by_offset_msg_id(odd) is None
+        assert not [q for q in swept if "place_index" in q]
+        assert store.msg_id_by_offset_msg_id(real) == msg_id(0)
+        assert [q for q in swept if "place_index" in q]  # (the trace callback works)
+    finally:
+        conn.set_trace_callback(None)
+
+
 def test_a_retried_send_is_checked_in_the_newest_buckets_only(store: TraceStore) -> None:
     """The retried-send check looks RETRY_BUCKETS buckets back (documented): a retry's Pub
     stored further from its first is listed again by key."""

@@ -1429,12 +1429,18 @@ class TraceStore:
     def msg_id_by_offset_msg_id(self, offset_msg_id: str) -> str | None:
         """The msgId of the message stored where ``offset_msg_id`` points (its store host,
         queue and Kafka offset, as :func:`tracemq.message_id.decode_offset_msg_id` reads
-        them), from the Pub traces here; None if no Pub names that place.
+        them), from the Pub traces here; None if no Pub names that place, or if the id's port
+        field is over 16 bits (no broker's place: a msgId, whose producer's PID is there, is
+        answered without reading the place index).
 
         Raises:
             ValueError: ``offset_msg_id`` is not 32 or 56 hex characters.
         """
         wanted = decode_offset_msg_id(offset_msg_id)
+        if int(wanted.store_host.rpartition(":")[2]) > 65535:
+            # No broker's place: a port is 16 bits. A msgId pasted here (a missing one, the
+            # common case) has its producer's PID there, so it costs no index sweep.
+            return None
         place = _place_hash(offset_msg_id)
         if place is None:
             return None
