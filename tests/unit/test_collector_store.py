@@ -722,6 +722,25 @@ def test_an_id_whose_port_field_is_over_16_bits_names_no_place(
         conn.set_trace_callback(None)
 
 
+def test_picking_a_blocks_events_is_filtering_the_decoded_block(store: TraceStore) -> None:
+    """``_pick`` splits each column only as far as the last wanted event: the events it gives
+    are the decoded block's, for every msgId and every position of every block."""
+    feed = Feed()
+    for n in range(0, 60, 6):  # messages interleaved in the blocks, some with several events
+        ctxs = [pub_ctx(k, T0 + k) for k in range(n, n + 6)]
+        store.write_batch(*feed.batch([*ctxs, *consume_ctxs(n, T0 + 50), *consume_ctxs(n + 5, T0)]))
+    blocks = table(store.path, "SELECT tp, data FROM blocks")
+    assert len(blocks) >= 10
+    for tp, data in blocks:
+        events = store_module._decode_block(data, "t", tp)
+        assert len(events) >= 2
+        for e in events:
+            wanted = [x for x in events if x[store_module._E_MSG] == e[store_module._E_MSG]]
+            assert store_module._pick(data, "t", tp, msg_id=e[store_module._E_MSG]) == wanted
+            assert store_module._pick(data, "t", tp, pos=e[0]) == [e]
+        assert store_module._pick(data, "t", tp, msg_id="absent") == []
+
+
 def test_a_retried_send_is_checked_in_the_newest_buckets_only(store: TraceStore) -> None:
     """The retried-send check looks RETRY_BUCKETS buckets back (documented): a retry's Pub
     stored further from its first is listed again by key."""

@@ -580,7 +580,9 @@ def _pick(
             wanted = [i for i, m in enumerate(ids) if m == msg_id]
         if not wanted:
             return []
-        split = [c.split(_FIELD_SEP) for c in columns]
+        # each column split only as far as the last wanted event (on average half of it)
+        last = wanted[-1] + 1
+        split = [c.split(_FIELD_SEP, last) for c in columns]
         out: list[tuple[Any, ...]] = []
         for i in wanted:
             fields: list[Any] = [
