@@ -156,24 +156,28 @@ def _lake_check(lake_dir: Path, expected_total: int, s3: dict[str, str]) -> dict
     return {"rows": t.num_rows, "unique": len(pc.unique(key)), "files": len(files), "bytes": nbytes}
 
 
-async def _backpressure_waits(stack: EmbeddedStack, proc: Any) -> float | None:
-    """How often ingest waited for a lake flush before fetching more (the buffer at its event
-    cap: ``tracemq_collector_lake_backpressure_waits_total`` of ``/metrics``); None where it
-    could not be read."""
+async def _collector_counts(stack: EmbeddedStack, proc: Any) -> dict[str, Any]:
+    """From the collector's ``/metrics``: how often ingest waited for a lake flush (the buffer
+    at its event cap) and how often a lake flush read a partition's stored range back instead
+    of writing the buffer, by reason; None where it could not be read."""
     import aiohttp
     from prometheus_client.parser import text_string_to_metric_families
 
-    found: float | None = None
+    found: dict[str, Any] = {"lake_backpressure_waits": None, "lake_store_reads": None}
     url = f"http://127.0.0.1:{proc.env['TRACEMQ_HTTP_PORT']}/metrics"
     headers = {"Authorization": f"Bearer {stack.secrets.collector_api_token}"}
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
             async with s.get(url, headers=headers) as resp:
                 text = await resp.text()
+        reads: dict[str, float] = {}
         for fam in text_string_to_metric_families(text):
             for sample in fam.samples:
                 if sample.name == "tracemq_collector_lake_backpressure_waits_total":
-                    found = sample.value
+                    found["lake_backpressure_waits"] = sample.value
+                elif sample.name == "tracemq_collector_lake_store_reads_total":
+                    reads[sample.labels["reason"]] = sample.value
+        found["lake_store_reads"] = reads
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         say(f"could not read the collector's metrics: {exc!r}")
     return found
@@ -281,8 +285,11 @@ async def bench(stack: EmbeddedStack, args: argparse.Namespace) -> dict[str, Any
     }
     cpu_s = round(rss.tree_cpu_s, 2)  # the collector and its worker process(es)
 
-    waits = await _backpressure_waits(stack, proc)
-    say(f"ingest waited {waits} times for a lake flush (the lake buffer at its event cap)")
+    counts = await _collector_counts(stack, proc)
+    say(
+        f"ingest waited {counts['lake_backpressure_waits']} times for a lake flush (the buffer "
+        f"at its event cap); lake flushes that read the store back: {counts['lake_store_reads']}"
+    )
     say("checking the store and the lake")
     stored = probe.count("SELECT value FROM meta WHERE key = 'event_count'")
     quarantined = probe.count("SELECT count(*) FROM quarantine")
@@ -355,8 +362,9 @@ async def bench(stack: EmbeddedStack, args: argparse.Namespace) -> dict[str, Any
         "rss_vmhwm_mib": round(rss.hwm_kib / 1024, 1),
         "rss_anon_peak_mib": round(rss.anon_peak_kib / 1024, 1),
         "collector_processes": len(rss.cpu_s),
-        # ingest's waits for a lake flush before fetching more (the buffer at its event cap)
-        "lake_backpressure_waits": waits,
+        # ingest's waits for a lake flush before fetching more (the buffer at its event cap),
+        # and lake flushes that read the store back instead of the buffer, by reason
+        **counts,
         "per_process": {
             str(pid): {
                 "cpu_s": round(rss.cpu_s.get(pid, 0.0), 2),

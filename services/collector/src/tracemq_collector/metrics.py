@@ -15,6 +15,13 @@ LAKE_FILES = Counter("tracemq_collector_lake_files_total", "Parquet files writte
 LAKE_ROWS_PENDING = Gauge(
     "tracemq_collector_lake_pending_events", "Stored events not yet in the lake"
 )
+LAKE_STORE_READS = Counter(
+    "tracemq_collector_lake_store_reads_total",
+    "Lake flushes of a partition that read its stored range back instead of writing the "
+    "buffered events, by reason: unbuffered (a restart, a failed flush), not_aligned, "
+    "refused (a pending segment), moving (the lake's progress moved meanwhile)",
+    ["reason"],
+)
 LAKE_BACKPRESSURE = Counter(
     "tracemq_collector_lake_backpressure_waits_total",
     "Times ingest waited for a lake flush before fetching more (too many events waiting)",
