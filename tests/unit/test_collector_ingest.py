@@ -217,6 +217,56 @@ async def test_a_partition_start_settled_during_the_first_flush_does_not_read_th
         store.close()
 
 
+async def test_a_flush_that_reads_the_store_back_is_counted_with_its_reason(
+    tmp_path: Path,
+) -> None:
+    """The lake's progress inside a buffered chunk (not on a boundary): the flush reads the
+    partition's stored range back, and tracemq_collector_lake_store_reads_total counts it as
+    not_aligned; a flush with nothing buffered counts as unbuffered."""
+    from prometheus_client import REGISTRY
+
+    def reads(reason: str) -> float:
+        value = REGISTRY.get_sample_value(
+            "tracemq_collector_lake_store_reads_total", {"reason": reason}
+        )
+        return value or 0.0
+
+    topic = "tmq.trace-broker.RMQ_SYS_TRACE_TOPIC"
+    store = TraceStore(tmp_path / "traces.db")
+    store.open()
+    lake = TraceLake(tmp_path / "lake", store)
+    ing: Any = object.__new__(Ingestor)
+    ing.store, ing.lake, ing._buffers, ing._unbuffered = store, lake, {}, {}
+    ing.settings = SimpleNamespace(collector_lake_segment_rows=200_000)
+    ing.events_stored = 0
+    ing._lake_thread = ThreadPoolExecutor(max_workers=1)
+    before = {r: reads(r) for r in ("not_aligned", "unbuffered", "refused", "moving")}
+    try:
+        recs = [
+            (
+                n,
+                f"SubAfter\x01r{n}\x01MSG{n}\x0112\x01true\x01k\x010\x01{1_700_002_000_000 + n}\x01CG\x02".encode(),
+                "h",
+            )
+            for n in range(3)
+        ]
+        decoded = decode_chunk([(topic, 0, recs)], 1)  # one chunk: offsets 0..2
+        new, prior, _ = store.write_rows(decoded.store)
+        ing._stored(decoded, new, prior)
+        store.set_lake_progress(topic, 0, 1)  # inside the chunk
+        files = await ing._flush_one(TopicPartition(topic, 0))
+        assert files and store.lake_progress() == {(topic, 0): 3}
+        assert lake.read_all().num_rows == 2  # offsets 1 and 2, read back from the store
+        assert reads("not_aligned") == before["not_aligned"] + 1
+        ing._unbuffered[(topic, 0)] = 0.0
+        await ing._flush_one(TopicPartition(topic, 0))  # nothing buffered: a restart's flush
+        assert reads("unbuffered") == before["unbuffered"] + 1
+        assert reads("refused") == before["refused"] and reads("moving") == before["moving"]
+    finally:
+        ing._lake_thread.shutdown(wait=True)
+        store.close()
+
+
 async def test_each_partition_s_lake_buffer_is_freed_and_trimmed_as_soon_as_it_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
