@@ -225,42 +225,55 @@ def _dlq_move() -> Column:
     return (tt == "Pub") & F.col("topic").startswith(_DLQ_PREFIX)
 
 
-def pubs(ev: DataFrame, *, f_ms: int, t_ms: int, base: int, n_parts: int) -> DataFrame:
-    """Producer side: one row per msgId (``pkey``) from its Pub, EndTransaction and Recall
-    events; the first successful Pub wins (``pub_ok`` false: only failed Pubs). Adds
-    ``in_window`` (Pub in ``[f_ms, t_ms)``) and ``expected_anywhere`` (sent, not recalled, not
-    a half message without COMMIT). ``base`` is at most every timestamp of ``ev``."""
+def _producer_side(base: int) -> tuple[Column, dict[str, Column]]:
+    """The producer side's rows of the lake (Pub, EndTransaction and Recall events but the
+    consumers' DLQ moves): their condition and columns (:func:`pubs`, :func:`cogroup_input`)."""
     col = F.col
     tt = col("trace_type")
-    dlq_move = _dlq_move()
     is_pub = tt == "Pub"
     order = F.when(
         is_pub,
         F.shiftleft(F.when(col("success"), 0).otherwise(1).cast("long"), 62)
         + (col("timestamp") - base),
     )
-    raw = ["timestamp", "cost_time", "store_time", "msg_type", "queue_id", "queue_offset"]
-    hashed = {"topic_h": "topic", "tags_h": "tags", "store_h": "store_addr"}
+    cond = (
+        tt.isin("Pub", "EndTransaction", "Recall")
+        & ~F.coalesce(_dlq_move(), F.lit(False))
+        & col("msg_id").isNotNull()
+        & (col("msg_id") != "")
+    )
+    cols = {
+        "pkey": col("msg_id"),
+        "o": order,
+        **{c: col(c) for c in _PUB_RAW},
+        **{h: _h(col(name)) for h, name in _PUB_HASHED.items()},
+        "is_commit": ((tt == "EndTransaction") & (col("transaction_state") == _TX_COMMIT)).cast(
+            "int"
+        ),
+        "is_rollback": ((tt == "EndTransaction") & (col("transaction_state") == _TX_ROLLBACK)).cast(
+            "int"
+        ),
+        "is_recall": ((tt == "Recall") & col("success")).cast("int"),
+    }
+    return cond, cols
+
+
+#: the Pub's columns :func:`pubs` takes from the first successful Pub, as read and hashed
+_PUB_RAW = ["timestamp", "cost_time", "store_time", "msg_type", "queue_id", "queue_offset"]
+_PUB_HASHED = {"topic_h": "topic", "tags_h": "tags", "store_h": "store_addr"}
+
+
+def pubs(ev: DataFrame, *, f_ms: int, t_ms: int, base: int, n_parts: int) -> DataFrame:
+    """Producer side: one row per msgId (``pkey``) from its Pub, EndTransaction and Recall
+    events; the first successful Pub wins (``pub_ok`` false: only failed Pubs). Adds
+    ``in_window`` (Pub in ``[f_ms, t_ms)``) and ``expected_anywhere`` (sent, not recalled, not
+    a half message without COMMIT). ``base`` is at most every timestamp of ``ev``."""
+    col = F.col
+    cond, cols = _producer_side(base)
+    raw, hashed = _PUB_RAW, _PUB_HASHED
     prod = (
-        ev.where(
-            tt.isin("Pub", "EndTransaction", "Recall")
-            & ~F.coalesce(dlq_move, F.lit(False))
-            & col("msg_id").isNotNull()
-            & (col("msg_id") != "")
-        )
-        .select(
-            col("msg_id").alias("pkey"),
-            order.alias("o"),
-            *raw,
-            *[_h(col(name)).alias(h) for h, name in hashed.items()],
-            ((tt == "EndTransaction") & (col("transaction_state") == _TX_COMMIT))
-            .cast("int")
-            .alias("is_commit"),
-            ((tt == "EndTransaction") & (col("transaction_state") == _TX_ROLLBACK))
-            .cast("int")
-            .alias("is_rollback"),
-            ((tt == "Recall") & col("success")).cast("int").alias("is_recall"),
-        )
+        ev.where(cond)
+        .select(*[c.alias(name) for name, c in cols.items()])
         .repartition(n_parts, "pkey")
     )
     # the first successful Pub's (min_by o)
@@ -334,41 +347,49 @@ def expected_deliveries(pubs: DataFrame, subs: DataFrame, clients: DataFrame) ->
     )
 
 
+def _consume_side() -> tuple[Column, dict[str, Column]]:
+    """The consume side's rows of the lake (SubBefore, SubAfter, the consumers' traced DLQ
+    moves): their condition and columns (:func:`attempts`, :func:`cogroup_input`)."""
+    col = F.col
+    tt = col("trace_type")
+    mid = F.when(col("msg_id") == "", F.lit(None)).otherwise(col("msg_id"))
+    rid = F.coalesce(
+        col("request_id"), F.concat(F.lit("\u0001"), F.coalesce(col("group_name"), F.lit("")))
+    )
+    before = tt == "SubBefore"
+    moved = F.coalesce(_dlq_move() & col("success"), F.lit(False))
+    cols = {
+        "pkey": F.coalesce(mid, F.concat(F.lit("\u0000"), rid)),
+        # a DLQ move is an "attempt" of its own (its rid), counted apart below
+        "rid": F.xxhash64(
+            F.when(
+                moved,
+                F.concat(F.lit("\u0002dlq"), F.coalesce(col("group_name"), F.lit(""))),
+            ).otherwise(rid)
+        ),
+        "b": before,
+        "d": moved,
+        "gh": _h(col("group_name")),
+        "ch": _h(F.when(col("client_host") != "", col("client_host"))),
+        "th": F.when(before, _h(col("topic"))),
+        "timestamp": col("timestamp"),
+        "cost_time": col("cost_time"),
+        "success": col("success"),
+        "retry_times": col("retry_times"),
+    }
+    return tt.isin("SubBefore", "SubAfter") | moved, cols
+
+
 def attempts(ev: DataFrame, *, bh: list[int], n_parts: int) -> DataFrame:
     """Consume side: SubBefore/SubAfter events (and DLQ moves) paired by requestId into one
     row per attempt (``pkey``, ``rid``), with its group (``group_h``), client and ``ck`` (the
     client's hash for the broadcasting groups ``bh``, else 0). A consume without a msgId gets
     a ``pkey`` of its own (``\\u0000`` + requestId)."""
     col = F.col
-    tt = col("trace_type")
-    dlq_move = _dlq_move()
-    mid = F.when(col("msg_id") == "", F.lit(None)).otherwise(col("msg_id"))
-    rid = F.coalesce(
-        col("request_id"), F.concat(F.lit("\u0001"), F.coalesce(col("group_name"), F.lit("")))
-    )
-    before = tt == "SubBefore"
-    moved = F.coalesce(dlq_move & col("success"), F.lit(False))
+    cond, cols = _consume_side()
     cons = (
-        ev.where(tt.isin("SubBefore", "SubAfter") | moved)
-        .select(
-            F.coalesce(mid, F.concat(F.lit("\u0000"), rid)).alias("pkey"),
-            # a DLQ move is an "attempt" of its own (its rid), counted apart below
-            F.xxhash64(
-                F.when(
-                    moved,
-                    F.concat(F.lit("\u0002dlq"), F.coalesce(col("group_name"), F.lit(""))),
-                ).otherwise(rid)
-            ).alias("rid"),
-            before.alias("b"),
-            moved.alias("d"),
-            _h(col("group_name")).alias("gh"),
-            _h(F.when(col("client_host") != "", col("client_host"))).alias("ch"),
-            F.when(before, _h(col("topic"))).alias("th"),
-            "timestamp",
-            "cost_time",
-            "success",
-            "retry_times",
-        )
+        ev.where(cond)
+        .select(*[c.alias(name) for name, c in cols.items()])
         .repartition(n_parts, "pkey")
     )
     b, a = col("b"), ~col("b") & ~col("d")
@@ -652,4 +673,105 @@ def meet(
     tallied = {"outcome", "window_start_ms", "topic_h", "group_h", *METRICS}
     return df.select(
         *[col(c) if c in tallied else F.when(keep_id, col(c)).alias(c) for c in df.columns]
+    )
+
+
+# ---- the co-group by msgId (the JVM path: tracemq_spark.cogroup) ---------------------------
+
+#: the co-group's input columns and their types, in the order the JVM code reads them
+#: (spark/jvm/src/main/java/io/tracemq/spark/Cogroup.java): the msgId, its hash, the side
+#: (0 producer, 1 consume, 2 last delivery), then each side's columns (null on the others)
+COGROUP_COLS = {
+    "pkey": "string",
+    "k": "bigint",
+    "side": "int",
+    "timestamp": "bigint",
+    "cost_time": "bigint",
+    # producer side (_producer_side)
+    "o": "bigint",
+    "store_time": "bigint",
+    "msg_type": "int",
+    "queue_id": "int",
+    "queue_offset": "bigint",
+    "topic_h": "bigint",
+    "tags_h": "bigint",
+    "store_h": "bigint",
+    "is_commit": "int",
+    "is_rollback": "int",
+    "is_recall": "int",
+    # consume side (_consume_side); a last delivery's group in ``gh``
+    "rid": "bigint",
+    "b": "boolean",
+    "d": "boolean",
+    "gh": "bigint",
+    "ch": "bigint",
+    "th": "bigint",
+    "success": "boolean",
+    "retry_times": "int",
+    # last deliveries (deliveries_frame)
+    "retry_reconsume": "int",
+    "retry_queue_offset": "bigint",
+    "retry_committed": "bigint",
+    "dlq_queue_offset": "bigint",
+}
+
+
+def cogroup_input(
+    ev: DataFrame, deliveries: DataFrame | None, *, base: int, n_parts: int
+) -> DataFrame:
+    """Every row the classification reads, one lake scan for both sides, plus the last
+    deliveries (:func:`deliveries_frame`), in :data:`COGROUP_COLS`: hash-partitioned by the
+    msgId's hash ``k`` and sorted by it within each partition, so that one msgId's rows are
+    one run of a task's input (a run can hold two msgIds of one hash: the reader splits it).
+    The JVM code (:mod:`tracemq_spark.cogroup`) classifies each run in one pass."""
+    col = F.col
+    p_cond, p_cols = _producer_side(base)
+    c_cond, c_cols = _consume_side()
+    is_p = F.coalesce(p_cond, F.lit(False))
+    is_c = F.coalesce(c_cond, F.lit(False))
+
+    def typed(name: str, c: Column | None) -> Column:
+        return (F.lit(None) if c is None else c).cast(COGROUP_COLS[name]).alias(name)
+
+    picked: list[Column] = []
+    for name in COGROUP_COLS:
+        if name in ("pkey", "k"):
+            continue
+        if name == "side":
+            picked.append(typed(name, F.when(is_p, F.lit(0)).otherwise(F.lit(1))))
+        elif name in ("timestamp", "cost_time"):
+            picked.append(typed(name, col(name)))
+        elif name in p_cols:
+            picked.append(typed(name, F.when(is_p, p_cols[name])))
+        elif name in c_cols:
+            picked.append(typed(name, F.when(is_c, c_cols[name])))
+        else:
+            picked.append(typed(name, None))
+    rows = ev.where(is_p | is_c).select(
+        F.when(is_p, p_cols["pkey"]).otherwise(c_cols["pkey"]).alias("pkey"), *picked
+    )
+    if deliveries is not None:
+        d = deliveries.select(
+            col("d_pkey").alias("pkey"),
+            *[
+                typed(
+                    name,
+                    F.lit(2)
+                    if name == "side"
+                    else col("d_group_h")
+                    if name == "gh"
+                    else col(name)
+                    if name in DELIVERY_COLS
+                    else None,
+                )
+                for name in COGROUP_COLS
+                if name not in ("pkey", "k")
+            ],
+        )
+        rows = rows.unionByName(d)
+    return (
+        rows.select(col("pkey"), F.xxhash64(col("pkey")).alias("k"), *rows.columns[1:])
+        .repartition(n_parts, "k")
+        .sortWithinPartitions("k")
+        .select(*COGROUP_COLS)
     )
