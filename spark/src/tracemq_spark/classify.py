@@ -679,41 +679,48 @@ def meet(
 # ---- the co-group by msgId (the JVM path: tracemq_spark.cogroup) ---------------------------
 
 #: the co-group's input columns and their types, in the order the JVM code reads them
-#: (spark/jvm/src/main/java/io/tracemq/spark/Cogroup.java): the msgId, its hash, the side
-#: (0 producer, 1 consume, 2 last delivery), then each side's columns (null on the others)
+#: (spark/jvm/src/main/java/io/tracemq/spark/Task.java): the msgId, its hash, the side (0
+#: producer, 1 consume, 2 last delivery), the event's time and cost, then slots each side
+#: fills with its own columns (:data:`COGROUP_SLOTS`) — a row is as narrow as the widest side
 COGROUP_COLS = {
     "pkey": "string",
     "k": "bigint",
     "side": "int",
     "timestamp": "bigint",
     "cost_time": "bigint",
-    # producer side (_producer_side)
-    "o": "bigint",
-    "store_time": "bigint",
-    "msg_type": "int",
-    "queue_id": "int",
-    "queue_offset": "bigint",
-    "topic_h": "bigint",
-    "tags_h": "bigint",
-    "store_h": "bigint",
-    "is_commit": "int",
-    "is_rollback": "int",
-    "is_recall": "int",
-    # consume side (_consume_side); a last delivery's group in ``gh``
-    "rid": "bigint",
-    "b": "boolean",
-    "d": "boolean",
-    "gh": "bigint",
-    "ch": "bigint",
-    "th": "bigint",
-    "success": "boolean",
-    "retry_times": "int",
-    # last deliveries (deliveries_frame)
-    "retry_reconsume": "int",
-    "retry_queue_offset": "bigint",
-    "retry_committed": "bigint",
-    "dlq_queue_offset": "bigint",
+    "l1": "bigint",
+    "l2": "bigint",
+    "l3": "bigint",
+    "l4": "bigint",
+    "l5": "bigint",
+    "l6": "bigint",
+    "i1": "int",
+    "i2": "int",
+    "flags": "int",
 }
+#: what each side puts in the slots: producer (_producer_side), consume (_consume_side), last
+#: delivery (deliveries_frame); ``flags`` packs three nullable 0/1 values, two bits each
+#: (0 false, 1 true, 2 null)
+COGROUP_SLOTS = {
+    "l1": ("o", "rid", "d_group_h"),
+    "l2": ("store_time", "gh", "retry_queue_offset"),
+    "l3": ("queue_offset", "ch", "retry_committed"),
+    "l4": ("topic_h", "th", "dlq_queue_offset"),
+    "l5": ("tags_h", None, None),
+    "l6": ("store_h", None, None),
+    "i1": ("msg_type", "retry_times", "retry_reconsume"),
+    "i2": ("queue_id", None, None),
+    "flags": (("is_commit", "is_rollback", "is_recall"), ("b", "d", "success"), None),
+}
+
+
+def _flags(values: list[Column]) -> Column:
+    """Nullable 0/1 (or boolean) values packed two bits each: 0 false, 1 true, 2 null."""
+    out: Column = F.lit(0)
+    for i, v in enumerate(values):
+        code = F.when(v.isNull(), F.lit(2)).when(v.cast("int") == 1, F.lit(1)).otherwise(F.lit(0))
+        out = out + code * (1 << (2 * i))
+    return out
 
 
 def cogroup_input(
@@ -727,45 +734,44 @@ def cogroup_input(
     col = F.col
     p_cond, p_cols = _producer_side(base)
     c_cond, c_cols = _consume_side()
-    is_p = F.coalesce(p_cond, F.lit(False))
-    is_c = F.coalesce(c_cond, F.lit(False))
+    # the side once per row (a projection would inline a condition used in every slot)
+    rows = ev.where(F.coalesce(p_cond, F.lit(False)) | F.coalesce(c_cond, F.lit(False))).select(
+        F.when(F.coalesce(p_cond, F.lit(False)), F.lit(0)).otherwise(F.lit(1)).alias("side"),
+        *ev.columns,
+    )
+    is_p = col("side") == 0
 
-    def typed(name: str, c: Column | None) -> Column:
-        return (F.lit(None) if c is None else c).cast(COGROUP_COLS[name]).alias(name)
+    def slot(name: str, of_p: Any, of_c: Any) -> Column:
+        def pick(cols: dict[str, Column], what: Any) -> Column:
+            if what is None:
+                return F.lit(None)
+            if isinstance(what, tuple):
+                return _flags([cols[w] for w in what])
+            return cols[what]
 
-    picked: list[Column] = []
-    for name in COGROUP_COLS:
-        if name in ("pkey", "k"):
-            continue
-        if name == "side":
-            picked.append(typed(name, F.when(is_p, F.lit(0)).otherwise(F.lit(1))))
-        elif name in ("timestamp", "cost_time"):
-            picked.append(typed(name, col(name)))
-        elif name in p_cols:
-            picked.append(typed(name, F.when(is_p, p_cols[name])))
-        elif name in c_cols:
-            picked.append(typed(name, F.when(is_c, c_cols[name])))
-        else:
-            picked.append(typed(name, None))
-    rows = ev.where(is_p | is_c).select(
-        F.when(is_p, p_cols["pkey"]).otherwise(c_cols["pkey"]).alias("pkey"), *picked
+        return (
+            F.when(is_p, pick(p_cols, of_p))
+            .otherwise(pick(c_cols, of_c))
+            .cast(COGROUP_COLS[name])
+            .alias(name)
+        )
+
+    rows = rows.select(
+        F.when(is_p, p_cols["pkey"]).otherwise(c_cols["pkey"]).alias("pkey"),
+        col("side"),
+        col("timestamp"),
+        col("cost_time"),
+        *[slot(name, of_p, of_c) for name, (of_p, of_c, _) in COGROUP_SLOTS.items()],
     )
     if deliveries is not None:
         d = deliveries.select(
             col("d_pkey").alias("pkey"),
+            F.lit(2).alias("side"),
+            F.lit(None).cast("bigint").alias("timestamp"),
+            F.lit(None).cast("bigint").alias("cost_time"),
             *[
-                typed(
-                    name,
-                    F.lit(2)
-                    if name == "side"
-                    else col("d_group_h")
-                    if name == "gh"
-                    else col(name)
-                    if name in DELIVERY_COLS
-                    else None,
-                )
-                for name in COGROUP_COLS
-                if name not in ("pkey", "k")
+                (F.lit(None) if of_d is None else col(of_d)).cast(COGROUP_COLS[name]).alias(name)
+                for name, (_, _, of_d) in COGROUP_SLOTS.items()
             ],
         )
         rows = rows.unionByName(d)

@@ -43,14 +43,25 @@ import org.apache.spark.unsafe.types.UTF8String;
 public final class Cogroup {
   private Cogroup() {}
 
-  // ---- the input row (tracemq_spark.classify.COGROUP_COLS, in this order) -----------------
+  // ---- the input row (tracemq_spark.classify.COGROUP_COLS and COGROUP_SLOTS) ---------------
   static final int PKEY = 0, K = 1, SIDE = 2, TS = 3, COST = 4;
-  static final int O = 5, STORE_TIME = 6, MSG_TYPE = 7, QUEUE_ID = 8, QUEUE_OFFSET = 9;
-  static final int TOPIC_H = 10, TAGS_H = 11, STORE_H = 12;
-  static final int IS_COMMIT = 13, IS_ROLLBACK = 14, IS_RECALL = 15;
-  static final int RID = 16, B = 17, D = 18, GH = 19, CH = 20, TH = 21, SUCCESS = 22, RETRY = 23;
-  static final int R_RECONSUME = 24, R_QUEUE_OFFSET = 25, R_COMMITTED = 26, DLQ_OFFSET = 27;
-  static final int N_IN = 28;
+  /** slots: producer o / consume rid / delivery group */
+  static final int L1 = 5;
+  /** producer store_time / consume group / delivery retry_queue_offset */
+  static final int L2 = 6;
+  /** producer queue_offset / consume client / delivery retry_committed */
+  static final int L3 = 7;
+  /** producer topic / consume SubBefore's topic / delivery dlq_queue_offset */
+  static final int L4 = 8;
+  /** producer tags, store address */
+  static final int L5 = 9, L6 = 10;
+  /** producer msg_type / consume retry_times / delivery retry_reconsume */
+  static final int I1 = 11;
+  /** producer queue_id */
+  static final int I2 = 12;
+  /** three nullable 0/1 values, two bits each (0 false, 1 true, 2 null): producer
+   * is_commit, is_rollback, is_recall; consume b, d, success */
+  static final int FLAGS = 13;
 
   static final int SIDE_PROD = 0, SIDE_CONS = 1, SIDE_DELIVERY = 2;
 

@@ -206,43 +206,55 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     return r.isNullAt(i) ? null : r.getBoolean(i);
   }
 
+  /** The ``i``-th value packed in ``flags`` (classify._flags): null, 0 or 1. */
+  static Integer flag(int flags, int i) {
+    int code = (flags >>> (2 * i)) & 3;
+    return code == 2 ? null : code;
+  }
+
+  static Boolean flagB(int flags, int i) {
+    Integer v = flag(flags, i);
+    return v == null ? null : v == 1;
+  }
+
   static In read(InternalRow r) {
     In x = new In();
     x.side = r.getInt(SIDE);
+    int flags = r.isNullAt(FLAGS) ? 0b101010 : r.getInt(FLAGS);
     switch (x.side) {
       case SIDE_PROD:
         x.ts = lg(r, TS);
         x.cost = lg(r, COST);
-        x.o = lg(r, O);
-        x.storeTime = lg(r, STORE_TIME);
-        x.msgType = in(r, MSG_TYPE);
-        x.queueId = in(r, QUEUE_ID);
-        x.queueOffset = lg(r, QUEUE_OFFSET);
-        x.topicH = lg(r, TOPIC_H);
-        x.tagsH = lg(r, TAGS_H);
-        x.storeH = lg(r, STORE_H);
-        x.isCommit = in(r, IS_COMMIT);
-        x.isRollback = in(r, IS_ROLLBACK);
-        x.isRecall = in(r, IS_RECALL);
+        x.o = lg(r, L1);
+        x.storeTime = lg(r, L2);
+        x.queueOffset = lg(r, L3);
+        x.topicH = lg(r, L4);
+        x.tagsH = lg(r, L5);
+        x.storeH = lg(r, L6);
+        x.msgType = in(r, I1);
+        x.queueId = in(r, I2);
+        x.isCommit = flag(flags, 0);
+        x.isRollback = flag(flags, 1);
+        x.isRecall = flag(flags, 2);
         break;
       case SIDE_CONS:
         x.ts = lg(r, TS);
         x.cost = lg(r, COST);
-        x.rid = lg(r, RID);
-        x.b = bo(r, B);
-        x.d = bo(r, D);
-        x.gh = lg(r, GH);
-        x.ch = lg(r, CH);
-        x.th = lg(r, TH);
-        x.success = bo(r, SUCCESS);
-        x.retry = in(r, RETRY);
+        x.rid = lg(r, L1);
+        x.gh = lg(r, L2);
+        x.ch = lg(r, L3);
+        x.th = lg(r, L4);
+        x.retry = in(r, I1);
+        x.b = flagB(flags, 0);
+        x.d = flagB(flags, 1);
+        x.success = flagB(flags, 2);
         break;
       default:
-        x.gh = lg(r, GH);
-        x.rReconsume = in(r, R_RECONSUME);
-        x.rQueueOffset = lg(r, R_QUEUE_OFFSET);
-        x.rCommitted = lg(r, R_COMMITTED);
-        x.dlqOffset = lg(r, DLQ_OFFSET);
+        x.gh = lg(r, L1);
+        x.rQueueOffset = lg(r, L2);
+        x.rCommitted = lg(r, L3);
+        x.dlqOffset = lg(r, L4);
+        x.rReconsume = in(r, I1);
     }
     return x;
   }
