@@ -13,6 +13,7 @@ if ! command -v javac >/dev/null 2>&1 || ! command -v jar >/dev/null 2>&1; then
   exit 0
 fi
 jars="$("$python" -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')"
+spark_version="$("$python" -c 'import pyspark; print(pyspark.__version__)')"
 classes="$(mktemp -d)"
 trap 'rm -rf "$classes"' EXIT
 mapfile -t sources < <(find "$here/src/main/java" -name '*.java' | sort)
@@ -20,4 +21,6 @@ javac --release 17 -Xlint:all,-path,-serial -Werror -d "$classes" -cp "$jars/*" 
 mkdir -p "$(dirname "$out")"
 jar --create --file "$out.tmp" -C "$classes" .
 mv "$out.tmp" "$out"
+# the Spark it was compiled against: the job uses the jar only on that version
+echo "$spark_version" > "${out%.jar}.spark-version"
 echo "spark/jvm: built $(realpath --relative-to="$PWD" "$out")"

@@ -333,3 +333,34 @@ def test_the_job_runs_the_jvm_path_when_built_and_the_dataframe_path_when_switch
         outs[name] = spark.read.parquet(str(tmp_path / name / "classified"))
     assert outs["jvm"].count() > 1000
     assert _rows(outs["jvm"]) == _rows(outs["dataframe"])
+
+
+def test_the_jvm_path_only_for_the_spark_it_was_built_for(
+    spark: Any, jvm: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The jar uses Spark's internal classes: another Spark version (or none recorded, or the
+    switch off) means the DataFrame path."""
+    assert cogroup.built_for() == spark.version
+    monkeypatch.setattr(cogroup, "built_for", lambda: "3.5.0")
+    assert not cogroup.available(spark)
+    monkeypatch.setattr(cogroup, "built_for", lambda: None)
+    assert not cogroup.available(spark)
+    monkeypatch.undo()
+    monkeypatch.setenv(cogroup.ENV_SWITCH, "0")
+    assert not cogroup.available(spark)
+
+
+def test_session_conf_puts_the_jar_on_the_class_path_when_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tracemq_spark.session import session_conf
+
+    jar = tmp_path / "tracemq-spark-jvm.jar"
+    monkeypatch.setattr(cogroup, "jar_path", lambda: jar)
+    conf = session_conf(extra={"spark.jars": "/opt/other.jar"})
+    assert conf["spark.jars"] == f"/opt/other.jar,{jar}"
+    assert conf["spark.driver.extraClassPath"] == str(jar)
+    monkeypatch.setattr(cogroup, "jar_path", lambda: None)
+    conf = session_conf()
+    assert "spark.jars" not in conf
+    assert "spark.driver.extraClassPath" not in conf

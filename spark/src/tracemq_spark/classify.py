@@ -764,7 +764,8 @@ def cogroup_input(
         *[slot(name, of_p, of_c) for name, (of_p, of_c, _) in COGROUP_SLOTS.items()],
     )
     if deliveries is not None:
-        d = deliveries.select(
+        # (a delivery without msgId meets nothing: the joins' null keys)
+        d = deliveries.where(col("d_pkey").isNotNull()).select(
             col("d_pkey").alias("pkey"),
             F.lit(2).alias("side"),
             F.lit(None).cast("bigint").alias("timestamp"),

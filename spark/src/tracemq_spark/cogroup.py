@@ -45,10 +45,21 @@ def jar_path() -> Path | None:
     return JAR if JAR.is_file() else None
 
 
+def built_for() -> str | None:
+    """The Spark version the jar was compiled against (``build.sh`` writes it beside)."""
+    try:
+        return JAR.with_suffix(".spark-version").read_text().strip()
+    except OSError:
+        return None
+
+
 def available(spark: SparkSession) -> bool:
-    """Whether this session can run the JVM path (the jar on its class path, not switched
-    off by ``TRACEMQ_RECONCILE_JVM=0``)."""
+    """Whether this session can run the JVM path: the jar on its class path, compiled against
+    this Spark (it uses Spark's internal classes), not switched off by
+    ``TRACEMQ_RECONCILE_JVM=0``."""
     if os.environ.get(ENV_SWITCH, "1").strip() in ("0", "false", "no", "off"):
+        return False
+    if built_for() != spark.version:
         return False
     from py4j.java_gateway import JavaClass
 
