@@ -364,3 +364,46 @@ def test_session_conf_puts_the_jar_on_the_class_path_when_built(
     conf = session_conf()
     assert "spark.jars" not in conf
     assert "spark.driver.extraClassPath" not in conf
+
+
+def test_a_run_of_one_hash_holding_several_msgids_is_split_by_msgid(
+    spark: Any, tmp_path: Path, jvm: None
+) -> None:
+    """Two msgIds with one xxhash64 are one run of the sorted input, their rows interleaved:
+    here every row of a partition gets the same hash, in a random order."""
+    from pyspark.sql import functions as F
+
+    ev = _events(spark, _cases())
+    inp = _inputs(spark, tmp_path)
+    p = Params(
+        lake="lake",
+        out="out",
+        from_ms=F0,
+        to_ms=T0,
+        subscriptions="s",
+        offsets="o",
+        horizon_ms=HORIZON,
+        keep_classified=True,
+        msgid_timezone="UTC",
+    )
+    kw = {"f_ms": F0, "t_ms": T0, "read_lo": READ_LO, "cutoff": T0 + HORIZON}
+    ref, _ = _both(spark, ev, inp, p, cutoff=kw["cutoff"])
+    cols = list(classify.COGROUP_COLS)
+    collided = (
+        classify.cogroup_input(ev, inp["deliveries"], base=READ_LO, n_parts=2)
+        .withColumn("k", F.lit(7).cast("bigint"))
+        .sortWithinPartitions(F.rand(3))
+        .select(*cols)
+    )
+    got = cogroup.classified(
+        spark,
+        collided,
+        inp["subs"],
+        inp["clients"],
+        inp["offsets"],
+        inp["bh"],
+        p,
+        ref.schema,
+        **kw,
+    )
+    assert _rows(got) == _rows(ref)

@@ -160,14 +160,22 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
       keys.clear();
       ins.clear();
       long k = pending.getLong(K);
-      boolean oneKey = true;
       InternalRow r = pending;
+      // the run's msgId (copied: the sorter reuses its rows); the others are compared in place
+      UTF8String first = r.getUTF8String(PKEY).clone();
+      boolean oneKey = true;
       while (true) {
-        UTF8String key = r.getUTF8String(PKEY).clone();
-        if (!keys.isEmpty() && oneKey && !key.equals(keys.get(0))) {
+        UTF8String key = r.getUTF8String(PKEY);
+        if (oneKey && !key.equals(first)) {
+          // two msgIds with one hash: from here on every row's key is kept
           oneKey = false;
+          for (int i = 0; i < ins.size(); i++) {
+            keys.add(first);
+          }
         }
-        keys.add(key);
+        if (!oneKey) {
+          keys.add(key.clone());
+        }
         ins.add(read(r));
         if (!rows.hasNext()) {
           pending = null;
@@ -180,9 +188,9 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
         }
       }
       if (oneKey) {
-        group(keys.get(0), new ArrayList<>(ins), out);
+        group(first, ins, out);
       } else {
-        // two msgIds with one hash: split the run by msgId
+        // split the run by msgId
         Map<UTF8String, List<In>> by = new LinkedHashMap<>();
         for (int i = 0; i < keys.size(); i++) {
           by.computeIfAbsent(keys.get(i), x -> new ArrayList<>()).add(ins.get(i));
