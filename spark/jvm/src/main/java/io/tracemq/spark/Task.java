@@ -4,6 +4,8 @@ import static io.tracemq.spark.Cogroup.*;
 
 import java.util.ArrayDeque;
 import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.HashSet;
 import java.util.Iterator;
 import java.util.LinkedHashMap;
 import java.util.List;
@@ -26,7 +28,7 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
   static final UTF8String NO_ID = UTF8String.fromString("\u0000");
 
   final Cogroup.Lookups lk;
-  final java.util.HashSet<Long> bh = new java.util.HashSet<>();
+  final HashSet<Long> bh = new HashSet<>();
   final long fMs, tMs, windowMs, horizonMs, maxDelayMs, maxReconsume, cutoff;
   final boolean keepClassified;
   // output columns: index in the schema (-1: absent) and kind (0 long, 1 int, 2 string, 3 bool)
@@ -438,7 +440,7 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
       Long groupH = coalesce(a.gb, a.ga);
       Long clientH = coalesce(a.cb, a.ca);
       long ck = groupH != null && bh.contains(groupH) ? (clientH == null ? 0L : clientH) : 0L;
-      List<Long> key = java.util.Arrays.asList(groupH, ck);
+      List<Long> key = Arrays.asList(groupH, ck);
       Cons c = by.get(key);
       if (c == null) {
         c = new Cons();
