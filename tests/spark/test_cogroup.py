@@ -250,7 +250,7 @@ def _both(
         inp["offsets"],
         inp["bh"],
         p,
-        ref.schema,
+        classify.classified_schema(p.keep_classified),
         **kw,
     )
     return ref, got

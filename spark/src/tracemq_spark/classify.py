@@ -23,6 +23,7 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from tracemq_spark.input_files import DeliveryRow, OffsetRow, SubRow
 from tracemq_spark.params import (
@@ -677,6 +678,56 @@ def meet(
 
 
 # ---- the co-group by msgId (the JVM path: tracemq_spark.cogroup) ---------------------------
+
+#: :func:`meet`'s columns (the classified rows), in order; the counts are not null with
+#: ``--keep-classified`` (coalesced; without it CONSUMED rows leave them null)
+CLASSIFIED_COLS = {
+    "outcome": "string",
+    "window_start_ms": "bigint",
+    "topic_h": "bigint",
+    "group_h": "bigint",
+    "client_h": "bigint",
+    "pub_ts": "bigint",
+    "msg_type": "int",
+    "tags_h": "bigint",
+    "store_h": "bigint",
+    "queue_id": "int",
+    "queue_offset": "bigint",
+    "committed_offset": "bigint",
+    "retry_reconsume": "int",
+    "retry_queue_offset": "bigint",
+    "retry_committed": "bigint",
+    "dlq_queue_offset": "bigint",
+    "due_ts": "bigint",
+    "attempts": "bigint",
+    "successes": "bigint",
+    "failed_attempts": "bigint",
+    "in_flight_attempts": "bigint",
+    "max_retry_times": "int",
+    "max_failed_retry": "int",
+    "consume_events": "bigint",
+    "first_consume_ts": "bigint",
+    "success_ts": "bigint",
+    "send_cost_ms": "bigint",
+    "store_to_consume_ms": "bigint",
+    "consume_cost_ms": "bigint",
+    "end_to_end_ms": "bigint",
+    "msg_id": "string",
+}
+_COUNTS = {"attempts", "successes", "failed_attempts", "in_flight_attempts", "consume_events"}
+
+
+def classified_schema(keep_classified: bool) -> T.StructType:
+    """:func:`meet`'s schema, without planning it (``tests/spark/test_cogroup.py`` holds the
+    two equal): the JVM path's rows have it."""
+    types = {"string": T.StringType(), "bigint": T.LongType(), "int": T.IntegerType()}
+    return T.StructType(
+        [
+            T.StructField(name, types[typ], nullable=not (keep_classified and name in _COUNTS))
+            for name, typ in CLASSIFIED_COLS.items()
+        ]
+    )
+
 
 #: the co-group's input columns and their types, in the order the JVM code reads them
 #: (spark/jvm/src/main/java/io/tracemq/spark/Task.java): the msgId, its hash, the side (0

@@ -316,29 +316,14 @@ class _Context:
             "queue_id",
             "queue_offset",
         )
-        # every timestamp read is >= read_lo: (ts - base) fits 62 bits
-        pubs = classify.pubs(ev, f_ms=self.f_ms, t_ms=self.t_ms, base=self.read_lo, n_parts=n_parts)
         subs = classify.subs_frame(spark, self.subs, p.subscription_grace_ms)
         clients = classify.clients_frame(spark, self.scan.broadcast_clients)
-        exp = classify.expected_deliveries(pubs, subs, clients)
+        offsets = classify.offsets_frame(spark, self.offsets)
         bh = [self.scan.hash_of[g] for g in self.bgroups if g in self.scan.hash_of]
-        att = classify.attempts(ev, bh=bh, n_parts=n_parts)
         deliveries = classify.deliveries_frame(
             spark, self.fs, self.stage.path("_deliveries"), self.deliveries
         )
-        agg = classify.consumed(att, pubs, deliveries)
-        offsets = classify.offsets_frame(spark, self.offsets)
-        df = classify.meet(
-            exp,
-            agg,
-            offsets,
-            deliveries,
-            p,
-            f_ms=self.f_ms,
-            t_ms=self.t_ms,
-            read_lo=self.read_lo,
-            cutoff=self.cutoff,
-        )
+        kw = {"f_ms": self.f_ms, "t_ms": self.t_ms, "read_lo": self.read_lo, "cutoff": self.cutoff}
         if jvm is None:
             jvm = cogroup.available(spark)
         self.say(
@@ -346,22 +331,24 @@ class _Context:
             if jvm
             else "classification: DataFrame steps"
         )
-        if not jvm:
-            return df
-        return cogroup.classified(
-            spark,
-            classify.cogroup_input(ev, deliveries, base=self.read_lo, n_parts=n_parts),
-            subs,
-            clients,
-            offsets,
-            bh,
-            p,
-            df.schema,
-            f_ms=self.f_ms,
-            t_ms=self.t_ms,
-            read_lo=self.read_lo,
-            cutoff=self.cutoff,
-        )
+        # every timestamp read is >= read_lo: (ts - base) fits 62 bits
+        if jvm:
+            return cogroup.classified(
+                spark,
+                classify.cogroup_input(ev, deliveries, base=self.read_lo, n_parts=n_parts),
+                subs,
+                clients,
+                offsets,
+                bh,
+                p,
+                classify.classified_schema(p.keep_classified),
+                **kw,
+            )
+        pubs = classify.pubs(ev, f_ms=self.f_ms, t_ms=self.t_ms, base=self.read_lo, n_parts=n_parts)
+        exp = classify.expected_deliveries(pubs, subs, clients)
+        att = classify.attempts(ev, bh=bh, n_parts=n_parts)
+        agg = classify.consumed(att, pubs, deliveries)
+        return classify.meet(exp, agg, offsets, deliveries, p, **kw)
 
     # -- outputs (tracemq_spark.outputs) ----------------------------------------------
     def publish_tables(self) -> None:
