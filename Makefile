@@ -22,7 +22,7 @@ $(CURDIR)/.tools/bin/uv:
 
 setup: $(UV)
 	$(UV) sync --frozen --all-packages
-	@$(MAKE) --no-print-directory $(JVM_JAR)
+	@$(MAKE) -s --no-print-directory $(JVM_JAR)
 
 # The reconciliation job's own JVM code (spark/jvm): javac + jar against the pyspark wheel's
 # Spark jars, rebuilt when a source or the lock file changes. Without a JDK the build says so
