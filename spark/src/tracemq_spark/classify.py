@@ -468,6 +468,10 @@ def consumed(att: DataFrame, pubs: DataFrame, deliveries: DataFrame | None = Non
     )
 
 
+#: the classified columns the tally reads: the only ones a CONSUMED row keeps without
+#: ``--keep-classified`` (:func:`meet`; the JVM path gets the list too)
+TALLIED_COLS = ("outcome", "window_start_ms", "topic_h", "group_h", *METRICS)
+
 #: the last deliveries' columns (:func:`with_deliveries`)
 DELIVERY_COLS = ["retry_reconsume", "retry_queue_offset", "retry_committed", "dlq_queue_offset"]
 
@@ -671,7 +675,7 @@ def meet(
         return df
     # CONSUMED rows (most of them) only feed the tally: their evidence columns are left
     # null, which Parquet stores for next to nothing
-    tallied = {"outcome", "window_start_ms", "topic_h", "group_h", *METRICS}
+    tallied = set(TALLIED_COLS)
     return df.select(
         *[col(c) if c in tallied else F.when(keep_id, col(c)).alias(c) for c in df.columns]
     )

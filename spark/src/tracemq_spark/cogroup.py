@@ -102,6 +102,12 @@ def classified(
             arr[i] = v
         return arr
 
+    def strings(values: list[str]) -> object:
+        arr = gw.new_array(jvm.String, len(values))
+        for i, v in enumerate(values):
+            arr[i] = v
+        return arr
+
     params = [f_ms, t_ms, p.window_ms, p.horizon_ms, p.max_delay_ms, p.max_reconsume_times, cutoff]
     out_schema = T.StructType([*schema.fields, T.StructField(ORPHAN_CHECK, T.BooleanType())])
     cls = jvm.io.tracemq.spark.Cogroup
@@ -113,6 +119,7 @@ def classified(
         longs(bh),
         longs(params),
         p.keep_classified,
+        strings([*classify.TALLIED_COLS, ORPHAN_CHECK]),
         out_schema.json(),
     )
     df = DataFrame(jdf, spark)

@@ -60,6 +60,7 @@ public final class Cogroup {
    * {@code _orphan_check}).
    *
    * @param params f_ms, t_ms, window_ms, horizon_ms, max_delay_ms, max_reconsume_times, cutoff
+   * @param tallied the columns a CONSUMED row keeps without keepClassified (classify.TALLIED_COLS)
    */
   public static Dataset<Row> classify(
       Dataset<Row> input,
@@ -69,6 +70,7 @@ public final class Cogroup {
       long[] broadcastingGroups,
       long[] params,
       boolean keepClassified,
+      String[] tallied,
       String schemaJson) {
     StructType schema = (StructType) DataType.fromJson(schemaJson);
     Task task =
@@ -77,6 +79,7 @@ public final class Cogroup {
             broadcastingGroups,
             params,
             keepClassified,
+            java.util.Set.of(tallied),
             schema);
     RDD<InternalRow> rows = input.queryExecution().toRdd();
     JavaRDD<InternalRow> out = rows.toJavaRDD().mapPartitions(task);

@@ -42,7 +42,13 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
   final boolean[] tallied;
   final UTF8String[] outcomeNames;
 
-  Task(Cogroup.Lookups lk, long[] bh, long[] p, boolean keepClassified, StructType schema) {
+  Task(
+      Cogroup.Lookups lk,
+      long[] bh,
+      long[] p,
+      boolean keepClassified,
+      java.util.Set<String> talliedNames,
+      StructType schema) {
     this.lk = lk;
     for (long h : bh) {
       this.bh.add(h);
@@ -58,17 +64,6 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     width = schema.length();
     kind = new int[width];
     tallied = new boolean[width];
-    List<String> talliedNames =
-        List.of(
-            "outcome",
-            "window_start_ms",
-            "topic_h",
-            "group_h",
-            "send_cost_ms",
-            "store_to_consume_ms",
-            "consume_cost_ms",
-            "end_to_end_ms",
-            "_orphan_check");
     for (int i = 0; i < width; i++) {
       DataType t = schema.fields()[i].dataType();
       kind[i] =
