@@ -22,6 +22,15 @@ $(CURDIR)/.tools/bin/uv:
 
 setup: $(UV)
 	$(UV) sync --frozen --all-packages
+	@$(MAKE) -s --no-print-directory $(JVM_JAR)
+
+# The reconciliation job's own JVM code (spark/jvm): javac + jar against the pyspark wheel's
+# Spark jars, rebuilt when a source or the lock file changes. Without a JDK the build says so
+# and the job runs its DataFrame path (spark/README.md, seventh pass).
+JVM_JAR := spark/src/tracemq_spark/jvm/tracemq-spark-jvm.jar
+JVM_SRC := $(shell find spark/jvm/src -name '*.java' 2>/dev/null) spark/jvm/build.sh
+$(JVM_JAR): $(JVM_SRC) uv.lock
+	spark/jvm/build.sh $(CURDIR)/.venv/bin/python
 
 # System packages the tests drive: docker-compose (Debian) validates compose.yaml without a Docker
 # engine; Debian's chromium runs the trace viewer tests (Playwright never downloads a browser here);

@@ -23,6 +23,7 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from tracemq_spark.input_files import DeliveryRow, OffsetRow, SubRow
 from tracemq_spark.params import (
@@ -225,42 +226,55 @@ def _dlq_move() -> Column:
     return (tt == "Pub") & F.col("topic").startswith(_DLQ_PREFIX)
 
 
-def pubs(ev: DataFrame, *, f_ms: int, t_ms: int, base: int, n_parts: int) -> DataFrame:
-    """Producer side: one row per msgId (``pkey``) from its Pub, EndTransaction and Recall
-    events; the first successful Pub wins (``pub_ok`` false: only failed Pubs). Adds
-    ``in_window`` (Pub in ``[f_ms, t_ms)``) and ``expected_anywhere`` (sent, not recalled, not
-    a half message without COMMIT). ``base`` is at most every timestamp of ``ev``."""
+def _producer_side(base: int) -> tuple[Column, dict[str, Column]]:
+    """The producer side's rows of the lake (Pub, EndTransaction and Recall events but the
+    consumers' DLQ moves): their condition and columns (:func:`pubs`, :func:`cogroup_input`)."""
     col = F.col
     tt = col("trace_type")
-    dlq_move = _dlq_move()
     is_pub = tt == "Pub"
     order = F.when(
         is_pub,
         F.shiftleft(F.when(col("success"), 0).otherwise(1).cast("long"), 62)
         + (col("timestamp") - base),
     )
-    raw = ["timestamp", "cost_time", "store_time", "msg_type", "queue_id", "queue_offset"]
-    hashed = {"topic_h": "topic", "tags_h": "tags", "store_h": "store_addr"}
+    cond = (
+        tt.isin("Pub", "EndTransaction", "Recall")
+        & ~F.coalesce(_dlq_move(), F.lit(False))
+        & col("msg_id").isNotNull()
+        & (col("msg_id") != "")
+    )
+    cols = {
+        "pkey": col("msg_id"),
+        "o": order,
+        **{c: col(c) for c in _PUB_RAW},
+        **{h: _h(col(name)) for h, name in _PUB_HASHED.items()},
+        "is_commit": ((tt == "EndTransaction") & (col("transaction_state") == _TX_COMMIT)).cast(
+            "int"
+        ),
+        "is_rollback": ((tt == "EndTransaction") & (col("transaction_state") == _TX_ROLLBACK)).cast(
+            "int"
+        ),
+        "is_recall": ((tt == "Recall") & col("success")).cast("int"),
+    }
+    return cond, cols
+
+
+#: the Pub's columns :func:`pubs` takes from the first successful Pub, as read and hashed
+_PUB_RAW = ["timestamp", "cost_time", "store_time", "msg_type", "queue_id", "queue_offset"]
+_PUB_HASHED = {"topic_h": "topic", "tags_h": "tags", "store_h": "store_addr"}
+
+
+def pubs(ev: DataFrame, *, f_ms: int, t_ms: int, base: int, n_parts: int) -> DataFrame:
+    """Producer side: one row per msgId (``pkey``) from its Pub, EndTransaction and Recall
+    events; the first successful Pub wins (``pub_ok`` false: only failed Pubs). Adds
+    ``in_window`` (Pub in ``[f_ms, t_ms)``) and ``expected_anywhere`` (sent, not recalled, not
+    a half message without COMMIT). ``base`` is at most every timestamp of ``ev``."""
+    col = F.col
+    cond, cols = _producer_side(base)
+    raw, hashed = _PUB_RAW, _PUB_HASHED
     prod = (
-        ev.where(
-            tt.isin("Pub", "EndTransaction", "Recall")
-            & ~F.coalesce(dlq_move, F.lit(False))
-            & col("msg_id").isNotNull()
-            & (col("msg_id") != "")
-        )
-        .select(
-            col("msg_id").alias("pkey"),
-            order.alias("o"),
-            *raw,
-            *[_h(col(name)).alias(h) for h, name in hashed.items()],
-            ((tt == "EndTransaction") & (col("transaction_state") == _TX_COMMIT))
-            .cast("int")
-            .alias("is_commit"),
-            ((tt == "EndTransaction") & (col("transaction_state") == _TX_ROLLBACK))
-            .cast("int")
-            .alias("is_rollback"),
-            ((tt == "Recall") & col("success")).cast("int").alias("is_recall"),
-        )
+        ev.where(cond)
+        .select(*[c.alias(name) for name, c in cols.items()])
         .repartition(n_parts, "pkey")
     )
     # the first successful Pub's (min_by o)
@@ -334,41 +348,49 @@ def expected_deliveries(pubs: DataFrame, subs: DataFrame, clients: DataFrame) ->
     )
 
 
+def _consume_side() -> tuple[Column, dict[str, Column]]:
+    """The consume side's rows of the lake (SubBefore, SubAfter, the consumers' traced DLQ
+    moves): their condition and columns (:func:`attempts`, :func:`cogroup_input`)."""
+    col = F.col
+    tt = col("trace_type")
+    mid = F.when(col("msg_id") == "", F.lit(None)).otherwise(col("msg_id"))
+    rid = F.coalesce(
+        col("request_id"), F.concat(F.lit("\u0001"), F.coalesce(col("group_name"), F.lit("")))
+    )
+    before = tt == "SubBefore"
+    moved = F.coalesce(_dlq_move() & col("success"), F.lit(False))
+    cols = {
+        "pkey": F.coalesce(mid, F.concat(F.lit("\u0000"), rid)),
+        # a DLQ move is an "attempt" of its own (its rid), counted apart below
+        "rid": F.xxhash64(
+            F.when(
+                moved,
+                F.concat(F.lit("\u0002dlq"), F.coalesce(col("group_name"), F.lit(""))),
+            ).otherwise(rid)
+        ),
+        "b": before,
+        "d": moved,
+        "gh": _h(col("group_name")),
+        "ch": _h(F.when(col("client_host") != "", col("client_host"))),
+        "th": F.when(before, _h(col("topic"))),
+        "timestamp": col("timestamp"),
+        "cost_time": col("cost_time"),
+        "success": col("success"),
+        "retry_times": col("retry_times"),
+    }
+    return tt.isin("SubBefore", "SubAfter") | moved, cols
+
+
 def attempts(ev: DataFrame, *, bh: list[int], n_parts: int) -> DataFrame:
     """Consume side: SubBefore/SubAfter events (and DLQ moves) paired by requestId into one
     row per attempt (``pkey``, ``rid``), with its group (``group_h``), client and ``ck`` (the
     client's hash for the broadcasting groups ``bh``, else 0). A consume without a msgId gets
     a ``pkey`` of its own (``\\u0000`` + requestId)."""
     col = F.col
-    tt = col("trace_type")
-    dlq_move = _dlq_move()
-    mid = F.when(col("msg_id") == "", F.lit(None)).otherwise(col("msg_id"))
-    rid = F.coalesce(
-        col("request_id"), F.concat(F.lit("\u0001"), F.coalesce(col("group_name"), F.lit("")))
-    )
-    before = tt == "SubBefore"
-    moved = F.coalesce(dlq_move & col("success"), F.lit(False))
+    cond, cols = _consume_side()
     cons = (
-        ev.where(tt.isin("SubBefore", "SubAfter") | moved)
-        .select(
-            F.coalesce(mid, F.concat(F.lit("\u0000"), rid)).alias("pkey"),
-            # a DLQ move is an "attempt" of its own (its rid), counted apart below
-            F.xxhash64(
-                F.when(
-                    moved,
-                    F.concat(F.lit("\u0002dlq"), F.coalesce(col("group_name"), F.lit(""))),
-                ).otherwise(rid)
-            ).alias("rid"),
-            before.alias("b"),
-            moved.alias("d"),
-            _h(col("group_name")).alias("gh"),
-            _h(F.when(col("client_host") != "", col("client_host"))).alias("ch"),
-            F.when(before, _h(col("topic"))).alias("th"),
-            "timestamp",
-            "cost_time",
-            "success",
-            "retry_times",
-        )
+        ev.where(cond)
+        .select(*[c.alias(name) for name, c in cols.items()])
         .repartition(n_parts, "pkey")
     )
     b, a = col("b"), ~col("b") & ~col("d")
@@ -445,6 +467,10 @@ def consumed(att: DataFrame, pubs: DataFrame, deliveries: DataFrame | None = Non
         "left",
     )
 
+
+#: the classified columns the tally reads: the only ones a CONSUMED row keeps without
+#: ``--keep-classified`` (:func:`meet`; the JVM path gets the list too)
+TALLIED_COLS = ("outcome", "window_start_ms", "topic_h", "group_h", *METRICS)
 
 #: the last deliveries' columns (:func:`with_deliveries`)
 DELIVERY_COLS = ["retry_reconsume", "retry_queue_offset", "retry_committed", "dlq_queue_offset"]
@@ -649,7 +675,165 @@ def meet(
         return df
     # CONSUMED rows (most of them) only feed the tally: their evidence columns are left
     # null, which Parquet stores for next to nothing
-    tallied = {"outcome", "window_start_ms", "topic_h", "group_h", *METRICS}
+    tallied = set(TALLIED_COLS)
     return df.select(
         *[col(c) if c in tallied else F.when(keep_id, col(c)).alias(c) for c in df.columns]
+    )
+
+
+# ---- the co-group by msgId (the JVM path: tracemq_spark.cogroup) ---------------------------
+
+#: :func:`meet`'s columns (the classified rows), in order; the counts are not null with
+#: ``--keep-classified`` (coalesced; without it CONSUMED rows leave them null)
+CLASSIFIED_COLS = {
+    "outcome": "string",
+    "window_start_ms": "bigint",
+    "topic_h": "bigint",
+    "group_h": "bigint",
+    "client_h": "bigint",
+    "pub_ts": "bigint",
+    "msg_type": "int",
+    "tags_h": "bigint",
+    "store_h": "bigint",
+    "queue_id": "int",
+    "queue_offset": "bigint",
+    "committed_offset": "bigint",
+    "retry_reconsume": "int",
+    "retry_queue_offset": "bigint",
+    "retry_committed": "bigint",
+    "dlq_queue_offset": "bigint",
+    "due_ts": "bigint",
+    "attempts": "bigint",
+    "successes": "bigint",
+    "failed_attempts": "bigint",
+    "in_flight_attempts": "bigint",
+    "max_retry_times": "int",
+    "max_failed_retry": "int",
+    "consume_events": "bigint",
+    "first_consume_ts": "bigint",
+    "success_ts": "bigint",
+    "send_cost_ms": "bigint",
+    "store_to_consume_ms": "bigint",
+    "consume_cost_ms": "bigint",
+    "end_to_end_ms": "bigint",
+    "msg_id": "string",
+}
+_COUNTS = {"attempts", "successes", "failed_attempts", "in_flight_attempts", "consume_events"}
+
+
+def classified_schema(keep_classified: bool) -> T.StructType:
+    """:func:`meet`'s schema, without planning it (``tests/spark/test_cogroup.py`` holds the
+    two equal): the JVM path's rows have it."""
+    types = {"string": T.StringType(), "bigint": T.LongType(), "int": T.IntegerType()}
+    return T.StructType(
+        [
+            T.StructField(name, types[typ], nullable=not (keep_classified and name in _COUNTS))
+            for name, typ in CLASSIFIED_COLS.items()
+        ]
+    )
+
+
+#: the co-group's input columns and their types, in the order the JVM code reads them
+#: (spark/jvm/src/main/java/io/tracemq/spark/Task.java): the msgId, its hash, the side (0
+#: producer, 1 consume, 2 last delivery), the event's time and cost, then slots each side
+#: fills with its own columns (:data:`COGROUP_SLOTS`) — a row is as narrow as the widest side
+COGROUP_COLS = {
+    "pkey": "string",
+    "k": "bigint",
+    "side": "int",
+    "timestamp": "bigint",
+    "cost_time": "bigint",
+    "l1": "bigint",
+    "l2": "bigint",
+    "l3": "bigint",
+    "l4": "bigint",
+    "l5": "bigint",
+    "l6": "bigint",
+    "i1": "int",
+    "i2": "int",
+    "flags": "int",
+}
+#: what each side puts in the slots: producer (_producer_side), consume (_consume_side), last
+#: delivery (deliveries_frame); ``flags`` packs three nullable 0/1 values, two bits each
+#: (0 false, 1 true, 2 null)
+COGROUP_SLOTS = {
+    "l1": ("o", "rid", "d_group_h"),
+    "l2": ("store_time", "gh", "retry_queue_offset"),
+    "l3": ("queue_offset", "ch", "retry_committed"),
+    "l4": ("topic_h", "th", "dlq_queue_offset"),
+    "l5": ("tags_h", None, None),
+    "l6": ("store_h", None, None),
+    "i1": ("msg_type", "retry_times", "retry_reconsume"),
+    "i2": ("queue_id", None, None),
+    "flags": (("is_commit", "is_rollback", "is_recall"), ("b", "d", "success"), None),
+}
+
+
+def _flags(values: list[Column]) -> Column:
+    """Nullable 0/1 (or boolean) values packed two bits each: 0 false, 1 true, 2 null."""
+    out: Column = F.lit(0)
+    for i, v in enumerate(values):
+        code = F.when(v.isNull(), F.lit(2)).when(v.cast("int") == 1, F.lit(1)).otherwise(F.lit(0))
+        out = out + code * (1 << (2 * i))
+    return out
+
+
+def cogroup_input(
+    ev: DataFrame, deliveries: DataFrame | None, *, base: int, n_parts: int
+) -> DataFrame:
+    """Every row the classification reads, one lake scan for both sides, plus the last
+    deliveries (:func:`deliveries_frame`), in :data:`COGROUP_COLS`: hash-partitioned by the
+    msgId's hash ``k`` and sorted by it within each partition, so that one msgId's rows are
+    one run of a task's input (a run can hold two msgIds of one hash: the reader splits it).
+    The JVM code (:mod:`tracemq_spark.cogroup`) classifies each run in one pass."""
+    col = F.col
+    p_cond, p_cols = _producer_side(base)
+    c_cond, c_cols = _consume_side()
+    # the side once per row (a projection would inline a condition used in every slot)
+    rows = ev.where(F.coalesce(p_cond, F.lit(False)) | F.coalesce(c_cond, F.lit(False))).select(
+        F.when(F.coalesce(p_cond, F.lit(False)), F.lit(0)).otherwise(F.lit(1)).alias("side"),
+        *ev.columns,
+    )
+    is_p = col("side") == 0
+
+    def slot(name: str, of_p: Any, of_c: Any) -> Column:
+        def pick(cols: dict[str, Column], what: Any) -> Column:
+            if what is None:
+                return F.lit(None)
+            if isinstance(what, tuple):
+                return _flags([cols[w] for w in what])
+            return cols[what]
+
+        return (
+            F.when(is_p, pick(p_cols, of_p))
+            .otherwise(pick(c_cols, of_c))
+            .cast(COGROUP_COLS[name])
+            .alias(name)
+        )
+
+    rows = rows.select(
+        F.when(is_p, p_cols["pkey"]).otherwise(c_cols["pkey"]).alias("pkey"),
+        col("side"),
+        col("timestamp"),
+        col("cost_time"),
+        *[slot(name, of_p, of_c) for name, (of_p, of_c, _) in COGROUP_SLOTS.items()],
+    )
+    if deliveries is not None:
+        # (a delivery without msgId meets nothing: the joins' null keys)
+        d = deliveries.where(col("d_pkey").isNotNull()).select(
+            col("d_pkey").alias("pkey"),
+            F.lit(2).alias("side"),
+            F.lit(None).cast("bigint").alias("timestamp"),
+            F.lit(None).cast("bigint").alias("cost_time"),
+            *[
+                (F.lit(None) if of_d is None else col(of_d)).cast(COGROUP_COLS[name]).alias(name)
+                for name, (_, _, of_d) in COGROUP_SLOTS.items()
+            ],
+        )
+        rows = rows.unionByName(d)
+    return (
+        rows.select(col("pkey"), F.xxhash64(col("pkey")).alias("k"), *rows.columns[1:])
+        .repartition(n_parts, "k")
+        .sortWithinPartitions("k")
+        .select(*COGROUP_COLS)
     )

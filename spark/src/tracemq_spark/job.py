@@ -59,7 +59,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from tracemq_spark import classify, outputs
+from tracemq_spark import classify, cogroup, outputs
 from tracemq_spark.commit import Staging, checkpoint, cleanup, commit, validate_staging
 from tracemq_spark.input_files import (
     DeliveryRow,
@@ -269,12 +269,13 @@ class _Context:
     def classify(self) -> None:
         """One row per (message, group[, client]) with its outcome and evidence, written to
         ``<staging>/_classified`` (CONSUMED rows included, strings still hashed)."""
-        df = self.classified_frame()
         conf = self.spark.conf
         saved = {k: conf.get(k, None) for k in CLASSIFY_CONF}
         try:
             for k, v in CLASSIFY_CONF.items():
                 conf.set(k, v)
+            # (the JVM path runs its shuffle's map side here already)
+            df = self.classified_frame()
             # an intermediate read twice from local disk and deleted at the end: written fast
             # (no compression, no dictionary pages) rather than small
             df.write.mode("overwrite").option("compression", "none").option(
@@ -289,9 +290,11 @@ class _Context:
                 else:
                     conf.set(k, old)
 
-    def classified_frame(self) -> DataFrame:
+    def classified_frame(self, jvm: bool | None = None) -> DataFrame:
         """The classification's steps (:mod:`tracemq_spark.classify`) over this run's lake
-        read and inputs."""
+        read and inputs: through the JVM code's co-group by msgId
+        (:mod:`tracemq_spark.cogroup`) when the session has it (``jvm``: None), else the
+        DataFrame steps — the same rows."""
         spark, p = self.spark, self.p
         n_parts = int(spark.conf.get("spark.sql.shuffle.partitions") or 16)
         ev = self.scan.events(
@@ -313,30 +316,39 @@ class _Context:
             "queue_id",
             "queue_offset",
         )
-        # every timestamp read is >= read_lo: (ts - base) fits 62 bits
-        pubs = classify.pubs(ev, f_ms=self.f_ms, t_ms=self.t_ms, base=self.read_lo, n_parts=n_parts)
-        exp = classify.expected_deliveries(
-            pubs,
-            classify.subs_frame(spark, self.subs, p.subscription_grace_ms),
-            classify.clients_frame(spark, self.scan.broadcast_clients),
-        )
+        subs = classify.subs_frame(spark, self.subs, p.subscription_grace_ms)
+        clients = classify.clients_frame(spark, self.scan.broadcast_clients)
+        offsets = classify.offsets_frame(spark, self.offsets)
         bh = [self.scan.hash_of[g] for g in self.bgroups if g in self.scan.hash_of]
-        att = classify.attempts(ev, bh=bh, n_parts=n_parts)
         deliveries = classify.deliveries_frame(
             spark, self.fs, self.stage.path("_deliveries"), self.deliveries
         )
-        agg = classify.consumed(att, pubs, deliveries)
-        return classify.meet(
-            exp,
-            agg,
-            classify.offsets_frame(spark, self.offsets),
-            deliveries,
-            p,
-            f_ms=self.f_ms,
-            t_ms=self.t_ms,
-            read_lo=self.read_lo,
-            cutoff=self.cutoff,
+        kw = {"f_ms": self.f_ms, "t_ms": self.t_ms, "read_lo": self.read_lo, "cutoff": self.cutoff}
+        if jvm is None:
+            jvm = cogroup.available(spark)
+        self.say(
+            "classification: co-group by msgId (JVM code)"
+            if jvm
+            else "classification: DataFrame steps"
         )
+        # every timestamp read is >= read_lo: (ts - base) fits 62 bits
+        if jvm:
+            return cogroup.classified(
+                spark,
+                classify.cogroup_input(ev, deliveries, base=self.read_lo, n_parts=n_parts),
+                subs,
+                clients,
+                offsets,
+                bh,
+                p,
+                classify.classified_schema(p.keep_classified),
+                **kw,
+            )
+        pubs = classify.pubs(ev, f_ms=self.f_ms, t_ms=self.t_ms, base=self.read_lo, n_parts=n_parts)
+        exp = classify.expected_deliveries(pubs, subs, clients)
+        att = classify.attempts(ev, bh=bh, n_parts=n_parts)
+        agg = classify.consumed(att, pubs, deliveries)
+        return classify.meet(exp, agg, offsets, deliveries, p, **kw)
 
     # -- outputs (tracemq_spark.outputs) ----------------------------------------------
     def publish_tables(self) -> None:

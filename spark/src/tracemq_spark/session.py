@@ -151,6 +151,7 @@ def session_conf(
     if s3a is not None:
         conf.update(s3a.conf())
     conf.update(extra or {})
+    _with_jvm_jar(conf)
     # Spark's startup warnings (hostname, native Hadoop, default log4j profile) are noise on
     # the console of a one-shot job: a quiet log4j2 configuration unless one is given
     quiet = f"-Dlog4j2.configurationFile={Path(__file__).with_name('log4j2.properties').as_uri()}"
@@ -165,6 +166,21 @@ def session_conf(
         conf.get("spark.executor.extraJavaOptions", "")
     )
     return conf
+
+
+def _with_jvm_jar(conf: dict[str, str]) -> None:
+    """The job's own JVM code (:mod:`tracemq_spark.cogroup`), when built: on the driver's
+    class path (py4j finds it there; in local mode the executors are the driver) and in
+    ``spark.jars`` (executors elsewhere). Without it the job runs its DataFrame path."""
+    from tracemq_spark.cogroup import jar_path
+
+    jar = jar_path()
+    if jar is None:
+        return
+    for key, sep in (("spark.driver.extraClassPath", os.pathsep), ("spark.jars", ",")):
+        old = conf.get(key, "")
+        if str(jar) not in old.split(sep):
+            conf[key] = f"{old}{sep}{jar}" if old else str(jar)
 
 
 #: HotSpot flag: JIT-compile methods over 8 000 bytes of bytecode (Spark's generated code)

@@ -1,0 +1,130 @@
+"""Stage "classification", the JVM path (issue 19 goal 4): the classification's reduce side as
+one pass per msgId in JVM code of the project's own (``spark/jvm``, class
+``io.tracemq.spark.Cogroup``), called through py4j.
+
+The DataFrame steps of :mod:`tracemq_spark.classify` (``pubs``, ``expected_deliveries``,
+``attempts``, ``consumed``, ``meet``) are the reference: eight hash aggregations, two
+shuffled hash joins and the full outer join, each a pass over the rows. Here one lake scan
+feeds one shuffle (:func:`~tracemq_spark.classify.cogroup_input`: both sides and the last
+deliveries, partitioned and sorted by the msgId's hash), and each msgId's rows — its Pubs, its
+consume events, its last deliveries — are classified together, in one task, in one pass,
+giving the same rows as ``meet``. One term is left to Spark: whether an orphan's msgId was
+created inside the read range (the same expression as the DataFrame path's, on the few rows
+the JVM code marks ``_orphan_check``).
+
+The jar is built by ``make setup`` (``spark/jvm/build.sh``: javac and jar against the pyspark
+wheel's Spark jars) into this package (``jvm/tracemq-spark-jvm.jar``); :func:`jar_path` finds
+it and :func:`tracemq_spark.session.session_conf` puts it on the session's class path. Without
+it (no ``javac`` at setup, another Spark, a session built elsewhere), or with
+``TRACEMQ_RECONCILE_JVM=0``, the job runs the DataFrame path: same outputs, slower.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from tracemq_spark import classify
+from tracemq_spark.params import Params
+
+#: where ``make setup`` puts the jar
+JAR = Path(__file__).with_name("jvm") / "tracemq-spark-jvm.jar"
+_CLASS = "io.tracemq.spark.Cogroup"
+#: set to 0 to run the DataFrame path even when the jar is there
+ENV_SWITCH = "TRACEMQ_RECONCILE_JVM"
+#: the JVM code's extra column: the row is an orphan if its msgId was created in the read range
+ORPHAN_CHECK = "_orphan_check"
+
+
+def jar_path() -> Path | None:
+    """The jar, if built."""
+    return JAR if JAR.is_file() else None
+
+
+def built_for() -> str | None:
+    """The Spark version the jar was compiled against (``build.sh`` writes it beside)."""
+    try:
+        return JAR.with_suffix(".spark-version").read_text().strip()
+    except OSError:
+        return None
+
+
+def available(spark: SparkSession) -> bool:
+    """Whether this session can run the JVM path: the jar on its class path, compiled against
+    this Spark (it uses Spark's internal classes), not switched off by
+    ``TRACEMQ_RECONCILE_JVM=0``."""
+    if os.environ.get(ENV_SWITCH, "1").strip() in ("0", "false", "no", "off"):
+        return False
+    if built_for() != spark.version:
+        return False
+    from py4j.java_gateway import JavaClass
+
+    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+    try:
+        cls = jvm
+        for part in _CLASS.split("."):
+            cls = getattr(cls, part)
+    except Exception:  # noqa: BLE001 - py4j raises assorted errors for a missing class
+        return False
+    return isinstance(cls, JavaClass)
+
+
+def classified(
+    spark: SparkSession,
+    inp: DataFrame,
+    subs: DataFrame,
+    clients: DataFrame,
+    offsets: DataFrame,
+    bh: list[int],
+    p: Params,
+    schema: T.StructType,
+    *,
+    f_ms: int,
+    t_ms: int,
+    read_lo: int,
+    cutoff: int,
+) -> DataFrame:
+    """The classified rows (``schema``: :func:`~tracemq_spark.classify.meet`'s) of ``inp``
+    (:func:`~tracemq_spark.classify.cogroup_input`), with ``subs``, ``clients`` and
+    ``offsets`` (:func:`~tracemq_spark.classify.subs_frame`, ``clients_frame``,
+    ``offsets_frame``) and the broadcasting groups' hashes ``bh``."""
+    sc = spark.sparkContext
+    gw = sc._gateway  # type: ignore[attr-defined]
+    jvm = sc._jvm  # type: ignore[attr-defined]
+
+    def longs(values: list[int]) -> object:
+        arr = gw.new_array(jvm.long, len(values))
+        for i, v in enumerate(values):
+            arr[i] = v
+        return arr
+
+    def strings(values: list[str]) -> object:
+        arr = gw.new_array(jvm.String, len(values))
+        for i, v in enumerate(values):
+            arr[i] = v
+        return arr
+
+    params = [f_ms, t_ms, p.window_ms, p.horizon_ms, p.max_delay_ms, p.max_reconsume_times, cutoff]
+    out_schema = T.StructType([*schema.fields, T.StructField(ORPHAN_CHECK, T.BooleanType())])
+    cls = jvm.io.tracemq.spark.Cogroup
+    jdf = cls.classify(
+        inp._jdf,
+        subs._jdf,
+        clients._jdf,
+        offsets._jdf,
+        longs(bh),
+        longs(params),
+        p.keep_classified,
+        strings([*classify.TALLIED_COLS, ORPHAN_CHECK]),
+        out_schema.json(),
+    )
+    df = DataFrame(jdf, spark)
+    col = F.col
+    created: Column = classify._msg_id_created(
+        col("msg_id"), col("first_consume_ts"), p.msgid_timezone
+    )
+    return df.where(~col(ORPHAN_CHECK) | created.isNull() | (created >= read_lo)).drop(ORPHAN_CHECK)

@@ -1,0 +1,409 @@
+"""The classification's JVM path (:mod:`tracemq_spark.cogroup`: one pass per msgId over its
+Pub, consume and last-delivery rows, co-grouped) against the DataFrame steps of
+:mod:`tracemq_spark.classify`, the reference: the same classified rows, as a multiset, on
+hand-made cases — every outcome, retries, dead-letter copies and moves, transactions, orphans
+inside and outside the read range, lost traces, broadcasting clients, duplicated records."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import DataFrame
+from tracemq_spark import classify, cogroup
+from tracemq_spark.fs import HadoopFS
+from tracemq_spark.input_files import DeliveryRow, OffsetRow, SubRow
+from tracemq_spark.job import Params
+
+from tests.spark.test_stages import (
+    BROKER,
+    F0,
+    HORIZON,
+    MIN,
+    READ_LO,
+    T0,
+    TOPIC,
+    _events,
+    _hash,
+    consume,
+    pub,
+)
+
+G, H, BC = "g", "h", "bc"
+_MONTH = int(dt.datetime(2024, 3, 1, tzinfo=dt.UTC).timestamp() * 1000)
+
+
+def _msg_id(created_ms: int, n: int) -> str:
+    """A RocketMQ-style msgId (32 hex digits) created at ``created_ms`` (read in UTC)."""
+    return f"0A00000100{n:010X}{created_ms - _MONTH:08X}0001"
+
+
+@pytest.fixture(scope="module")
+def jvm(spark: Any) -> None:
+    if not cogroup.available(spark):
+        if shutil.which("javac") is None:
+            pytest.skip("no javac: the JVM path is not built (make setup)")
+        pytest.fail(f"the JVM path is not on the session: {cogroup.JAR} (make setup)")
+
+
+def _cases() -> list[dict[str, Any]]:
+    orphan_in = _msg_id(F0 - 10 * MIN, 1)  # created inside the read range: an orphan
+    orphan_old = _msg_id(F0 - 120 * MIN, 2)  # created before it: left alone
+    up = "0A0000011F9018B4AAC2650B5A630000"
+    rows: list[dict[str, Any]] = [
+        pub("NOT_CONSUMED", F0 + MIN, queue_offset=1),
+        pub("PENDING", T0 - 10 * MIN, queue_offset=2),
+        pub("CONSUMED", F0 + MIN, queue_offset=3),
+        *consume("CONSUMED", G, "c1", F0 + 2 * MIN, ok=True),
+        pub("DUPLICATE", F0 + MIN, queue_offset=4),
+        *consume("DUPLICATE", G, "d1", F0 + 2 * MIN, ok=True),
+        *consume("DUPLICATE", G, "d2", F0 + 3 * MIN, ok=True),
+        pub("AFTER_RETRY", F0 + MIN, queue_offset=5),
+        *consume("AFTER_RETRY", G, "a1", F0 + 2 * MIN, ok=False),
+        *consume("AFTER_RETRY", G, "a2", F0 + 3 * MIN, ok=True, retry=1),
+        pub("FAILED", F0 + MIN, queue_offset=6),
+        *consume("FAILED", G, "f1", F0 + 2 * MIN, ok=False),
+        pub("IN_FLIGHT", F0 + MIN, queue_offset=7),
+        *consume("IN_FLIGHT", G, "i1", F0 + 2 * MIN, ok=None),
+        pub("RECALLED", F0 + MIN, queue_offset=8),
+        {"trace_type": "Recall", "timestamp": F0 + 2 * MIN, "msg_id": "RECALLED"},
+        pub("PUB_FAILED", F0 + MIN, success=False, queue_offset=9),
+        # send retries: failed, then stored twice; the first success wins
+        pub("SEND_RETRY", F0 + MIN, success=False, queue_offset=40),
+        pub("SEND_RETRY", F0 + 2 * MIN, queue_offset=41),
+        pub("SEND_RETRY", F0 + 3 * MIN, queue_offset=42),
+        *consume("SEND_RETRY", G, "sr1", F0 + 4 * MIN, ok=True),
+        pub("TRACE_LOST", F0 + MIN, queue_id=1, queue_offset=10),
+        pub("TRACE_INCOMPLETE", F0 + MIN, queue_id=1, queue_offset=11),
+        *consume("TRACE_INCOMPLETE", G, "t1", F0 + 2 * MIN, ok=None),
+        # a failure of the last delivery keeps it FAILED though the offset is past it
+        pub("FAILED_LAST", F0 + MIN, queue_id=1, queue_offset=12),
+        *consume("FAILED_LAST", G, "fl1", F0 + 2 * MIN, ok=False),
+        pub("DEAD_LETTERED", F0 + MIN, queue_offset=12),
+        *consume("DEAD_LETTERED", G, "x1", F0 + 2 * MIN, ok=False),
+        # dead-lettered by the traced move, and by the retry count (RocketMQ's clients)
+        pub("MOVED", F0 + MIN, queue_offset=20),
+        *consume("MOVED", G, "m1", F0 + 2 * MIN, ok=False),
+        pub("MOVED", F0 + 3 * MIN, topic="%DLQ%g", group_name=G),
+        pub("RETRIED_OUT", F0 + MIN, queue_offset=21),
+        *consume("RETRIED_OUT", G, "r16", F0 + 2 * MIN, ok=False, retry=16),
+        # retried through %RETRY%g (copies): the last one's queue is past it
+        pub("RETRY_COPY", F0 + MIN, queue_offset=22),
+        *consume("RETRY_COPY", G, "rc1", F0 + 2 * MIN, ok=False),
+        *consume("RETRY_COPY", G, "rc2", F0 + 3 * MIN, ok=None, retry=1),
+        pub("RETRY_COPY_LOST", F0 + MIN, queue_offset=23),
+        pub("UNEXPECTED", F0 + MIN, topic="other", queue_offset=13),
+        *consume("UNEXPECTED", G, "u1", F0 + 2 * MIN, ok=True, topic="other"),
+        # tag not accepted by h's subscription: NO_EXPECTED_GROUP and h's consume unexpected
+        pub("TAG_B", F0 + MIN, tags="b", queue_offset=24),
+        *consume("TAG_B", H, "tb1", F0 + 2 * MIN, ok=True),
+        *consume("", G, "o1", F0 + 2 * MIN, ok=True),
+        *consume(orphan_in, G, "o2", F0 + 2 * MIN, ok=True),
+        *consume(orphan_old, G, "o3", F0 + 2 * MIN, ok=True),
+        # an orphan first consumed after the window: the next run's
+        *consume(_msg_id(F0 + 50 * MIN, 3), G, "o4", T0 + MIN, ok=True),
+        pub("ROLLED_BACK", F0 + MIN, msg_type=1, queue_offset=14),
+        {
+            "trace_type": "EndTransaction",
+            "timestamp": F0 + 2 * MIN,
+            "msg_id": "ROLLED_BACK",
+            "transaction_state": "ROLLBACK_MESSAGE",
+        },
+        pub("TX_UNRESOLVED", F0 + MIN, msg_type=1, queue_offset=15),
+        pub("TX_COMMIT", F0 + MIN, msg_type=1, queue_offset=25),
+        {
+            "trace_type": "EndTransaction",
+            "timestamp": F0 + 2 * MIN,
+            "msg_id": "TX_COMMIT",
+            "transaction_state": "COMMIT_MESSAGE",
+        },
+        *consume("TX_COMMIT", G, "tx1", F0 + 3 * MIN, ok=True),
+        # delayed: stored in the schedule queue (its offset says nothing), pending longer
+        pub("DELAYED", T0 - 20 * MIN, msg_type=3, queue_id=1, queue_offset=2),
+        pub("FAILED_ELSEWHERE", F0 + MIN, topic="other", success=False, queue_offset=16),
+        *consume("FAILED_ELSEWHERE", G, "fe1", F0 + 2 * MIN, ok=True, topic="other"),
+        pub("LATE_ELSEWHERE", T0 + MIN, topic="other", queue_offset=17),
+        *consume("LATE_ELSEWHERE", G, "le1", T0 + 2 * MIN, ok=True, topic="other"),
+        # published before the window (looked back), consumed in it: not this run's message
+        pub("EARLY", F0 - 5 * MIN, queue_offset=26),
+        *consume("EARLY", G, "e1", F0 + MIN, ok=True),
+        # a trace record written twice (a trace send retried): one attempt
+        *consume("CONSUMED", G, "c1", F0 + 2 * MIN, ok=True),
+        pub("CONSUMED", F0 + MIN, queue_offset=3),
+        # a SubAfter whose SubBefore was lost; an old-format SubAfter without group
+        pub("HALF_PAIRS", F0 + MIN, queue_offset=27),
+        {
+            "trace_type": "SubAfter",
+            "timestamp": F0 + 2 * MIN,
+            "group_name": G,
+            "msg_id": "HALF_PAIRS",
+            "request_id": "hp1",
+            "success": False,
+        },
+        {
+            "trace_type": "SubBefore",
+            "timestamp": F0 + 3 * MIN,
+            "group_name": G,
+            "topic": TOPIC,
+            "msg_id": "HALF_PAIRS",
+            "request_id": "hp2",
+            "retry_times": 1,
+        },
+        {
+            "trace_type": "SubAfter",
+            "timestamp": F0 + 4 * MIN,
+            "msg_id": "HALF_PAIRS",
+            "request_id": "hp2",
+            "success": True,
+        },
+        # consume events without a requestId or a group
+        pub("NO_RID", F0 + MIN, queue_offset=28),
+        {
+            "trace_type": "SubBefore",
+            "timestamp": F0 + 2 * MIN,
+            "group_name": G,
+            "topic": TOPIC,
+            "msg_id": "NO_RID",
+        },
+        {
+            "trace_type": "SubBefore",
+            "timestamp": F0 + 2 * MIN,
+            "topic": TOPIC,
+            "msg_id": "NO_RID",
+            "request_id": "nr2",
+        },
+        # a broadcasting group: one outcome per consuming client
+        pub("BCAST", F0 + MIN, queue_offset=30),
+        *consume("BCAST", BC, "b1", F0 + 2 * MIN, ok=True, client_host="10.1.0.1"),
+        *consume("BCAST", BC, "b2", F0 + 2 * MIN, ok=False, client_host="10.1.0.2"),
+        # a client the pre-flight scan never saw
+        *consume("BCAST", BC, "b3", F0 + 2 * MIN, ok=True, client_host="10.1.0.9"),
+        pub("BCAST_NONE", F0 + MIN, queue_offset=31),
+        # two ids in two cases: two messages
+        pub(up, F0 + MIN),
+        pub(up.lower(), F0 + 2 * MIN),
+        *consume(up, G, "up1", F0 + 3 * MIN, ok=True),
+        # a consume with an empty msgId and no request id
+        {"trace_type": "SubBefore", "timestamp": F0 + 5 * MIN, "group_name": H, "msg_id": ""},
+    ]
+    return rows
+
+
+def _inputs(spark: Any, tmp_path: Path) -> dict[str, Any]:
+    subs = [
+        SubRow(G, TOPIC, None, F0 - 60 * MIN, T0, False),
+        SubRow(H, TOPIC, "a", F0 - 60 * MIN, F0 + 30 * MIN, False),
+        SubRow(H, TOPIC, "c", F0 + 20 * MIN, T0, False),
+        SubRow(BC, TOPIC, None, F0 - 60 * MIN, T0, True),
+    ]
+    clients = [
+        (BC, TOPIC, "10.1.0.1"),
+        (BC, TOPIC, "10.1.0.2"),
+        (BC, TOPIC, "10.1.0.3"),
+        # a clustering group's client: it must not multiply g's rows
+        (G, "other", "10.2.0.1"),
+    ]
+    offsets = [
+        OffsetRow(G, TOPIC, BROKER, 0, "", 0),
+        OffsetRow(G, TOPIC, BROKER, 1, "", 50),
+        OffsetRow(H, TOPIC, BROKER, 0, "", 25),
+        OffsetRow(BC, TOPIC, BROKER, 0, "10.1.0.1", 100),
+        OffsetRow(BC, TOPIC, BROKER, 0, "10.1.0.3", 100),
+    ]
+    deliveries = [
+        DeliveryRow("DEAD_LETTERED", G, None, None, None, 7),
+        DeliveryRow("RETRY_COPY", G, 1, 60, 61, None),
+        DeliveryRow("RETRY_COPY_LOST", G, 2, 70, 71, None),
+        DeliveryRow("TAG_B", H, 1, 80, 81, None),
+        DeliveryRow("NOBODY", G, 1, 1, 2, None),
+    ]
+    return {
+        "subs": classify.subs_frame(spark, subs, 2 * MIN),
+        "clients": classify.clients_frame(spark, clients),
+        "offsets": classify.offsets_frame(spark, offsets),
+        "deliveries": classify.deliveries_frame(
+            spark, HadoopFS(spark), str(tmp_path / "_deliveries"), deliveries
+        ),
+        "bh": [_hash(spark, BC)],
+    }
+
+
+def _both(
+    spark: Any, ev: DataFrame, inp: dict[str, Any], p: Params, cutoff: int
+) -> tuple[DataFrame, DataFrame]:
+    """The classified rows by the DataFrame steps (as ``job._Context.classified_frame``
+    composes them) and by the JVM path."""
+    kw = {"f_ms": F0, "t_ms": T0, "read_lo": READ_LO, "cutoff": cutoff}
+    pubs = classify.pubs(ev, f_ms=F0, t_ms=T0, base=READ_LO, n_parts=3)
+    exp = classify.expected_deliveries(pubs, inp["subs"], inp["clients"])
+    att = classify.attempts(ev, bh=inp["bh"], n_parts=3)
+    agg = classify.consumed(att, pubs, inp["deliveries"])
+    ref = classify.meet(exp, agg, inp["offsets"], inp["deliveries"], p, **kw)
+    got = cogroup.classified(
+        spark,
+        classify.cogroup_input(ev, inp["deliveries"], base=READ_LO, n_parts=3),
+        inp["subs"],
+        inp["clients"],
+        inp["offsets"],
+        inp["bh"],
+        p,
+        classify.classified_schema(p.keep_classified),
+        **kw,
+    )
+    return ref, got
+
+
+def _rows(df: DataFrame) -> list[tuple[Any, ...]]:
+    return sorted((tuple(r) for r in df.collect()), key=repr)
+
+
+@pytest.mark.parametrize("keep_classified", [True, False])
+def test_jvm_path_gives_the_dataframe_paths_rows(
+    spark: Any, tmp_path: Path, jvm: None, keep_classified: bool
+) -> None:
+    ev = _events(spark, _cases())
+    p = Params(
+        lake="lake",
+        out="out",
+        from_ms=F0,
+        to_ms=T0,
+        subscriptions="s",
+        offsets="o",
+        horizon_ms=HORIZON,
+        keep_classified=keep_classified,
+        msgid_timezone="UTC",
+    )
+    ref, got = _both(spark, ev, _inputs(spark, tmp_path), p, cutoff=T0 + 15 * MIN)
+    assert got.schema == ref.schema
+    want = _rows(ref)
+    assert _rows(got) == want
+    outcomes = {r[0] for r in want}
+    # the cases reach every outcome the rules have
+    assert outcomes >= {
+        "NOT_CONSUMED", "PENDING", "CONSUMED", "DUPLICATE", "CONSUMED_AFTER_RETRY", "FAILED",
+        "IN_FLIGHT", "RECALLED", "PUB_FAILED", "TRACE_LOST", "TRACE_INCOMPLETE",
+        "DEAD_LETTERED", "NO_EXPECTED_GROUP", "UNEXPECTED_GROUP", "ORPHAN_CONSUME",
+        "ROLLED_BACK", "TX_UNRESOLVED",
+    }  # fmt: skip
+    # one orphan of the two with an id inside the window is created in the read range
+    orphans = [r for r in ref.collect() if r["outcome"] == "ORPHAN_CONSUME"]
+    assert len([r for r in orphans if r["msg_id"]]) == 1
+
+
+def test_jvm_path_without_deliveries_and_without_broadcasting(
+    spark: Any, tmp_path: Path, jvm: None
+) -> None:
+    ev = _events(spark, _cases())
+    inp = _inputs(spark, tmp_path)
+    inp["deliveries"] = None
+    inp["bh"] = []
+    inp["clients"] = classify.clients_frame(spark, [])
+    p = Params(
+        lake="lake",
+        out="out",
+        from_ms=F0,
+        to_ms=T0,
+        subscriptions="s",
+        offsets="o",
+        horizon_ms=HORIZON,
+        msgid_timezone="UTC",
+    )
+    ref, got = _both(spark, ev, inp, p, cutoff=T0 + HORIZON)
+    assert _rows(got) == _rows(ref)
+
+
+def test_the_job_runs_the_jvm_path_when_built_and_the_dataframe_path_when_switched_off(
+    spark: Any, lake: Any, tmp_path: Path, jvm: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole job on the generated lake: the same classified rows either way."""
+    from tracemq_spark.job import run
+
+    from tests.spark.conftest import params
+
+    outs = {}
+    for name, switch in (("jvm", "1"), ("dataframe", "0")):
+        monkeypatch.setenv(cogroup.ENV_SWITCH, switch)
+        said: list[str] = []
+        run(spark, params(lake, tmp_path / name, keep_classified=True), said.append)
+        (path,) = [s for s in said if s.startswith("classification:")]
+        assert ("co-group by msgId" in path) == (name == "jvm"), path
+        outs[name] = spark.read.parquet(str(tmp_path / name / "classified"))
+    assert outs["jvm"].count() > 1000
+    assert _rows(outs["jvm"]) == _rows(outs["dataframe"])
+
+
+def test_the_jvm_path_only_for_the_spark_it_was_built_for(
+    spark: Any, jvm: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The jar uses Spark's internal classes: another Spark version (or none recorded, or the
+    switch off) means the DataFrame path."""
+    assert cogroup.built_for() == spark.version
+    monkeypatch.setattr(cogroup, "built_for", lambda: "3.5.0")
+    assert not cogroup.available(spark)
+    monkeypatch.setattr(cogroup, "built_for", lambda: None)
+    assert not cogroup.available(spark)
+    monkeypatch.undo()
+    monkeypatch.setenv(cogroup.ENV_SWITCH, "0")
+    assert not cogroup.available(spark)
+
+
+def test_session_conf_puts_the_jar_on_the_class_path_when_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tracemq_spark.session import session_conf
+
+    jar = tmp_path / "tracemq-spark-jvm.jar"
+    monkeypatch.setattr(cogroup, "jar_path", lambda: jar)
+    conf = session_conf(extra={"spark.jars": "/opt/other.jar"})
+    assert conf["spark.jars"] == f"/opt/other.jar,{jar}"
+    assert conf["spark.driver.extraClassPath"] == str(jar)
+    monkeypatch.setattr(cogroup, "jar_path", lambda: None)
+    conf = session_conf()
+    assert "spark.jars" not in conf
+    assert "spark.driver.extraClassPath" not in conf
+
+
+def test_a_run_of_one_hash_holding_several_msgids_is_split_by_msgid(
+    spark: Any, tmp_path: Path, jvm: None
+) -> None:
+    """Two msgIds with one xxhash64 are one run of the sorted input, their rows interleaved:
+    here every row of a partition gets the same hash, in a random order."""
+    from pyspark.sql import functions as F
+
+    ev = _events(spark, _cases())
+    inp = _inputs(spark, tmp_path)
+    p = Params(
+        lake="lake",
+        out="out",
+        from_ms=F0,
+        to_ms=T0,
+        subscriptions="s",
+        offsets="o",
+        horizon_ms=HORIZON,
+        keep_classified=True,
+        msgid_timezone="UTC",
+    )
+    kw = {"f_ms": F0, "t_ms": T0, "read_lo": READ_LO, "cutoff": T0 + HORIZON}
+    ref, _ = _both(spark, ev, inp, p, cutoff=kw["cutoff"])
+    cols = list(classify.COGROUP_COLS)
+    collided = (
+        classify.cogroup_input(ev, inp["deliveries"], base=READ_LO, n_parts=2)
+        .withColumn("k", F.lit(7).cast("bigint"))
+        .sortWithinPartitions(F.rand(3))
+        .select(*cols)
+    )
+    got = cogroup.classified(
+        spark,
+        collided,
+        inp["subs"],
+        inp["clients"],
+        inp["offsets"],
+        inp["bh"],
+        p,
+        ref.schema,
+        **kw,
+    )
+    assert _rows(got) == _rows(ref)
