@@ -247,8 +247,19 @@ def _corrupt_message(exc: BaseException, files: list[str]) -> str:
     return f"corrupt Parquet file in the lake: {where}: {reason}"
 
 
+#: What Spark and Parquet say of a damaged or foreign file (any case).
+_CORRUPT_SIGNS = ("magic", "footer", "corrupt", "failed_read_file", "not a parquet file")
+
+
 def _maybe_corrupt(exc: BaseException, files: list[str]) -> BaseException:
-    text = str(exc).lower()
-    if any(k in text for k in ("parquet", "magic", "footer", "corrupt", "failed_read_file")):
+    """``exc`` as a :class:`ReconcileError` naming the lake file when it says a file could not
+    be read (a sign of damage, or a lake file named in it); else ``exc`` unchanged. The word
+    "parquet" alone is no sign: a failed *write* (``DataFrameWriter.parquet``, the job's own
+    outputs) names it too."""
+    text = str(exc)
+    lowered = text.lower()
+    if any(k in lowered for k in _CORRUPT_SIGNS) or any(
+        f.rsplit("/", 1)[-1] in text for f in files
+    ):
         return ReconcileError(_corrupt_message(exc, files))
     return exc
