@@ -24,6 +24,8 @@ from tracemq_devkit.devstack import EmbeddedStack
 from tracemq_devkit.reading import read_trace_topic
 from tracemq_devkit.waiting import WaitTimeout, eventually
 
+from tests.support.clients import describe_consumers
+
 pytestmark = [pytest.mark.stack, pytest.mark.kafka, pytest.mark.redis]
 
 N_PER_PRODUCER = 500
@@ -103,9 +105,14 @@ async def test_traces_match_what_happened(
         await eventually(all_consumed, timeout=90, what="both groups consumed everything")
     except WaitTimeout:
         missing = {g: sorted(set(range(total)) - s) for g, s in done.items()}
+        missing_any = {i for m in missing.values() for i in m}
         pytest.fail(
             "not every message consumed within 90 s; missing per group: "
             + ", ".join(f"{g}: {len(m)} {m[:20]}" for g, m in missing.items())
+            + "; their queues: "
+            + str(sorted({r.queue.queue_id for i, _, r in sent.values() if i in missing_any}))
+            + "\n"
+            + await describe_consumers(consumers)
         )
     for c in consumers:
         await c.shutdown()
