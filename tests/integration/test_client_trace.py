@@ -5,7 +5,7 @@ every trace record decodes and matches what happened."""
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import pytest
 from tracemq import (
@@ -21,7 +21,7 @@ from tracemq.admin import AdminClient
 from tracemq.message_id import decode_msg_id, decode_offset_msg_id
 from tracemq.trace import ConsumeReturnType, MessageType, TraceType
 from tracemq_devkit.devstack import EmbeddedStack
-from tracemq_devkit.reading import read_trace_topic
+from tracemq_devkit.reading import read_topic, read_trace_topic
 from tracemq_devkit.waiting import WaitTimeout, eventually
 
 from tests.support.clients import describe_consumers
@@ -97,6 +97,11 @@ async def test_traces_match_what_happened(
     await asyncio.gather(produce(producers[0], 0), produce(producers[1], N_PER_PRODUCER))
     total = 2 * N_PER_PRODUCER
     assert len(sent) == total
+    places = Counter((r.queue.queue_id, r.queue_offset) for _, _, r in sent.values())
+    assert max(places.values()) == 1, (
+        "two sends were acknowledged at the same queue offset: "
+        + str(sorted(k for k, n in places.items() if n > 1)[:20])
+    )
 
     async def all_consumed() -> bool:
         return all(len(s) == total for s in done.values())
@@ -113,6 +118,8 @@ async def test_traces_match_what_happened(
             + str(sorted({r.queue.queue_id for i, _, r in sent.values() if i in missing_any}))
             + "\n"
             + await describe_consumers(consumers)
+            + "\n"
+            + await _where_missing_went(stack, topic, sent, missing_any)
         )
     for c in consumers:
         await c.shutdown()
@@ -181,3 +188,28 @@ async def test_traces_match_what_happened(
                 last = attempt == len(bs) - 1
                 assert after.success is last
                 assert after.context_code == (ConsumeReturnType.SUCCESS if last else code)
+
+
+async def _where_missing_went(
+    stack: EmbeddedStack,
+    topic: str,
+    sent: dict[str, tuple[int, str, SendResult]],
+    missing: set[int],
+) -> str:
+    """What the business cluster holds at the offsets the missing messages were acknowledged at
+    (a diagnostic of a consume time-out)."""
+    try:
+        records = await read_topic(stack.business_bootstrap, f"broker-a.{topic}", timeout_s=10)
+    except Exception as exc:  # noqa: BLE001 - a diagnostic: say what failed
+        return f"the topic could not be read back: {exc!r}"
+    at = {(r.partition, r.offset): r.value for r in records}
+    per_queue = Counter(r.partition for r in records)
+    lines = [f"read back: {sorted(per_queue.items())} records per queue"]
+    for i, _, r in sorted(sent.values(), key=lambda v: v[0]):
+        if i in missing:
+            found = at.get((r.queue.queue_id, r.queue_offset))
+            lines.append(
+                f"  message {i}: acknowledged at queue {r.queue.queue_id} offset "
+                f"{r.queue_offset}; there now: {found!r}"
+            )
+    return "\n".join(lines[:40])
