@@ -157,7 +157,23 @@ async def test_traces_match_what_happened(
             elif c.trace_type == TraceType.SubAfter:
                 afters[(c.group_name, b.msg_id)].append(c)
 
-    assert set(pubs) == set(sent)
+    if set(pubs) != set(sent):
+        no_pub = set(sent) - set(pubs)
+        again = await read_trace_topic(stack.trace_bootstrap)
+        found_later = {b.msg_id for m in again for c in m.contexts for b in c.trace_beans} & no_pub
+        pytest.fail(
+            f"{len(no_pub)} msgIds without their Pub trace (of {len(sent)}; "
+            f"{len(set(pubs) - set(sent))} extra), by producer "
+            f"{sorted(Counter(sent[i][1] for i in no_pub).items())}; "
+            f"{len(found_later)} of them found by a second read of the trace topic; "
+            f"trace messages read: {len(messages)} (ours {len(ours)}), second read {len(again)}; "
+            "per partition: "
+            + str(sorted(Counter(m.partition for m in messages).items()))
+            + " → "
+            + str(sorted(Counter(m.partition for m in again).items()))
+            + "; producers' dispatchers: "
+            + str([p.trace_dispatcher.stats() for p in producers])
+        )
     broker_addr = stack.processes["broker-a"].env["TRACEMQ_BROKER_ADDRESS"]
     for msg_id, (i, group, result) in sent.items():
         (pub,) = pubs[msg_id]
