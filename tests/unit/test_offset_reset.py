@@ -337,3 +337,73 @@ async def test_a_fresh_partition_is_positioned_once_whichever_path_comes_first()
     fake.fetch = NoOffsetForPartitionError(TP1)  # a stale error after the callback's seek
     assert await g.getmany(timeout_ms=0) == {}
     assert fresh == [TP, TP1]
+
+
+class _Rec:
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+
+
+async def test_a_reported_log_start_above_zero_is_confirmed_by_a_fetch_from_zero() -> None:
+    """Tansu, its first batches written concurrently, reports the second batch's base as the
+    log start for good (measured: 1 and 13, the first batch still fetchable at 0): a fresh
+    partition sought to that start skipped the first batch in every group. A start above 0 is
+    confirmed by a fetch from 0; Kafka's OFFSET_OUT_OF_RANGE there (retention) or a failed
+    fetch leaves the broker's word."""
+    from tracemq.offset_reset import _OUT_OF_RANGE
+
+    fake = FakeKafka(start=13, end=238)
+    g, counter, _ = _guard(fake, bootstrap="127.0.0.1:1")
+    assert g._probe is not None
+    answers: dict[int, Any] = {0: [_Rec(0)]}
+    fetched: list[int] = []
+
+    async def fetch(tp: TopicPartition, offset: int, n: int) -> Any:
+        fetched.append(offset)
+        return answers.get(offset)
+
+    g._probe._fetch = fetch  # type: ignore[method-assign]
+    # fresh partitions "from the first offset": the confirmed start, not the reported one
+    await g.seek_to_start(TP, TP1)
+    assert fake.positions == {TP: 0, TP1: 0} and fetched == [0, 0]
+    # a position at the real start is inside the log: no reset to the reported start
+    await g.check([TP])
+    assert fake.positions[TP] == 0 and _count(counter) == 0
+    # Kafka: below the log start is out of range; the reported start stands
+    answers[0] = _OUT_OF_RANGE
+    await g.seek_to_start(TP)
+    assert fake.positions[TP] == 13
+    answers[0] = None  # the probe failed: the broker's word too
+    fake.positions[TP] = 0
+    await g.seek_to_start(TP)
+    assert fake.positions[TP] == 13
+    # the default fresh positioning (no on_fresh) uses the confirmed start as well
+    answers[0] = [_Rec(0), _Rec(1)]
+    fake.positions.clear()
+    await g._position_fresh([TP1])
+    assert fake.positions == {TP1: 0}
+    # a reported start of 0 is never probed
+    fetched.clear()
+    fake.start[TP] = 0
+    await g.seek_to_start(TP)
+    assert fetched == [] and fake.positions[TP] == 0
+
+
+async def test_confirmed_log_starts_closes_its_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broker's services without a guard (schedule, transactions) confirm the start with a
+    probe of their own, closed after (no consumer left open)."""
+    from tracemq import offset_reset
+
+    fake = FakeKafka(start=5, end=40)
+    closed: list[bool] = []
+
+    class Probe(offset_reset.LogProbe):
+        async def _fetch(self, tp: TopicPartition, offset: int, n: int) -> Any:
+            return [_Rec(2)] if tp == TP else []
+
+        async def close(self) -> None:
+            closed.append(True)
+
+    monkeypatch.setattr(offset_reset, "LogProbe", Probe)
+    starts = await offset_reset.confirmed_log_starts(fake, [TP, TP1], "127.0.0.1:1")
+    assert starts == {TP: 2, TP1: 5} and closed == [True]

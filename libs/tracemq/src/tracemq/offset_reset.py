@@ -33,6 +33,16 @@ position past the reported end is confirmed by a probe — a fetch of the record
 consumer of its own (``bootstrap``) — before it counts as past the end; an unsure probe resets
 nothing (the next check looks again).
 
+Its start offset is not always the truth either: when the first record batches of a new
+partition are written concurrently (two producers), Tansu may report the second batch's base
+offset as the log start for good, with the first batch still in the log and fetchable
+(measured: start 1 or 13 with records at 0). Every tracemq consumer that meant "from the start"
+asked aiokafka's ``seek_to_beginning`` and so skipped that first batch — a PushConsumer with
+FIRST_OFFSET in every group alike, the collector a trace partition's first traces. A reported
+start above 0 is therefore confirmed by a fetch from offset 0 with the probe's consumer
+(:func:`log_starts`, :meth:`OffsetGuard.seek_to_start`): Kafka answers OFFSET_OUT_OF_RANGE
+below a real log start (retention), Tansu returns the records it still holds.
+
 A position outside ``[log start, log end]`` is reset to the policy's end of the log
 (:class:`OffsetResetPolicy`, ``earliest`` by default: nothing that is still in the log is
 skipped), and the reset is counted in the owner's Prometheus counter (labels ``topic``,
@@ -197,6 +207,18 @@ class LogProbe:
                 await self.close()  # the next probe starts a consumer of its own
                 return None
         return max([reported, *(r.offset + 1 for r in records)])
+
+    async def exact_start(self, tp: TopicPartition, reported: int) -> int:
+        """The partition's real log start: ``reported`` unless a fetch from offset 0 returns
+        records before it (Tansu; module docstring). ``reported`` when the fetch is out of
+        range (Kafka: retention passed), brings nothing, or fails."""
+        if reported <= 0:
+            return reported
+        async with self._lock:
+            records = await self._fetch(tp, 0, 1)
+        if not records:  # None (failed), _OUT_OF_RANGE or nothing: the broker's word stands
+            return reported
+        return min(reported, min(int(r.offset) for r in records))
 
     async def _fetch(self, tp: TopicPartition, offset: int, n: int) -> list[Any] | None:
         try:
@@ -400,9 +422,18 @@ class OffsetGuard:
     async def _bounds(
         self, tps: list[TopicPartition]
     ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
-        start = await asyncio.wait_for(self.consumer.beginning_offsets(tps), CHECK_TIMEOUT_S)
+        start = await log_starts(self.consumer, tps, self._probe)
         end = await asyncio.wait_for(self.consumer.end_offsets(tps), CHECK_TIMEOUT_S)
         return start, end
+
+    async def seek_to_start(self, *tps: TopicPartition) -> None:
+        """``seek_to_beginning`` at the confirmed log start (:func:`log_starts`): what "from
+        the first offset" means for every guarded consumer."""
+        if not tps:
+            return
+        starts = await log_starts(self.consumer, list(tps), self._probe)
+        for tp in tps:
+            self.consumer.seek(tp, starts[tp])
 
     async def _out_of_range(self, exc: OffsetOutOfRangeError) -> None:
         offsets = exc.args[0] if exc.args and isinstance(exc.args[0], dict) else {}
@@ -544,9 +575,33 @@ class OffsetGuard:
             return
         with contextlib.suppress(Exception):
             if self.policy == OffsetResetPolicy.EARLIEST:
-                await self.consumer.seek_to_beginning(*tps)
+                await self.seek_to_start(*tps)
             else:
                 await self.consumer.seek_to_end(*tps)
+
+
+async def log_starts(
+    consumer: Any, tps: list[TopicPartition], probe: LogProbe | None
+) -> dict[TopicPartition, int]:
+    """Each partition's log start: the broker's (``beginning_offsets``), a start above 0
+    confirmed by ``probe`` (:meth:`LogProbe.exact_start`; none: the broker's word)."""
+    starts = dict(await asyncio.wait_for(consumer.beginning_offsets(tps), CHECK_TIMEOUT_S))
+    if probe is not None:
+        for tp in tps:
+            if starts.get(tp, 0) > 0:
+                starts[tp] = await probe.exact_start(tp, starts[tp])
+    return starts
+
+
+async def confirmed_log_starts(
+    consumer: Any, tps: list[TopicPartition], bootstrap: str
+) -> dict[TopicPartition, int]:
+    """:func:`log_starts` for a consumer without a guard: a probe of its own, closed after."""
+    probe = LogProbe(bootstrap)
+    try:
+        return await log_starts(consumer, tps, probe)
+    finally:
+        await probe.close()
 
 
 class GuardedRebalance(ConsumerRebalanceListener):  # type: ignore[misc]

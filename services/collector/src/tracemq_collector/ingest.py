@@ -253,7 +253,7 @@ class Ingestor:
             return await self.flush(c, tps)
 
         async def on_fresh(c: FleetCluster, tps: list[TopicPartition]) -> None:
-            await c.consumer.seek_to_beginning(*tps)
+            await c.guard.seek_to_start(*tps)
 
         return Fleet(
             name="ingest",

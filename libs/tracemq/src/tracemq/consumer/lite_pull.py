@@ -221,7 +221,7 @@ class LitePullConsumer(ClientBase):
     async def _position_fresh(self, bootstrap: str, tps: list[TopicPartition]) -> None:
         c = self._consumers[bootstrap]
         if self.consume_from == ConsumeFromWhere.FIRST_OFFSET:
-            await c.seek_to_beginning(*tps)
+            await self._guards[bootstrap].seek_to_start(*tps)
         else:
             await c.seek_to_end(*tps)
 

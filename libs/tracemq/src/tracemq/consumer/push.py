@@ -184,12 +184,13 @@ class _ClusterQueues:
         p = self.parent
         retry = [tp for tp in tps if tp.topic in p._retry_ktopics]
         rest = [tp for tp in tps if tp not in retry]
+        guard = self.cluster.guard
         if retry:  # a new group reads its retry queues from the start (RocketMQ)
-            await self.consumer.seek_to_beginning(*retry)
+            await guard.seek_to_start(*retry)
         if not rest:
             return
         if p.consume_from == ConsumeFromWhere.FIRST_OFFSET:
-            await self.consumer.seek_to_beginning(*rest)
+            await guard.seek_to_start(*rest)
         elif p.consume_from == ConsumeFromWhere.TIMESTAMP:
             ts = p.consume_timestamp_ms or now_ms() - 30 * 60 * 1000
             found = await self.consumer.offsets_for_times(dict.fromkeys(rest, ts))
