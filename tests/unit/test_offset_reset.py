@@ -406,4 +406,71 @@ async def test_confirmed_log_starts_closes_its_probe(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(offset_reset, "LogProbe", Probe)
     starts = await offset_reset.confirmed_log_starts(fake, [TP, TP1], "127.0.0.1:1")
-    assert starts == {TP: 2, TP1: 5} and closed == [True]
+    assert starts == {TP: 2, TP1: 5} and closed  # (closed after; an empty probe closes too)
+
+
+async def test_confirmed_log_bounds_confirm_both_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broker's schedule and transaction services recover against the log's bounds: a
+    saved position past Tansu's reported end (its last batch's base + 1) is not past the log,
+    and must not restart the service from the log's start (every delayed message again)."""
+    from tracemq import offset_reset
+
+    fake = FakeKafka(start=13, end=238)  # the log holds 0..249: first and last batch hidden
+    fetched: list[int] = []
+
+    class Probe(offset_reset.LogProbe):
+        async def _fetch(self, tp: TopicPartition, offset: int, n: int) -> Any:
+            fetched.append(offset)
+            if tp == TP1:
+                return None  # the probe failed on this one: the broker's word stands
+            if offset == 0:
+                return [_Rec(0)]
+            return [_Rec(o) for o in range(offset, 250)]
+
+    monkeypatch.setattr(offset_reset, "LogProbe", Probe)
+    starts, ends = await offset_reset.confirmed_log_bounds(fake, [TP, TP1], "127.0.0.1:1")
+    assert starts == {TP: 0, TP1: 13} and ends == {TP: 250, TP1: 238}
+    assert sorted(fetched) == [0, 0, 237, 237]
+
+
+async def test_a_partition_being_positioned_is_not_positioned_again() -> None:
+    """The confirmed start takes a round trip before the seek: the fetch loop's path, arriving
+    meanwhile, must wait for it rather than seek the partition a second time (a second seek
+    after the first one's fetch had begun delivered the partition's head twice: a listener saw
+    a message three times in the suite)."""
+    from types import SimpleNamespace
+
+    class _State:
+        has_valid_position = False
+        awaiting_reset = False
+
+    states = {TP: _State(), TP1: _State()}
+    fake = FakeKafka(start=0, end=10)
+    fake._subscription = SimpleNamespace(  # type: ignore[attr-defined]
+        subscription=SimpleNamespace(assignment=SimpleNamespace(state_value=states.get))
+    )
+    gate = asyncio.Event()
+    fresh: list[Any] = []
+
+    async def on_fresh(tps: list[TopicPartition]) -> None:
+        fresh.extend(tps)
+        await gate.wait()  # the round trip of the start's confirmation
+        for tp in tps:
+            states[tp].has_valid_position = True
+
+    g, _, _ = _guard(fake, on_fresh=on_fresh, idle_check_s=3600)
+    first = asyncio.create_task(g.assigned([TP, TP1]))
+    for _ in range(100):  # until the assignment's positioning is under way
+        if fresh:
+            break
+        await asyncio.sleep(0)
+    assert fresh == [TP, TP1]
+    fake.fetch = NoOffsetForPartitionError(TP)
+    second = asyncio.create_task(g.getmany(timeout_ms=0))
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not second.done()  # the fetch loop waits for the positioning, it does not spin
+    gate.set()
+    assert await second == {} and await first == []
+    assert fresh == [TP, TP1]  # each positioned once
+    assert g._positioning == {}

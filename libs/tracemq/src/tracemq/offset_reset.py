@@ -300,6 +300,9 @@ class OffsetGuard:
         self._active: set[TopicPartition] = set()
         self._last_check = time.monotonic()
         self._probe = LogProbe(bootstrap) if bootstrap else None
+        #: fresh partitions being positioned (by the assignment or the fetch loop), each with
+        #: the event set when that is done
+        self._positioning: dict[TopicPartition, asyncio.Event] = {}
         # (position, reported end) a probe found inside the log: not probed again
         self._inside: dict[TopicPartition, tuple[int, int]] = {}
 
@@ -566,18 +569,35 @@ class OffsetGuard:
 
     async def _position_fresh(self, tps: list[TopicPartition]) -> None:
         """Position fresh partitions where the owner says — each once per assignment (see the
-        module docstring): a partition positioned meanwhile by the other path is skipped."""
-        tps = [tp for tp in tps if not self._has_position(tp)]
+        module docstring): a partition positioned meanwhile by the other path is skipped.
+
+        A partition whose positioning is under way counts as positioned: the confirmed start
+        (:meth:`seek_to_start`) is known only after a round trip, and a second path seeking
+        it again after the first path's fetch had begun delivered the head twice."""
+        busy = [self._positioning[tp] for tp in tps if tp in self._positioning]
+        tps = [tp for tp in tps if tp not in self._positioning and not self._has_position(tp)]
         if not tps:
+            if busy:  # the other path positions them: wait for it (a fetch loop must not spin)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(busy[0].wait(), CHECK_TIMEOUT_S)
             return
-        if self.on_fresh is not None:
-            await self.on_fresh(tps)
-            return
-        with contextlib.suppress(Exception):
-            if self.policy == OffsetResetPolicy.EARLIEST:
-                await self.seek_to_start(*tps)
-            else:
-                await self.consumer.seek_to_end(*tps)
+        done = asyncio.Event()
+        for tp in tps:
+            self._positioning[tp] = done
+        try:
+            if self.on_fresh is not None:
+                await self.on_fresh(tps)
+                return
+            with contextlib.suppress(Exception):
+                if self.policy == OffsetResetPolicy.EARLIEST:
+                    await self.seek_to_start(*tps)
+                else:
+                    await self.consumer.seek_to_end(*tps)
+        finally:
+            for tp in tps:
+                if self._positioning.get(tp) is done:
+                    del self._positioning[tp]
+            done.set()
 
 
 async def log_starts(
@@ -597,9 +617,21 @@ async def confirmed_log_starts(
     consumer: Any, tps: list[TopicPartition], bootstrap: str
 ) -> dict[TopicPartition, int]:
     """:func:`log_starts` for a consumer without a guard: a probe of its own, closed after."""
+    return (await confirmed_log_bounds(consumer, tps, bootstrap))[0]
+
+
+async def confirmed_log_bounds(
+    consumer: Any, tps: list[TopicPartition], bootstrap: str
+) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+    """Each partition's log start (:func:`log_starts`) and end, both confirmed by a probe of
+    its own, closed after: the end a broker reports may be its last batch's base + 1 (Tansu),
+    and a saved position past that reported end is not past the log."""
     probe = LogProbe(bootstrap)
     try:
-        return await log_starts(consumer, tps, probe)
+        starts = await log_starts(consumer, tps, probe)
+        reported = await asyncio.wait_for(consumer.end_offsets(tps), CHECK_TIMEOUT_S)
+        ends = {tp: await probe.end(tp, int(reported[tp])) for tp in tps}
+        return starts, ends
     finally:
         await probe.close()
 

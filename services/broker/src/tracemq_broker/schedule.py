@@ -71,7 +71,7 @@ from tracemq.clock import now_ms
 from tracemq.log import get_logger
 from tracemq.message import MessageConst
 from tracemq.naming import SCHEDULE_TOPIC, kafka_topic
-from tracemq.offset_reset import confirmed_log_starts
+from tracemq.offset_reset import confirmed_log_bounds
 from tracemq.protocol import ProtocolError
 from tracemq.protocol.forwarding import SCHEDULE_OFFSET
 from tracemq.protocol.recall import (
@@ -221,8 +221,7 @@ class ScheduleService:
         await kafka_security.start(self.consumer, self.bootstrap)
         tps = [self.tp(lv) for lv in self.levels]
         self.consumer.assign(tps)
-        begin = await confirmed_log_starts(self.consumer, tps, self.bootstrap)
-        end = await self.consumer.end_offsets(tps)
+        begin, end = await confirmed_log_bounds(self.consumer, tps, self.bootstrap)
         for lv in self.levels:
             await self._recover(lv, begin[self.tp(lv)], end[self.tp(lv)])
             self.consumer.seek(self.tp(lv), lv.next)

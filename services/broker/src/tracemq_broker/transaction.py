@@ -51,7 +51,7 @@ from tracemq.clock import now_ms
 from tracemq.log import get_logger
 from tracemq.message import MessageConst
 from tracemq.naming import HALF_TOPIC, OP_HALF_TOPIC, kafka_topic
-from tracemq.offset_reset import confirmed_log_starts
+from tracemq.offset_reset import confirmed_log_bounds
 from tracemq.protocol import ProtocolError
 from tracemq.protocol import transaction as txp
 from tracemq.protocol.forwarding import TRAN_HALF_OFFSET
@@ -149,8 +149,7 @@ class TransactionService:
         await kafka_security.start(self.consumer, self.bootstrap)
         tps = [self.half_tp, self.op_tp]
         self.consumer.assign(tps)
-        begin = await confirmed_log_starts(self.consumer, tps, self.bootstrap)
-        end = await self.consumer.end_offsets(tps)
+        begin, end = await confirmed_log_bounds(self.consumer, tps, self.bootstrap)
         await self._load(begin, end)
         self.consumer.seek(self.half_tp, self.half_next)
         self.consumer.seek(self.op_tp, self.op_next)
