@@ -208,6 +208,29 @@ async def test_a_fetch_dispatched_across_a_rebalance_leaves_the_rest_to_the_next
     assert not parent._begin(old0, queued[0][3]) and handed_over() == before + 2
 
 
+async def test_a_fetch_of_a_queue_revoked_before_it_was_handed_over_is_counted() -> None:
+    """Records of a queue this member no longer holds (the fleet revoked it itself for a new
+    subscription, aiokafka had fetched it already) go to its next owner: not consumed here,
+    and counted as handed over rather than dropped silently."""
+    from aiokafka.structs import ConsumerRecord
+    from prometheus_client import REGISTRY
+
+    def handed_over() -> float:
+        v = REGISTRY.get_sample_value("tracemq_consumer_handed_over_total", {"group": "CG_revoke"})
+        return v or 0.0
+
+    cc, _ = _cluster()
+    cc.parent.subscribe("T")
+    tp = TopicPartition("b.T", 3)
+    records = [
+        ConsumerRecord(tp.topic, 3, off, 0, 0, None, b"x", None, 1, 0, [("UNIQ_KEY", b"m")])
+        for off in (5, 6)
+    ]
+    before = handed_over()
+    await cc.batch({tp: records})
+    assert handed_over() == before + 2  # and nothing dispatched: no work queue was needed
+
+
 async def test_records_fetched_again_in_one_assignment_are_not_consumed_again() -> None:
     """aiokafka can hand a queue's head over twice (sought twice): within one assignment of a
     queue an offset goes to the listeners once; the repeat is counted."""

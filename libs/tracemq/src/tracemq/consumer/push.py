@@ -277,9 +277,10 @@ class _ClusterQueues:
         p = self.parent
         bound = [(tp, records, self.pqs.get(tp)) for tp, records in data.items()]
         for tp, records, pq in bound:
-            if pq is None:
-                continue
-            if pq.dropped:  # revoked while an earlier queue of this fetch was dispatched
+            # no ProcessQueue: revoked before this fetch was handed over (the fleet's own
+            # hand-over on a new subscription); dropped: revoked while an earlier queue of
+            # this fetch was dispatched — the next owner consumes them either way, counted
+            if pq is None or pq.dropped:
                 HANDED_OVER.labels(p.group).inc(len(records))
                 continue
             route = p._route_for(tp.topic)
