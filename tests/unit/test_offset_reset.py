@@ -366,22 +366,29 @@ async def test_a_reported_log_start_above_zero_is_confirmed_by_a_fetch_from_zero
     # fresh partitions "from the first offset": the confirmed start, not the reported one
     await g.seek_to_start(TP, TP1)
     assert fake.positions == {TP: 0, TP1: 0} and fetched == [0, 0]
-    # a position at the real start is inside the log: no reset to the reported start
+    # a position at the real start is inside the log: no reset to the reported start; and
+    # the idle check, asking again for the same reported start, needs no second fetch
     await g.check([TP])
-    assert fake.positions[TP] == 0 and _count(counter) == 0
+    assert fake.positions[TP] == 0 and _count(counter) == 0 and fetched == [0, 0]
     # Kafka: below the log start is out of range; the reported start stands
     answers[0] = _OUT_OF_RANGE
+    fake.start[TP] = 20
     await g.seek_to_start(TP)
-    assert fake.positions[TP] == 13
-    answers[0] = None  # the probe failed: the broker's word too
-    fake.positions[TP] = 0
+    assert fake.positions[TP] == 20 and fetched == [0, 0, 0]
+    fake.start[TP] = 25  # it stood: a later start is the broker's word without a fetch
     await g.seek_to_start(TP)
-    assert fake.positions[TP] == 13
+    assert fake.positions[TP] == 25 and fetched == [0, 0, 0]
+    answers[0] = None  # the probe failed: the broker's word too, and asked again next time
+    fake.start[TP1] = 30
+    await g.seek_to_start(TP1)
+    await g.seek_to_start(TP1)
+    assert fake.positions[TP1] == 30 and fetched == [0, 0, 0, 0, 0]
     # the default fresh positioning (no on_fresh) uses the confirmed start as well
     answers[0] = [_Rec(0), _Rec(1)]
     fake.positions.clear()
     await g._position_fresh([TP1])
     assert fake.positions == {TP1: 0}
+    fetched.clear()
     # a reported start of 0 is never probed
     fetched.clear()
     fake.start[TP] = 0

@@ -145,6 +145,8 @@ class LogProbe:
         # rebalance callback ran beside the fetch loop's idle check — each read the record the
         # other had sought (a position past the end taken for inside the log, for good).
         self._lock = asyncio.Lock()
+        #: the log start confirmed per partition: (the start the broker reported, the real one)
+        self._starts: dict[TopicPartition, tuple[int, int]] = {}
 
     async def reaches(
         self, tp: TopicPartition, offset: int, control: int | None = None
@@ -214,11 +216,22 @@ class LogProbe:
         range (Kafka: retention passed), brings nothing, or fails."""
         if reported <= 0:
             return reported
+        known = self._starts.get(tp)
+        if known is not None:  # (the idle check asks every few seconds: one fetch is enough)
+            was, start = known
+            if was == reported:
+                return start
+            if start == was and reported > was:  # it stood before: a log start only moves on
+                self._starts[tp] = (reported, reported)
+                return reported
         async with self._lock:
             records = await self._fetch(tp, 0, 1)
-        if not records:  # None (failed), _OUT_OF_RANGE or nothing: the broker's word stands
+        if records is None:  # failed: the broker's word, not remembered (ask again next time)
             return reported
-        return min(reported, min(int(r.offset) for r in records))
+        # out of range (Kafka) or nothing: the broker's word stands; else the records' start
+        start = min([reported, *(int(r.offset) for r in records)])
+        self._starts[tp] = (reported, start)
+        return start
 
     async def _fetch(self, tp: TopicPartition, offset: int, n: int) -> list[Any] | None:
         try:
