@@ -115,10 +115,19 @@ def deliveries_frame(
     buf = pa.BufferOutputStream()
     pq.write_table(table, buf)
     target = path  # (a file named "_…" Spark would skip)
-    fs.write_bytes(f"{target}/deliveries.parquet", buf.getvalue().to_pybytes())
-    return spark.read.parquet(target).select(
-        "d_pkey", _h(F.col("group")).alias("d_group_h"), *names
-    )
+    fs.write_bytes(f"{target}/{DELIVERIES_FILE}", buf.getvalue().to_pybytes())
+    return deliveries_read(spark, target)
+
+
+#: the last deliveries' file in the directory :func:`deliveries_frame` is given
+DELIVERIES_FILE = "deliveries.parquet"
+
+
+def deliveries_read(spark: SparkSession, path: str) -> DataFrame:
+    """The frame of the last deliveries' file written under ``path`` (by
+    :func:`deliveries_frame`, or by the JVM's snapshot reader: :mod:`tracemq_spark.snapshot`)."""
+    names = ["retry_reconsume", "retry_queue_offset", "retry_committed", "dlq_queue_offset"]
+    return spark.read.parquet(path).select("d_pkey", _h(F.col("group")).alias("d_group_h"), *names)
 
 
 def _zone_month_start(ts_ms: Column, zone: str) -> Column:
