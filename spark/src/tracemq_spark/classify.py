@@ -19,6 +19,7 @@ joins on are xxhash64-hashed (:func:`_h`) and decoded again by :mod:`tracemq_spa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -788,13 +789,20 @@ def _flags(values: list[Column]) -> Column:
 
 
 def cogroup_input(
-    ev: DataFrame, deliveries: DataFrame | None, *, base: int, n_parts: int
+    ev: DataFrame,
+    deliveries: DataFrame | None,
+    *,
+    base: int,
+    n_parts: int,
+    sort_key: Callable[[Column, Column], Column] | None = None,
 ) -> DataFrame:
     """Every row the classification reads, one lake scan for both sides, plus the last
     deliveries (:func:`deliveries_frame`), in :data:`COGROUP_COLS`: hash-partitioned by the
-    msgId's hash ``k`` and sorted by it within each partition, so that one msgId's rows are
-    one run of a task's input (a run can hold two msgIds of one hash: the reader splits it).
-    The JVM code (:mod:`tracemq_spark.cogroup`) classifies each run in one pass."""
+    msgId's hash and sorted within each partition by ``k`` — the hash, or ``sort_key(pkey,
+    hash)``, any function of the msgId (:func:`tracemq_spark.cogroup.sort_key`: roughly its
+    creation time) — so that one msgId's rows are one run of a task's input (a run can hold
+    two msgIds of one key: the reader splits it). The JVM code (:mod:`tracemq_spark.cogroup`)
+    classifies each run in one pass."""
     col = F.col
     p_cond, p_cols = _producer_side(base)
     c_cond, c_cols = _consume_side()
@@ -840,9 +848,11 @@ def cogroup_input(
             ],
         )
         rows = rows.unionByName(d)
+    rows = rows.select(col("pkey"), F.xxhash64(col("pkey")).alias("_h"), *rows.columns[1:])
+    key = col("_h") if sort_key is None else sort_key(col("pkey"), col("_h"))
     return (
-        rows.select(col("pkey"), F.xxhash64(col("pkey")).alias("k"), *rows.columns[1:])
-        .repartition(n_parts, "k")
+        rows.select(key.alias("k"), *rows.columns)
+        .repartition(n_parts, "_h")
         .sortWithinPartitions("k")
         .select(*COGROUP_COLS)
     )

@@ -348,7 +348,13 @@ class _Context:
         if jvm:
             return cogroup.classified(
                 spark,
-                classify.cogroup_input(ev, deliveries, base=self.read_lo, n_parts=n_parts),
+                classify.cogroup_input(
+                    ev,
+                    deliveries,
+                    base=self.read_lo,
+                    n_parts=n_parts,
+                    sort_key=cogroup.sort_key(spark),
+                ),
                 subs,
                 clients,
                 offsets,
