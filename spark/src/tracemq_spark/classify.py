@@ -797,8 +797,8 @@ def cogroup_input(
     sort_key: Callable[[Column, Column], Column] | None = None,
 ) -> DataFrame:
     """Every row the classification reads, one lake scan for both sides, plus the last
-    deliveries (:func:`deliveries_frame`), in :data:`COGROUP_COLS`: hash-partitioned by the
-    msgId's hash and sorted within each partition by ``k`` — the hash, or ``sort_key(pkey,
+    deliveries (:func:`deliveries_frame`), in :data:`COGROUP_COLS`: hash-partitioned by ``k``
+    and sorted by it within each partition — the msgId's xxhash64, or ``sort_key(pkey,
     hash)``, any function of the msgId (:func:`tracemq_spark.cogroup.sort_key`: roughly its
     creation time) — so that one msgId's rows are one run of a task's input (a run can hold
     two msgIds of one key: the reader splits it). The JVM code (:mod:`tracemq_spark.cogroup`)
@@ -848,11 +848,14 @@ def cogroup_input(
             ],
         )
         rows = rows.unionByName(d)
-    rows = rows.select(col("pkey"), F.xxhash64(col("pkey")).alias("_h"), *rows.columns[1:])
-    key = col("_h") if sort_key is None else sort_key(col("pkey"), col("_h"))
+    h = F.xxhash64(col("pkey"))
     return (
-        rows.select(key.alias("k"), *rows.columns)
-        .repartition(n_parts, "_h")
+        rows.select(
+            col("pkey"),
+            (h if sort_key is None else sort_key(col("pkey"), h)).alias("k"),
+            *rows.columns[1:],
+        )
+        .repartition(n_parts, "k")
         .sortWithinPartitions("k")
         .select(*COGROUP_COLS)
     )
