@@ -87,6 +87,11 @@ def test_the_jvm_reads_what_python_parses(spark: Any, tmp_path: Path, seed: int)
     assert py is not None and jv is not None
     assert jv.schema == py.schema
     assert _rows(jv) == _rows(py)
+    # written once: the JVM has let go of them
+    again = snap.frame(str(tmp_path / "jvm"))
+    assert again is not None and _rows(again) == _rows(py)
+    with pytest.raises(RuntimeError, match="written already"):
+        snap.frame(str(tmp_path / "elsewhere"))
 
 
 def test_without_copies_or_deliveries(spark: Any, tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ class JvmSnapshot:
         self._j = jsnap
         self.n_copies = int(jsnap.copies())
         self.n_deliveries = int(jsnap.deliveries())
+        self._written: set[str] = set()
         self.offsets: list[OffsetRow] = best_offsets(
             (g, t, s, int(q), c, int(o)) for g, t, s, q, c, o in json.loads(jsnap.offsetsJson())
         )
@@ -46,8 +47,13 @@ class JvmSnapshot:
         a Parquet file under ``path`` (written by the JVM), None when there are none."""
         if not self.n_deliveries:
             return None
-        conf = self._spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
-        self._j.writeDeliveries(f"{path.rstrip('/')}/{classify.DELIVERIES_FILE}", conf)
+        if path not in self._written:
+            # (once: the JVM lets go of the deliveries once they are written)
+            if self._written:
+                raise RuntimeError("the last deliveries were written already")
+            conf = self._spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
+            self._j.writeDeliveries(f"{path.rstrip('/')}/{classify.DELIVERIES_FILE}", conf)
+            self._written.add(path)
         return classify.deliveries_read(self._spark, path)
 
 

@@ -75,7 +75,10 @@ public final class Snapshot {
 
   /** (group, topic, store_addr, queue_id, client, committed) of every row with a committed */
   private final List<Object[]> offsetRows = new ArrayList<>();
-  private final Set<Copy> copies = new HashSet<>();
+  /** the distinct copies while reading (parse_copies' set), then only their count */
+  private Set<Copy> copies = new HashSet<>();
+
+  private int nCopies;
   /** per (msgId, group): the retry copy with the highest (reconsume count, queue offset) */
   private final Map<Key, Copy> last = new HashMap<>();
   /** per (msgId, group): the lowest dead-letter copy's queue offset */
@@ -96,6 +99,10 @@ public final class Snapshot {
         JsonParser p = new JsonFactory().createParser(in)) {
       s.parse(p);
     }
+    // (let go of what is no longer needed: it would stay live through the job's collections)
+    s.nCopies = s.copies.size();
+    s.copies = null;
+    s.pool.clear();
     return s;
   }
 
@@ -343,14 +350,18 @@ public final class Snapshot {
 
   /** distinct copies read (parse_copies' length) */
   public int copies() {
-    return copies.size();
+    return nCopies;
   }
 
   /** last deliveries: one per (msgId, group) with a retry or a dead-letter copy */
   public int deliveries() {
-    Set<Key> keys = new HashSet<>(last.keySet());
-    keys.addAll(dlq.keySet());
-    return keys.size();
+    int n = last.size();
+    for (Key k : dlq.keySet()) {
+      if (!last.containsKey(k)) {
+        n++;
+      }
+    }
+    return n;
   }
 
   static final MessageType DELIVERY_SCHEMA =
@@ -403,6 +414,9 @@ public final class Snapshot {
         w.write(row);
       }
     }
+    // written once (JvmSnapshot.frame): nothing of it is needed any more
+    last.clear();
+    dlq.clear();
   }
 
   /** A row of {@link #DELIVERY_SCHEMA} (String, String, Integer, Long, Long, Long; null:
@@ -463,6 +477,6 @@ public final class Snapshot {
 
   @Override
   public String toString() {
-    return "Snapshot(" + offsetRows.size() + " offsets, " + copies.size() + " copies)";
+    return "Snapshot(" + offsetRows.size() + " offsets, " + nCopies + " copies)";
   }
 }
