@@ -9,7 +9,8 @@ the run's state, ``_Context``, and re-exports the public names callers import fr
 
 * :mod:`~tracemq_spark.params` — :class:`Params`, the constants, :class:`ReconcileError`;
 * :mod:`~tracemq_spark.session` — :func:`build_session`, the runtime settings, the lake schema;
-* :mod:`~tracemq_spark.input_files` — the subscription and offsets files, parsed;
+* :mod:`~tracemq_spark.input_files` — the subscription and offsets files, parsed
+  (:mod:`~tracemq_spark.snapshot`: the offsets file read by the JVM, when it can);
 * :mod:`~tracemq_spark.lake_scan` — the lake files of the read range, the pre-flight scan;
 * :mod:`~tracemq_spark.classify` — the classification, one pure ``DataFrame -> DataFrame``
   function per step (pubs, expected deliveries, attempts, consumed, meet);
