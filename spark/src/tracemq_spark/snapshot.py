@@ -61,7 +61,7 @@ def read(spark: SparkSession, uri: str) -> tuple[JvmSnapshot | None, str]:
     """The snapshot at ``uri`` read by the JVM, or (None, why not): the Python parser's turn."""
     from py4j.protocol import Py4JError
 
-    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+    jvm: Any = spark.sparkContext._jvm  # type: ignore[attr-defined]
     conf = spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
     try:
         cls = jvm.io.tracemq.spark.Snapshot
