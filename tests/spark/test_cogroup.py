@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import datetime as dt
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from tracemq_spark import classify, cogroup
 from tracemq_spark.fs import HadoopFS
 from tracemq_spark.input_files import DeliveryRow, OffsetRow, SubRow
@@ -232,10 +233,16 @@ def _inputs(spark: Any, tmp_path: Path) -> dict[str, Any]:
 
 
 def _both(
-    spark: Any, ev: DataFrame, inp: dict[str, Any], p: Params, cutoff: int
+    spark: Any,
+    ev: DataFrame,
+    inp: dict[str, Any],
+    p: Params,
+    cutoff: int,
+    sort_key: Callable[[Column, Column], Column] | None = None,
 ) -> tuple[DataFrame, DataFrame]:
     """The classified rows by the DataFrame steps (as ``job._Context.classified_frame``
-    composes them) and by the JVM path."""
+    composes them) and by the JVM path (its input sorted by ``sort_key``, default the
+    msgId's hash)."""
     kw = {"f_ms": F0, "t_ms": T0, "read_lo": READ_LO, "cutoff": cutoff}
     pubs = classify.pubs(ev, f_ms=F0, t_ms=T0, base=READ_LO, n_parts=3)
     exp = classify.expected_deliveries(pubs, inp["subs"], inp["clients"])
@@ -244,7 +251,7 @@ def _both(
     ref = classify.meet(exp, agg, inp["offsets"], inp["deliveries"], p, **kw)
     got = cogroup.classified(
         spark,
-        classify.cogroup_input(ev, inp["deliveries"], base=READ_LO, n_parts=3),
+        classify.cogroup_input(ev, inp["deliveries"], base=READ_LO, n_parts=3, sort_key=sort_key),
         inp["subs"],
         inp["clients"],
         inp["offsets"],
@@ -260,9 +267,10 @@ def _rows(df: DataFrame) -> list[tuple[Any, ...]]:
     return sorted((tuple(r) for r in df.collect()), key=repr)
 
 
+@pytest.mark.parametrize("keyed", [False, True], ids=["hash", "created"])
 @pytest.mark.parametrize("keep_classified", [True, False])
 def test_jvm_path_gives_the_dataframe_paths_rows(
-    spark: Any, tmp_path: Path, jvm: None, keep_classified: bool
+    spark: Any, tmp_path: Path, jvm: None, keep_classified: bool, keyed: bool
 ) -> None:
     ev = _events(spark, _cases())
     p = Params(
@@ -276,7 +284,8 @@ def test_jvm_path_gives_the_dataframe_paths_rows(
         keep_classified=keep_classified,
         msgid_timezone="UTC",
     )
-    ref, got = _both(spark, ev, _inputs(spark, tmp_path), p, cutoff=T0 + 15 * MIN)
+    key = cogroup.sort_key(spark) if keyed else None
+    ref, got = _both(spark, ev, _inputs(spark, tmp_path), p, cutoff=T0 + 15 * MIN, sort_key=key)
     assert got.schema == ref.schema
     want = _rows(ref)
     assert _rows(got) == want
@@ -407,3 +416,26 @@ def test_a_run_of_one_hash_holding_several_msgids_is_split_by_msgid(
         **kw,
     )
     assert _rows(got) == _rows(ref)
+
+
+def test_the_sort_key_is_the_msgids_creation_time_above_24_bits_of_its_hash(
+    spark: Any, jvm: None
+) -> None:
+    from pyspark.sql import functions as F
+
+    key = cogroup.sort_key(spark)
+    ipv6 = "FD00000000000000000000000003000203E90000009A4585D9287D98"
+    ids = [_msg_id(_MONTH + 3_600_000, 1), _msg_id(_MONTH + 3_600_001, 1), ipv6, "M1", None]
+    df = spark.createDataFrame([(i,) for i in ids], "pkey string").select(
+        "pkey", F.xxhash64("pkey").alias("h")
+    )
+    got = {
+        r["pkey"]: (r["k"], r["h"])
+        for r in df.select("pkey", "h", key(F.col("pkey"), F.col("h")).alias("k")).collect()
+    }
+    for i, created in ((ids[0], 3_600_000), (ids[1], 3_600_001), (ipv6, 0x4585D928)):
+        k, h = got[i]
+        assert (k >> 24, k & 0xFFFFFF) == (created, h & 0xFFFFFF)
+    # not a RocketMQ msgId (or none): its hash
+    assert got["M1"][0] == got["M1"][1]
+    assert got[None][0] == got[None][1]

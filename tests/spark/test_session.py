@@ -15,6 +15,7 @@ def test_driver_jvm_runs_with_the_job_flags(spark: Any) -> None:
     assert "-XX:-DontCompileHugeMethods" in args, args
     assert "-XX:+UseParallelGC" in args, args
     assert "-XX:CompileThresholdScaling=4" in args, args
+    assert "-XX:MetaspaceSize=256m" in args, args
     names = [
         gc.getName()
         for gc in jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
@@ -23,15 +24,23 @@ def test_driver_jvm_runs_with_the_job_flags(spark: Any) -> None:
 
 
 def test_a_chosen_collector_is_kept() -> None:
-    jit = "-XX:-DontCompileHugeMethods -XX:CompileThresholdScaling=4"
+    jit = "-XX:-DontCompileHugeMethods -XX:CompileThresholdScaling=4 -XX:MetaspaceSize=256m"
     assert _with_jvm_flags("-XX:+UseG1GC") == f"-XX:+UseG1GC {jit}"
-    assert _with_jvm_flags("-XX:+UseZGC -XX:-DontCompileHugeMethods") == f"-XX:+UseZGC {jit}"
+    assert _with_jvm_flags("-XX:+UseZGC -XX:-DontCompileHugeMethods") == (
+        "-XX:+UseZGC -XX:-DontCompileHugeMethods -XX:CompileThresholdScaling=4 "
+        "-XX:MetaspaceSize=256m"
+    )
     assert _with_jvm_flags("") == f"{jit} -XX:+UseParallelGC"
 
 
-def test_a_chosen_compile_threshold_is_kept() -> None:
+def test_a_chosen_compile_threshold_and_metaspace_size_are_kept() -> None:
     assert _with_jvm_flags("-XX:CompileThresholdScaling=1 -XX:+UseG1GC") == (
-        "-XX:CompileThresholdScaling=1 -XX:+UseG1GC -XX:-DontCompileHugeMethods"
+        "-XX:CompileThresholdScaling=1 -XX:+UseG1GC -XX:-DontCompileHugeMethods "
+        "-XX:MetaspaceSize=256m"
+    )
+    assert _with_jvm_flags("-XX:MetaspaceSize=64m -XX:+UseG1GC") == (
+        "-XX:MetaspaceSize=64m -XX:+UseG1GC -XX:-DontCompileHugeMethods "
+        "-XX:CompileThresholdScaling=4"
     )
 
 

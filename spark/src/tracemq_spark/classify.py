@@ -19,6 +19,7 @@ joins on are xxhash64-hashed (:func:`_h`) and decoded again by :mod:`tracemq_spa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -115,10 +116,19 @@ def deliveries_frame(
     buf = pa.BufferOutputStream()
     pq.write_table(table, buf)
     target = path  # (a file named "_…" Spark would skip)
-    fs.write_bytes(f"{target}/deliveries.parquet", buf.getvalue().to_pybytes())
-    return spark.read.parquet(target).select(
-        "d_pkey", _h(F.col("group")).alias("d_group_h"), *names
-    )
+    fs.write_bytes(f"{target}/{DELIVERIES_FILE}", buf.getvalue().to_pybytes())
+    return deliveries_read(spark, target)
+
+
+#: the last deliveries' file in the directory :func:`deliveries_frame` is given
+DELIVERIES_FILE = "deliveries.parquet"
+
+
+def deliveries_read(spark: SparkSession, path: str) -> DataFrame:
+    """The frame of the last deliveries' file written under ``path`` (by
+    :func:`deliveries_frame`, or by the JVM's snapshot reader: :mod:`tracemq_spark.snapshot`)."""
+    names = ["retry_reconsume", "retry_queue_offset", "retry_committed", "dlq_queue_offset"]
+    return spark.read.parquet(path).select("d_pkey", _h(F.col("group")).alias("d_group_h"), *names)
 
 
 def _zone_month_start(ts_ms: Column, zone: str) -> Column:
@@ -779,13 +789,20 @@ def _flags(values: list[Column]) -> Column:
 
 
 def cogroup_input(
-    ev: DataFrame, deliveries: DataFrame | None, *, base: int, n_parts: int
+    ev: DataFrame,
+    deliveries: DataFrame | None,
+    *,
+    base: int,
+    n_parts: int,
+    sort_key: Callable[[Column, Column], Column] | None = None,
 ) -> DataFrame:
     """Every row the classification reads, one lake scan for both sides, plus the last
-    deliveries (:func:`deliveries_frame`), in :data:`COGROUP_COLS`: hash-partitioned by the
-    msgId's hash ``k`` and sorted by it within each partition, so that one msgId's rows are
-    one run of a task's input (a run can hold two msgIds of one hash: the reader splits it).
-    The JVM code (:mod:`tracemq_spark.cogroup`) classifies each run in one pass."""
+    deliveries (:func:`deliveries_frame`), in :data:`COGROUP_COLS`: hash-partitioned by ``k``
+    and sorted by it within each partition — the msgId's xxhash64, or ``sort_key(pkey,
+    hash)``, any function of the msgId (:func:`tracemq_spark.cogroup.sort_key`: roughly its
+    creation time) — so that one msgId's rows are one run of a task's input (a run can hold
+    two msgIds of one key: the reader splits it). The JVM code (:mod:`tracemq_spark.cogroup`)
+    classifies each run in one pass."""
     col = F.col
     p_cond, p_cols = _producer_side(base)
     c_cond, c_cols = _consume_side()
@@ -831,8 +848,13 @@ def cogroup_input(
             ],
         )
         rows = rows.unionByName(d)
+    h = F.xxhash64(col("pkey"))
     return (
-        rows.select(col("pkey"), F.xxhash64(col("pkey")).alias("k"), *rows.columns[1:])
+        rows.select(
+            col("pkey"),
+            (h if sort_key is None else sort_key(col("pkey"), h)).alias("k"),
+            *rows.columns[1:],
+        )
         .repartition(n_parts, "k")
         .sortWithinPartitions("k")
         .select(*COGROUP_COLS)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -83,7 +83,20 @@ def parse_offsets(text: str | Any, source: str = "offsets") -> list[OffsetRow]:
     rows without a committed offset are dropped, duplicates keep the highest offset. ``text``:
     the file's text, or its document already parsed (:func:`load_json`)."""
     doc = load_json(text, source) if isinstance(text, str) else text
+    return best_offsets(_iter_offsets(doc, source))
+
+
+def best_offsets(rows: Iterable[tuple[str, str, str, int, str, int]]) -> list[OffsetRow]:
+    """(group, topic, store_addr, queue_id, client, committed) rows: the highest committed
+    offset of each key, sorted."""
     best: dict[tuple[str, str, str, int, str], int] = {}
+    for group, topic, store_addr, queue_id, client, committed in rows:
+        key = (group, topic, store_addr, queue_id, client)
+        best[key] = max(committed, best.get(key, committed))
+    return [OffsetRow(*k, v) for k, v in sorted(best.items())]
+
+
+def _iter_offsets(doc: Any, source: str) -> Iterator[tuple[str, str, str, int, str, int]]:
     for i, r in enumerate(_doc_rows(doc, "offsets", source)):
         try:
             committed = r.get("committed")
@@ -99,8 +112,7 @@ def parse_offsets(text: str | Any, source: str = "offsets") -> list[OffsetRow]:
             committed = int(committed)
         except (KeyError, TypeError, ValueError) as exc:
             raise ReconcileError(f"{source}: row {i} is malformed ({exc!r}): {r}") from None
-        best[key] = max(committed, best.get(key, committed))
-    return [OffsetRow(*k, v) for k, v in sorted(best.items())]
+        yield (*key, committed)
 
 
 class CopyRow(NamedTuple):

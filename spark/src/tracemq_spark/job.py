@@ -9,7 +9,8 @@ the run's state, ``_Context``, and re-exports the public names callers import fr
 
 * :mod:`~tracemq_spark.params` — :class:`Params`, the constants, :class:`ReconcileError`;
 * :mod:`~tracemq_spark.session` — :func:`build_session`, the runtime settings, the lake schema;
-* :mod:`~tracemq_spark.input_files` — the subscription and offsets files, parsed;
+* :mod:`~tracemq_spark.input_files` — the subscription and offsets files, parsed
+  (:mod:`~tracemq_spark.snapshot`: the offsets file read by the JVM, when it can);
 * :mod:`~tracemq_spark.lake_scan` — the lake files of the read range, the pre-flight scan;
 * :mod:`~tracemq_spark.classify` — the classification, one pure ``DataFrame -> DataFrame``
   function per step (pubs, expected deliveries, attempts, consumed, meet);
@@ -59,7 +60,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from tracemq_spark import classify, cogroup, outputs
+from tracemq_spark import classify, cogroup, outputs, snapshot
 from tracemq_spark.commit import Staging, checkpoint, cleanup, commit, validate_staging
 from tracemq_spark.input_files import (
     DeliveryRow,
@@ -227,6 +228,7 @@ class _Context:
             if not fs.exists(uri):
                 raise ReconcileError(f"{name} file not found: {uri}")
         self.subs = parse_subscriptions(fs.read_text(self.p.subscriptions), self.p.subscriptions)
+        self._jvm_snapshot = cogroup.available(self.spark)
         self._offsets_job = self._pool.submit(self._parse_offsets_file)
         for name in ("subscriptions", "offsets"):
             target = st.path("inputs", f"{name}.json")
@@ -235,8 +237,17 @@ class _Context:
         self.bgroups = sorted({s.group for s in self.subs if s.broadcasting})
         self.say(f"{len(self.subs)} subscription rows ({len(self.bgroups)} broadcasting groups)")
 
-    def _parse_offsets_file(self) -> tuple[list[OffsetRow], list[DeliveryRow], int]:
-        """(committed offsets, last deliveries, retry/dead-letter copies) of the snapshot."""
+    def _parse_offsets_file(
+        self,
+    ) -> tuple[list[OffsetRow], list[DeliveryRow] | snapshot.JvmSnapshot, int]:
+        """(committed offsets, last deliveries, retry/dead-letter copies) of the snapshot:
+        read by the JVM (:mod:`tracemq_spark.snapshot`) when the session has the job's jar
+        and the file is of the exporter's shape, else parsed here."""
+        if self._jvm_snapshot:
+            snap, why = snapshot.read(self.spark, self.p.offsets)
+            if snap is not None:
+                return snap.offsets, snap, snap.n_copies
+            self.say(f"offsets snapshot: parsed in Python ({why})")
         text = self.fs.read_text(self.p.offsets)
         with gc_paused():  # (parsed once: 650 MB at 10M messages, see gc_paused)
             doc = load_json(text, self.p.offsets)
@@ -320,8 +331,11 @@ class _Context:
         clients = classify.clients_frame(spark, self.scan.broadcast_clients)
         offsets = classify.offsets_frame(spark, self.offsets)
         bh = [self.scan.hash_of[g] for g in self.bgroups if g in self.scan.hash_of]
-        deliveries = classify.deliveries_frame(
-            spark, self.fs, self.stage.path("_deliveries"), self.deliveries
+        d_path = self.stage.path("_deliveries")
+        deliveries = (
+            self.deliveries.frame(d_path)
+            if isinstance(self.deliveries, snapshot.JvmSnapshot)
+            else classify.deliveries_frame(spark, self.fs, d_path, self.deliveries)
         )
         kw = {"f_ms": self.f_ms, "t_ms": self.t_ms, "read_lo": self.read_lo, "cutoff": self.cutoff}
         if jvm is None:
@@ -335,7 +349,13 @@ class _Context:
         if jvm:
             return cogroup.classified(
                 spark,
-                classify.cogroup_input(ev, deliveries, base=self.read_lo, n_parts=n_parts),
+                classify.cogroup_input(
+                    ev,
+                    deliveries,
+                    base=self.read_lo,
+                    n_parts=n_parts,
+                    sort_key=cogroup.sort_key(spark),
+                ),
                 subs,
                 clients,
                 offsets,
