@@ -476,12 +476,20 @@ async def test_a_backfill_after_ingests_first_lake_flush_does_not_read_its_files
         assert await ing._flush_one(TopicPartition(topic, 0))
         assert store.lake_progress() == {key: 6}
 
+        from prometheus_client import REGISTRY
+
+        def rows_read() -> float:
+            value = REGISTRY.get_sample_value("tracemq_collector_backfill_rows_read_total")
+            return value or 0.0
+
+        before = rows_read()
         backfill = Backfill(store, lake, retention_ms=10**13, ingested_from=ing.ingested_from)
         backfill.assign({key})
         monkeypatch.setattr(backfill_mod.ds, "dataset", spy)
         assert backfill.run_next(now_ms=1_700_000_000_000)
         assert backfill.snapshot()["events_backfilled"] == 2
         assert read and all("-00000000000000000000-00000000000000000002." in f for f in read)
+        assert rows_read() - before == 2  # counted: the earlier owner's two rows, no more
         monkeypatch.undo()
         table = lake.read_all()
         assert sorted(table["trace_offset"].to_pylist()) == list(range(6))

@@ -296,6 +296,7 @@ class Backfill:
                 table = ds.dataset(files, format="parquet", filesystem=self.fs).to_table(
                     columns=list(lake.COLUMN_NAMES), filter=where
                 )
+            metrics.BACKFILL_ROWS_READ.inc(table.num_rows)
             for start in range(0, table.num_rows, BATCH_EVENTS):
                 if self._stopping.is_set():
                     raise _Stopped
