@@ -159,11 +159,16 @@ def _lake_check(lake_dir: Path, expected_total: int, s3: dict[str, str]) -> dict
 async def _collector_counts(stack: EmbeddedStack, proc: Any) -> dict[str, Any]:
     """From the collector's ``/metrics``: how often ingest waited for a lake flush (the buffer
     at its event cap) and how often a lake flush read a partition's stored range back instead
-    of writing the buffer, by reason; None where it could not be read."""
+    of writing the buffer, by reason; how many lake rows the take-over backfill read (none
+    expected: the lake holds nothing before the bench); None where it could not be read."""
     import aiohttp
     from prometheus_client.parser import text_string_to_metric_families
 
-    found: dict[str, Any] = {"lake_backpressure_waits": None, "lake_store_reads": None}
+    found: dict[str, Any] = {
+        "lake_backpressure_waits": None,
+        "lake_store_reads": None,
+        "backfill_rows_read": None,
+    }
     url = f"http://127.0.0.1:{proc.env['TRACEMQ_HTTP_PORT']}/metrics"
     headers = {"Authorization": f"Bearer {stack.secrets.collector_api_token}"}
     try:
@@ -177,6 +182,8 @@ async def _collector_counts(stack: EmbeddedStack, proc: Any) -> dict[str, Any]:
                     found["lake_backpressure_waits"] = sample.value
                 elif sample.name == "tracemq_collector_lake_store_reads_total":
                     reads[sample.labels["reason"]] = sample.value
+                elif sample.name == "tracemq_collector_backfill_rows_read_total":
+                    found["backfill_rows_read"] = sample.value
         found["lake_store_reads"] = reads
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         say(f"could not read the collector's metrics: {exc!r}")
@@ -288,7 +295,8 @@ async def bench(stack: EmbeddedStack, args: argparse.Namespace) -> dict[str, Any
     counts = await _collector_counts(stack, proc)
     say(
         f"ingest waited {counts['lake_backpressure_waits']} times for a lake flush (the buffer "
-        f"at its event cap); lake flushes that read the store back: {counts['lake_store_reads']}"
+        f"at its event cap); lake flushes that read the store back: {counts['lake_store_reads']}; "
+        f"lake rows read by the backfill: {counts['backfill_rows_read']}"
     )
     say("checking the store and the lake")
     stored = probe.count("SELECT value FROM meta WHERE key = 'event_count'")

@@ -74,7 +74,10 @@ class Collector:
         self.routes = RouteCache(settings.redis_url, prefix=settings.redis_prefix)
         self.ingestor = Ingestor(settings, self.store, self.lake, self.routes, self.writer)
         self.backfill = Backfill(
-            self.store, self.lake, int(settings.collector_retention_days * 86_400_000)
+            self.store,
+            self.lake,
+            int(settings.collector_retention_days * 86_400_000),
+            ingested_from=self.ingestor.ingested_from,
         )
         self._backfill_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="backfill")
         self.queries = Queries(

@@ -15,7 +15,9 @@ Guarantees:
 * **Idempotent with ingest**: events are written through :meth:`TraceStore.write_batch` with
   no progress, so the store's ``UNIQUE (trace_topic, trace_partition, trace_offset,
   trace_index)`` and its pre-check skip every event already stored (by ingest, or by an
-  earlier backfill), and nothing moves the partition's ingest progress.
+  earlier backfill), and nothing moves the partition's ingest progress. Nor is anything
+  ingest stored since the partition's assignment copied (``ingested_from``): the lake files
+  ingest wrote meanwhile are not read back.
 * **Never rewritten to the lake**: a partition is backfilled only once its lake progress is
   set (:meth:`TraceLake.start_partition` settles it where the partition's stored events start
   unless it is set already, without reading them back; or the backfill starts its lake: see
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
@@ -142,17 +145,32 @@ class Backfill:
         writer: the collector's lake writer (its file system and root are read; its
             :meth:`TraceLake.start_partition` settles a partition's lake progress).
         retention_ms: the store's retention: older events are not copied.
+        ingested_from: the first trace offset of a partition that ingest stored since it was
+            assigned to this collector (None: nothing yet; the collector passes
+            :meth:`Ingestor.ingested_from`). Ingest stores every event from there on itself,
+            so the copy stops there even when the lake's progress is further on: a backfill
+            that runs after ingest's first lake flush of the partition (it waits for the
+            partitions before it, and for its one-second round) would otherwise read ingest's
+            own new files back and offer every event of them to the store again, ~20 µs and
+            a few kB of heap per event (docs/performance.md, thirteenth pass).
 
     :meth:`assign` and :meth:`snapshot` may be called from any thread; :meth:`run_next` runs
     one partition's backfill synchronously (the collector calls it in a thread of its own).
     """
 
-    def __init__(self, store: TraceStore, writer: TraceLake, retention_ms: int) -> None:
+    def __init__(
+        self,
+        store: TraceStore,
+        writer: TraceLake,
+        retention_ms: int,
+        ingested_from: Callable[[tuple[str, int]], int | None] | None = None,
+    ) -> None:
         self.store = store
         self.writer = writer
         self.fs: pafs.FileSystem = writer.fs
         self.root = writer.root.as_posix()
         self.retention_ms = retention_ms
+        self._ingested_from = ingested_from
         self.state = BackfillState()
         self._owned: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
@@ -254,6 +272,9 @@ class Backfill:
         below = self.store.lake_progress().get(key)
         if below is None:
             return None
+        ingested = None if self._ingested_from is None else self._ingested_from(key)
+        if ingested is not None:
+            below = min(below, ingested)
         where = (
             (pc.field("trace_offset") < below)
             & (pc.field("timestamp") >= cutoff)
@@ -275,6 +296,7 @@ class Backfill:
                 table = ds.dataset(files, format="parquet", filesystem=self.fs).to_table(
                     columns=list(lake.COLUMN_NAMES), filter=where
                 )
+            metrics.BACKFILL_ROWS_READ.inc(table.num_rows)
             for start in range(0, table.num_rows, BATCH_EVENTS):
                 if self._stopping.is_set():
                     raise _Stopped

@@ -123,6 +123,7 @@ class _ClusterIngest:
         now = time.monotonic()
         for tp in assigned:
             key = (tp.topic, tp.partition)
+            ing._first_stored.pop(key, None)  # a new ownership: what it stores is its own
             nxt = progress.get(key)
             if nxt is not None:
                 starts[tp] = nxt - self.bases.get(key, 0)
@@ -229,12 +230,20 @@ class Ingestor:
         self._buffers: dict[tuple[str, int], _LakeBuffer] = {}
         # Partitions stored but not in the lake and not buffered (the lake reads the store).
         self._unbuffered: dict[tuple[str, int], float] = {}
+        # The first trace offset stored of each partition since its assignment: ingest stores
+        # every event from there on, so a take-over's backfill stops there (ingested_from).
+        self._first_stored: dict[tuple[str, int], int] = {}
         self._flushing: asyncio.Task[None] | None = None
         self._inflight = 0  # chunks handed to the pipeline and not stored yet
         # Clusters whose last fetch reached every fetched partition's end: the lake flush that
         # an empty fetch would start starts as soon as their last chunk is stored instead.
         self._caught_up: dict[str, FleetCluster] = {}
         self._redis: Any = None  # opened on the first offset reset (recorded for `trace lag`)
+
+    def ingested_from(self, key: tuple[str, int]) -> int | None:
+        """The first trace offset of partition ``key`` stored since it was assigned here, or
+        None (nothing yet). Safe from any thread (the backfill's)."""
+        return self._first_stored.get(key)
 
     @property
     def clusters(self) -> dict[str, FleetCluster]:
@@ -499,6 +508,7 @@ class Ingestor:
         now = time.monotonic()
         all_new = new == total and decoded.store.ordered
         for key, part in decoded.partitions.items():
+            self._first_stored.setdefault(key, part.first_offset)
             prev = before.get(key)
             buf = self._buffers.get(key)
             fits = (
