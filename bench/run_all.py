@@ -110,8 +110,7 @@ BENCHES: tuple[BenchSpec, ...] = (
         ("--events", "1000000"),
         ("--events", "10000000"),
         400,
-        note="issue 17's bench (another branch)",
-        optional=True,
+        note="look-ups through the lake fallback (issue 17)",
     ),
     BenchSpec(
         "reconcile",
@@ -395,7 +394,6 @@ FIGURES: tuple[Figure, ...] = (
         Direction.GE,
         0.7,
         f"{I19} 1",
-        note="the variant is being added to bench/producer.py: no figure until it lands",
     ),  # fmt: skip
     Figure(
         "producer.cpu_us_raw",
