@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from tracemq_spark import latency
+from tracemq_spark import cogroup, latency
 from tracemq_spark.commit import Staging
 from tracemq_spark.lake_scan import LakeScan
 from tracemq_spark.params import (
@@ -126,10 +126,16 @@ def publish_tables(ctx: _Context) -> None:
     col = F.col
     final = final_frame(ctx.spark.read.parquet(ctx.stage.path("_classified")))
     # one tally of the classified rows (outcome counts, latency buckets per window, topic
-    # and group) gives the summary Parquet, summary.json and the report's histograms
-    latency.tally(final, list(METRICS), SKEW_LIMIT_MS, latency.LEVELS[0][1]).write.mode(
-        "overwrite"
-    ).parquet(ctx.stage.path("_tally"))
+    # and group) gives the summary Parquet, summary.json and the report's histograms; the
+    # JVM path counted its rows as it wrote them but the orphans (a key can come twice: the
+    # readers sum)
+    keys = latency.LEVELS[0][1]
+    if ctx.jvm_tally is not None:
+        t = latency.tally(cogroup.tally_rest(final), list(METRICS), SKEW_LIMIT_MS, keys)
+        t = t.unionByName(cogroup.tally_frame(ctx.spark, ctx.jvm_tally))
+    else:
+        t = latency.tally(final, list(METRICS), SKEW_LIMIT_MS, keys)
+    t.write.mode("overwrite").parquet(ctx.stage.path("_tally"))
     tallies = ctx.spark.read.parquet(ctx.stage.path("_tally"))
     anomaly_outcomes = [o for o in OUTCOMES if o != "CONSUMED"]
     n_anomalies = tallies.where(col("kind").isin(anomaly_outcomes)).agg(F.sum("n")).first()[0] or 0

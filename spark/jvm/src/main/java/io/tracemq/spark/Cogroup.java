@@ -61,6 +61,7 @@ public final class Cogroup {
    *
    * @param params f_ms, t_ms, window_ms, horizon_ms, max_delay_ms, max_reconsume_times, cutoff
    * @param tallied the columns a CONSUMED row keeps without keepClassified (classify.TALLIED_COLS)
+   * @param tally counts the rows as they are emitted ({@link Tally}; registered), or null
    */
   public static Dataset<Row> classify(
       Dataset<Row> input,
@@ -71,7 +72,8 @@ public final class Cogroup {
       long[] params,
       boolean keepClassified,
       String[] tallied,
-      String schemaJson) {
+      String schemaJson,
+      Tally tally) {
     StructType schema = (StructType) DataType.fromJson(schemaJson);
     Task task =
         new Task(
@@ -80,7 +82,8 @@ public final class Cogroup {
             params,
             keepClassified,
             java.util.Set.of(tallied),
-            schema);
+            schema,
+            tally);
     RDD<InternalRow> rows = input.queryExecution().toRdd();
     JavaRDD<InternalRow> out = rows.toJavaRDD().mapPartitions(task);
     SparkSession spark = input.sparkSession();

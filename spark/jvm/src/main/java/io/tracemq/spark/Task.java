@@ -41,6 +41,11 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
   final int cMsgId, cOrphanCheck;
   final boolean[] tallied;
   final UTF8String[] outcomeNames;
+  /** the tally of the emitted rows (null: none kept) and its metrics' columns */
+  final Tally tally;
+  final int[] cMetrics;
+  /** this task's counts (a Task is deserialized once per task: one partition) */
+  transient Tally.Local local;
 
   Task(
       Cogroup.Lookups lk,
@@ -48,8 +53,10 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
       long[] p,
       boolean keepClassified,
       java.util.Set<String> talliedNames,
-      StructType schema) {
+      StructType schema,
+      Tally tally) {
     this.lk = lk;
+    this.tally = tally;
     for (long h : bh) {
       this.bh.add(h);
     }
@@ -109,6 +116,13 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     cE2e = idx(schema, "end_to_end_ms");
     cMsgId = idx(schema, "msg_id");
     cOrphanCheck = idx(schema, "_orphan_check");
+    cMetrics = new int[tally == null ? 0 : tally.metrics.length];
+    for (int m = 0; m < cMetrics.length; m++) {
+      cMetrics[m] = idx(schema, tally.metrics[m]);
+      if (cMetrics[m] < 0) {
+        throw new IllegalArgumentException("no column " + tally.metrics[m]);
+      }
+    }
     outcomeNames = new UTF8String[OUTCOMES.length];
     for (int i = 0; i < OUTCOMES.length; i++) {
       outcomeNames[i] = UTF8String.fromString(OUTCOMES[i]);
@@ -121,6 +135,7 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
 
   @Override
   public Iterator<InternalRow> call(Iterator<InternalRow> rows) {
+    local = tally == null ? null : tally.local();
     return new Groups(rows);
   }
 
@@ -141,6 +156,9 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     public boolean hasNext() {
       while (out.isEmpty() && pending != null) {
         nextRun();
+      }
+      if (out.isEmpty() && local != null) {
+        local.flush(); // the partition is done
       }
       return !out.isEmpty();
     }
@@ -660,6 +678,14 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     set(v, cMsgId, realId && isTrue(keepId) ? pkey : null, keepId);
     set(v, cOrphanCheck, orphanCheck, keepId);
     out.add(new GenericInternalRow(v));
+    if (local != null && outcome != NONE && outcome != ORPHAN_CONSUME) {
+      // (orphans are filtered and folded after the co-group: Spark tallies them)
+      Long[] values = new Long[cMetrics.length];
+      for (int m = 0; m < values.length; m++) {
+        values[m] = (Long) v[cMetrics[m]];
+      }
+      local.count((Long) v[cWindow], (Long) v[cTopic], (Long) v[cGroup], outcome, values);
+    }
   }
 
   /** One output value, as its column's type; left null (CONSUMED rows without
