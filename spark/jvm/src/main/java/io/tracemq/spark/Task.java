@@ -44,8 +44,6 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
   /** the tally of the emitted rows (null: none kept) and its metrics' columns */
   final Tally tally;
   final int[] cMetrics;
-  /** this task's counts (a Task is deserialized once per task: one partition) */
-  transient Tally.Local local;
 
   Task(
       Cogroup.Lookups lk,
@@ -135,7 +133,6 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
 
   @Override
   public Iterator<InternalRow> call(Iterator<InternalRow> rows) {
-    local = tally == null ? null : tally.local();
     return new Groups(rows);
   }
 
@@ -156,9 +153,6 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     public boolean hasNext() {
       while (out.isEmpty() && pending != null) {
         nextRun();
-      }
-      if (out.isEmpty() && local != null) {
-        local.flush(); // the partition is done
       }
       return !out.isEmpty();
     }
@@ -678,13 +672,14 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     set(v, cMsgId, realId && isTrue(keepId) ? pkey : null, keepId);
     set(v, cOrphanCheck, orphanCheck, keepId);
     out.add(new GenericInternalRow(v));
-    if (local != null && outcome != NONE && outcome != ORPHAN_CONSUME) {
+    if (tally != null && outcome != NONE && outcome != ORPHAN_CONSUME) {
       // (orphans are filtered and folded after the co-group: Spark tallies them)
       Long[] values = new Long[cMetrics.length];
       for (int m = 0; m < values.length; m++) {
         values[m] = (Long) v[cMetrics[m]];
       }
-      local.count((Long) v[cWindow], (Long) v[cTopic], (Long) v[cGroup], outcome, values);
+      // (the task's own copy of the accumulator: Spark deserializes one per task)
+      tally.count((Long) v[cWindow], (Long) v[cTopic], (Long) v[cGroup], outcome, values);
     }
   }
 
