@@ -325,10 +325,17 @@ def test_jvm_path_without_deliveries_and_without_broadcasting(
     assert _rows(got) == _rows(ref)
 
 
+@pytest.mark.parametrize("keep_classified", [True, False])
 def test_the_job_runs_the_jvm_path_when_built_and_the_dataframe_path_when_switched_off(
-    spark: Any, lake: Any, tmp_path: Path, jvm: None, monkeypatch: pytest.MonkeyPatch
+    spark: Any,
+    lake: Any,
+    tmp_path: Path,
+    jvm: None,
+    monkeypatch: pytest.MonkeyPatch,
+    keep_classified: bool,
 ) -> None:
-    """The whole job on the generated lake: the same classified rows either way."""
+    """The whole job on the generated lake: the same outputs either way (the JVM path counts
+    the tally as it classifies and, without ``--keep-classified``, keeps no CONSUMED row)."""
     from tracemq_spark.job import run
 
     from tests.spark.conftest import params
@@ -337,12 +344,14 @@ def test_the_job_runs_the_jvm_path_when_built_and_the_dataframe_path_when_switch
     for name, switch in (("jvm", "1"), ("dataframe", "0")):
         monkeypatch.setenv(cogroup.ENV_SWITCH, switch)
         said: list[str] = []
-        run(spark, params(lake, tmp_path / name, keep_classified=True), said.append)
+        run(spark, params(lake, tmp_path / name, keep_classified=keep_classified), said.append)
         (path,) = [s for s in said if s.startswith("classification:")]
         assert ("co-group by msgId" in path) == (name == "jvm"), path
-        outs[name] = spark.read.parquet(str(tmp_path / name / "classified"))
-    assert outs["jvm"].count() > 1000
-    assert _rows(outs["jvm"]) == _rows(outs["dataframe"])
+        if keep_classified:
+            outs[name] = spark.read.parquet(str(tmp_path / name / "classified"))
+    if keep_classified:
+        assert outs["jvm"].count() > 1000
+        assert _rows(outs["jvm"]) == _rows(outs["dataframe"])
     # the tally (counted by the co-group's tasks on the JVM path): the same summaries
     for dataset in ("summary", "anomalies"):
         a, b = (spark.read.parquet(str(tmp_path / n / dataset)) for n in ("jvm", "dataframe"))
@@ -456,9 +465,10 @@ def test_the_jvm_tally_counts_what_the_tally_of_the_classified_rows_counts(
     spark: Any, tmp_path: Path, jvm: None, keep_classified: bool
 ) -> None:
     """The co-group's count of its rows (:func:`cogroup.new_tally`) plus Spark's tally of the
-    orphans (:func:`cogroup.tally_rest`) against :func:`latency.tally` of all the final rows,
-    summed per key — with latencies in every kind of bucket: exact, wide, -1 ms, negative,
-    over the skew limit."""
+    orphans (:func:`cogroup.tally_rest`) against :func:`latency.tally` of the DataFrame
+    path's final rows, summed per key — with latencies in every kind of bucket: exact, wide,
+    -1 ms, negative, over the skew limit. With a tally and without ``keep_classified`` the
+    JVM path emits every row but the CONSUMED ones, which it only counts."""
     from pyspark.sql import functions as F
     from tracemq_spark import latency, outputs
     from tracemq_spark.params import METRICS, SKEW_LIMIT_MS
@@ -485,6 +495,7 @@ def test_the_jvm_tally_counts_what_the_tally_of_the_classified_rows_counts(
         msgid_timezone="UTC",
     )
     kw = {"f_ms": F0, "t_ms": T0, "read_lo": READ_LO, "cutoff": T0 + 15 * MIN}
+    ref, _ = _both(spark, ev, inp, p, cutoff=kw["cutoff"])
     acc = cogroup.new_tally(spark)
     got = cogroup.classified(
         spark,
@@ -500,11 +511,14 @@ def test_the_jvm_tally_counts_what_the_tally_of_the_classified_rows_counts(
     )
     path = str(tmp_path / "_classified")
     got.write.parquet(path)
-    final = outputs.final_frame(spark.read.parquet(path))
+    got = spark.read.parquet(path)
+    emitted = ref if keep_classified else ref.where(F.col("outcome") != "CONSUMED")
+    assert _rows(got) == _rows(emitted)
     keys = latency.LEVELS[0][1]
     metrics = list(METRICS)
-    ref = latency.tally(final, metrics, SKEW_LIMIT_MS, keys)
-    mine = latency.tally(cogroup.tally_rest(final), metrics, SKEW_LIMIT_MS, keys).unionByName(
+    want_tally = latency.tally(outputs.final_frame(ref), metrics, SKEW_LIMIT_MS, keys)
+    rest = cogroup.tally_rest(outputs.final_frame(got))
+    mine = latency.tally(rest, metrics, SKEW_LIMIT_MS, keys).unionByName(
         cogroup.tally_frame(spark, acc)
     )
 
@@ -515,7 +529,7 @@ def test_the_jvm_tally_counts_what_the_tally_of_the_classified_rows_counts(
             )
         )
 
-    want = summed(ref)
+    want = summed(want_tally)
     assert summed(mine) == want
     kinds = {r[3] for r in want}
     assert {"CONSUMED", "ORPHAN_CONSUME", *metrics} <= kinds

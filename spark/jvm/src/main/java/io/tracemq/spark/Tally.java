@@ -28,6 +28,10 @@ import org.apache.spark.util.AccumulatorV2;
  * (keys, kind, b, n, vmax, w) as the Spark tally of the same rows, in other multiplicities
  * only where the Python side adds its own part (the sums downstream do not mind).
  *
+ * <p>With a tally and without keepClassified, the co-group emits no CONSUMED row (five in
+ * six of the classified rows): the tally was all that read them, and their Parquet write and
+ * the later scans past them go with it.
+ *
  * <p>Only rows whose outcome is neither null nor ORPHAN_CONSUME are counted here: orphans are
  * still filtered (their msgId's creation) and folded (empty msgIds) after the co-group, so
  * Spark tallies them. An accumulator of a result stage's tasks counts each partition once

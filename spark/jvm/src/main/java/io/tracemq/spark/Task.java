@@ -671,7 +671,6 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     set(v, cE2e, minus(c == null ? null : c.successTs, pubTs), keepId);
     set(v, cMsgId, realId && isTrue(keepId) ? pkey : null, keepId);
     set(v, cOrphanCheck, orphanCheck, keepId);
-    out.add(new GenericInternalRow(v));
     if (tally != null && outcome != NONE && outcome != ORPHAN_CONSUME) {
       // (orphans are filtered and folded after the co-group: Spark tallies them)
       Long[] values = new Long[cMetrics.length];
@@ -681,6 +680,10 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
       // (the task's own copy of the accumulator: Spark deserializes one per task)
       tally.count((Long) v[cWindow], (Long) v[cTopic], (Long) v[cGroup], outcome, values);
     }
+    if (tally != null && !keepClassified && outcome == CONSUMED) {
+      return; // counted: nothing after the co-group reads a CONSUMED row but the tally
+    }
+    out.add(new GenericInternalRow(v));
   }
 
   /** One output value, as its column's type; left null (CONSUMED rows without
