@@ -6,8 +6,9 @@ The DataFrame steps of :mod:`tracemq_spark.classify` (``pubs``, ``expected_deliv
 ``attempts``, ``consumed``, ``meet``) are the reference: eight hash aggregations, two
 shuffled hash joins and the full outer join, each a pass over the rows. Here one lake scan
 feeds one shuffle (:func:`~tracemq_spark.classify.cogroup_input`: both sides and the last
-deliveries, partitioned and sorted by the msgId's hash), and each msgId's rows — its Pubs, its
-consume events, its last deliveries — are classified together, in one task, in one pass,
+deliveries, partitioned by a key of the msgId, sorted by it in the JVM code), and each
+msgId's rows — its Pubs, its consume events, its last deliveries — are classified together,
+in one task, in one pass,
 giving the same rows as ``meet``. One term is left to Spark: whether an orphan's msgId was
 created inside the read range (the same expression as the DataFrame path's, on the few rows
 the JVM code marks ``_orphan_check``).

@@ -83,6 +83,7 @@ public final class Cogroup {
             keepClassified,
             java.util.Set.of(tallied),
             schema,
+            input.schema(),
             tally);
     RDD<InternalRow> rows = input.queryExecution().toRdd();
     JavaRDD<InternalRow> out = rows.toJavaRDD().mapPartitions(task);

@@ -12,9 +12,17 @@ import java.util.List;
 import java.util.Map;
 import java.util.NoSuchElementException;
 
+import org.apache.spark.SparkEnv;
+import org.apache.spark.TaskContext;
 import org.apache.spark.api.java.function.FlatMapFunction;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
+import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
+import org.apache.spark.sql.execution.UnsafeExternalRowSorter;
+import org.apache.spark.util.TaskCompletionListener;
+import org.apache.spark.util.collection.unsafe.sort.PrefixComparators;
+import org.apache.spark.util.collection.unsafe.sort.RecordComparator;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructType;
@@ -41,6 +49,8 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
   final int cMsgId, cOrphanCheck;
   final boolean[] tallied;
   final UTF8String[] outcomeNames;
+  /** the input's schema (classify.COGROUP_COLS), for the sorter */
+  final StructType inputSchema;
   /** the tally of the emitted rows (null: none kept) and its metrics' columns */
   final Tally tally;
   final int[] cMetrics;
@@ -52,8 +62,10 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
       boolean keepClassified,
       java.util.Set<String> talliedNames,
       StructType schema,
+      StructType inputSchema,
       Tally tally) {
     this.lk = lk;
+    this.inputSchema = inputSchema;
     this.tally = tally;
     for (long h : bh) {
       this.bh.add(h);
@@ -132,8 +144,66 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
   }
 
   @Override
-  public Iterator<InternalRow> call(Iterator<InternalRow> rows) {
-    return new Groups(rows);
+  public Iterator<InternalRow> call(Iterator<InternalRow> rows) throws java.io.IOException {
+    return new Groups(sorted(rows));
+  }
+
+  /**
+   * The partition's rows sorted by {@code k} with Spark's own sorter (a radix sort on the key,
+   * spilling as SortExec's would), read straight from it: a SortExec in the input's plan
+   * handed each row through whole-stage code's row buffer (a linked list) on its way here.
+   * Rows of one key come in no particular order (the runs are split by msgId anyway).
+   */
+  Iterator<InternalRow> sorted(Iterator<InternalRow> rows) throws java.io.IOException {
+    UnsafeExternalRowSorter.PrefixComputer prefix =
+        new UnsafeExternalRowSorter.PrefixComputer() {
+          final Prefix p = new Prefix();
+
+          @Override
+          public Prefix computePrefix(InternalRow row) {
+            p.value = row.getLong(K);
+            p.isNull = row.isNullAt(K);
+            return p;
+          }
+        };
+    // the prefix is the whole key: equal prefixes are equal keys
+    RecordComparator same =
+        new RecordComparator() {
+          @Override
+          public int compare(Object l, long lo, int ll, Object r, long ro, int rl) {
+            return 0;
+          }
+        };
+    UnsafeExternalRowSorter sorter =
+        UnsafeExternalRowSorter.createWithRecordComparator(
+            inputSchema,
+            () -> same,
+            PrefixComparators.LONG,
+            prefix,
+            SparkEnv.get().memoryManager().pageSizeBytes(),
+            true);
+    TaskContext ctx = TaskContext.get();
+    if (ctx != null) {
+      ctx.addTaskCompletionListener((TaskCompletionListener) c -> sorter.cleanupResources());
+    }
+    // (a shuffle's rows are unsafe rows already; anything else is converted)
+    UnsafeProjection unsafe = UnsafeProjection.create(inputSchema);
+    Iterator<UnsafeRow> unsafeRows =
+        new Iterator<UnsafeRow>() {
+          @Override
+          public boolean hasNext() {
+            return rows.hasNext();
+          }
+
+          @Override
+          public UnsafeRow next() {
+            InternalRow r = rows.next();
+            return r instanceof UnsafeRow ? (UnsafeRow) r : unsafe.apply(r);
+          }
+        };
+    scala.collection.Iterator<UnsafeRow> in =
+        scala.jdk.javaapi.CollectionConverters.asScala(unsafeRows);
+    return scala.jdk.javaapi.CollectionConverters.asJava(sorter.sort(in));
   }
 
   /** The classified rows of a partition, one msgId (a run of equal {@code k}) at a time. */
