@@ -111,8 +111,8 @@ public final class Cogroup {
   /** The broadcast look-ups: subscription segments by topic, clients, committed offsets. */
   static final class Lookups implements Serializable {
     final Map<Long, List<Seg>> segsByTopic = new HashMap<>();
-    final Map<List<Long>, List<Long>> clients = new HashMap<>();
-    final Map<List<Long>, List<Long>> offsets = new HashMap<>();
+    final Map<LongKey, List<Long>> clients = new HashMap<>();
+    final Map<LongKey, List<Long>> offsets = new HashMap<>();
 
     static Long l(Row r, int i) {
       return r.isNullAt(i) ? null : ((Number) r.get(i)).longValue();
@@ -136,7 +136,7 @@ public final class Cogroup {
         if (r.isNullAt(0) || r.isNullAt(1)) {
           continue;
         }
-        lk.clients.computeIfAbsent(List.of(l(r, 0), l(r, 1)), x -> new ArrayList<>()).add(l(r, 2));
+        lk.clients.computeIfAbsent(new LongKey(l(r, 0), l(r, 1)), x -> new ArrayList<>()).add(l(r, 2));
       }
       // o_group_h, o_topic_h, o_store_h, o_queue_id, o_client_h, o_committed
       for (Row r : offsets) {
@@ -147,7 +147,7 @@ public final class Cogroup {
         if (nullKey) {
           continue;
         }
-        List<Long> key = List.of(l(r, 0), l(r, 1), l(r, 2), l(r, 3), l(r, 4));
+        LongKey key = new LongKey(l(r, 0), l(r, 1), l(r, 2), l(r, 3), l(r, 4));
         lk.offsets.computeIfAbsent(key, x -> new ArrayList<>()).add(l(r, 5));
       }
       return lk;

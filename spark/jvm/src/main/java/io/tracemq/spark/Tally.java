@@ -48,7 +48,7 @@ public final class Tally extends AccumulatorV2<Tally, Tally> {
   final int nBuckets;
 
   /** per (window_start_ms, topic_h, group_h) */
-  private HashMap<List<Long>, Counts> groups = new HashMap<>();
+  private HashMap<LongKey, Counts> groups = new HashMap<>();
   /** the group of the last row counted (rows come in runs of one group) */
   private transient Counts last;
 
@@ -180,7 +180,7 @@ public final class Tally extends AccumulatorV2<Tally, Tally> {
   }
 
   private Counts groupOf(Long window, Long topic, Long group) {
-    List<Long> key = java.util.Arrays.asList(window, topic, group);
+    LongKey key = new LongKey(window, topic, group);
     Counts g = groups.get(key);
     if (g == null) {
       g = new Counts(window, topic, group, metrics.length);

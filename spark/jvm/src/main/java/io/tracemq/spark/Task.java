@@ -429,7 +429,7 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
           continue;
         }
         List<Long> cs =
-            s.groupH == null ? null : lk.clients.get(List.of(s.groupH, p.topicH));
+            s.groupH == null ? null : lk.clients.get(new LongKey(s.groupH, p.topicH));
         boolean bcast = isTrue(s.bcast);
         if (cs == null || cs.isEmpty()) {
           rows.add(new Long[] {s.groupH, 0L});
@@ -448,7 +448,7 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
       long ck = r[1];
       List<Long> committed = null;
       if (g != null && p.topicH != null && p.storeH != null && p.queueId != null) {
-        committed = lk.offsets.get(List.of(g, p.topicH, p.storeH, (long) p.queueId, ck));
+        committed = lk.offsets.get(new LongKey(g, p.topicH, p.storeH, (long) p.queueId, ck));
       }
       if (committed == null || committed.isEmpty()) {
         committed = new ArrayList<>(1);
