@@ -63,35 +63,35 @@ public final class Tally extends AccumulatorV2<Tally, Tally> {
     private static final long serialVersionUID = 1L;
     final Long window, topic, group;
     long[] outcomes = new long[Cogroup.OUTCOMES.length];
-    transient long[][] n;
-    transient long[][] vmax;
+    /** per metric: bucket i's count at 2i and largest value at 2i + 1 (one cache line) */
+    transient long[][] cells;
 
     Counts(Long window, Long topic, Long group, int nMetrics) {
       this.window = window;
       this.topic = topic;
       this.group = group;
-      n = new long[nMetrics][];
-      vmax = new long[nMetrics][];
+      cells = new long[nMetrics][];
     }
 
     void add(Counts o, int nBuckets) {
       for (int i = 0; i < outcomes.length; i++) {
         outcomes[i] += o.outcomes[i];
       }
-      for (int m = 0; m < n.length; m++) {
-        if (o.n[m] == null) {
+      for (int m = 0; m < cells.length; m++) {
+        long[] oc = o.cells[m];
+        if (oc == null) {
           continue;
         }
-        if (n[m] == null) {
-          n[m] = new long[nBuckets];
-          vmax[m] = new long[nBuckets];
+        if (cells[m] == null) {
+          cells[m] = new long[2 * nBuckets];
         }
-        for (int i = 0; i < nBuckets; i++) {
-          if (o.n[m][i] > 0) {
-            if (n[m][i] == 0 || o.vmax[m][i] > vmax[m][i]) {
-              vmax[m][i] = o.vmax[m][i];
+        long[] c = cells[m];
+        for (int i = 0; i < 2 * nBuckets; i += 2) {
+          if (oc[i] > 0) {
+            if (c[i] == 0 || oc[i + 1] > c[i + 1]) {
+              c[i + 1] = oc[i + 1];
             }
-            n[m][i] += o.n[m][i];
+            c[i] += oc[i];
           }
         }
       }
@@ -100,23 +100,23 @@ public final class Tally extends AccumulatorV2<Tally, Tally> {
     /** sparse: per metric, the non-empty buckets' (index, count, largest value) */
     private void writeObject(ObjectOutputStream out) throws IOException {
       out.defaultWriteObject();
-      out.writeInt(n.length);
-      for (int m = 0; m < n.length; m++) {
-        if (n[m] == null) {
+      out.writeInt(cells.length);
+      for (long[] c : cells) {
+        if (c == null) {
           out.writeInt(-1);
           continue;
         }
-        out.writeInt(n[m].length);
+        out.writeInt(c.length);
         int k = 0;
-        for (long c : n[m]) {
-          k += c > 0 ? 1 : 0;
+        for (int i = 0; i < c.length; i += 2) {
+          k += c[i] > 0 ? 1 : 0;
         }
         out.writeInt(k);
-        for (int i = 0; i < n[m].length; i++) {
-          if (n[m][i] > 0) {
+        for (int i = 0; i < c.length; i += 2) {
+          if (c[i] > 0) {
             out.writeInt(i);
-            out.writeLong(n[m][i]);
-            out.writeLong(vmax[m][i]);
+            out.writeLong(c[i]);
+            out.writeLong(c[i + 1]);
           }
         }
       }
@@ -125,20 +125,18 @@ public final class Tally extends AccumulatorV2<Tally, Tally> {
     private void readObject(ObjectInputStream in) throws IOException, ClassNotFoundException {
       in.defaultReadObject();
       int metrics = in.readInt();
-      n = new long[metrics][];
-      vmax = new long[metrics][];
+      cells = new long[metrics][];
       for (int m = 0; m < metrics; m++) {
         int size = in.readInt();
         if (size < 0) {
           continue;
         }
-        n[m] = new long[size];
-        vmax[m] = new long[size];
+        long[] c = cells[m] = new long[size];
         int k = in.readInt();
         for (int j = 0; j < k; j++) {
           int i = in.readInt();
-          n[m][i] = in.readLong();
-          vmax[m][i] = in.readLong();
+          c[i] = in.readLong();
+          c[i + 1] = in.readLong();
         }
       }
     }
@@ -209,13 +207,13 @@ public final class Tally extends AccumulatorV2<Tally, Tally> {
       if (v < 0 && v >= -1) { // latency.within_granularity
         v = 0;
       }
-      int i = index(v);
-      if (g.n[m] == null) {
-        g.n[m] = new long[nBuckets];
-        g.vmax[m] = new long[nBuckets];
+      int i = 2 * index(v);
+      long[] c = g.cells[m];
+      if (c == null) {
+        c = g.cells[m] = new long[2 * nBuckets];
       }
-      if (g.n[m][i]++ == 0 || v > g.vmax[m][i]) {
-        g.vmax[m][i] = v;
+      if (c[i]++ == 0 || v > c[i + 1]) {
+        c[i + 1] = v;
       }
     }
   }
@@ -245,11 +243,12 @@ public final class Tally extends AccumulatorV2<Tally, Tally> {
         }
       }
       for (int m = 0; m < metrics.length; m++) {
-        if (g.n[m] == null) {
+        long[] c = g.cells[m];
+        if (c == null) {
           continue;
         }
         for (int i = 0; i < nBuckets; i++) {
-          long n = g.n[m][i];
+          long n = c[2 * i];
           if (n == 0) {
             continue;
           }
@@ -266,7 +265,7 @@ public final class Tally extends AccumulatorV2<Tally, Tally> {
             b = (128L + j % 128) << shift;
             w = 1L << shift;
           }
-          rows.add(row(g, metrics[m], b, n, g.vmax[m][i], w));
+          rows.add(row(g, metrics[m], b, n, c[2 * i + 1], w));
         }
       }
     }

@@ -54,6 +54,8 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
   /** the tally of the emitted rows (null: none kept) and its metrics' columns */
   final Tally tally;
   final int[] cMetrics;
+  /** the metrics' values of the row being counted (one array, reused) */
+  final Long[] metricValues;
 
   Task(
       Cogroup.Lookups lk,
@@ -133,6 +135,7 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
         throw new IllegalArgumentException("no column " + tally.metrics[m]);
       }
     }
+    metricValues = new Long[cMetrics.length];
     outcomeNames = new UTF8String[OUTCOMES.length];
     for (int i = 0; i < OUTCOMES.length; i++) {
       outcomeNames[i] = UTF8String.fromString(OUTCOMES[i]);
@@ -743,7 +746,7 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     set(v, cOrphanCheck, orphanCheck, keepId);
     if (tally != null && outcome != NONE && outcome != ORPHAN_CONSUME) {
       // (orphans are filtered and folded after the co-group: Spark tallies them)
-      Long[] values = new Long[cMetrics.length];
+      Long[] values = metricValues;
       for (int m = 0; m < values.length; m++) {
         values[m] = (Long) v[cMetrics[m]];
       }
