@@ -194,6 +194,21 @@ def _cases() -> list[dict[str, Any]]:
     return rows
 
 
+def _params(**kw: Any) -> Params:
+    """The job's parameters over the cases' range (msgIds read in UTC)."""
+    return Params(
+        lake="lake",
+        out="out",
+        from_ms=F0,
+        to_ms=T0,
+        subscriptions="s",
+        offsets="o",
+        horizon_ms=HORIZON,
+        msgid_timezone="UTC",
+        **kw,
+    )
+
+
 def _inputs(spark: Any, tmp_path: Path) -> dict[str, Any]:
     subs = [
         SubRow(G, TOPIC, None, F0 - 60 * MIN, T0, False),
@@ -274,17 +289,7 @@ def test_jvm_path_gives_the_dataframe_paths_rows(
     spark: Any, tmp_path: Path, jvm: None, keep_classified: bool, keyed: bool
 ) -> None:
     ev = _events(spark, _cases())
-    p = Params(
-        lake="lake",
-        out="out",
-        from_ms=F0,
-        to_ms=T0,
-        subscriptions="s",
-        offsets="o",
-        horizon_ms=HORIZON,
-        keep_classified=keep_classified,
-        msgid_timezone="UTC",
-    )
+    p = _params(keep_classified=keep_classified)
     key = cogroup.sort_key(spark) if keyed else None
     ref, got = _both(spark, ev, _inputs(spark, tmp_path), p, cutoff=T0 + 15 * MIN, sort_key=key)
     assert got.schema == ref.schema
@@ -311,16 +316,7 @@ def test_jvm_path_without_deliveries_and_without_broadcasting(
     inp["deliveries"] = None
     inp["bh"] = []
     inp["clients"] = classify.clients_frame(spark, [])
-    p = Params(
-        lake="lake",
-        out="out",
-        from_ms=F0,
-        to_ms=T0,
-        subscriptions="s",
-        offsets="o",
-        horizon_ms=HORIZON,
-        msgid_timezone="UTC",
-    )
+    p = _params()
     ref, got = _both(spark, ev, inp, p, cutoff=T0 + HORIZON)
     assert _rows(got) == _rows(ref)
 
@@ -403,17 +399,7 @@ def test_a_run_of_one_hash_holding_several_msgids_is_split_by_msgid(
 
     ev = _events(spark, _cases())
     inp = _inputs(spark, tmp_path)
-    p = Params(
-        lake="lake",
-        out="out",
-        from_ms=F0,
-        to_ms=T0,
-        subscriptions="s",
-        offsets="o",
-        horizon_ms=HORIZON,
-        keep_classified=True,
-        msgid_timezone="UTC",
-    )
+    p = _params(keep_classified=True)
     kw = {"f_ms": F0, "t_ms": T0, "read_lo": READ_LO, "cutoff": T0 + HORIZON}
     ref, _ = _both(spark, ev, inp, p, cutoff=kw["cutoff"])
     cols = list(classify.COGROUP_COLS)
@@ -483,17 +469,7 @@ def test_the_jvm_tally_counts_what_the_tally_of_the_classified_rows_counts(
     ]
     ev = _events(spark, cases)
     inp = _inputs(spark, tmp_path)
-    p = Params(
-        lake="lake",
-        out="out",
-        from_ms=F0,
-        to_ms=T0,
-        subscriptions="s",
-        offsets="o",
-        horizon_ms=HORIZON,
-        keep_classified=keep_classified,
-        msgid_timezone="UTC",
-    )
+    p = _params(keep_classified=keep_classified)
     kw = {"f_ms": F0, "t_ms": T0, "read_lo": READ_LO, "cutoff": T0 + 15 * MIN}
     ref, _ = _both(spark, ev, inp, p, cutoff=kw["cutoff"])
     acc = cogroup.new_tally(spark)
