@@ -391,7 +391,38 @@ def _cpu_s(spark: Any) -> dict[str, float]:
     if proc is not None:
         fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         res["jvm"] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        for group, cpu in _jvm_threads_s(proc.pid).items():
+            res[f"jvm_{group}"] = cpu
     return res
+
+
+#: JVM thread name prefixes (as /proc shows them: 15 characters) → group
+_THREAD_GROUPS = (
+    ("Executor task l", "tasks"),
+    ("C2 CompilerThre", "c2"),
+    ("C1 CompilerThre", "c1"),
+    ("GC Thread#", "gc"),
+    ("VM Thread", "gc"),
+)
+
+
+def _jvm_threads_s(pid: int) -> dict[str, float]:
+    """CPU seconds of the JVM's live threads by group: the tasks, the JIT compilers (C1,
+    C2), the collector; the rest (the driver, py4j, Spark's own threads, and threads that
+    have exited) is the JVM's total less these."""
+    out = {g: 0.0 for _, g in _THREAD_GROUPS}
+    tck = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended
+            continue
+        for prefix, group in _THREAD_GROUPS:
+            if name.startswith(prefix):
+                out[group] += (int(fields[11]) + int(fields[12])) / tck
+                break
+    return out
 
 
 def _one(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ inside and outside the read range, lost traces, broadcasting clients, duplicated
 from __future__ import annotations
 
 import datetime as dt
+import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -193,6 +194,21 @@ def _cases() -> list[dict[str, Any]]:
     return rows
 
 
+def _params(**kw: Any) -> Params:
+    """The job's parameters over the cases' range (msgIds read in UTC)."""
+    return Params(
+        lake="lake",
+        out="out",
+        from_ms=F0,
+        to_ms=T0,
+        subscriptions="s",
+        offsets="o",
+        horizon_ms=HORIZON,
+        msgid_timezone="UTC",
+        **kw,
+    )
+
+
 def _inputs(spark: Any, tmp_path: Path) -> dict[str, Any]:
     subs = [
         SubRow(G, TOPIC, None, F0 - 60 * MIN, T0, False),
@@ -273,17 +289,7 @@ def test_jvm_path_gives_the_dataframe_paths_rows(
     spark: Any, tmp_path: Path, jvm: None, keep_classified: bool, keyed: bool
 ) -> None:
     ev = _events(spark, _cases())
-    p = Params(
-        lake="lake",
-        out="out",
-        from_ms=F0,
-        to_ms=T0,
-        subscriptions="s",
-        offsets="o",
-        horizon_ms=HORIZON,
-        keep_classified=keep_classified,
-        msgid_timezone="UTC",
-    )
+    p = _params(keep_classified=keep_classified)
     key = cogroup.sort_key(spark) if keyed else None
     ref, got = _both(spark, ev, _inputs(spark, tmp_path), p, cutoff=T0 + 15 * MIN, sort_key=key)
     assert got.schema == ref.schema
@@ -310,24 +316,22 @@ def test_jvm_path_without_deliveries_and_without_broadcasting(
     inp["deliveries"] = None
     inp["bh"] = []
     inp["clients"] = classify.clients_frame(spark, [])
-    p = Params(
-        lake="lake",
-        out="out",
-        from_ms=F0,
-        to_ms=T0,
-        subscriptions="s",
-        offsets="o",
-        horizon_ms=HORIZON,
-        msgid_timezone="UTC",
-    )
+    p = _params()
     ref, got = _both(spark, ev, inp, p, cutoff=T0 + HORIZON)
     assert _rows(got) == _rows(ref)
 
 
+@pytest.mark.parametrize("keep_classified", [True, False])
 def test_the_job_runs_the_jvm_path_when_built_and_the_dataframe_path_when_switched_off(
-    spark: Any, lake: Any, tmp_path: Path, jvm: None, monkeypatch: pytest.MonkeyPatch
+    spark: Any,
+    lake: Any,
+    tmp_path: Path,
+    jvm: None,
+    monkeypatch: pytest.MonkeyPatch,
+    keep_classified: bool,
 ) -> None:
-    """The whole job on the generated lake: the same classified rows either way."""
+    """The whole job on the generated lake: the same outputs either way (the JVM path counts
+    the tally as it classifies and, without ``--keep-classified``, keeps no CONSUMED row)."""
     from tracemq_spark.job import run
 
     from tests.spark.conftest import params
@@ -336,12 +340,23 @@ def test_the_job_runs_the_jvm_path_when_built_and_the_dataframe_path_when_switch
     for name, switch in (("jvm", "1"), ("dataframe", "0")):
         monkeypatch.setenv(cogroup.ENV_SWITCH, switch)
         said: list[str] = []
-        run(spark, params(lake, tmp_path / name, keep_classified=True), said.append)
+        run(spark, params(lake, tmp_path / name, keep_classified=keep_classified), said.append)
         (path,) = [s for s in said if s.startswith("classification:")]
         assert ("co-group by msgId" in path) == (name == "jvm"), path
-        outs[name] = spark.read.parquet(str(tmp_path / name / "classified"))
-    assert outs["jvm"].count() > 1000
-    assert _rows(outs["jvm"]) == _rows(outs["dataframe"])
+        if keep_classified:
+            outs[name] = spark.read.parquet(str(tmp_path / name / "classified"))
+    if keep_classified:
+        assert outs["jvm"].count() > 1000
+        assert _rows(outs["jvm"]) == _rows(outs["dataframe"])
+    # the tally (counted by the co-group's tasks on the JVM path): the same summaries
+    for dataset in ("summary", "anomalies"):
+        a, b = (spark.read.parquet(str(tmp_path / n / dataset)) for n in ("jvm", "dataframe"))
+        assert a.count() > 0
+        assert _rows(a.select(*sorted(a.columns))) == _rows(b.select(*sorted(b.columns)))
+    docs = [json.loads((tmp_path / n / "summary.json").read_text()) for n in ("jvm", "dataframe")]
+    for doc in docs:
+        del doc["run"]
+    assert docs[0] == docs[1]
 
 
 def test_the_jvm_path_only_for_the_spark_it_was_built_for(
@@ -384,17 +399,7 @@ def test_a_run_of_one_hash_holding_several_msgids_is_split_by_msgid(
 
     ev = _events(spark, _cases())
     inp = _inputs(spark, tmp_path)
-    p = Params(
-        lake="lake",
-        out="out",
-        from_ms=F0,
-        to_ms=T0,
-        subscriptions="s",
-        offsets="o",
-        horizon_ms=HORIZON,
-        keep_classified=True,
-        msgid_timezone="UTC",
-    )
+    p = _params(keep_classified=True)
     kw = {"f_ms": F0, "t_ms": T0, "read_lo": READ_LO, "cutoff": T0 + HORIZON}
     ref, _ = _both(spark, ev, inp, p, cutoff=kw["cutoff"])
     cols = list(classify.COGROUP_COLS)
@@ -439,3 +444,70 @@ def test_the_sort_key_is_the_msgids_creation_time_above_24_bits_of_its_hash(
     # not a RocketMQ msgId (or none): its hash
     assert got["M1"][0] == got["M1"][1]
     assert got[None][0] == got[None][1]
+
+
+@pytest.mark.parametrize("keep_classified", [True, False])
+def test_the_jvm_tally_counts_what_the_tally_of_the_classified_rows_counts(
+    spark: Any, tmp_path: Path, jvm: None, keep_classified: bool
+) -> None:
+    """The co-group's count of its rows (:func:`cogroup.new_tally`) plus Spark's tally of the
+    orphans (:func:`cogroup.tally_rest`) against :func:`latency.tally` of the DataFrame
+    path's final rows, summed per key — with latencies in every kind of bucket: exact, wide,
+    -1 ms, negative, over the skew limit. With a tally and without ``keep_classified`` the
+    JVM path emits every row but the CONSUMED ones, which it only counts."""
+    from pyspark.sql import functions as F
+    from tracemq_spark import latency, outputs
+    from tracemq_spark.params import METRICS, SKEW_LIMIT_MS
+
+    cases = _cases() + [
+        pub("COSTLY", F0 + MIN, queue_offset=90, cost_time=SKEW_LIMIT_MS + 5),
+        *consume("COSTLY", G, "x1", F0 + 2 * MIN, ok=True, cost_time=123_456),
+        pub("NEGATIVE", F0 + MIN, queue_offset=91, cost_time=-7),
+        *consume("NEGATIVE", G, "x2", F0 + MIN - 1, ok=True, cost_time=-1),
+        pub("EXACT", F0 + MIN, queue_offset=92, cost_time=255),
+        *consume("EXACT", G, "x3", F0 + MIN + 256, ok=True, cost_time=257),
+    ]
+    ev = _events(spark, cases)
+    inp = _inputs(spark, tmp_path)
+    p = _params(keep_classified=keep_classified)
+    kw = {"f_ms": F0, "t_ms": T0, "read_lo": READ_LO, "cutoff": T0 + 15 * MIN}
+    ref, _ = _both(spark, ev, inp, p, cutoff=kw["cutoff"])
+    acc = cogroup.new_tally(spark)
+    got = cogroup.classified(
+        spark,
+        classify.cogroup_input(ev, inp["deliveries"], base=READ_LO, n_parts=3),
+        inp["subs"],
+        inp["clients"],
+        inp["offsets"],
+        inp["bh"],
+        p,
+        classify.classified_schema(p.keep_classified),
+        tally=acc,
+        **kw,
+    )
+    path = str(tmp_path / "_classified")
+    got.write.parquet(path)
+    got = spark.read.parquet(path)
+    emitted = ref if keep_classified else ref.where(F.col("outcome") != "CONSUMED")
+    assert _rows(got) == _rows(emitted)
+    keys = latency.LEVELS[0][1]
+    metrics = list(METRICS)
+    want_tally = latency.tally(outputs.final_frame(ref), metrics, SKEW_LIMIT_MS, keys)
+    rest = cogroup.tally_rest(outputs.final_frame(got))
+    mine = latency.tally(rest, metrics, SKEW_LIMIT_MS, keys).unionByName(
+        cogroup.tally_frame(spark, acc)
+    )
+
+    def summed(t: DataFrame) -> list[tuple[Any, ...]]:
+        return _rows(
+            t.groupBy(*keys, "kind", "b").agg(
+                F.sum("n").alias("n"), F.max("vmax").alias("vmax"), F.max("w").alias("w")
+            )
+        )
+
+    want = summed(want_tally)
+    assert summed(mine) == want
+    kinds = {r[3] for r in want}
+    assert {"CONSUMED", "ORPHAN_CONSUME", *metrics} <= kinds
+    buckets = {r[4] for r in want}
+    assert {-1, -2, 0, 255} <= buckets and any(b > 256 for b in buckets)

@@ -60,3 +60,18 @@ def test_files_go_through_the_jvm_whole(spark: Any, tmp_path: Path) -> None:
     fs.copy(target, fs.qualify(str(tmp_path / "c" / "d.bin")))
     assert (tmp_path / "c" / "d.bin").read_bytes() == data[::-1]
     assert (tmp_path / "c" / ".d.bin.crc").exists()
+
+
+def test_the_driver_heap_starts_at_its_full_size() -> None:
+    from tracemq_spark.session import session_conf
+
+    opts = session_conf(heap="3g")["spark.driver.extraJavaOptions"].split()
+    assert "-Xms3g" in opts
+    assert "-Xms3g" not in session_conf(heap="3g")["spark.executor.extraJavaOptions"].split()
+    assert not any(
+        o.startswith("-Xms") for o in session_conf()["spark.driver.extraJavaOptions"].split()
+    )
+    kept = session_conf(heap="3g", extra={"spark.driver.extraJavaOptions": "-Xms1g"})
+    assert [o for o in kept["spark.driver.extraJavaOptions"].split() if o.startswith("-Xms")] == [
+        "-Xms1g"
+    ]

@@ -798,11 +798,11 @@ def cogroup_input(
 ) -> DataFrame:
     """Every row the classification reads, one lake scan for both sides, plus the last
     deliveries (:func:`deliveries_frame`), in :data:`COGROUP_COLS`: hash-partitioned by ``k``
-    and sorted by it within each partition — the msgId's xxhash64, or ``sort_key(pkey,
-    hash)``, any function of the msgId (:func:`tracemq_spark.cogroup.sort_key`: roughly its
-    creation time) — so that one msgId's rows are one run of a task's input (a run can hold
-    two msgIds of one key: the reader splits it). The JVM code (:mod:`tracemq_spark.cogroup`)
-    classifies each run in one pass."""
+    — the msgId's xxhash64, or ``sort_key(pkey, hash)``, any function of the msgId
+    (:func:`tracemq_spark.cogroup.sort_key`: roughly its creation time). The JVM code
+    (:mod:`tracemq_spark.cogroup`) sorts each partition by ``k`` (Spark's sorter, called
+    directly), so that one msgId's rows are one run of a task's input (a run can hold two
+    msgIds of one key: it splits it), and classifies each run in one pass."""
     col = F.col
     p_cond, p_cols = _producer_side(base)
     c_cond, c_cols = _consume_side()
@@ -849,13 +849,14 @@ def cogroup_input(
         )
         rows = rows.unionByName(d)
     h = F.xxhash64(col("pkey"))
+    # (the columns in COGROUP_COLS' order before the exchange: no projection above it, so
+    # the JVM code reads the shuffle's rows as they come and sorts them itself)
     return (
         rows.select(
             col("pkey"),
             (h if sort_key is None else sort_key(col("pkey"), h)).alias("k"),
             *rows.columns[1:],
         )
-        .repartition(n_parts, "k")
-        .sortWithinPartitions("k")
         .select(*COGROUP_COLS)
+        .repartition(n_parts, "k")
     )

@@ -215,6 +215,9 @@ class _Context:
             spark, fs, lake, params.lake, f_ms, t_ms, self.read_lo, self.read_hi, say
         )
         self.started = datetime.now(tz=UTC)
+        #: the co-group's count of the classified rows (:func:`cogroup.new_tally`), once
+        #: :meth:`classify` wrote them through the JVM path; None: the tally reads them back
+        self.jvm_tally: object | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reconcile-inputs")
 
     # -- inputs -----------------------------------------------------------------------
@@ -246,6 +249,10 @@ class _Context:
         if self._jvm_snapshot:
             snap, why = snapshot.read(self.spark, self.p.offsets)
             if snap is not None:
+                # the last deliveries' file staged here, beside the pre-flight scan: written
+                # when the classification asked for it, it held up the driver between the
+                # scan and the classification (~1.5 s at 10M messages, one core idle)
+                snap.write(self.stage.path("_deliveries"))
                 return snap.offsets, snap, snap.n_copies
             self.say(f"offsets snapshot: parsed in Python ({why})")
         text = self.fs.read_text(self.p.offsets)
@@ -279,14 +286,15 @@ class _Context:
     # -- classification ---------------------------------------------------------------
     def classify(self) -> None:
         """One row per (message, group[, client]) with its outcome and evidence, written to
-        ``<staging>/_classified`` (CONSUMED rows included, strings still hashed)."""
+        ``<staging>/_classified`` (strings still hashed; CONSUMED rows included but on the JVM
+        path without ``--keep-classified``, which only counts them: :attr:`jvm_tally`)."""
         conf = self.spark.conf
         saved = {k: conf.get(k, None) for k in CLASSIFY_CONF}
         try:
             for k, v in CLASSIFY_CONF.items():
                 conf.set(k, v)
             # (the JVM path runs its shuffle's map side here already)
-            df = self.classified_frame()
+            df = self.classified_frame(tally=True)
             # an intermediate read twice from local disk and deleted at the end: written fast
             # (no compression, no dictionary pages) rather than small
             df.write.mode("overwrite").option("compression", "none").option(
@@ -301,11 +309,12 @@ class _Context:
                 else:
                     conf.set(k, old)
 
-    def classified_frame(self, jvm: bool | None = None) -> DataFrame:
+    def classified_frame(self, jvm: bool | None = None, *, tally: bool = False) -> DataFrame:
         """The classification's steps (:mod:`tracemq_spark.classify`) over this run's lake
         read and inputs: through the JVM code's co-group by msgId
         (:mod:`tracemq_spark.cogroup`) when the session has it (``jvm``: None), else the
-        DataFrame steps — the same rows."""
+        DataFrame steps — the same rows. ``tally``: the JVM path also counts the rows it
+        emits into :attr:`jvm_tally` (the frame must then be computed once)."""
         spark, p = self.spark, self.p
         n_parts = int(spark.conf.get("spark.sql.shuffle.partitions") or 16)
         ev = self.scan.events(
@@ -347,6 +356,7 @@ class _Context:
         )
         # every timestamp read is >= read_lo: (ts - base) fits 62 bits
         if jvm:
+            self.jvm_tally = cogroup.new_tally(spark) if tally else None
             return cogroup.classified(
                 spark,
                 classify.cogroup_input(
@@ -362,6 +372,7 @@ class _Context:
                 bh,
                 p,
                 classify.classified_schema(p.keep_classified),
+                tally=self.jvm_tally,
                 **kw,
             )
         pubs = classify.pubs(ev, f_ms=self.f_ms, t_ms=self.t_ms, base=self.read_lo, n_parts=n_parts)

@@ -42,18 +42,23 @@ class JvmSnapshot:
     def __len__(self) -> int:
         return self.n_deliveries
 
+    def write(self, path: str) -> None:
+        """Stage the last deliveries as a Parquet file under ``path`` (the JVM writes it; once:
+        it lets go of them then). Nothing when there are none."""
+        if not self.n_deliveries or path in self._written:
+            return
+        if self._written:
+            raise RuntimeError("the last deliveries were written already")
+        conf = self._spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
+        self._j.writeDeliveries(f"{path.rstrip('/')}/{classify.DELIVERIES_FILE}", conf)
+        self._written.add(path)
+
     def frame(self, path: str) -> DataFrame | None:
         """As :func:`~tracemq_spark.classify.deliveries_frame`: the last deliveries staged as
-        a Parquet file under ``path`` (written by the JVM), None when there are none."""
+        a Parquet file under ``path`` (:meth:`write`), None when there are none."""
         if not self.n_deliveries:
             return None
-        if path not in self._written:
-            # (once: the JVM lets go of the deliveries once they are written)
-            if self._written:
-                raise RuntimeError("the last deliveries were written already")
-            conf = self._spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
-            self._j.writeDeliveries(f"{path.rstrip('/')}/{classify.DELIVERIES_FILE}", conf)
-            self._written.add(path)
+        self.write(path)
         return classify.deliveries_read(self._spark, path)
 
 

@@ -61,6 +61,7 @@ public final class Cogroup {
    *
    * @param params f_ms, t_ms, window_ms, horizon_ms, max_delay_ms, max_reconsume_times, cutoff
    * @param tallied the columns a CONSUMED row keeps without keepClassified (classify.TALLIED_COLS)
+   * @param tally counts the rows as they are emitted ({@link Tally}; registered), or null
    */
   public static Dataset<Row> classify(
       Dataset<Row> input,
@@ -71,7 +72,8 @@ public final class Cogroup {
       long[] params,
       boolean keepClassified,
       String[] tallied,
-      String schemaJson) {
+      String schemaJson,
+      Tally tally) {
     StructType schema = (StructType) DataType.fromJson(schemaJson);
     Task task =
         new Task(
@@ -80,7 +82,9 @@ public final class Cogroup {
             params,
             keepClassified,
             java.util.Set.of(tallied),
-            schema);
+            schema,
+            input.schema(),
+            tally);
     RDD<InternalRow> rows = input.queryExecution().toRdd();
     JavaRDD<InternalRow> out = rows.toJavaRDD().mapPartitions(task);
     SparkSession spark = input.sparkSession();
@@ -107,8 +111,8 @@ public final class Cogroup {
   /** The broadcast look-ups: subscription segments by topic, clients, committed offsets. */
   static final class Lookups implements Serializable {
     final Map<Long, List<Seg>> segsByTopic = new HashMap<>();
-    final Map<List<Long>, List<Long>> clients = new HashMap<>();
-    final Map<List<Long>, List<Long>> offsets = new HashMap<>();
+    final Map<LongKey, List<Long>> clients = new HashMap<>();
+    final Map<LongKey, List<Long>> offsets = new HashMap<>();
 
     static Long l(Row r, int i) {
       return r.isNullAt(i) ? null : ((Number) r.get(i)).longValue();
@@ -132,7 +136,7 @@ public final class Cogroup {
         if (r.isNullAt(0) || r.isNullAt(1)) {
           continue;
         }
-        lk.clients.computeIfAbsent(List.of(l(r, 0), l(r, 1)), x -> new ArrayList<>()).add(l(r, 2));
+        lk.clients.computeIfAbsent(new LongKey(l(r, 0), l(r, 1)), x -> new ArrayList<>()).add(l(r, 2));
       }
       // o_group_h, o_topic_h, o_store_h, o_queue_id, o_client_h, o_committed
       for (Row r : offsets) {
@@ -143,7 +147,7 @@ public final class Cogroup {
         if (nullKey) {
           continue;
         }
-        List<Long> key = List.of(l(r, 0), l(r, 1), l(r, 2), l(r, 3), l(r, 4));
+        LongKey key = new LongKey(l(r, 0), l(r, 1), l(r, 2), l(r, 3), l(r, 4));
         lk.offsets.computeIfAbsent(key, x -> new ArrayList<>()).add(l(r, 5));
       }
       return lk;

@@ -12,9 +12,17 @@ import java.util.List;
 import java.util.Map;
 import java.util.NoSuchElementException;
 
+import org.apache.spark.SparkEnv;
+import org.apache.spark.TaskContext;
 import org.apache.spark.api.java.function.FlatMapFunction;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
+import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
+import org.apache.spark.sql.execution.UnsafeExternalRowSorter;
+import org.apache.spark.util.TaskCompletionListener;
+import org.apache.spark.util.collection.unsafe.sort.PrefixComparators;
+import org.apache.spark.util.collection.unsafe.sort.RecordComparator;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructType;
@@ -41,6 +49,13 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
   final int cMsgId, cOrphanCheck;
   final boolean[] tallied;
   final UTF8String[] outcomeNames;
+  /** the input's schema (classify.COGROUP_COLS), for the sorter */
+  final StructType inputSchema;
+  /** the tally of the emitted rows (null: none kept) and its metrics' columns */
+  final Tally tally;
+  final int[] cMetrics;
+  /** the metrics' values of the row being counted (one array, reused) */
+  final Long[] metricValues;
 
   Task(
       Cogroup.Lookups lk,
@@ -48,8 +63,12 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
       long[] p,
       boolean keepClassified,
       java.util.Set<String> talliedNames,
-      StructType schema) {
+      StructType schema,
+      StructType inputSchema,
+      Tally tally) {
     this.lk = lk;
+    this.inputSchema = inputSchema;
+    this.tally = tally;
     for (long h : bh) {
       this.bh.add(h);
     }
@@ -109,6 +128,14 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     cE2e = idx(schema, "end_to_end_ms");
     cMsgId = idx(schema, "msg_id");
     cOrphanCheck = idx(schema, "_orphan_check");
+    cMetrics = new int[tally == null ? 0 : tally.metrics.length];
+    for (int m = 0; m < cMetrics.length; m++) {
+      cMetrics[m] = idx(schema, tally.metrics[m]);
+      if (cMetrics[m] < 0) {
+        throw new IllegalArgumentException("no column " + tally.metrics[m]);
+      }
+    }
+    metricValues = new Long[cMetrics.length];
     outcomeNames = new UTF8String[OUTCOMES.length];
     for (int i = 0; i < OUTCOMES.length; i++) {
       outcomeNames[i] = UTF8String.fromString(OUTCOMES[i]);
@@ -120,8 +147,66 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
   }
 
   @Override
-  public Iterator<InternalRow> call(Iterator<InternalRow> rows) {
-    return new Groups(rows);
+  public Iterator<InternalRow> call(Iterator<InternalRow> rows) throws java.io.IOException {
+    return new Groups(sorted(rows));
+  }
+
+  /**
+   * The partition's rows sorted by {@code k} with Spark's own sorter (a radix sort on the key,
+   * spilling as SortExec's would), read straight from it: a SortExec in the input's plan
+   * handed each row through whole-stage code's row buffer (a linked list) on its way here.
+   * Rows of one key come in no particular order (the runs are split by msgId anyway).
+   */
+  Iterator<InternalRow> sorted(Iterator<InternalRow> rows) throws java.io.IOException {
+    UnsafeExternalRowSorter.PrefixComputer prefix =
+        new UnsafeExternalRowSorter.PrefixComputer() {
+          final Prefix p = new Prefix();
+
+          @Override
+          public Prefix computePrefix(InternalRow row) {
+            p.value = row.getLong(K);
+            p.isNull = row.isNullAt(K);
+            return p;
+          }
+        };
+    // the prefix is the whole key: equal prefixes are equal keys
+    RecordComparator same =
+        new RecordComparator() {
+          @Override
+          public int compare(Object l, long lo, int ll, Object r, long ro, int rl) {
+            return 0;
+          }
+        };
+    UnsafeExternalRowSorter sorter =
+        UnsafeExternalRowSorter.createWithRecordComparator(
+            inputSchema,
+            () -> same,
+            PrefixComparators.LONG,
+            prefix,
+            SparkEnv.get().memoryManager().pageSizeBytes(),
+            true);
+    TaskContext ctx = TaskContext.get();
+    if (ctx != null) {
+      ctx.addTaskCompletionListener((TaskCompletionListener) c -> sorter.cleanupResources());
+    }
+    // (a shuffle's rows are unsafe rows already; anything else is converted)
+    UnsafeProjection unsafe = UnsafeProjection.create(inputSchema);
+    Iterator<UnsafeRow> unsafeRows =
+        new Iterator<UnsafeRow>() {
+          @Override
+          public boolean hasNext() {
+            return rows.hasNext();
+          }
+
+          @Override
+          public UnsafeRow next() {
+            InternalRow r = rows.next();
+            return r instanceof UnsafeRow ? (UnsafeRow) r : unsafe.apply(r);
+          }
+        };
+    scala.collection.Iterator<UnsafeRow> in =
+        scala.jdk.javaapi.CollectionConverters.asScala(unsafeRows);
+    return scala.jdk.javaapi.CollectionConverters.asJava(sorter.sort(in));
   }
 
   /** The classified rows of a partition, one msgId (a run of equal {@code k}) at a time. */
@@ -347,7 +432,7 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
           continue;
         }
         List<Long> cs =
-            s.groupH == null ? null : lk.clients.get(List.of(s.groupH, p.topicH));
+            s.groupH == null ? null : lk.clients.get(new LongKey(s.groupH, p.topicH));
         boolean bcast = isTrue(s.bcast);
         if (cs == null || cs.isEmpty()) {
           rows.add(new Long[] {s.groupH, 0L});
@@ -366,7 +451,7 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
       long ck = r[1];
       List<Long> committed = null;
       if (g != null && p.topicH != null && p.storeH != null && p.queueId != null) {
-        committed = lk.offsets.get(List.of(g, p.topicH, p.storeH, (long) p.queueId, ck));
+        committed = lk.offsets.get(new LongKey(g, p.topicH, p.storeH, (long) p.queueId, ck));
       }
       if (committed == null || committed.isEmpty()) {
         committed = new ArrayList<>(1);
@@ -659,6 +744,18 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     set(v, cE2e, minus(c == null ? null : c.successTs, pubTs), keepId);
     set(v, cMsgId, realId && isTrue(keepId) ? pkey : null, keepId);
     set(v, cOrphanCheck, orphanCheck, keepId);
+    if (tally != null && outcome != NONE && outcome != ORPHAN_CONSUME) {
+      // (orphans are filtered and folded after the co-group: Spark tallies them)
+      Long[] values = metricValues;
+      for (int m = 0; m < values.length; m++) {
+        values[m] = (Long) v[cMetrics[m]];
+      }
+      // (the task's own copy of the accumulator: Spark deserializes one per task)
+      tally.count((Long) v[cWindow], (Long) v[cTopic], (Long) v[cGroup], outcome, values);
+    }
+    if (tally != null && !keepClassified && outcome == CONSUMED) {
+      return; // counted: nothing after the co-group reads a CONSUMED row but the tally
+    }
     out.add(new GenericInternalRow(v));
   }
 
