@@ -511,3 +511,91 @@ def test_the_jvm_tally_counts_what_the_tally_of_the_classified_rows_counts(
     assert {"CONSUMED", "ORPHAN_CONSUME", *metrics} <= kinds
     buckets = {r[4] for r in want}
     assert {-1, -2, 0, 255} <= buckets and any(b > 256 for b in buckets)
+
+
+@pytest.mark.parametrize("keep_classified", [True, False])
+def test_the_jvm_path_gives_the_anomalies_the_producer_strings_pub_details_gives(
+    spark: Any, tmp_path: Path, jvm: None, keep_classified: bool
+) -> None:
+    """With ``details`` the co-group's anomaly rows carry their message's producer strings —
+    what :func:`outputs.pub_details` finds in the lake for their msgId: the least (failed,
+    time, tags, keys, store address, producer group) of all its Pub rows, the consumers'
+    dead-letter moves included, failed ones too — and their other columns are unchanged."""
+    from pyspark.sql import functions as F
+    from tracemq_spark import outputs
+    from tracemq_spark.params import OUTCOMES
+
+    orphan_moved = _msg_id(F0 - 5 * MIN, 9)
+    dlq = "%DLQ%" + G
+    cases = _cases() + [
+        # a dead-letter move traced before the send (clock skew): its strings come first
+        pub("MOVE_FIRST", F0 + MIN, queue_offset=93, keys="k-send"),
+        *consume("MOVE_FIRST", G, "mf1", F0 + 2 * MIN, ok=False),
+        pub("MOVE_FIRST", F0 + MIN - 1, topic=dlq, group_name=G, keys="k-move", tags=None),
+        # only failed sends, and an earlier failed move (read by neither side)
+        pub("FAILED_MOVE", F0 + MIN, success=False, keys="k-send"),
+        pub("FAILED_MOVE", F0 + MIN - 5, topic=dlq, group_name=G, success=False, keys="k-fm"),
+        # a failed move after a successful send: the send's
+        pub("LATE_FAILED_MOVE", F0 + MIN, queue_offset=94, keys="k-send"),
+        *consume("LATE_FAILED_MOVE", G, "lf1", F0 + 2 * MIN, ok=False),
+        pub("LATE_FAILED_MOVE", F0 + 3 * MIN, topic=dlq, group_name=G, success=False),
+        # two sends at one time (the classification's columns alike): the strings decide,
+        # field by field, nulls first
+        pub("TIE", F0 + MIN, queue_offset=95, keys="k2"),
+        pub("TIE", F0 + MIN, queue_offset=95, keys="k9"),
+        pub("TIE", F0 + MIN, queue_offset=95, keys=None),
+        pub("TIE_GROUP", F0 + MIN, queue_offset=96, keys="k", group_name="pz"),
+        pub("TIE_GROUP", F0 + MIN, queue_offset=96, keys="k", group_name="pa"),
+        # an orphan whose only Pub row is a failed dead-letter move
+        *consume(orphan_moved, G, "om1", F0 + 2 * MIN, ok=True),
+        pub(orphan_moved, F0 + 3 * MIN, topic=dlq, group_name=G, success=False, keys="k-o"),
+    ]
+    ev = _events(spark, cases)
+    inp = _inputs(spark, tmp_path)
+    p = _params(keep_classified=keep_classified)
+    kw = {"f_ms": F0, "t_ms": T0, "read_lo": READ_LO, "cutoff": T0 + 15 * MIN}
+    ref, _ = _both(spark, ev, inp, p, cutoff=kw["cutoff"])
+    got = cogroup.classified(
+        spark,
+        classify.cogroup_input(
+            ev,
+            inp["deliveries"],
+            base=READ_LO,
+            n_parts=3,
+            details=True,
+        ),
+        inp["subs"],
+        inp["clients"],
+        inp["offsets"],
+        inp["bh"],
+        p,
+        classify.classified_schema(p.keep_classified),
+        details=True,
+        **kw,
+    )
+    detail_cols = list(classify.DETAIL_COLS)
+    assert got.columns == [*ref.columns, *detail_cols]
+    assert _rows(got.drop(*detail_cols)) == _rows(ref)
+
+    class Scan:  # what pub_details reads of a LakeScan
+        def events(self, *cols: str) -> DataFrame:
+            return ev.select(*cols)
+
+    anomaly = F.col("outcome").isin([o for o in OUTCOMES if o != "CONSUMED"])
+    ids = ref.where(anomaly & F.col("msg_id").isNotNull()).select("msg_id")
+    want = _rows(
+        ref.where(anomaly)
+        .join(outputs.pub_details(Scan(), ids, broadcast=True), "msg_id", "left")
+        .select("msg_id", "outcome", "group_h", "client_h", *detail_cols)
+    )
+    mine = _rows(
+        got.where(anomaly).select("msg_id", "outcome", "group_h", "client_h", *detail_cols)
+    )
+    assert mine == want
+    by_id = {r[0]: r[4:] for r in want}
+    assert by_id["MOVE_FIRST"] == (None, "k-move", BROKER, G)
+    assert by_id["FAILED_MOVE"][1] == "k-fm"
+    assert by_id["LATE_FAILED_MOVE"][1] == "k-send"
+    assert by_id["TIE"] == ("a", None, BROKER, "producers")
+    assert by_id["TIE_GROUP"] == ("a", "k", BROKER, "pa")
+    assert by_id[orphan_moved][1] == "k-o"
