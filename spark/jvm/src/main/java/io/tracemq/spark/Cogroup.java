@@ -254,17 +254,6 @@ public final class Cogroup {
     /** where a Pub row's strings are in its run's arena (Task.Arena; -1: not a Pub row, or
      * no details asked for) */
     int pdAt = -1, pdSize;
-
-    /** As new (Task reuses its rows' objects). */
-    void reset() {
-      side = 0;
-      ts = cost = o = storeTime = queueOffset = topicH = tagsH = storeH = rid = gh = ch = th = null;
-      rQueueOffset = rCommitted = dlqOffset = null;
-      msgType = queueId = isCommit = isRollback = isRecall = retry = rReconsume = null;
-      b = d = success = null;
-      pdAt = -1;
-      pdSize = 0;
-    }
   }
 
   /** The Pub facts (PUB_COLS) of a msgId; null: no Pub. */

@@ -234,11 +234,6 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     final List<In> ins = new ArrayList<>();
     /** the run's Pub rows' strings */
     final Arena arena = new Arena();
-    /**
-     * the rows' values, reused from run to run (nothing keeps one past its run): one object
-     * per input row, ~43M at 10M messages, was most of the co-group's allocation
-     */
-    final List<In> pool = new ArrayList<>();
 
     Groups(Iterator<InternalRow> rows) {
       this.rows = rows;
@@ -282,10 +277,7 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
         if (!oneKey) {
           keys.add(key.clone());
         }
-        if (ins.size() == pool.size()) {
-          pool.add(new In());
-        }
-        ins.add(read(r, arena, pool.get(ins.size())));
+        ins.add(read(r, arena));
         if (!rows.hasNext()) {
           pending = null;
           break;
@@ -334,9 +326,8 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     return v == null ? null : v == 1;
   }
 
-  /** ``r``'s values into ``x`` (reset first). */
-  In read(InternalRow r, Arena arena, In x) {
-    x.reset();
+  In read(InternalRow r, Arena arena) {
+    In x = new In();
     x.side = r.getInt(SIDE);
     int flags = r.isNullAt(FLAGS) ? 0b101010 : r.getInt(FLAGS);
     switch (x.side) {
