@@ -251,9 +251,8 @@ public final class Cogroup {
     Long rQueueOffset, rCommitted, dlqOffset;
     Integer msgType, queueId, isCommit, isRollback, isRecall, retry, rReconsume;
     Boolean b, d, success;
-    /** where a Pub row's strings are in its run's arena (Task.Arena; -1: not a Pub row, or
-     * no details asked for) */
-    int pdAt = -1, pdSize;
+    /** a Pub row's strings (a copy; null: not a Pub row, or no details asked for) */
+    InternalRow pd;
   }
 
   /** The Pub facts (PUB_COLS) of a msgId; null: no Pub. */

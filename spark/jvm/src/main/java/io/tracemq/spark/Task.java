@@ -26,7 +26,6 @@ import org.apache.spark.util.collection.unsafe.sort.RecordComparator;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructType;
-import org.apache.spark.unsafe.Platform;
 import org.apache.spark.unsafe.types.UTF8String;
 
 /** One task's pass over its msgIds (see {@link Cogroup}). */
@@ -232,8 +231,6 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     InternalRow pending; // the first row of the next run (already read)
     final List<UTF8String> keys = new ArrayList<>();
     final List<In> ins = new ArrayList<>();
-    /** the run's Pub rows' strings */
-    final Arena arena = new Arena();
 
     Groups(Iterator<InternalRow> rows) {
       this.rows = rows;
@@ -258,7 +255,6 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
 
     void nextRun() {
       keys.clear();
-      arena.len = 0;
       ins.clear();
       long k = pending.getLong(K);
       InternalRow r = pending;
@@ -277,7 +273,7 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
         if (!oneKey) {
           keys.add(key.clone());
         }
-        ins.add(read(r, arena));
+        ins.add(read(r));
         if (!rows.hasNext()) {
           pending = null;
           break;
@@ -289,7 +285,7 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
         }
       }
       if (oneKey) {
-        group(first, ins, arena, out);
+        group(first, ins, out);
       } else {
         // split the run by msgId
         Map<UTF8String, List<In>> by = new LinkedHashMap<>();
@@ -297,7 +293,7 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
           by.computeIfAbsent(keys.get(i), x -> new ArrayList<>()).add(ins.get(i));
         }
         for (Map.Entry<UTF8String, List<In>> e : by.entrySet()) {
-          group(e.getKey(), e.getValue(), arena, out);
+          group(e.getKey(), e.getValue(), out);
         }
       }
     }
@@ -326,7 +322,7 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     return v == null ? null : v == 1;
   }
 
-  In read(InternalRow r, Arena arena) {
+  In read(InternalRow r) {
     In x = new In();
     x.side = r.getInt(SIDE);
     int flags = r.isNullAt(FLAGS) ? 0b101010 : r.getInt(FLAGS);
@@ -347,7 +343,7 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
         x.isRecall = flag(flags, 2);
         if (hasPd && x.o != null) {
           x.success = flagB(flags, 3);
-          arena.put(r, x);
+          x.pd = details(r);
         }
         break;
       case SIDE_CONS:
@@ -362,13 +358,13 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
         x.d = flagB(flags, 1);
         x.success = flagB(flags, 2);
         if (hasPd && isTrue(x.d)) {
-          arena.put(r, x);
+          x.pd = details(r);
         }
         break;
       case SIDE_OTHER_PUB:
         x.ts = lg(r, TS);
         x.success = flagB(flags, 2);
-        arena.put(r, x);
+        x.pd = details(r);
         break;
       default:
         x.gh = lg(r, L1);
@@ -380,56 +376,28 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     return x;
   }
 
-  /**
-   * The Pub rows' strings of one run (their structs' bytes, one after the other; the sorter
-   * reuses its rows): a copy each in one growing array, reused from run to run, instead of
-   * an object each — ~10M Pub rows at 10M messages, their strings needed for a few.
-   */
-  static final class Arena {
-    byte[] buf = new byte[1 << 12];
-    int len;
-    final UnsafeRow a = new UnsafeRow(DETAIL_COLS.length), b = new UnsafeRow(DETAIL_COLS.length);
-
-    /** Keeps ``r``'s struct of strings (if any) for ``x``. */
-    void put(InternalRow r, In x) {
-      if (r.isNullAt(PD)) {
-        return;
-      }
-      UnsafeRow s = (UnsafeRow) r.getStruct(PD, DETAIL_COLS.length);
-      int n = s.getSizeInBytes();
-      if (len + n > buf.length) {
-        buf = Arrays.copyOf(buf, Math.max(buf.length * 2, len + n));
-      }
-      Platform.copyMemory(
-          s.getBaseObject(), s.getBaseOffset(), buf, Platform.BYTE_ARRAY_OFFSET + len, n);
-      x.pdAt = len;
-      x.pdSize = n;
-      len += n;
-    }
-
-    UnsafeRow view(In x, UnsafeRow into) {
-      into.pointTo(buf, Platform.BYTE_ARRAY_OFFSET + x.pdAt, x.pdSize);
-      return into;
-    }
+  /** A Pub row's strings, copied (the sorter reuses its rows); null: none. */
+  static InternalRow details(InternalRow r) {
+    return r.isNullAt(PD) ? null : r.getStruct(PD, DETAIL_COLS.length).copy();
   }
 
   /**
    * outputs.pub_details: of a msgId's Pub rows (the producer's, the consumers' dead-letter
    * moves), the least (failed, timestamp, tags, keys, store_addr, producer_group) as Spark's
    * {@code min} of that struct orders them — field by field, nulls first, strings by their
-   * bytes; null: no Pub row. A copy: the arena is the run's.
+   * bytes; null: no Pub row.
    */
-  static InternalRow firstPubDetails(List<In> rows, Arena arena) {
+  static InternalRow firstPubDetails(List<In> rows) {
     In best = null;
     for (In x : rows) {
-      if (x.pdAt >= 0 && (best == null || compareDetails(x, best, arena) < 0)) {
+      if (x.pd != null && (best == null || compareDetails(x, best) < 0)) {
         best = x;
       }
     }
-    return best == null ? null : arena.view(best, arena.a).copy();
+    return best == null ? null : best.pd;
   }
 
-  static int compareDetails(In a, In b, Arena arena) {
+  static int compareDetails(In a, In b) {
     Boolean fa = not(a.success), fb = not(b.success);
     if (fa == null || fb == null) {
       if (fa != null || fb != null) {
@@ -445,16 +413,15 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     } else if (a.ts.longValue() != b.ts.longValue()) {
       return a.ts < b.ts ? -1 : 1;
     }
-    UnsafeRow pa = arena.view(a, arena.a), pb = arena.view(b, arena.b);
     for (int i = 0; i < DETAIL_COLS.length; i++) {
-      boolean na = pa.isNullAt(i), nb = pb.isNullAt(i);
+      boolean na = a.pd.isNullAt(i), nb = b.pd.isNullAt(i);
       if (na || nb) {
         if (na != nb) {
           return na ? -1 : 1;
         }
         continue;
       }
-      int c = pa.getUTF8String(i).binaryCompare(pb.getUTF8String(i));
+      int c = a.pd.getUTF8String(i).binaryCompare(b.pd.getUTF8String(i));
       if (c != 0) {
         return c;
       }
@@ -679,18 +646,16 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
   /** The details of the msgId being classified, computed when a row asks for them. */
   static final class Det {
     final List<In> rows;
-    final Arena arena;
     boolean done;
     InternalRow pd;
 
-    Det(List<In> rows, Arena arena) {
+    Det(List<In> rows) {
       this.rows = rows;
-      this.arena = arena;
     }
 
     InternalRow get() {
       if (!done) {
-        pd = firstPubDetails(rows, arena);
+        pd = firstPubDetails(rows);
         done = true;
       }
       return pd;
@@ -698,7 +663,7 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
   }
 
   /** One msgId: its classified rows into ``out``. */
-  void group(UTF8String pkey, List<In> rows, Arena arena, ArrayDeque<InternalRow> out) {
+  void group(UTF8String pkey, List<In> rows, ArrayDeque<InternalRow> out) {
     List<In> prods = new ArrayList<>(2), cons = new ArrayList<>(), dels = new ArrayList<>(0);
     for (In x : rows) {
       if (x.side == SIDE_PROD) {
@@ -709,7 +674,7 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
         dels.add(x);
       } // (SIDE_OTHER_PUB: only the details read it)
     }
-    Det det = cDetails == null ? null : new Det(rows, arena);
+    Det det = cDetails == null ? null : new Det(rows);
     Pub p = pubs(prods);
     List<Exp> exps = expected(p, dels);
     List<Cons> cs = consumed(cons, dels);
