@@ -788,25 +788,6 @@ def _flags(values: list[Column]) -> Column:
     return out
 
 
-#: the producer's strings of a message the anomalies report (:func:`outputs.pub_details`:
-#: of its first Pub row, the consumers' dead-letter moves included), in the order they come
-DETAIL_COLS = ("tags", "keys", "store_addr", "producer_group")
-#: with ``details``, :func:`cogroup_input`'s last column: every Pub row's strings
-#: (:data:`DETAIL_COLS`), null on the other rows
-PD_COL = "pd"
-PD_TYPE = "struct<tags:string,keys:string,store_addr:string,producer_group:string>"
-
-
-def _other_pub() -> Column:
-    """The Pub rows neither side reads: a consumer's dead-letter move that did not succeed
-    (or says nothing of it). Only :func:`outputs.pub_details` reads them."""
-    col = F.col
-    moved_not_ok = _dlq_move() & ~F.coalesce(col("success"), F.lit(False))
-    return (
-        F.coalesce(moved_not_ok, F.lit(False)) & col("msg_id").isNotNull() & (col("msg_id") != "")
-    )
-
-
 def cogroup_input(
     ev: DataFrame,
     deliveries: DataFrame | None,
@@ -814,7 +795,6 @@ def cogroup_input(
     base: int,
     n_parts: int,
     sort_key: Callable[[Column, Column], Column] | None = None,
-    details: bool = False,
 ) -> DataFrame:
     """Every row the classification reads, one lake scan for both sides, plus the last
     deliveries (:func:`deliveries_frame`), in :data:`COGROUP_COLS`: hash-partitioned by ``k``
@@ -822,29 +802,15 @@ def cogroup_input(
     (:func:`tracemq_spark.cogroup.sort_key`: roughly its creation time). The JVM code
     (:mod:`tracemq_spark.cogroup`) sorts each partition by ``k`` (Spark's sorter, called
     directly), so that one msgId's rows are one run of a task's input (a run can hold two
-    msgIds of one key: it splits it), and classifies each run in one pass.
-
-    ``details`` (``ev`` then has ``keys``): also what :func:`outputs.pub_details` reads — each
-    Pub row's strings in a last column, :data:`PD_COL`, and the Pub rows neither side reads
-    (side 3: :func:`_other_pub`, consume-side slots) — so that the JVM code gives the
-    anomalies their producer strings without a second read of the lake."""
+    msgIds of one key: it splits it), and classifies each run in one pass."""
     col = F.col
     p_cond, p_cols = _producer_side(base)
     c_cond, c_cols = _consume_side()
-    p_in = F.coalesce(p_cond, F.lit(False))
-    c_in = F.coalesce(c_cond, F.lit(False))
     # the side once per row (a projection would inline a condition used in every slot)
-    if details:
-        x_in = _other_pub()
-        rows = ev.where(p_in | c_in | x_in).select(
-            F.when(p_in, F.lit(0)).when(c_in, F.lit(1)).otherwise(F.lit(3)).alias("side"),
-            *ev.columns,
-        )
-    else:
-        rows = ev.where(p_in | c_in).select(
-            F.when(p_in, F.lit(0)).otherwise(F.lit(1)).alias("side"),
-            *ev.columns,
-        )
+    rows = ev.where(F.coalesce(p_cond, F.lit(False)) | F.coalesce(c_cond, F.lit(False))).select(
+        F.when(F.coalesce(p_cond, F.lit(False)), F.lit(0)).otherwise(F.lit(1)).alias("side"),
+        *ev.columns,
+    )
     is_p = col("side") == 0
 
     def slot(name: str, of_p: Any, of_c: Any) -> Column:
@@ -862,23 +828,12 @@ def cogroup_input(
             .alias(name)
         )
 
-    slots = dict(COGROUP_SLOTS)
-    extra: list[Column] = []
-    if details:
-        # the producer's flags with the Pub's success (for pub_details' order); side 3 rows
-        # fill the consume side's slots, their flags (b, d, success) included
-        p_cols = {**p_cols, "success": col("success")}
-        p_flags, c_flags, d_flags = slots["flags"]
-        slots["flags"] = ((*p_flags, "success"), c_flags, d_flags)
-        pd = F.struct(*[col(c) for c in DETAIL_COLS[:-1]], col("group_name").alias(DETAIL_COLS[-1]))
-        extra = [F.when(col("trace_type") == "Pub", pd).alias(PD_COL)]
     rows = rows.select(
         F.when(is_p, p_cols["pkey"]).otherwise(c_cols["pkey"]).alias("pkey"),
         col("side"),
         col("timestamp"),
         col("cost_time"),
-        *[slot(name, of_p, of_c) for name, (of_p, of_c, _) in slots.items()],
-        *extra,
+        *[slot(name, of_p, of_c) for name, (of_p, of_c, _) in COGROUP_SLOTS.items()],
     )
     if deliveries is not None:
         # (a delivery without msgId meets nothing: the joins' null keys)
@@ -891,7 +846,6 @@ def cogroup_input(
                 (F.lit(None) if of_d is None else col(of_d)).cast(COGROUP_COLS[name]).alias(name)
                 for name, (_, _, of_d) in COGROUP_SLOTS.items()
             ],
-            *([F.lit(None).cast(PD_TYPE).alias(PD_COL)] if details else []),
         )
         rows = rows.unionByName(d)
     h = F.xxhash64(col("pkey"))
@@ -903,6 +857,6 @@ def cogroup_input(
             (h if sort_key is None else sort_key(col("pkey"), h)).alias("k"),
             *rows.columns[1:],
         )
-        .select(*COGROUP_COLS, *([PD_COL] if details else []))
+        .select(*COGROUP_COLS)
         .repartition(n_parts, "k")
     )

@@ -104,7 +104,6 @@ def classified(
     read_lo: int,
     cutoff: int,
     tally: object | None = None,
-    details: bool = False,
 ) -> DataFrame:
     """The classified rows (``schema``: :func:`~tracemq_spark.classify.meet`'s) of ``inp``
     (:func:`~tracemq_spark.classify.cogroup_input`), with ``subs``, ``clients`` and
@@ -112,10 +111,7 @@ def classified(
     ``offsets_frame``) and the broadcasting groups' hashes ``bh``. ``tally``
     (:func:`new_tally`): counts the rows but the orphans as the frame is computed — compute
     it once; without ``keep_classified`` the CONSUMED rows are then only counted, not
-    emitted (the tally is all that reads them). ``details`` (``inp`` built with them): the
-    rows of the anomaly outcomes also get their message's producer strings,
-    :data:`~tracemq_spark.classify.DETAIL_COLS` after ``schema``'s columns, as
-    :func:`tracemq_spark.outputs.pub_details` gives them (null on the other rows)."""
+    emitted (the tally is all that reads them)."""
     sc = spark.sparkContext
     gw = sc._gateway  # type: ignore[attr-defined]
     jvm = sc._jvm  # type: ignore[attr-defined]
@@ -133,12 +129,7 @@ def classified(
         return arr
 
     params = [f_ms, t_ms, p.window_ms, p.horizon_ms, p.max_delay_ms, p.max_reconsume_times, cutoff]
-    detail_fields = (
-        [T.StructField(c, T.StringType()) for c in classify.DETAIL_COLS] if details else []
-    )
-    out_schema = T.StructType(
-        [*schema.fields, *detail_fields, T.StructField(ORPHAN_CHECK, T.BooleanType())]
-    )
+    out_schema = T.StructType([*schema.fields, T.StructField(ORPHAN_CHECK, T.BooleanType())])
     cls = jvm.io.tracemq.spark.Cogroup
     jdf = cls.classify(
         inp._jdf,

@@ -294,7 +294,7 @@ class _Context:
             for k, v in CLASSIFY_CONF.items():
                 conf.set(k, v)
             # (the JVM path runs its shuffle's map side here already)
-            df = self.classified_frame(tally=True, details=True)
+            df = self.classified_frame(tally=True)
             # an intermediate read twice from local disk and deleted at the end: written fast
             # (no compression, no dictionary pages) rather than small
             df.write.mode("overwrite").option("compression", "none").option(
@@ -309,20 +309,14 @@ class _Context:
                 else:
                     conf.set(k, old)
 
-    def classified_frame(
-        self, jvm: bool | None = None, *, tally: bool = False, details: bool = False
-    ) -> DataFrame:
+    def classified_frame(self, jvm: bool | None = None, *, tally: bool = False) -> DataFrame:
         """The classification's steps (:mod:`tracemq_spark.classify`) over this run's lake
         read and inputs: through the JVM code's co-group by msgId
         (:mod:`tracemq_spark.cogroup`) when the session has it (``jvm``: None), else the
         DataFrame steps — the same rows. ``tally``: the JVM path also counts the rows it
-        emits into :attr:`jvm_tally` (the frame must then be computed once); ``details``: the
-        JVM path also gives the anomalies' producer strings (:func:`cogroup.classified`), so
-        that :func:`outputs.publish_tables` need not read the lake again."""
+        emits into :attr:`jvm_tally` (the frame must then be computed once)."""
         spark, p = self.spark, self.p
         n_parts = int(spark.conf.get("spark.sql.shuffle.partitions") or 16)
-        if jvm is None:
-            jvm = cogroup.available(spark)
         ev = self.scan.events(
             "trace_type",
             "timestamp",
@@ -341,8 +335,6 @@ class _Context:
             "store_addr",
             "queue_id",
             "queue_offset",
-            # (the JVM path carries the anomalies' producer strings: outputs.pub_details)
-            *(["keys"] if jvm and details else []),
         )
         subs = classify.subs_frame(spark, self.subs, p.subscription_grace_ms)
         clients = classify.clients_frame(spark, self.scan.broadcast_clients)
@@ -355,6 +347,8 @@ class _Context:
             else classify.deliveries_frame(spark, self.fs, d_path, self.deliveries)
         )
         kw = {"f_ms": self.f_ms, "t_ms": self.t_ms, "read_lo": self.read_lo, "cutoff": self.cutoff}
+        if jvm is None:
+            jvm = cogroup.available(spark)
         self.say(
             "classification: co-group by msgId (JVM code)"
             if jvm
@@ -371,7 +365,6 @@ class _Context:
                     base=self.read_lo,
                     n_parts=n_parts,
                     sort_key=cogroup.sort_key(spark),
-                    details=details,
                 ),
                 subs,
                 clients,
@@ -380,7 +373,6 @@ class _Context:
                 p,
                 classify.classified_schema(p.keep_classified),
                 tally=self.jvm_tally,
-                details=details,
                 **kw,
             )
         pubs = classify.pubs(ev, f_ms=self.f_ms, t_ms=self.t_ms, base=self.read_lo, n_parts=n_parts)

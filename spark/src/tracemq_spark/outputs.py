@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from tracemq_spark import classify, cogroup, latency
+from tracemq_spark import cogroup, latency
 from tracemq_spark.commit import Staging
 from tracemq_spark.lake_scan import LakeScan
 from tracemq_spark.params import (
@@ -138,35 +138,25 @@ def publish_tables(ctx: _Context) -> None:
     t.write.mode("overwrite").parquet(ctx.stage.path("_tally"))
     tallies = ctx.spark.read.parquet(ctx.stage.path("_tally"))
     anomaly_outcomes = [o for o in OUTCOMES if o != "CONSUMED"]
+    n_anomalies = tallies.where(col("kind").isin(anomaly_outcomes)).agg(F.sum("n")).first()[0] or 0
     anomalies = final.where(col("outcome").isin(anomaly_outcomes))
     anomalies = decode(
         anomalies,
         ctx.scan.dict_df,
         [("topic_h", "topic"), ("group_h", "group"), ("client_h", "client_host")],
     )
-    detail_cols = list(classify.DETAIL_COLS)
-    if set(detail_cols) <= set(final.columns):
-        # the JVM path gave each anomaly its producer strings (cogroup.classified): no second
-        # read of the lake (~11 s of task CPU at 10M messages) and no join; the columns in
-        # the join's order
-        anomalies = anomalies.select(
-            "msg_id",
-            *[c for c in anomalies.columns if c not in ("msg_id", *detail_cols)],
-            *detail_cols,
-        )
-    else:
-        n_anomalies = (
-            tallies.where(col("kind").isin(anomaly_outcomes)).agg(F.sum("n")).first()[0] or 0
-        )
-        details = pub_details(
-            ctx.scan,
-            anomalies.where(col("msg_id").isNotNull()).select("msg_id"),
-            broadcast=n_anomalies <= BROADCAST_IDS_MAX,
-        )
-        # a shuffled hash join (details, one row per msgId, is the build side): a sort-merge
-        # join sorted both sides only to join them
-        anomalies = anomalies.join(details.hint("shuffle_hash"), "msg_id", "left")
-    anomalies = anomalies.withColumn("evidence", _evidence()).drop("tags_h", "store_h")
+    details = pub_details(
+        ctx.scan,
+        anomalies.where(col("msg_id").isNotNull()).select("msg_id"),
+        broadcast=n_anomalies <= BROADCAST_IDS_MAX,
+    )
+    # a shuffled hash join (details, one row per msgId, is the build side): a sort-merge join
+    # sorted both sides only to join them
+    anomalies = (
+        anomalies.join(details.hint("shuffle_hash"), "msg_id", "left")
+        .withColumn("evidence", _evidence())
+        .drop("tags_h", "store_h")
+    )
     write(
         ctx.fs,
         ctx.stage,
@@ -176,7 +166,7 @@ def publish_tables(ctx: _Context) -> None:
     )
     if ctx.p.keep_classified:
         full = decode(
-            final.drop(*detail_cols),
+            final,
             ctx.scan.dict_df,
             [("topic_h", "topic"), ("group_h", "group"), ("client_h", "client_host")],
         )

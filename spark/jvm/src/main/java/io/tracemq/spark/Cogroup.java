@@ -51,18 +51,8 @@ public final class Cogroup {
   /** three nullable 0/1 values, two bits each (0 false, 1 true, 2 null): producer
    * is_commit, is_rollback, is_recall; consume b, d, success */
   static final int FLAGS = 13;
-  /**
-   * with the anomalies' details (classify.cogroup_input's {@code details}): every Pub row's
-   * strings, a struct of tags, keys, store_addr, producer_group (classify.DETAIL_COLS); null on
-   * the other rows. The producer's flags then carry the Pub's success fourth.
-   */
-  static final int PD = 14;
 
   static final int SIDE_PROD = 0, SIDE_CONS = 1, SIDE_DELIVERY = 2;
-  /** a Pub row neither side reads (a dead-letter move that did not succeed): details only */
-  static final int SIDE_OTHER_PUB = 3;
-  /** the anomalies' producer strings (classify.DETAIL_COLS), output columns of these names */
-  static final String[] DETAIL_COLS = {"tags", "keys", "store_addr", "producer_group"};
 
   /**
    * The classified rows of {@code input} (columns as above, partitioned and sorted by {@code
@@ -251,8 +241,6 @@ public final class Cogroup {
     Long rQueueOffset, rCommitted, dlqOffset;
     Integer msgType, queueId, isCommit, isRollback, isRecall, retry, rReconsume;
     Boolean b, d, success;
-    /** a Pub row's strings (a copy; null: not a Pub row, or no details asked for) */
-    InternalRow pd;
   }
 
   /** The Pub facts (PUB_COLS) of a msgId; null: no Pub. */

@@ -56,10 +56,6 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
   final int[] cMetrics;
   /** the metrics' values of the row being counted (one array, reused) */
   final Long[] metricValues;
-  /** whether the input carries the Pub rows' strings ({@link Cogroup#PD}) */
-  final boolean hasPd;
-  /** the output's columns of {@link Cogroup#DETAIL_COLS} (null: none asked for) */
-  final int[] cDetails;
 
   Task(
       Cogroup.Lookups lk,
@@ -140,17 +136,6 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
       }
     }
     metricValues = new Long[cMetrics.length];
-    hasPd = idx(inputSchema, "pd") == PD;
-    int[] details = new int[DETAIL_COLS.length];
-    boolean anyDetail = false;
-    for (int i = 0; i < details.length; i++) {
-      details[i] = idx(schema, DETAIL_COLS[i]);
-      anyDetail |= details[i] >= 0;
-    }
-    if (anyDetail && !hasPd) {
-      throw new IllegalArgumentException("the anomalies' details need the input's pd column");
-    }
-    cDetails = anyDetail ? details : null;
     outcomeNames = new UTF8String[OUTCOMES.length];
     for (int i = 0; i < OUTCOMES.length; i++) {
       outcomeNames[i] = UTF8String.fromString(OUTCOMES[i]);
@@ -322,7 +307,7 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     return v == null ? null : v == 1;
   }
 
-  In read(InternalRow r) {
+  static In read(InternalRow r) {
     In x = new In();
     x.side = r.getInt(SIDE);
     int flags = r.isNullAt(FLAGS) ? 0b101010 : r.getInt(FLAGS);
@@ -341,10 +326,6 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
         x.isCommit = flag(flags, 0);
         x.isRollback = flag(flags, 1);
         x.isRecall = flag(flags, 2);
-        if (hasPd && x.o != null) {
-          x.success = flagB(flags, 3);
-          x.pd = details(r);
-        }
         break;
       case SIDE_CONS:
         x.ts = lg(r, TS);
@@ -357,14 +338,6 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
         x.b = flagB(flags, 0);
         x.d = flagB(flags, 1);
         x.success = flagB(flags, 2);
-        if (hasPd && isTrue(x.d)) {
-          x.pd = details(r);
-        }
-        break;
-      case SIDE_OTHER_PUB:
-        x.ts = lg(r, TS);
-        x.success = flagB(flags, 2);
-        x.pd = details(r);
         break;
       default:
         x.gh = lg(r, L1);
@@ -374,59 +347,6 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
         x.rReconsume = in(r, I1);
     }
     return x;
-  }
-
-  /** A Pub row's strings, copied (the sorter reuses its rows); null: none. */
-  static InternalRow details(InternalRow r) {
-    return r.isNullAt(PD) ? null : r.getStruct(PD, DETAIL_COLS.length).copy();
-  }
-
-  /**
-   * outputs.pub_details: of a msgId's Pub rows (the producer's, the consumers' dead-letter
-   * moves), the least (failed, timestamp, tags, keys, store_addr, producer_group) as Spark's
-   * {@code min} of that struct orders them — field by field, nulls first, strings by their
-   * bytes; null: no Pub row.
-   */
-  static InternalRow firstPubDetails(List<In> rows) {
-    In best = null;
-    for (In x : rows) {
-      if (x.pd != null && (best == null || compareDetails(x, best) < 0)) {
-        best = x;
-      }
-    }
-    return best == null ? null : best.pd;
-  }
-
-  static int compareDetails(In a, In b) {
-    Boolean fa = not(a.success), fb = not(b.success);
-    if (fa == null || fb == null) {
-      if (fa != null || fb != null) {
-        return fa == null ? -1 : 1;
-      }
-    } else if (fa.booleanValue() != fb.booleanValue()) {
-      return fa ? 1 : -1;
-    }
-    if (a.ts == null || b.ts == null) {
-      if (a.ts != null || b.ts != null) {
-        return a.ts == null ? -1 : 1;
-      }
-    } else if (a.ts.longValue() != b.ts.longValue()) {
-      return a.ts < b.ts ? -1 : 1;
-    }
-    for (int i = 0; i < DETAIL_COLS.length; i++) {
-      boolean na = a.pd.isNullAt(i), nb = b.pd.isNullAt(i);
-      if (na || nb) {
-        if (na != nb) {
-          return na ? -1 : 1;
-        }
-        continue;
-      }
-      int c = a.pd.getUTF8String(i).binaryCompare(b.pd.getUTF8String(i));
-      if (c != 0) {
-        return c;
-      }
-    }
-    return 0;
   }
 
   // ---- the steps, for one msgId -----------------------------------------------------------
@@ -643,38 +563,12 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     return out;
   }
 
-  /** The details of the msgId being classified, computed when a row asks for them. */
-  static final class Det {
-    final List<In> rows;
-    boolean done;
-    InternalRow pd;
-
-    Det(List<In> rows) {
-      this.rows = rows;
-    }
-
-    InternalRow get() {
-      if (!done) {
-        pd = firstPubDetails(rows);
-        done = true;
-      }
-      return pd;
-    }
-  }
-
   /** One msgId: its classified rows into ``out``. */
   void group(UTF8String pkey, List<In> rows, ArrayDeque<InternalRow> out) {
     List<In> prods = new ArrayList<>(2), cons = new ArrayList<>(), dels = new ArrayList<>(0);
     for (In x : rows) {
-      if (x.side == SIDE_PROD) {
-        prods.add(x);
-      } else if (x.side == SIDE_CONS) {
-        cons.add(x);
-      } else if (x.side == SIDE_DELIVERY) {
-        dels.add(x);
-      } // (SIDE_OTHER_PUB: only the details read it)
+      (x.side == SIDE_PROD ? prods : x.side == SIDE_CONS ? cons : dels).add(x);
     }
-    Det det = cDetails == null ? null : new Det(rows);
     Pub p = pubs(prods);
     List<Exp> exps = expected(p, dels);
     List<Cons> cs = consumed(cons, dels);
@@ -689,30 +583,23 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
           if (c.groupH != null && c.groupH.longValue() == e.groupH && c.ck == e.ck) {
             matched[i] = true;
             any = true;
-            emit(pkey, realId, p, e, c, det, out);
+            emit(pkey, realId, p, e, c, out);
           }
         }
       }
       if (!any) {
-        emit(pkey, realId, p, e, null, det, out);
+        emit(pkey, realId, p, e, null, out);
       }
     }
     for (int i = 0; i < cs.size(); i++) {
       if (!matched[i]) {
-        emit(pkey, realId, p, null, cs.get(i), det, out);
+        emit(pkey, realId, p, null, cs.get(i), out);
       }
     }
   }
 
   /** classify.meet's outcome and columns for one joined row (``e`` or ``c`` may be null). */
-  void emit(
-      UTF8String pkey,
-      boolean realId,
-      Pub p,
-      Exp e,
-      Cons c,
-      Det det,
-      ArrayDeque<InternalRow> out) {
+  void emit(UTF8String pkey, boolean realId, Pub p, Exp e, Cons c, ArrayDeque<InternalRow> out) {
     Long groupH = e != null && e.groupH != null ? e.groupH : c != null ? c.groupH : null;
     long ck = e != null ? e.ck : c.ck;
     boolean expected = e != null && groupH != null;
@@ -857,15 +744,6 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     set(v, cE2e, minus(c == null ? null : c.successTs, pubTs), keepId);
     set(v, cMsgId, realId && isTrue(keepId) ? pkey : null, keepId);
     set(v, cOrphanCheck, orphanCheck, keepId);
-    if (det != null && realId && outcome != CONSUMED && outcome != NONE) {
-      // the anomalies' producer strings (outputs.pub_details: joined on the msgId)
-      InternalRow pd = det.get();
-      if (pd != null) {
-        for (int i = 0; i < cDetails.length; i++) {
-          set(v, cDetails[i], pd.isNullAt(i) ? null : pd.getUTF8String(i), keepId);
-        }
-      }
-    }
     if (tally != null && outcome != NONE && outcome != ORPHAN_CONSUME) {
       // (orphans are filtered and folded after the co-group: Spark tallies them)
       Long[] values = metricValues;
