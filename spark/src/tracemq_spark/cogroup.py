@@ -110,8 +110,9 @@ def classified(
     ``offsets`` (:func:`~tracemq_spark.classify.subs_frame`, ``clients_frame``,
     ``offsets_frame``) and the broadcasting groups' hashes ``bh``. ``tally``
     (:func:`new_tally`): counts the rows but the orphans as the frame is computed — compute
-    it once; without ``keep_classified`` the CONSUMED rows are then only counted, not
-    emitted (the tally is all that reads them)."""
+    it once; without ``keep_classified`` the CONSUMED rows and those of the informational
+    outcomes (``params.INFORMATIONAL``) are then only counted, not emitted (the tally is all
+    that reads them)."""
     sc = spark.sparkContext
     gw = sc._gateway  # type: ignore[attr-defined]
     jvm = sc._jvm  # type: ignore[attr-defined]

@@ -286,8 +286,9 @@ class _Context:
     # -- classification ---------------------------------------------------------------
     def classify(self) -> None:
         """One row per (message, group[, client]) with its outcome and evidence, written to
-        ``<staging>/_classified`` (strings still hashed; CONSUMED rows included but on the JVM
-        path without ``--keep-classified``, which only counts them: :attr:`jvm_tally`)."""
+        ``<staging>/_classified`` (strings still hashed; CONSUMED rows and the informational
+        outcomes' included but on the JVM path without ``--keep-classified``, which only
+        counts them: :attr:`jvm_tally`)."""
         conf = self.spark.conf
         saved = {k: conf.get(k, None) for k in CLASSIFY_CONF}
         try:

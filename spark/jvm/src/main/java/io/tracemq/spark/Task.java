@@ -753,10 +753,20 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
       // (the task's own copy of the accumulator: Spark deserializes one per task)
       tally.count((Long) v[cWindow], (Long) v[cTopic], (Long) v[cGroup], outcome, values);
     }
-    if (tally != null && !keepClassified && outcome == CONSUMED) {
-      return; // counted: nothing after the co-group reads a CONSUMED row but the tally
+    if (tally != null && !keepClassified && (outcome == CONSUMED || isInformational(outcome))) {
+      // counted: nothing after the co-group reads a CONSUMED row, or one of an informational
+      // outcome (params.INFORMATIONAL: more of them than anomalies), but the tally
+      return;
     }
     out.add(new GenericInternalRow(v));
+  }
+
+  /** params.INFORMATIONAL: counted, neither anomalies nor CONSUMED. */
+  static boolean isInformational(int outcome) {
+    return outcome == RECALLED
+        || outcome == ROLLED_BACK
+        || outcome == TX_UNRESOLVED
+        || outcome == NO_EXPECTED_GROUP;
   }
 
   /** One output value, as its column's type; left null (CONSUMED rows without
