@@ -307,11 +307,12 @@ class TaskCpu:
         seconds, name, clock = self.seconds, self._name, time.thread_time
 
         def _run(handle: Any) -> None:
+            key = name(handle)  # (before the run: a callback may cancel its own handle)
             began = clock()
             try:
                 original(handle)
             finally:
-                seconds[name(handle)] += clock() - began
+                seconds[key] += clock() - began
 
         asyncio.events.Handle._run = _run  # type: ignore[method-assign]
         return self
