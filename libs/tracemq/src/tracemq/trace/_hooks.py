@@ -43,19 +43,20 @@ class _Appender(Protocol):
 _Token = tuple[int, str, int]
 
 
-def _compiled_tracer(dispatcher: object, trace_topic: str) -> Any:
-    """The compiled ``ConsumeTracer`` over ``dispatcher`` (an :class:`AsyncTraceDispatcher`:
-    it works on its queue state), or None: another dispatcher, the extension not built or
-    turned off (``TRACEMQ_NO_EXTENSIONS``, as for the trace worker's steps)."""
+def _compiled_tracer(hook: ConsumeMessageTraceHook) -> Any:
+    """The compiled ``ConsumeTracer`` over ``hook``'s dispatcher (an
+    :class:`AsyncTraceDispatcher`: it works on its queue state), or None: another dispatcher,
+    the extension not built or turned off (``TRACEMQ_NO_EXTENSIONS``, as for the trace
+    worker's steps)."""
     from tracemq.trace._dispatcher import AsyncTraceDispatcher
 
-    if not COMPILED or type(dispatcher) is not AsyncTraceDispatcher:
+    if not COMPILED or type(hook.dispatcher) is not AsyncTraceDispatcher:
         return None
     try:
         from tracemq.trace._speedups import ConsumeTracer
     except ImportError:  # an extension built before the tracer was added
         return None
-    return ConsumeTracer(dispatcher, trace_topic)
+    return ConsumeTracer(hook.dispatcher, hook.trace_topic, hook.after)
 
 
 #: where the consume hook keeps its SubBefore's dispatcher number, in ConsumeMessageContext.props
@@ -137,7 +138,7 @@ class ConsumeMessageTraceHook:
         # (bound once: the context-free calls below run once per consumed message)
         self._append_sub_before = dispatcher.append_sub_before
         self._join_sub_after = dispatcher.join_sub_after
-        tracer = _compiled_tracer(dispatcher, trace_topic)
+        tracer = _compiled_tracer(self)
         if tracer is not None:  # the same steps as before() and after() below, compiled
             self.before = tracer.before  # type: ignore[method-assign]
             self.after = tracer.after  # type: ignore[method-assign]
@@ -158,16 +159,20 @@ class ConsumeMessageTraceHook:
         begin = now_ms()
         return (self.one_before(msg, group, region, request_id, begin), request_id, begin)
 
-    def after(self, token: _Token | None, msg: MessageExt, group: str, region: str, end: int,
-              success: bool, context_code: int) -> None:  # fmt: skip
+    def after(self, token: _Token | None, msg: MessageExt, group: str, region: str,
+              end: object, success: bool, context_code: int) -> None:  # fmt: skip
         """Everything after the listener: :meth:`one_after` for the call :meth:`before`
-        returned ``token`` for, ending at ``end`` (negative: now). Never raises."""
+        returned ``token`` for, ending at ``end`` — anything but a non-negative ``int``
+        (a listener's own end time may be anything: ``ConsumeContext.end_times`` is a plain
+        dict) means now. Never raises."""
         if token is None:
             return
-        seq, request_id, begin = token
-        if end < 0:
-            end = now_ms()
-        self.one_after(seq, msg, group, region, request_id, begin, end, success, context_code)
+        try:
+            seq, request_id, begin = token
+        except Exception:  # pragma: no cover - defensive: a token not of before()
+            return
+        at = end if type(end) is int and end >= 0 else now_ms()
+        self.one_after(seq, msg, group, region, request_id, begin, at, success, context_code)
 
     # ---- one message, no context: the consumer's usual call, once per consumed message
 

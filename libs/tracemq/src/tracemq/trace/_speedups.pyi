@@ -7,7 +7,9 @@ def plan_slices(
 ) -> tuple[list[tuple[int, int, bytes, set[Any]]], int, int] | None: ...
 
 class ConsumeTracer:
-    def __init__(self, dispatcher: Any, trace_topic: str) -> None: ...
+    def __init__(
+        self, dispatcher: Any, trace_topic: str, fallback_after: Callable[..., None]
+    ) -> None: ...
     def before(self, msg: Any, group: str, region: str) -> tuple[int, str, int] | None: ...
     def after(
         self,
@@ -15,7 +17,7 @@ class ConsumeTracer:
         msg: Any,
         group: str,
         region: str,
-        end: int,
+        end_at: object,
         success: bool,
         code: int,
     ) -> None: ...

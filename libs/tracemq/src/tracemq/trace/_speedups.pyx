@@ -423,15 +423,16 @@ cdef class ConsumeTracer:
     itself is kept, it is never replaced). The request ids come from the same counter and
     prefix as ``tracemq.message_id.new_request_id``, formatted the same way."""
 
-    cdef object _d, _queue, _trace_topic, _ids, _counter, _hex2
+    cdef object _d, _queue, _trace_topic, _ids, _counter, _hex2, _fallback
     cdef Py_ssize_t _queue_size
     cdef object _rid_prefix, _rid_head
     cdef long long _rid_block
 
-    def __init__(self, dispatcher, trace_topic):
+    def __init__(self, dispatcher, trace_topic, fallback_after):
         from tracemq import message_id
 
         self._d = dispatcher
+        self._fallback = fallback_after  # the reference after(), for an end beyond C's range
         self._queue = dispatcher._queue
         self._queue_size = dispatcher._queue_size
         self._trace_topic = trace_topic
@@ -485,15 +486,29 @@ cdef class ConsumeTracer:
         except Exception:  # tracing must not break the consumer (as one_before: -1)
             return (-1, rid, begin)
 
-    def after(self, token, msg, group, region, long long end, success, code):
-        """``ConsumeMessageTraceHook.after``: the SubAfter of ``msg`` (``end`` < 0: now),
-        joined to its SubBefore while that still waits, else queued on its own."""
+    def after(self, token, msg, group, region, end_at, success, code):
+        """``ConsumeMessageTraceHook.after``: the SubAfter of ``msg`` ending at ``end_at``
+        (anything but a non-negative ``int``: now), joined to its SubBefore while that still
+        waits, else queued on its own. Never raises."""
         if token is None:
             return
-        cdef long long seq = token[0], begin = token[2], index, first
-        if end < 0:
-            end = _now_ms()
-        cdef long long cost = end - begin if end > begin else 0
+        cdef long long seq, begin, end, cost, index
+        cdef int overflow = 0
+        try:
+            seq = token[0]
+            begin = token[2]
+            if type(end_at) is int:
+                end = PyLong_AsLongLongAndOverflow(end_at, &overflow)
+                if overflow:  # beyond a Java long: the reference's way (counted failed later)
+                    self._fallback(token, msg, group, region, end_at, success, code)
+                    return
+                if end < 0:
+                    end = _now_ms()
+            else:
+                end = _now_ms()
+        except Exception:  # a token not of before(): nothing to trace (as the reference)
+            return
+        cost = end - begin if end > begin else 0
         cdef object d = self._d, items, head, msg_id, gathering
         try:
             msg_id = msg.msg_id
