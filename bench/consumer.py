@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
     GcTimer,
+    TaskCpu,
     Ticker,
     add_cpu,
     base_parser,
@@ -136,6 +137,8 @@ async def consume_all(
     consumer.register_message_listener(listener)
     gc_timer = GcTimer()
     gc_before = gc_timer.snapshot()
+    task_cpu = TaskCpu() if args.task_cpu else None
+    tasks_before: dict[str, float] = {}
     before = cpu_snapshot(stack)
     t0 = time.perf_counter()
     started_s = 0.0
@@ -146,9 +149,13 @@ async def consume_all(
         if first and not steady_before:
             steady_before.update(cpu_snapshot(stack))
             gc_before = gc_timer.snapshot()
+            if task_cpu is not None:
+                tasks_before.update(task_cpu.snapshot())
 
     try:
         gc_timer.__enter__()
+        if task_cpu is not None:
+            task_cpu.__enter__()
         await bounded(consumer.start(), 60, f"starting consumer {group}")
         started_s = time.perf_counter() - t0
         async with Ticker(f"{variant} {group}", lambda: len(seen), n):
@@ -165,11 +172,16 @@ async def consume_all(
             )
         t1 = time.perf_counter()
         steady_gc = GcTimer.delta(gc_before, gc_timer.snapshot())
+        steady_tasks = (
+            TaskCpu.us_per(tasks_before, task_cpu.snapshot(), n) if task_cpu is not None else None
+        )
         end = cpu_snapshot(stack)
         cpu = cpu_delta(before, end)
         steady_cpu = cpu_delta(steady_before or before, end)
     finally:
         gc_timer.__exit__()
+        if task_cpu is not None:
+            task_cpu.__exit__()
         s0 = time.perf_counter()
         await bounded(consumer.shutdown(), 120, f"shutting consumer {group} down")
         shutdown_s = time.perf_counter() - s0
@@ -193,6 +205,7 @@ async def consume_all(
         "cpu_s": cpu,
         "steady_cpu_s": steady_cpu,
         "steady_gc": steady_gc,
+        "steady_task_cpu_us_per_msg": steady_tasks,
         "dispatcher": {
             k: stats.get(k)
             for k in (
@@ -209,6 +222,19 @@ async def consume_all(
         else None,
         "_seen": seen,
     }
+
+
+def _tracing_by_task(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Steady CPU us/msg by event-loop callback, trace on minus off (means over the rounds),
+    largest difference first."""
+    mean: dict[str, dict[str, float]] = {}
+    for variant in ("off", "on"):
+        vr = [x["steady_task_cpu_us_per_msg"] or {} for x in runs if x["variant"] == variant]
+        names = {k for x in vr for k in x}
+        mean[variant] = {k: sum(x.get(k, 0.0) for x in vr) / len(vr) for k in names}
+    names = set(mean["off"]) | set(mean["on"])
+    diff = {k: round(mean["on"].get(k, 0.0) - mean["off"].get(k, 0.0), 3) for k in names}
+    return dict(sorted(diff.items(), key=lambda kv: -abs(kv[1])))
 
 
 async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
@@ -299,6 +325,12 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
             f"{per[v]['first_assignment_wait_s']} s; {mps[v]:,.0f} msg/s from start() "
             f"({per[v]['seconds']:.2f}s total)"
         )
+    tracing_by_task = _tracing_by_task(runs) if args.task_cpu else None
+    if tracing_by_task:
+        say("  tracing's CPU by event-loop callback (on - off, us/msg; --task-cpu adds ~1 us per")
+        say("  callback to both sides: read it for where the time goes, not as the headline):")
+        for name, us in list(tracing_by_task.items())[:12]:
+            say(f"    {us:+7.3f}  {name}")
     say(
         f"  steady trace-on / trace-off = {ratios['on_vs_off_steady']:.3f} (target >= "
         f"{TARGET_ON_VS_OFF}: {'met' if targets_met['on_vs_off_steady_ge_0.85'] else 'MISSED'});"
@@ -367,6 +399,7 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
         "first_assignment_wait_s": {v: per[v]["first_assignment_wait_s"] for v in per},
         "session_timeout_ms": args.session_timeout_ms,
         "ratios": ratios,
+        "tracing_by_task_us_per_msg": tracing_by_task,
         "targets": {"on_vs_off_steady": TARGET_ON_VS_OFF, "trace_cpu_us_per_msg": TARGET_TRACE_US},
         "targets_met": targets_met,
         "per_variant": per,
@@ -409,6 +442,13 @@ def main() -> int:
         default=6000,
         help="PushConsumer session_timeout_ms (default 6000: Tansu holds the first join for "
         "half of it)",
+    )
+    parser.add_argument(
+        "--task-cpu",
+        action="store_true",
+        help="also measure the steady state's CPU per event-loop callback (task coroutine or "
+        "callback name) and report tracing's cost by callback; a diagnostic: it adds ~1 us "
+        "per callback to both variants",
     )
     args = parser.parse_args()
     check_args(args)

@@ -294,6 +294,9 @@ _FALLBACK_CHECK = textwrap.dedent(
         (job,) = d._build_jobs([pair], 0)
         assert job.value == c.write_records_py([pair])[0].encode()
         assert job.contexts == 2
+        from tracemq.trace._hooks import ConsumeMessageTraceHook
+        hook = ConsumeMessageTraceHook(d, "RMQ_SYS_TRACE_TOPIC")
+        assert hook.before.__self__ is hook and hook.after.__self__ is hook  # not compiled
         print("pure", len(job.value))
 
     asyncio.run(main())
@@ -310,3 +313,211 @@ def test_the_worker_falls_back_to_pure_python(how: str) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("pure")
+
+
+# ---- the consumer's per-message trace path: ConsumeTracer against the hook's before/after ----
+
+
+class _Routes:
+    async def get(self, topic: str, *, refresh: bool = False) -> Any:
+        raise AssertionError("not started")
+
+
+def _consume_side() -> tuple[Any, Any]:
+    """A dispatcher (small queue: refusals happen) and its consume hook's pure before/after."""
+    from tracemq.trace._hooks import ConsumeMessageTraceHook
+
+    d = dm.AsyncTraceDispatcher(group="CG", route_cache=_Routes(), sender=object(), queue_size=4)
+    return d, ConsumeMessageTraceHook(d, "RMQ_SYS_TRACE_TOPIC")
+
+
+def _messages() -> list[Any]:
+    from tracemq.message import MessageExt, MessageQueue
+
+    q = MessageQueue("Orders", "broker-a", 1)
+    trace_q = MessageQueue("RMQ_SYS_TRACE_TOPIC", "trace-a", 0)
+    return [
+        MessageExt(
+            "Orders",
+            b"x",
+            f"MSG{i}",
+            q,
+            i,
+            1,
+            2,
+            "h",
+            reconsume_times=i % 3,
+            properties={"KEYS": f"k{i} j{i}"} if i % 2 else {},
+        )  # fmt: skip
+        for i in range(5)
+    ] + [MessageExt("RMQ_SYS_TRACE_TOPIC", b"x", "MSGT", trace_q, 9, 1, 2, "h")]
+
+
+# a listener's own end time (ConsumeContext.end_times is a plain dict): anything at all
+_end_at = st.one_of(
+    st.just(-1),
+    st.integers(0, 2_000_000_000_000),
+    st.integers(2**63 - 2, 2**64),  # beyond a Java long
+    st.integers(-(2**64), -(2**63) + 1),
+    st.floats(allow_nan=False),
+    st.none(),
+    st.booleans(),
+    st.text(max_size=2),
+)
+_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("before"), st.integers(0, 5)),
+        st.tuples(
+            st.just("after"),
+            st.integers(0, 5),
+            st.booleans(),
+            st.integers(0, 5),
+            _end_at,
+        ),  # fmt: skip
+        st.tuples(st.just("take"), st.integers(0, 4)),  # the worker gathers up to n items
+        st.tuples(st.just("write")),  # the worker has written its batch
+        st.tuples(st.just("close")),
+    ),
+    max_size=40,
+)
+
+
+def _run_consume_ops(d: Any, before: Any, after: Any, ops: list[Any]) -> list[Any]:
+    """Apply ``ops``; the dispatcher's queue state after each, with each request id replaced
+    by its order of appearance and each clock-read time by a mark (checked, then hidden)."""
+    import time
+
+    msgs = _messages()
+    tokens: dict[int, Any] = {}
+    reads: list[tuple[int, int]] = []  # clock-read windows of the calls
+    states = []
+    for op in ops:
+        if op[0] == "before" and op[1] not in tokens:
+            low = time.time_ns() // 1_000_000
+            tokens[op[1]] = before(msgs[op[1]], "CG", "Region-A")
+            reads.append((low, time.time_ns() // 1_000_000))
+        elif op[0] == "after" and op[1] in tokens:
+            _, i, ok, code, end = op
+            low = time.time_ns() // 1_000_000
+            after(tokens.pop(i), msgs[i], "CG", "Region-A", end, ok, code)
+            reads.append((low, time.time_ns() // 1_000_000))
+        elif op[0] == "take":
+            if d._gathering_seq is None:
+                d._gathering_seq = d._taken_seq
+            taken = min(op[1], len(d._queue))
+            for _ in range(taken):
+                d._batch.append(d._queue.popleft())
+            d._taken_seq += taken
+        elif op[0] == "write":
+            d._batch = []
+            d._gathering_seq = None
+        elif op[0] == "close":
+            d._closing = True
+        states.append(
+            (
+                [_hide(r, reads) for r in d._queue],
+                [_hide(r, reads) for r in d._batch],
+                d._accepted_seq,
+                d._taken_seq,
+                d._gathering_seq,
+                d._want,
+                {k: v for k, v in d.stats().items() if "latency" not in k},
+                sorted((i, _hide_token(t, reads)) for i, t in tokens.items()),
+            )  # fmt: skip
+        )
+    return states
+
+
+def _in_a_read(ts: int, reads: list[tuple[int, int]]) -> bool:
+    return any(low <= ts <= high for low, high in reads)
+
+
+def _hide_token(token: Any, reads: list[tuple[int, int]]) -> Any:
+    if token is None:
+        return None
+    seq, rid, begin = token
+    assert _in_a_read(begin, reads)
+    return (seq, len(rid), "B")
+
+
+def _hide(r: Any, reads: list[tuple[int, int]]) -> Any:
+    r = list(r)
+    kind = r[0]
+    assert kind in (c.SUB_BEFORE, c.SUB_AFTER, c.SUB_PAIR)
+    # request id: 32 upper-case hex characters (new_request_id's form)
+    assert isinstance(r[7], str) and len(r[7]) == 32 and r[7] == r[7].upper()
+    r[7] = "RID"
+    if kind == c.SUB_AFTER:  # end at 5, cost at 8
+        assert r[8] >= 0
+        r[8] = "C"
+        if _in_a_read(r[5], reads):
+            r[5] = "NOW"
+    else:
+        assert _in_a_read(r[5], reads)  # begin
+        r[5] = "B"
+        if kind == c.SUB_PAIR:  # end at 9, cost at 10
+            assert r[10] >= 0
+            r[10] = "C"
+            if _in_a_read(r[9], reads):
+                r[9] = "NOW"
+    return tuple(r)
+
+
+@compiled
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(_ops)
+def test_compiled_consume_tracer_equals_the_reference(ops: list[Any]) -> None:
+    from tracemq.trace._hooks import ConsumeMessageTraceHook
+
+    d_ref, hook = _consume_side()
+    pure = (
+        ConsumeMessageTraceHook.before.__get__(hook),
+        ConsumeMessageTraceHook.after.__get__(hook),
+    )
+    d_c, hook_c = _consume_side()  # (its pure after(): the tracer's way for an end beyond C's)
+    tracer = speedups.ConsumeTracer(
+        d_c, "RMQ_SYS_TRACE_TOPIC", ConsumeMessageTraceHook.after.__get__(hook_c)
+    )
+    assert _run_consume_ops(d_c, tracer.before, tracer.after, ops) == _run_consume_ops(
+        d_ref, *pure, ops
+    )
+
+
+@compiled
+def test_the_consume_hook_uses_the_compiled_tracer() -> None:
+    d, hook = _consume_side()
+    if c.COMPILED:
+        assert isinstance(hook.before.__self__, speedups.ConsumeTracer)
+        assert isinstance(hook.after.__self__, speedups.ConsumeTracer)
+    # another dispatcher than the one whose state it knows: the pure-Python steps
+    from tracemq.trace._hooks import ConsumeMessageTraceHook
+
+    class Other(dm.AsyncTraceDispatcher):
+        pass
+
+    other = ConsumeMessageTraceHook(Other(group="CG", route_cache=_Routes()), "T")
+    assert other.before.__self__ is other
+
+
+@compiled
+def test_compiled_request_ids_are_new_request_ids() -> None:
+    """The tracer's request ids come from new_request_id's counter and prefix: unique among
+    both, in its form (the process's msgId prefix, then the counter in hex)."""
+    from tracemq.message_id import new_request_id
+
+    d, _ = _consume_side()
+    tracer = speedups.ConsumeTracer(d, "RMQ_SYS_TRACE_TOPIC", None)
+    msgs = _messages()
+    ids = []
+    for i in range(600):  # across several of the cached 256-id heads
+        if i % 3:
+            ids.append(new_request_id())
+        else:
+            token = tracer.before(msgs[0], "CG", "R")
+            ids.append(token[1])
+            tracer.after(token, msgs[0], "CG", "R", 5, True, 0)
+            d._queue.clear()
+    assert len(set(ids)) == len(ids)
+    assert {i[:20] for i in ids} == {new_request_id()[:20]}
+    numbers = [int(i[20:], 16) for i in ids]
+    assert numbers == sorted(numbers) and numbers[-1] - numbers[0] == len(ids) - 1

@@ -757,17 +757,15 @@ class PushConsumer(ClientBase):
         # goes to its context-free methods (the same records; ConsumeMessageTraceHook.one_*).
         hctx: ConsumeMessageContext | None = None
         trace: Any = None
-        seq = -2  # (the fast trace path: the SubBefore's dispatcher number; -2: not traced)
+        token = None  # (the fast trace path: what trace.after needs; None: not traced)
         if hooks:
             trace = self._trace_hook
             if len(msgs) == 1 and len(hooks) == 1 and trace is not None and hooks[0] is trace:
                 region = route.region_id if route else "DefaultRegion"
-                # request ids pair SubBefore with SubAfter (unique ids like RocketMQ's, which
-                # uses createUniqID too)
-                request_id = new_request_id()
-                begin = now_ms()
+                # a request id (pairs SubBefore with SubAfter, unique like RocketMQ's
+                # createUniqID), the begin time and the SubBefore, in one call
                 if route is None or route.trace_on:
-                    seq = trace.one_before(first, self.group, region, request_id, begin)
+                    token = trace.before(first, self.group, region)
             else:
                 trace = None
                 hctx = ConsumeMessageContext(
@@ -826,12 +824,10 @@ class PushConsumer(ClientBase):
                 msg_ids=[m.msg_id for m in msgs],
             )
         success = code == ConsumeReturnType.SUCCESS
-        if seq != -2:
-            end = now_ms()
-            if cctx.end_times:  # the listener marked the message done before it returned
-                end = cctx.end_times.get(first.msg_id, end)
-            trace.one_after(seq, first, self.group, region, request_id, begin, end, success,
-                            int(code))  # fmt: skip
+        if token is not None:
+            # (-1: now; the listener may have marked the message done before it returned)
+            end = cctx.end_times.get(first.msg_id, -1) if cctx.end_times else -1
+            trace.after(token, first, self.group, region, end, success, int(code))
         elif hctx is not None:
             hctx.end_timestamp = now_ms()
             hctx.end_timestamps = cctx.end_times

@@ -11,10 +11,12 @@ the batch average; the store time comes from the transport's acknowledgement.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from tracemq.clock import now_ms
 from tracemq.message import MessageConst
-from tracemq.trace._codec import PUB, SUB_AFTER, SUB_BEFORE, RawRecord
+from tracemq.message_id import new_request_id
+from tracemq.trace._codec import COMPILED, PUB, SUB_AFTER, SUB_BEFORE, RawRecord
 from tracemq.trace._model import MessageType, TraceBean, TraceContext, TraceType, TransactionState
 
 if TYPE_CHECKING:
@@ -34,6 +36,27 @@ class _Appender(Protocol):
 
     def join_sub_after(self, seq: int, msg_id: str | None, timestamp: int, cost_time: int,
                        success: bool, context_code: int) -> bool: ...  # fmt: skip
+
+
+#: what ConsumeMessageTraceHook.before hands to .after: (SubBefore's dispatcher number or -1,
+#: request id, begin time)
+_Token = tuple[int, str, int]
+
+
+def _compiled_tracer(hook: ConsumeMessageTraceHook) -> Any:
+    """The compiled ``ConsumeTracer`` over ``hook``'s dispatcher (an
+    :class:`AsyncTraceDispatcher`: it works on its queue state), or None: another dispatcher,
+    the extension not built or turned off (``TRACEMQ_NO_EXTENSIONS``, as for the trace
+    worker's steps)."""
+    from tracemq.trace._dispatcher import AsyncTraceDispatcher
+
+    if not COMPILED or type(hook.dispatcher) is not AsyncTraceDispatcher:
+        return None
+    try:
+        from tracemq.trace._speedups import ConsumeTracer
+    except ImportError:  # an extension built before the tracer was added
+        return None
+    return ConsumeTracer(hook.dispatcher, hook.trace_topic, hook.after)
 
 
 #: where the consume hook keeps its SubBefore's dispatcher number, in ConsumeMessageContext.props
@@ -115,6 +138,41 @@ class ConsumeMessageTraceHook:
         # (bound once: the context-free calls below run once per consumed message)
         self._append_sub_before = dispatcher.append_sub_before
         self._join_sub_after = dispatcher.join_sub_after
+        tracer = _compiled_tracer(self)
+        if tracer is not None:  # the same steps as before() and after() below, compiled
+            self.before = tracer.before  # type: ignore[method-assign]
+            self.after = tracer.after  # type: ignore[method-assign]
+
+    # ---- one message, the whole per-message trace path: what PushConsumer calls
+
+    def before(self, msg: MessageExt, group: str, region: str) -> _Token | None:
+        """Everything the consumer does for tracing before its listener runs over ``msg``
+        alone: a request id, the begin time, :meth:`one_before`. The token :meth:`after`
+        needs (the SubBefore's dispatcher number or -1, the request id, the begin time), or
+        None when ``msg`` is not traced (from a queue of the trace topic). Never raises.
+
+        With the compiled trace steps (``tracemq/trace/_speedups.pyx``) an instance calls
+        their ``ConsumeTracer`` instead: this method and :meth:`after` are its reference."""
+        if msg.queue.topic == self.trace_topic:
+            return None
+        request_id = new_request_id()
+        begin = now_ms()
+        return (self.one_before(msg, group, region, request_id, begin), request_id, begin)
+
+    def after(self, token: _Token | None, msg: MessageExt, group: str, region: str,
+              end: object, success: bool, context_code: int) -> None:  # fmt: skip
+        """Everything after the listener: :meth:`one_after` for the call :meth:`before`
+        returned ``token`` for, ending at ``end`` — anything but a non-negative ``int``
+        (a listener's own end time may be anything: ``ConsumeContext.end_times`` is a plain
+        dict) means now. Never raises."""
+        if token is None:
+            return
+        try:
+            seq, request_id, begin = token
+        except Exception:  # pragma: no cover - defensive: a token not of before()
+            return
+        at = end if type(end) is int and end >= 0 else now_ms()
+        self.one_after(seq, msg, group, region, request_id, begin, at, success, context_code)
 
     # ---- one message, no context: the consumer's usual call, once per consumed message
 

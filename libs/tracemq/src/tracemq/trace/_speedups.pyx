@@ -389,3 +389,159 @@ def plan_slices(batch, texts, first_seq, limit, fallback):
         return plans, 0, oversize
     finally:
         PyMem_Free(ends)
+
+
+# ----------------------------------------------------------------------------- consume tracer
+
+cdef extern from "<time.h>" nogil:
+    ctypedef long time_t
+    cdef struct timespec:
+        time_t tv_sec
+        long tv_nsec
+    int clock_gettime(int clk_id, timespec* tp)
+    int CLOCK_REALTIME
+
+
+cdef inline long long _now_ms() noexcept:
+    # tracemq.clock.now_ms: time.time_ns() // 1_000_000, which reads this clock
+    cdef timespec ts
+    clock_gettime(CLOCK_REALTIME, &ts)
+    return <long long>ts.tv_sec * 1000 + ts.tv_nsec // 1000000
+
+
+cdef object _KEYS = "KEYS"  # MessageConst.KEYS
+import sys as _sys
+cdef object _NEVER = _sys.maxsize  # the dispatcher's _NEVER
+
+
+cdef class ConsumeTracer:
+    """The consumer's per-message trace calls in one compiled step each: the compiled twin of
+    ``ConsumeMessageTraceHook.before`` / ``after`` (``tracemq.trace._hooks``, the reference),
+    which are the request id, the clock reads, ``one_before`` / ``one_after`` and the
+    dispatcher's ``append_sub_before`` / ``join_sub_after`` that they call. It reads and writes
+    the dispatcher's queue state as those methods do (the same attributes; the queue object
+    itself is kept, it is never replaced). The request ids come from the same counter and
+    prefix as ``tracemq.message_id.new_request_id``, formatted the same way."""
+
+    cdef object _d, _queue, _trace_topic, _ids, _counter, _hex2, _fallback
+    cdef Py_ssize_t _queue_size
+    cdef object _rid_prefix, _rid_head
+    cdef long long _rid_block
+
+    def __init__(self, dispatcher, trace_topic, fallback_after):
+        from tracemq import message_id
+
+        self._d = dispatcher
+        self._fallback = fallback_after  # the reference after(), for an end beyond C's range
+        self._queue = dispatcher._queue
+        self._queue_size = dispatcher._queue_size
+        self._trace_topic = trace_topic
+        self._ids = message_id
+        self._counter = message_id._request_counter
+        self._hex2 = message_id._HEX2
+        self._rid_prefix = None
+        self._rid_head = ""
+        self._rid_block = -1
+
+    cdef object _request_id(self):
+        # new_request_id(): the msgId prefix (renewed after a fork) and the shared counter
+        cdef object generator = self._ids._default_generator
+        if generator is None:
+            generator = self._ids._default()
+        cdef object prefix = generator._prefix
+        cdef long long n = next(self._counter) & 0xFFFFFFFFFFFF
+        if self._rid_block != (n >> 8) or self._rid_prefix is not prefix:
+            self._rid_head = f"{prefix}{n >> 8:010X}"
+            self._rid_prefix = prefix
+            self._rid_block = n >> 8
+        return self._rid_head + <object>PyTuple_GET_ITEM(self._hex2, n & 0xFF)
+
+    def before(self, msg, group, region):
+        """``ConsumeMessageTraceHook.before``: the SubBefore of ``msg`` queued; its token
+        (dispatcher number or -1, request id, begin) for :meth:`after`, None when ``msg`` is not
+        traced."""
+        if msg.queue.topic == self._trace_topic:
+            return None
+        rid = self._request_id()
+        cdef long long begin = _now_ms()
+        cdef object d = self._d, queue = self._queue, seq
+        try:
+            if d._closing:
+                d._discard("dispatcher shut down")
+                return (-1, rid, begin)
+            if len(queue) >= self._queue_size:
+                d._discard("queue full")
+                return (-1, rid, begin)
+            queue.append(
+                (_SUB_BEFORE, msg.topic, region, msg.msg_id, msg.properties.get(_KEYS), begin,
+                 group, rid, msg.reconsume_times)
+            )
+            seq = d._accepted_seq
+            d._accepted_seq = seq + 1
+            d._records += 1
+            if len(queue) >= d._want:
+                d._want = _NEVER
+                d._wakeup.set()
+            return (seq, rid, begin)
+        except Exception:  # tracing must not break the consumer (as one_before: -1)
+            return (-1, rid, begin)
+
+    def after(self, token, msg, group, region, end_at, success, code):
+        """``ConsumeMessageTraceHook.after``: the SubAfter of ``msg`` ending at ``end_at``
+        (anything but a non-negative ``int``: now), joined to its SubBefore while that still
+        waits, else queued on its own. Never raises."""
+        if token is None:
+            return
+        cdef long long seq, begin, end, cost, index
+        cdef int overflow = 0
+        try:
+            seq = token[0]
+            begin = token[2]
+            if type(end_at) is int:
+                end = PyLong_AsLongLongAndOverflow(end_at, &overflow)
+                if overflow:  # beyond a Java long: the reference's way (counted failed later)
+                    self._fallback(token, msg, group, region, end_at, success, code)
+                    return
+                if end < 0:
+                    end = _now_ms()
+            else:
+                end = _now_ms()
+        except Exception:  # a token not of before(): nothing to trace (as the reference)
+            return
+        cost = end - begin if end > begin else 0
+        cdef object d = self._d, items, head, msg_id, gathering
+        try:
+            msg_id = msg.msg_id
+            if seq >= 0 and not d._closing:
+                index = seq - <long long>d._taken_seq
+                items = None
+                if index >= 0:
+                    items = self._queue
+                else:
+                    gathering = d._gathering_seq
+                    if gathering is not None and seq >= <long long>gathering:
+                        index = seq - <long long>gathering
+                        items = d._batch
+                if items is not None:
+                    head = items[index]
+                    if type(head) is tuple and PyTuple_GET_SIZE(head) == 9 and (
+                        <object>PyTuple_GET_ITEM(head, 3) is msg_id
+                    ):
+                        items[index] = (
+                            _SUB_PAIR, <object>PyTuple_GET_ITEM(head, 1),
+                            <object>PyTuple_GET_ITEM(head, 2), msg_id,
+                            <object>PyTuple_GET_ITEM(head, 4), <object>PyTuple_GET_ITEM(head, 5),
+                            <object>PyTuple_GET_ITEM(head, 6), <object>PyTuple_GET_ITEM(head, 7),
+                            <object>PyTuple_GET_ITEM(head, 8), end, cost, success, code,
+                        )
+                        d._records += 1
+                        return
+        except Exception:  # as join_sub_after: too late to join, the SubAfter goes alone
+            pass
+        try:
+            d.append_record(
+                (_SUB_AFTER, msg.topic, region, msg.msg_id, msg.properties.get(_KEYS), end, group,
+                 token[1], cost, success, code)
+            )
+        except Exception:  # tracing must not break the consumer (as one_after)
+            return
