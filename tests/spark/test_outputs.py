@@ -110,27 +110,6 @@ def test_failure_leaves_previous_output_untouched(
     assert not (out / "_staging").exists()
 
 
-@pytest.mark.parametrize("part", ["write_summary", "write_anomalies"])
-def test_a_failure_beside_the_other_tables_leaves_previous_output_untouched(
-    spark: Any, lake: Lake, first_run: Any, part: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The tally and summary tables are written in a thread beside the anomalies: a failure
-    in either fails the run, after the other is done, and nothing is committed."""
-    from tracemq_spark import outputs
-
-    _, out = first_run
-    before = fingerprint(out)
-
-    def fail(*_: Any) -> None:
-        raise RuntimeError(f"injected failure in {part}")
-
-    monkeypatch.setattr(outputs, part, fail)
-    with pytest.raises(RuntimeError, match=f"injected failure in {part}"):
-        run(spark, params(lake, out))
-    assert fingerprint(out) == before
-    assert not (out / "_staging").exists()
-
-
 def test_a_latency_of_minus_one_ms_is_timestamp_granularity_not_clock_skew(spark: Any) -> None:
     """One host, two millisecond clocks (store time, SubBefore): -1 ms is not skew; -2 ms is."""
     from pyspark.sql import functions as F

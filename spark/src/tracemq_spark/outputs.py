@@ -4,8 +4,7 @@ rows (``<staging>/_classified``) to the published datasets and run files, all st
 :func:`publish_tables` writes ``anomalies`` (with the producer's strings, :func:`pub_details`,
 and a one-line :func:`_evidence`), ``summary`` (per window, topic, group; latency
 percentiles) and with ``keep_classified`` ``classified``, each partitioned by window
-(:func:`write`) — the tally, its levels and ``summary`` (:func:`write_tally`,
-:func:`write_summary`) in a thread beside the anomalies; :func:`summarize` writes ``summary.json`` and :func:`report` the HTML/PNG
+(:func:`write`); :func:`summarize` writes ``summary.json`` and :func:`report` the HTML/PNG
 report. Hashed columns are decoded with the pre-flight scan's dictionary (:func:`decode`).
 """
 
@@ -127,21 +126,35 @@ def publish_tables(ctx: _Context) -> None:
     the tally and grouped figures ``summarize`` reads."""
     col = F.col
     final = final_frame(ctx.spark.read.parquet(ctx.stage.path("_classified")))
+    # one tally of the classified rows (outcome counts, latency buckets per window, topic
+    # and group) gives the summary Parquet, summary.json and the report's histograms; the
+    # JVM path counted its rows as it wrote them but the orphans (a key can come twice: the
+    # readers sum)
+    keys = latency.LEVELS[0][1]
     anomaly_outcomes = [o for o in OUTCOMES if o != "CONSUMED"]
     jvm_counts = None if ctx.jvm_tally is None else cogroup.tally_frame(ctx.spark, ctx.jvm_tally)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reconcile-summary") as pool:
+
+    def write_tally() -> None:
         if jvm_counts is not None:
-            # the tally, its grouped levels and the summary dataset (small stages, mostly the
-            # driver's planning: at 10M messages ~5 s with the cores idle before the
-            # anomalies' first stage, ~4 s after their last) beside the anomalies, which
-            # read none of them; the broadcast's choice counts the anomaly rows the co-group
-            # counted (all but the orphans, a few in a thousand)
-            summary = pool.submit(_write_tally_and_summary, ctx, final, jvm_counts)
+            t = latency.tally(cogroup.tally_rest(final), list(METRICS), SKEW_LIMIT_MS, keys)
+            t = t.unionByName(jvm_counts)
+        else:
+            t = latency.tally(final, list(METRICS), SKEW_LIMIT_MS, keys)
+        t.write.mode("overwrite").parquet(ctx.stage.path("_tally"))
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reconcile-tally") as pool:
+        if jvm_counts is not None:
+            # the tally's write (the orphans' few rows: small stages, mostly the driver's
+            # planning, ~5 s at 10M messages with the cores idle) beside the anomalies';
+            # the broadcast's choice counts the anomaly rows the co-group counted (all but
+            # the orphans, a few in a thousand)
+            tallied = pool.submit(write_tally)
             n_anomalies = (
                 jvm_counts.where(col("kind").isin(anomaly_outcomes)).agg(F.sum("n")).first()[0] or 0
             )
         else:
-            write_tally(ctx, final, None)
+            write_tally()
+            tallied = None
             n_anomalies = (
                 ctx.spark.read.parquet(ctx.stage.path("_tally"))
                 .where(col("kind").isin(anomaly_outcomes))
@@ -149,9 +162,10 @@ def publish_tables(ctx: _Context) -> None:
                 .first()[0]
                 or 0
             )
-            summary = pool.submit(write_summary, ctx)
         write_anomalies(ctx, final, anomaly_outcomes, n_anomalies)
-        summary.result()
+        if tallied is not None:
+            tallied.result()
+    tallies = ctx.spark.read.parquet(ctx.stage.path("_tally"))
     if ctx.p.keep_classified:
         full = decode(
             final,
@@ -159,28 +173,6 @@ def publish_tables(ctx: _Context) -> None:
             [("topic_h", "topic"), ("group_h", "group"), ("client_h", "client_host")],
         )
         write(ctx.fs, ctx.stage, with_window(full, ctx.p.window_ms), "classified", open_windows=0)
-
-
-def write_tally(ctx: _Context, final: DataFrame, jvm_counts: DataFrame | None) -> None:
-    """``<staging>/_tally``: one tally of the classified rows (outcome counts, latency buckets
-    per window, topic and group), which gives the summary Parquet, summary.json and the
-    report's histograms. ``jvm_counts``: the JVM path's count of its rows
-    (:func:`cogroup.tally_frame`), all but the orphans, which are tallied here (a key can
-    come twice: the readers sum)."""
-    keys = latency.LEVELS[0][1]
-    if jvm_counts is not None:
-        t = latency.tally(cogroup.tally_rest(final), list(METRICS), SKEW_LIMIT_MS, keys)
-        t = t.unionByName(jvm_counts)
-    else:
-        t = latency.tally(final, list(METRICS), SKEW_LIMIT_MS, keys)
-    t.write.mode("overwrite").parquet(ctx.stage.path("_tally"))
-
-
-def write_summary(ctx: _Context) -> None:
-    """From the tally: ``<staging>/_grouped`` (its levels and percentiles) and the summary
-    dataset, staged."""
-    col = F.col
-    tallies = ctx.spark.read.parquet(ctx.stage.path("_tally"))
     grouped = latency.grouped(tallies, OUTCOMES + INFORMATIONAL, list(METRICS), PERCENTILES)
     grouped.write.mode("overwrite").parquet(ctx.stage.path("_grouped"))
     g = ctx.spark.read.parquet(ctx.stage.path("_grouped"))
@@ -191,14 +183,7 @@ def write_summary(ctx: _Context) -> None:
             [("topic_h", "topic"), ("group_h", "group")],
         )
     )
-    # (a few rows a window; written beside the anomalies, whose write sets the session's
-    # open-files setting: left alone here)
-    write(ctx.fs, ctx.stage, with_window(per_window, ctx.p.window_ms), "summary", open_windows=None)
-
-
-def _write_tally_and_summary(ctx: _Context, final: DataFrame, jvm_counts: DataFrame) -> None:
-    write_tally(ctx, final, jvm_counts)
-    write_summary(ctx)
+    write(ctx.fs, ctx.stage, with_window(per_window, ctx.p.window_ms), "summary")
 
 
 def write_anomalies(
@@ -263,7 +248,7 @@ def write(
     df: DataFrame,
     name: str,
     *,
-    open_windows: int | None = 64,
+    open_windows: int = 64,
     plain: tuple[str, ...] = (),
 ) -> None:
     """Write a dataset partitioned by window into the staging directory, then mark it
@@ -274,23 +259,21 @@ def write(
     The sort cost its time, and its generated ``sort_addToSorter``, fused with the
     anomalies' decode and evidence projection, was the largest method C2 compiled in the
     whole job (334 kB, 5.8 s of compiler CPU at 1M messages, JFR). Each open file buffers a
-    Parquet row group: 0 (sort, one file at a time) for a dataset of every classified row;
-    None: the session's setting as it is. ``plain``: columns written without dictionary
-    encoding (:data:`PLAIN_COLUMNS`)."""
+    Parquet row group: 0 (sort, one file at a time) for a dataset of every classified row.
+    ``plain``: columns written without dictionary encoding (:data:`PLAIN_COLUMNS`)."""
     target = stage.path(name)
     conf = df.sparkSession.conf
     old = conf.get(_CONCURRENT_WRITERS, None)
-    if open_windows is not None:
-        conf.set(_CONCURRENT_WRITERS, str(open_windows))
+    conf.set(_CONCURRENT_WRITERS, str(open_windows))
     try:
         w = df.write.mode("overwrite").partitionBy("window")
         for c in plain:
             w = w.option(f"parquet.enable.dictionary#{c}", "false")
         w.parquet(target)
     finally:
-        if open_windows is not None and old is None:
+        if old is None:
             conf.unset(_CONCURRENT_WRITERS)
-        elif open_windows is not None:
+        else:
             conf.set(_CONCURRENT_WRITERS, old)
     fs.mkdirs(target)
     fs.write_text(stage.path(name, "_SUCCESS"), "")
