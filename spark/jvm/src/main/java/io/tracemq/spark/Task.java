@@ -39,8 +39,6 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
   final HashSet<Long> bh = new HashSet<>();
   final long fMs, tMs, windowMs, horizonMs, maxDelayMs, maxReconsume, cutoff;
   final boolean keepClassified;
-  /** the sort key: {@link MsgIdKey#of} the row's msgId and its hash {@code k} (else {@code k}) */
-  final boolean byCreation;
   // output columns: index in the schema (-1: absent) and kind (0 long, 1 int, 2 string, 3 bool)
   final int width;
   final int[] kind;
@@ -64,7 +62,6 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
       long[] bh,
       long[] p,
       boolean keepClassified,
-      boolean byCreation,
       java.util.Set<String> talliedNames,
       StructType schema,
       StructType inputSchema,
@@ -83,7 +80,6 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     maxReconsume = p[5];
     cutoff = p[6];
     this.keepClassified = keepClassified;
-    this.byCreation = byCreation;
     width = schema.length();
     kind = new int[width];
     tallied = new boolean[width];
@@ -155,14 +151,8 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     return new Groups(sorted(rows));
   }
 
-  /** The sort key of an input row (see {@link #byCreation}). */
-  long key(InternalRow row) {
-    long k = row.getLong(K);
-    return byCreation ? MsgIdKey.of(row.getUTF8String(PKEY), k) : k;
-  }
-
   /**
-   * The partition's rows sorted by {@link #key} with Spark's own sorter (a radix sort on the key,
+   * The partition's rows sorted by {@code k} with Spark's own sorter (a radix sort on the key,
    * spilling as SortExec's would), read straight from it: a SortExec in the input's plan
    * handed each row through whole-stage code's row buffer (a linked list) on its way here.
    * Rows of one key come in no particular order (the runs are split by msgId anyway).
@@ -174,9 +164,8 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
 
           @Override
           public Prefix computePrefix(InternalRow row) {
-            // (k: the msgId's hash, never null; the msgId neither)
-            p.value = key(row);
-            p.isNull = false;
+            p.value = row.getLong(K);
+            p.isNull = row.isNullAt(K);
             return p;
           }
         };
@@ -220,7 +209,7 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     return scala.jdk.javaapi.CollectionConverters.asJava(sorter.sort(in));
   }
 
-  /** The classified rows of a partition, one msgId (a run of equal {@link #key}) at a time. */
+  /** The classified rows of a partition, one msgId (a run of equal {@code k}) at a time. */
   final class Groups implements Iterator<InternalRow> {
     final Iterator<InternalRow> rows;
     final ArrayDeque<InternalRow> out = new ArrayDeque<>();
@@ -252,7 +241,7 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     void nextRun() {
       keys.clear();
       ins.clear();
-      long k = key(pending);
+      long k = pending.getLong(K);
       InternalRow r = pending;
       // the run's msgId (copied: the sorter reuses its rows); the others are compared in place
       UTF8String first = r.getUTF8String(PKEY).clone();
@@ -275,7 +264,7 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
           break;
         }
         r = rows.next();
-        if (key(r) != k) {
+        if (r.getLong(K) != k) {
           pending = r;
           break;
         }
