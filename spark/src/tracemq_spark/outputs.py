@@ -11,7 +11,6 @@ report. Hashed columns are decoded with the pre-flight scan's dictionary (:func:
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column, DataFrame
@@ -131,67 +130,15 @@ def publish_tables(ctx: _Context) -> None:
     # JVM path counted its rows as it wrote them but the orphans (a key can come twice: the
     # readers sum)
     keys = latency.LEVELS[0][1]
-    anomaly_outcomes = [o for o in OUTCOMES if o != "CONSUMED"]
-    jvm_counts = None if ctx.jvm_tally is None else cogroup.tally_frame(ctx.spark, ctx.jvm_tally)
-
-    def write_tally() -> None:
-        if jvm_counts is not None:
-            t = latency.tally(cogroup.tally_rest(final), list(METRICS), SKEW_LIMIT_MS, keys)
-            t = t.unionByName(jvm_counts)
-        else:
-            t = latency.tally(final, list(METRICS), SKEW_LIMIT_MS, keys)
-        t.write.mode("overwrite").parquet(ctx.stage.path("_tally"))
-
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reconcile-tally") as pool:
-        if jvm_counts is not None:
-            # the tally's write (the orphans' few rows: small stages, mostly the driver's
-            # planning, ~5 s at 10M messages with the cores idle) beside the anomalies';
-            # the broadcast's choice counts the anomaly rows the co-group counted (all but
-            # the orphans, a few in a thousand)
-            tallied = pool.submit(write_tally)
-            n_anomalies = (
-                jvm_counts.where(col("kind").isin(anomaly_outcomes)).agg(F.sum("n")).first()[0] or 0
-            )
-        else:
-            write_tally()
-            tallied = None
-            n_anomalies = (
-                ctx.spark.read.parquet(ctx.stage.path("_tally"))
-                .where(col("kind").isin(anomaly_outcomes))
-                .agg(F.sum("n"))
-                .first()[0]
-                or 0
-            )
-        write_anomalies(ctx, final, anomaly_outcomes, n_anomalies)
-        if tallied is not None:
-            tallied.result()
+    if ctx.jvm_tally is not None:
+        t = latency.tally(cogroup.tally_rest(final), list(METRICS), SKEW_LIMIT_MS, keys)
+        t = t.unionByName(cogroup.tally_frame(ctx.spark, ctx.jvm_tally))
+    else:
+        t = latency.tally(final, list(METRICS), SKEW_LIMIT_MS, keys)
+    t.write.mode("overwrite").parquet(ctx.stage.path("_tally"))
     tallies = ctx.spark.read.parquet(ctx.stage.path("_tally"))
-    if ctx.p.keep_classified:
-        full = decode(
-            final,
-            ctx.scan.dict_df,
-            [("topic_h", "topic"), ("group_h", "group"), ("client_h", "client_host")],
-        )
-        write(ctx.fs, ctx.stage, with_window(full, ctx.p.window_ms), "classified", open_windows=0)
-    grouped = latency.grouped(tallies, OUTCOMES + INFORMATIONAL, list(METRICS), PERCENTILES)
-    grouped.write.mode("overwrite").parquet(ctx.stage.path("_grouped"))
-    g = ctx.spark.read.parquet(ctx.stage.path("_grouped"))
-    per_window = _flatten_percentiles(
-        decode(
-            g.where(col("gid") == 0).drop("gid"),
-            ctx.scan.dict_df,
-            [("topic_h", "topic"), ("group_h", "group")],
-        )
-    )
-    write(ctx.fs, ctx.stage, with_window(per_window, ctx.p.window_ms), "summary")
-
-
-def write_anomalies(
-    ctx: _Context, final: DataFrame, anomaly_outcomes: list[str], n_anomalies: int
-) -> None:
-    """The anomalies dataset, staged: the anomaly rows of ``final`` decoded, with the
-    producer's strings (:func:`pub_details`) and their evidence."""
-    col = F.col
+    anomaly_outcomes = [o for o in OUTCOMES if o != "CONSUMED"]
+    n_anomalies = tallies.where(col("kind").isin(anomaly_outcomes)).agg(F.sum("n")).first()[0] or 0
     anomalies = final.where(col("outcome").isin(anomaly_outcomes))
     anomalies = decode(
         anomalies,
@@ -217,6 +164,24 @@ def write_anomalies(
         "anomalies",
         plain=PLAIN_COLUMNS,
     )
+    if ctx.p.keep_classified:
+        full = decode(
+            final,
+            ctx.scan.dict_df,
+            [("topic_h", "topic"), ("group_h", "group"), ("client_h", "client_host")],
+        )
+        write(ctx.fs, ctx.stage, with_window(full, ctx.p.window_ms), "classified", open_windows=0)
+    grouped = latency.grouped(tallies, OUTCOMES + INFORMATIONAL, list(METRICS), PERCENTILES)
+    grouped.write.mode("overwrite").parquet(ctx.stage.path("_grouped"))
+    g = ctx.spark.read.parquet(ctx.stage.path("_grouped"))
+    per_window = _flatten_percentiles(
+        decode(
+            g.where(col("gid") == 0).drop("gid"),
+            ctx.scan.dict_df,
+            [("topic_h", "topic"), ("group_h", "group")],
+        )
+    )
+    write(ctx.fs, ctx.stage, with_window(per_window, ctx.p.window_ms), "summary")
 
 
 #: Spark's setting: how many files a write task keeps open at once before it sorts the rest
