@@ -16,7 +16,6 @@ def test_driver_jvm_runs_with_the_job_flags(spark: Any) -> None:
     assert "-XX:+UseParallelGC" in args, args
     assert "-XX:CompileThresholdScaling=4" in args, args
     assert "-XX:MetaspaceSize=256m" in args, args
-    assert "-XX:PerMethodTrapLimit=0" in args, args
     names = [
         gc.getName()
         for gc in jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
@@ -25,14 +24,11 @@ def test_driver_jvm_runs_with_the_job_flags(spark: Any) -> None:
 
 
 def test_a_chosen_collector_is_kept() -> None:
-    jit = (
-        "-XX:-DontCompileHugeMethods -XX:CompileThresholdScaling=4 -XX:MetaspaceSize=256m "
-        "-XX:PerMethodTrapLimit=0"
-    )
+    jit = "-XX:-DontCompileHugeMethods -XX:CompileThresholdScaling=4 -XX:MetaspaceSize=256m"
     assert _with_jvm_flags("-XX:+UseG1GC") == f"-XX:+UseG1GC {jit}"
     assert _with_jvm_flags("-XX:+UseZGC -XX:-DontCompileHugeMethods") == (
         "-XX:+UseZGC -XX:-DontCompileHugeMethods -XX:CompileThresholdScaling=4 "
-        "-XX:MetaspaceSize=256m -XX:PerMethodTrapLimit=0"
+        "-XX:MetaspaceSize=256m"
     )
     assert _with_jvm_flags("") == f"{jit} -XX:+UseParallelGC"
 
@@ -40,11 +36,11 @@ def test_a_chosen_collector_is_kept() -> None:
 def test_a_chosen_compile_threshold_and_metaspace_size_are_kept() -> None:
     assert _with_jvm_flags("-XX:CompileThresholdScaling=1 -XX:+UseG1GC") == (
         "-XX:CompileThresholdScaling=1 -XX:+UseG1GC -XX:-DontCompileHugeMethods "
-        "-XX:MetaspaceSize=256m -XX:PerMethodTrapLimit=0"
+        "-XX:MetaspaceSize=256m"
     )
     assert _with_jvm_flags("-XX:MetaspaceSize=64m -XX:+UseG1GC") == (
         "-XX:MetaspaceSize=64m -XX:+UseG1GC -XX:-DontCompileHugeMethods "
-        "-XX:CompileThresholdScaling=4 -XX:PerMethodTrapLimit=0"
+        "-XX:CompileThresholdScaling=4"
     )
 
 

@@ -214,14 +214,6 @@ _JIT_LATER = "-XX:CompileThresholdScaling=4"
 _METASPACE = "-XX:MetaspaceSize=256m"
 
 
-#: HotSpot flag: C2 compiles no uncommon trap for a branch its profile never saw taken (nor
-#: other traps counted per method). The co-group's map side, one generated method that reads
-#: every lake row, was compiled by C2 six times in a 10M run (0.5 - 0.75 s of compiler CPU
-#: each): at each task's or file's end a branch never taken before deoptimized it
-#: ("unstable_if", JFR), and the task ran interpreted code until the next compilation.
-_NO_TRAPS = "-XX:PerMethodTrapLimit=0"
-
-
 def _with_jvm_flags(opts: str) -> str:
     """``opts`` plus the job's JVM flags (each unless already decided there)."""
     out = opts
@@ -231,8 +223,6 @@ def _with_jvm_flags(opts: str) -> str:
         out = f"{out} {_JIT_LATER}"
     if "MetaspaceSize" not in out:
         out = f"{out} {_METASPACE}"
-    if "PerMethodTrapLimit" not in out:
-        out = f"{out} {_NO_TRAPS}"
     if not re.search(r"-XX:[+]Use\w*GC\b", out):
         out = f"{out} {_PARALLEL_GC}"
     return out.strip()
