@@ -728,13 +728,10 @@ class FakePool:
         self.asked.append(bootstrap)
         return self.producer
 
-    async def send(
+    async def send_alone(
         self, bootstrap: str, tp: Any, value: bytes, headers: list[tuple[str, bytes]]
-    ) -> asyncio.Future[None]:
+    ) -> None:
         self.enqueued.append((bootstrap, tp.topic, tp.partition, value, headers))
-        ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        ack.set_result(None)
-        return ack
 
     async def close(self) -> None:
         self.closed = True
@@ -742,8 +739,8 @@ class FakePool:
 
 async def test_kafka_sender_writes_the_partition_of_the_broker_topic() -> None:
     """A trace message goes to its queue's partition of the broker's Kafka topic, through the
-    pool's enqueue; one larger than any tracemq record through send_and_wait (which refuses
-    it with aiokafka's own error)."""
+    pool's send_alone (a produce request of its own); one larger than any tracemq record
+    through send_and_wait (which refuses it with aiokafka's own error)."""
     pool = FakePool()
     sender = KafkaTraceSender(pool)  # type: ignore[arg-type]
     headers = [("UNIQ_KEY", b"X")]

@@ -9,10 +9,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka import errors as kafka_errors
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.structs import RecordMetadata, TopicPartition
 
 from tracemq import kafka_security
+
+try:  # send_alone() writes its produce request itself
+    from aiokafka.protocol.produce import ProduceRequest
+except ImportError:  # another aiokafka: send_alone() takes send()
+    ProduceRequest = None
 
 try:  # send_now() hands aiokafka the future factory of the producer's loop (see there)
     from aiokafka.producer.message_accumulator import MessageBatch
@@ -81,6 +87,48 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
 }
 
 
+def _alone_of(producer: Any) -> tuple[Any, int, int] | None:
+    """(client, acks, request timeout ms) of a producer whose records
+    :meth:`ProducerPool.send_alone` may write itself: no compression, no idempotence or
+    transactions, the aiokafka internals it uses present; else None."""
+    acks = getattr(getattr(producer, "_sender", None), "_acks", None)
+    client = getattr(producer, "client", None)
+    timeout_ms = getattr(producer, "_request_timeout_ms", None)
+    if (
+        ProduceRequest is None
+        or getattr(producer, "_compression_type", "unknown") is not None
+        or getattr(producer, "_txn_manager", True) is not None
+        or type(acks) is not int
+        or type(timeout_ms) is not int
+        or not callable(getattr(client, "send", None))
+        or not callable(getattr(getattr(client, "cluster", None), "leader_for_partition", None))
+    ):
+        return None
+    return client, acks, timeout_ms
+
+
+def _check_produced(response: Any, tp: TopicPartition) -> None:
+    """Raise the error of ``tp``'s answer in a produce response, if any; an answer without
+    ``tp`` is an error too."""
+    for topic, partitions in response.topics:
+        if topic != tp.topic:
+            continue
+        for answer in partitions:
+            if answer[0] != tp.partition:
+                continue
+            code = answer[1]
+            if code == 0:
+                return
+            raise kafka_errors.for_code(code)(f"produce to {tp.topic}[{tp.partition}] refused")
+    raise kafka_errors.KafkaError(f"produce response without {tp.topic}[{tp.partition}]")
+
+
+#: send_alone()'s back-off between attempts after a retriable error (aiokafka's
+#: retry_backoff_ms is 100 ms), doubled up to the maximum.
+_RETRY_BACKOFF_S = 0.1
+_RETRY_BACKOFF_MAX_S = 1.0
+
+
 class ProducerPool:
     """Lazily started :class:`AIOKafkaProducer` per bootstrap address."""
 
@@ -91,6 +139,8 @@ class ProducerPool:
         # create_future): see send() and send_now()
         self._fast: dict[str, tuple[Any, Any, float, Any]] = {}
         self._starting: dict[str, asyncio.Task[AIOKafkaProducer]] = {}
+        # bootstrap -> (client, acks, request timeout ms): see send_alone()
+        self._alone: dict[str, tuple[Any, int, int]] = {}
 
     def started(self, bootstrap: str) -> AIOKafkaProducer | None:
         """The producer of ``bootstrap`` if it is started (no await on the send path)."""
@@ -136,6 +186,63 @@ class ProducerPool:
         producer = self._producers.get(bootstrap) or await self.get(bootstrap)
         return await enqueue(producer, tp, value, headers)
 
+    async def send_alone(
+        self,
+        bootstrap: str,
+        tp: TopicPartition,
+        value: bytes,
+        headers: list[tuple[str, bytes]],
+        *,
+        retry_for_s: float | None = None,
+    ) -> None:
+        """Send one checked record in a produce request of its own and wait for its
+        acknowledgement: for large records sent one at a time, each awaited (trace messages).
+        The request goes straight to the partition's leader on the producer's own
+        (authenticated) connection, past the accumulator and the sender loop, which batch
+        small records and cost ~100 us of CPU per request (a task, futures, a batch drained
+        and wrapped, the response walked back to it). The batch is the one aiokafka writes
+        for the record alone (magic 2, no compression, no producer id).
+
+        As aiokafka's sender does for a batch, a retriable error (a connection closed or a
+        request timed out — a hung broker —, a leader moved: metadata is asked for) is
+        retried after a back-off for up to ``retry_for_s`` (by default the producer's request
+        time-out, aiokafka's lifetime of a batch); then, or at once for any other error, it
+        is raised. Anything this cannot do — no plain producer started (compression,
+        idempotence and transactions take aiokafka's path), an unknown or leaderless
+        partition — takes :meth:`send` and waits for its acknowledgement."""
+        alone = self._alone.get(bootstrap)
+        if alone is None:
+            ack = await self.send(bootstrap, tp, value, headers)
+            await ack
+            return
+        client, acks, timeout_ms = alone
+        builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, TRANSPORT_MAX_BYTES)
+        builder.append(0, timestamp=None, key=None, value=value, headers=headers)
+        request = ProduceRequest(
+            None, acks, timeout_ms, [(tp.topic, [(tp.partition, builder.build())])]
+        )
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + (timeout_ms / 1000 if retry_for_s is None else retry_for_s)
+        backoff = _RETRY_BACKOFF_S
+        while True:
+            node = client.cluster.leader_for_partition(tp)
+            if node is None or node < 0:
+                ack = await self.send(bootstrap, tp, value, headers)
+                await ack
+                return
+            try:
+                response = await client.send(node, request)
+                if acks != 0:
+                    _check_produced(response, tp)
+                return
+            except kafka_errors.KafkaError as exc:
+                if not exc.retriable or loop.time() + backoff > give_up_at:
+                    raise
+                if exc.invalid_metadata:
+                    client.force_metadata_update()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, _RETRY_BACKOFF_MAX_S)
+
     async def get(self, bootstrap: str) -> AIOKafkaProducer:
         p = self._producers.get(bootstrap)
         if p is not None:
@@ -179,6 +286,9 @@ class ProducerPool:
                 p._request_timeout_ms / 1000,
                 p._loop.create_future,
             )
+            alone = _alone_of(p)
+            if alone is not None:
+                self._alone[bootstrap] = alone
         return p
 
     async def close(self) -> None:
@@ -186,5 +296,6 @@ class ProducerPool:
             t.cancel()
         producers, self._producers = list(self._producers.values()), {}
         self._fast.clear()
+        self._alone.clear()
         for p in producers:
             await p.stop()

@@ -328,12 +328,12 @@ class KafkaTraceSender:
     ) -> None:
         topic = kafka_topic(route.broker, trace_topic)
         if self._record_size(value, headers) <= self._max_record:
-            # a record within what every tracemq producer accepts: the pool's enqueue, not
-            # send_and_wait (which looks up metadata and sizes the record again per call)
-            ack = await self._pool.send(
+            # a record within what every tracemq producer accepts, in a request of its own
+            # (a trace message fills a batch alone): not send_and_wait, which looks up
+            # metadata and sizes the record again per call
+            await self._pool.send_alone(
                 route.data_bootstrap, self._partition(topic, queue_id), value, headers
             )
-            await ack
             return
         producer = await self._pool.get(route.data_bootstrap)
         await producer.send_and_wait(topic, value, partition=queue_id, headers=headers)
