@@ -343,6 +343,15 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
         f"start() {ratios['on_vs_off_whole_run']:.3f}"
     )
 
+    all_consumed = all(r["all_expected"] for r in runs)
+    figures = {
+        "steady_msgs_per_s": steady_mps,
+        "msgs_per_s": mps,
+        "trace_cpu_us_per_msg": trace_us,
+        "first_assignment_wait_s": {v: per[v]["first_assignment_wait_s"] for v in per},
+        "session_timeout_ms": args.session_timeout_ms,
+        "ratios": ratios,
+    }
     if args.aa:
         say(
             "--aa: both variants ran with trace off, so 'tracing' above is the bench's own noise "
@@ -352,16 +361,11 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
             del run["_seen"]
         return {
             "aa_control": True,
-            "steady_msgs_per_s": steady_mps,
-            "msgs_per_s": mps,
-            "trace_cpu_us_per_msg": trace_us,
-            "first_assignment_wait_s": {v: per[v]["first_assignment_wait_s"] for v in per},
-            "session_timeout_ms": args.session_timeout_ms,
-            "ratios": ratios,
+            **figures,
             "per_variant": per,
             "runs": runs,
-            "all_groups_consumed_everything": all(r["all_expected"] for r in runs),
-            "trace_complete": all(r["all_expected"] for r in runs),  # (consumption only)
+            "all_groups_consumed_everything": all_consumed,
+            "trace_complete": all_consumed,  # (consumption only)
         }
 
     # -- trace completeness ----------------------------------------------------------------
@@ -371,9 +375,7 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
     read_s = time.perf_counter() - t0
     checked = missing_before = missing_after = failed_after = dup = 0
     discarded = failed = 0
-    all_consumed = True
     for run in runs:
-        all_consumed &= run["all_expected"]
         if run["variant"] != "on":
             continue
         d = run["dispatcher"] or {}
@@ -418,12 +420,7 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
     for run in runs:
         del run["_seen"]
     return {
-        "steady_msgs_per_s": steady_mps,
-        "msgs_per_s": mps,
-        "trace_cpu_us_per_msg": trace_us,
-        "first_assignment_wait_s": {v: per[v]["first_assignment_wait_s"] for v in per},
-        "session_timeout_ms": args.session_timeout_ms,
-        "ratios": ratios,
+        **figures,
         "tracing_by_task_us_per_msg": tracing_by_task,
         "targets": {"on_vs_off_steady": TARGET_ON_VS_OFF, "trace_cpu_us_per_msg": TARGET_TRACE_US},
         "targets_met": targets_met,
