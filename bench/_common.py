@@ -290,7 +290,7 @@ class TaskCpu:
     headline figures are."""
 
     def __init__(self) -> None:
-        self.seconds: collections.Counter[str] = collections.Counter()
+        self.seconds: collections.defaultdict[str, float] = collections.defaultdict(float)
         self._original: Any = None
 
     @staticmethod
@@ -314,7 +314,7 @@ class TaskCpu:
             finally:
                 seconds[key] += clock() - began
 
-        asyncio.events.Handle._run = _run  # type: ignore[method-assign]
+        asyncio.events.Handle._run = _run  # type: ignore[method-assign,assignment]
         return self
 
     def __exit__(self, *exc: object) -> None:
