@@ -222,3 +222,86 @@ def test_write_by_window_gives_the_same_rows_with_open_files_or_sorted(
         assert (Path(stage.path("ds")) / "_SUCCESS").exists()
         assert spark.conf.get(key, None) == before
     assert rows[64] == rows[0] == sorted((f"w{i % 5}", i) for i in range(1000))
+
+
+def test_the_jvm_details_join_gives_the_dataframe_paths_rows(spark: Any) -> None:
+    """``outputs.with_pub_details`` by the JVM code (a hash map of the least Pub row per
+    msgId in each task) and by Spark's ``min(struct)`` and join give the same rows: the first
+    successful Pub's strings, ties on (failed, ts) broken by the strings with nulls first, a
+    null success, failed moves only, msgIds without a Pub row and rows without a msgId."""
+    from pyspark.sql import types as T
+    from tracemq_spark import cogroup
+    from tracemq_spark.outputs import DETAIL_COLS, with_pub_details
+
+    if not cogroup.available(spark):
+        pytest.skip("the JVM path is not built (make setup)")
+    pub_schema = T.StructType(
+        [
+            T.StructField("msg_id", T.StringType()),
+            T.StructField("failed", T.BooleanType()),
+            T.StructField("ts", T.LongType()),
+            *(T.StructField(c, T.StringType()) for c in DETAIL_COLS),
+        ]
+    )
+    pubs = [
+        ("one", False, 5, "t", "k", "s", "p"),
+        # the successful one wins over an earlier failure
+        ("retry", True, 1, "t1", "k1", "s1", "p1"),
+        ("retry", False, 2, "t2", "k2", "s2", "p2"),
+        ("retry", False, 3, "t0", "k0", "s0", "p0"),
+        # ties on (failed, ts): the strings decide, nulls first, by their bytes
+        ("tie", False, 7, "b", "k", "s", "p"),
+        ("tie", False, 7, "a", "z", "s", "p"),
+        ("tie", False, 7, "a", "y", "s", "p"),
+        ("tie_null", False, 7, "a", "k", "s", "p"),
+        ("tie_null", False, 7, None, "k", "s", "p"),
+        ("tie_bytes", False, 7, "é", "k", "s", "p"),
+        ("tie_bytes", False, 7, "z", "k", "s", "p"),
+        ("tie_last", False, 7, "a", "k", "s", "q"),
+        ("tie_last", False, 7, "a", "k", "s", None),
+        # success unknown (null) before false, a null time before any
+        ("null_failed", False, 1, "t1", "k", "s", "p"),
+        ("null_failed", None, 9, "t2", "k", "s", "p"),
+        ("null_ts", False, 1, "t1", "k", "s", "p"),
+        ("null_ts", False, None, "t2", "k", "s", "p"),
+        ("failed_only", True, 4, "t", None, None, None),
+        ("failed_only", True, 3, "u", "k", "s", "p"),
+        # a Pub of no anomaly, and one without a msgId
+        ("other", False, 1, "t", "k", "s", "p"),
+        (None, False, 1, "t", "k", "s", "p"),
+    ]
+    anomaly_schema = T.StructType(
+        [
+            T.StructField("outcome", T.StringType()),
+            T.StructField("msg_id", T.StringType()),
+            T.StructField("n", T.LongType()),
+        ]
+    )
+    ids = [
+        "one", "retry", "tie", "tie_null", "tie_bytes", "tie_last", "null_failed", "null_ts",
+        "failed_only", "no_pub", None,
+    ]  # fmt: skip
+    # two rows of some msgIds (one per group), spread over every partition
+    anomalies = [("A", i, n) for n, i in enumerate(ids)] + [
+        ("B", i, 100 + n) for n, i in enumerate(ids[:4])
+    ]
+    a = spark.createDataFrame(anomalies, anomaly_schema).repartition(3)
+    p = spark.createDataFrame(pubs, pub_schema).repartition(3)
+    ref = with_pub_details(a, p)
+    got = with_pub_details(a, p, jvm=True, n_parts=4)
+    assert got.schema == ref.schema
+    assert got.columns == ["msg_id", "outcome", "n", *DETAIL_COLS]
+    rows = sorted((tuple(r) for r in got.collect()), key=repr)
+    assert rows == sorted((tuple(r) for r in ref.collect()), key=repr)
+    by = {(r[0], r[2]): r[3:] for r in rows}
+    assert by["retry", 1] == ("t2", "k2", "s2", "p2")
+    assert by["tie", 2] == ("a", "y", "s", "p")
+    assert by["tie_null", 3] == (None, "k", "s", "p")
+    assert by["tie_bytes", 4] == ("z", "k", "s", "p")
+    assert by["tie_last", 5] == ("a", "k", "s", None)
+    assert by["null_failed", 6] == ("t2", "k", "s", "p")
+    assert by["null_ts", 7] == ("t2", "k", "s", "p")
+    assert by["failed_only", 8] == ("u", "k", "s", "p")
+    assert by["no_pub", 9] == (None,) * 4
+    assert by[None, 10] == (None,) * 4
+    assert len(rows) == len(anomalies)
