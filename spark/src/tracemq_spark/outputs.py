@@ -81,10 +81,7 @@ def with_window(df: DataFrame, window_ms: int) -> DataFrame:
 
 #: the producer-side strings an anomaly row gets (:func:`with_pub_details`)
 DETAIL_COLS = ("tags", "keys", "store_addr", "producer_group")
-#: anomaly rows per task of the JVM code's details join (:func:`with_pub_details`): its hash
-#: map holds about as many Pub rows (~100 MB), outside Spark's memory accounting; and as
-#: many tasks as AQE gave the DataFrame path's join (64 MB of its shuffle each: 6 at 10M
-#: messages, 2.37M anomaly rows), each writing a file per window
+#: anomaly rows per task of the JVM code's details join (:func:`with_pub_details`)
 DETAILS_ROWS_PER_TASK = 400_000
 
 
@@ -201,7 +198,9 @@ def publish_tables(ctx: _Context) -> None:
     )
     # the JVM code keeps a task's Pub rows in a hash map: only the broadcast-filtered ones
     jvm = broadcast and ctx.jvm_tally is not None
-    n_parts = max(2, -(-n_anomalies // DETAILS_ROWS_PER_TASK))
+    # about the tasks AQE gave the DataFrame path's join (64 MB of its shuffle each: 6 at
+    # 10M messages, 2.37M anomaly rows): each task writes a file per window
+    n_parts = max(2, min(ctx.n_parts, -(-n_anomalies // DETAILS_ROWS_PER_TASK)))
     anomalies = (
         with_pub_details(anomalies, pubs, jvm=jvm, n_parts=n_parts)
         .withColumn("evidence", _evidence())
