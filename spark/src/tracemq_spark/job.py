@@ -221,11 +221,6 @@ class _Context:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reconcile-inputs")
 
     # -- inputs -----------------------------------------------------------------------
-    @property
-    def n_parts(self) -> int:
-        """The session's shuffle partitions."""
-        return int(self.spark.conf.get("spark.sql.shuffle.partitions") or 16)
-
     def load_inputs(self) -> None:
         """Read the subscriptions; start parsing the offsets snapshot in a thread of its own
         (pure Python, 650 MB at 10M messages: it overlaps the JVM's lake listing and
@@ -322,7 +317,7 @@ class _Context:
         DataFrame steps — the same rows. ``tally``: the JVM path also counts the rows it
         emits into :attr:`jvm_tally` (the frame must then be computed once)."""
         spark, p = self.spark, self.p
-        n_parts = self.n_parts
+        n_parts = int(spark.conf.get("spark.sql.shuffle.partitions") or 16)
         ev = self.scan.events(
             "trace_type",
             "timestamp",

@@ -1,10 +1,10 @@
 """Stage "outputs" of the reconciliation job (:mod:`tracemq_spark.job`): from the classified
 rows (``<staging>/_classified``) to the published datasets and run files, all staged.
 
-:func:`publish_tables` writes ``anomalies`` (with the producer's strings,
-:func:`with_pub_details`, and a one-line :func:`_evidence`), ``summary`` (per window, topic,
-group; latency percentiles) and with ``keep_classified`` ``classified``, each partitioned by
-window (:func:`write`); :func:`summarize` writes ``summary.json`` and :func:`report` the HTML/PNG
+:func:`publish_tables` writes ``anomalies`` (with the producer's strings, :func:`pub_details`,
+and a one-line :func:`_evidence`), ``summary`` (per window, topic, group; latency
+percentiles) and with ``keep_classified`` ``classified``, each partitioned by window
+(:func:`write`); :func:`summarize` writes ``summary.json`` and :func:`report` the HTML/PNG
 report. Hashed columns are decoded with the pre-flight scan's dictionary (:func:`decode`).
 """
 
@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from tracemq_spark import cogroup, latency
 from tracemq_spark.commit import Staging
@@ -79,15 +78,9 @@ def with_window(df: DataFrame, window_ms: int) -> DataFrame:
     )
 
 
-#: the producer-side strings an anomaly row gets (:func:`with_pub_details`)
-DETAIL_COLS = ("tags", "keys", "store_addr", "producer_group")
-#: anomaly rows per task of the JVM code's details join (:func:`with_pub_details`)
-DETAILS_ROWS_PER_TASK = 400_000
-
-
-def pub_rows(scan: LakeScan, ids: DataFrame, *, broadcast: bool) -> DataFrame:
-    """The lake's Pub rows of the given msgIds: (msg_id, failed, ts, tags, keys, store_addr,
-    producer_group), ``failed`` the Pub's not having succeeded.
+def pub_details(scan: LakeScan, ids: DataFrame, *, broadcast: bool) -> DataFrame:
+    """Producer-side strings of the given msgIds (the first successful Pub's): tags,
+    keys, store address, producer group.
 
     ``broadcast``: the msgIds' 64-bit hashes are broadcast and the lake's Pub rows filtered
     against them before any shuffle (a hash collision only lets an extra row through: the
@@ -103,66 +96,28 @@ def pub_rows(scan: LakeScan, ids: DataFrame, *, broadcast: bool) -> DataFrame:
         "store_addr",
         "group_name",
     )
-    rows = ev.where(col("trace_type") == "Pub")
+    pub_rows = ev.where(col("trace_type") == "Pub")
     if broadcast:
         hashes = F.broadcast(ids.select(F.xxhash64("msg_id").alias("_id_h")))
-        rows = rows.join(hashes, F.xxhash64("msg_id") == col("_id_h"), "left_semi")
+        pub_rows = pub_rows.join(hashes, F.xxhash64("msg_id") == col("_id_h"), "left_semi")
     else:
-        rows = rows.join(ids, "msg_id", "left_semi")
-    return rows.select(
-        "msg_id",
-        (~col("success")).alias("failed"),
-        col("timestamp").alias("ts"),
-        "tags",
-        "keys",
-        "store_addr",
-        col("group_name").alias("producer_group"),
+        pub_rows = pub_rows.join(ids, "msg_id", "left_semi")
+    pubs = (
+        pub_rows.select(
+            "msg_id",
+            F.struct(
+                (~col("success")).alias("failed"),
+                col("timestamp").alias("ts"),
+                "tags",
+                "keys",
+                "store_addr",
+                col("group_name").alias("producer_group"),
+            ).alias("p"),
+        )
+        .groupBy("msg_id")
+        .agg(F.min("p").alias("p"))
     )
-
-
-def pub_details(pubs: DataFrame) -> DataFrame:
-    """Producer-side strings per msgId of :func:`pub_rows` (the first successful Pub's, ties
-    broken by the strings): msg_id and :data:`DETAIL_COLS`."""
-    col = F.col
-    p = F.struct("failed", "ts", *DETAIL_COLS)
-    return (
-        pubs.groupBy("msg_id")
-        .agg(F.min(p).alias("p"))
-        .select("msg_id", *(col(f"p.{c}").alias(c) for c in DETAIL_COLS))
-    )
-
-
-def with_pub_details(
-    anomalies: DataFrame, pubs: DataFrame, *, jvm: bool = False, n_parts: int = 16
-) -> DataFrame:
-    """``anomalies`` with their msgId's :func:`pub_details` (a left join on ``msg_id``: its
-    columns first, then the others, then :data:`DETAIL_COLS`). ``jvm``: by the job's JVM
-    code (``io.tracemq.spark.Details``: both sides in ``n_parts`` partitions by msgId, each
-    task's Pub rows into a hash map of the least per msgId, its anomaly rows looked up in
-    it) instead of Spark's sort aggregate of ``min(struct)`` and shuffled hash join — the
-    same rows."""
-    if jvm:
-        return _with_pub_details_jvm(anomalies, pubs, n_parts)
-    # a shuffled hash join (details, one row per msgId, is the build side): a sort-merge join
-    # sorted both sides only to join them
-    return anomalies.join(pub_details(pubs).hint("shuffle_hash"), "msg_id", "left")
-
-
-def _with_pub_details_jvm(anomalies: DataFrame, pubs: DataFrame, n_parts: int) -> DataFrame:
-    spark = anomalies.sparkSession
-    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
-    schema = T.StructType(
-        [*anomalies.schema.fields, *(T.StructField(c, T.StringType()) for c in DETAIL_COLS)]
-    )
-    pubs = pubs.select("msg_id", "failed", "ts", *DETAIL_COLS)
-    jdf = jvm.io.tracemq.spark.Details.join(
-        anomalies.repartition(n_parts, "msg_id")._jdf,
-        pubs.repartition(n_parts, "msg_id")._jdf,
-        anomalies.columns.index("msg_id"),
-        schema.json(),
-    )
-    rest = [c for c in anomalies.columns if c != "msg_id"]
-    return DataFrame(jdf, spark).select("msg_id", *rest, *DETAIL_COLS)
+    return pubs.select("msg_id", "p.tags", "p.keys", "p.store_addr", "p.producer_group")
 
 
 def publish_tables(ctx: _Context) -> None:
@@ -190,19 +145,15 @@ def publish_tables(ctx: _Context) -> None:
         ctx.scan.dict_df,
         [("topic_h", "topic"), ("group_h", "group"), ("client_h", "client_host")],
     )
-    broadcast = n_anomalies <= BROADCAST_IDS_MAX
-    pubs = pub_rows(
+    details = pub_details(
         ctx.scan,
         anomalies.where(col("msg_id").isNotNull()).select("msg_id"),
-        broadcast=broadcast,
+        broadcast=n_anomalies <= BROADCAST_IDS_MAX,
     )
-    # the JVM code keeps a task's Pub rows in a hash map: only the broadcast-filtered ones
-    jvm = broadcast and ctx.jvm_tally is not None
-    # about the tasks AQE gave the DataFrame path's join (64 MB of its shuffle each: 6 at
-    # 10M messages, 2.37M anomaly rows): each task writes a file per window
-    n_parts = max(2, min(ctx.n_parts, -(-n_anomalies // DETAILS_ROWS_PER_TASK)))
+    # a shuffled hash join (details, one row per msgId, is the build side): a sort-merge join
+    # sorted both sides only to join them
     anomalies = (
-        with_pub_details(anomalies, pubs, jvm=jvm, n_parts=n_parts)
+        anomalies.join(details.hint("shuffle_hash"), "msg_id", "left")
         .withColumn("evidence", _evidence())
         .drop("tags_h", "store_h")
     )
