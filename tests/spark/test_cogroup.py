@@ -255,10 +255,11 @@ def _both(
     p: Params,
     cutoff: int,
     sort_key: Callable[[Column, Column], Column] | None = None,
+    by_creation: bool = False,
 ) -> tuple[DataFrame, DataFrame]:
     """The classified rows by the DataFrame steps (as ``job._Context.classified_frame``
-    composes them) and by the JVM path (its input sorted by ``sort_key``, default the
-    msgId's hash)."""
+    composes them) and by the JVM path (its input keyed by ``sort_key``, default the
+    msgId's hash; sorted by that key or, ``by_creation``, by the task's own key)."""
     kw = {"f_ms": F0, "t_ms": T0, "read_lo": READ_LO, "cutoff": cutoff}
     pubs = classify.pubs(ev, f_ms=F0, t_ms=T0, base=READ_LO, n_parts=3)
     exp = classify.expected_deliveries(pubs, inp["subs"], inp["clients"])
@@ -274,6 +275,7 @@ def _both(
         inp["bh"],
         p,
         classify.classified_schema(p.keep_classified),
+        by_creation=by_creation,
         **kw,
     )
     return ref, got
@@ -283,15 +285,25 @@ def _rows(df: DataFrame) -> list[tuple[Any, ...]]:
     return sorted((tuple(r) for r in df.collect()), key=repr)
 
 
-@pytest.mark.parametrize("keyed", [False, True], ids=["hash", "created"])
+@pytest.mark.parametrize("keyed", ["hash", "created", "by_creation"])
 @pytest.mark.parametrize("keep_classified", [True, False])
 def test_jvm_path_gives_the_dataframe_paths_rows(
-    spark: Any, tmp_path: Path, jvm: None, keep_classified: bool, keyed: bool
+    spark: Any, tmp_path: Path, jvm: None, keep_classified: bool, keyed: str
 ) -> None:
+    """Keyed by the msgId's hash, by the sort key's UDF on the map side, or by the hash and
+    sorted by the task's own key (the job's way)."""
     ev = _events(spark, _cases())
     p = _params(keep_classified=keep_classified)
-    key = cogroup.sort_key(spark) if keyed else None
-    ref, got = _both(spark, ev, _inputs(spark, tmp_path), p, cutoff=T0 + 15 * MIN, sort_key=key)
+    key = cogroup.sort_key(spark) if keyed == "created" else None
+    ref, got = _both(
+        spark,
+        ev,
+        _inputs(spark, tmp_path),
+        p,
+        cutoff=T0 + 15 * MIN,
+        sort_key=key,
+        by_creation=keyed == "by_creation",
+    )
     assert got.schema == ref.schema
     want = _rows(ref)
     assert _rows(got) == want
@@ -444,6 +456,44 @@ def test_the_sort_key_is_the_msgids_creation_time_above_24_bits_of_its_hash(
     # not a RocketMQ msgId (or none): its hash
     assert got["M1"][0] == got["M1"][1]
     assert got[None][0] == got[None][1]
+
+
+@pytest.mark.parametrize("by_creation", [False, True])
+def test_by_creation_a_task_classifies_its_msgids_in_the_order_they_were_created(
+    spark: Any, tmp_path: Path, jvm: None, by_creation: bool
+) -> None:
+    """With ``by_creation`` each task sorts its rows by the msgId's creation time (above 24
+    bits of its hash): one task's rows come out in that order; by the hash alone, not."""
+    from pyspark.sql import functions as F
+
+    created = [F0 + i * MIN for i in range(12)]
+    ids = [_msg_id(c, 100 + i) for i, c in enumerate(created)]
+    ev = _events(
+        spark,
+        [pub(i, c, queue_offset=n) for n, (i, c) in enumerate(zip(ids, created, strict=True))],
+    )
+    inp = _inputs(spark, tmp_path)
+    p = _params(keep_classified=True)
+    got = cogroup.classified(
+        spark,
+        classify.cogroup_input(ev, inp["deliveries"], base=READ_LO, n_parts=1),
+        inp["subs"],
+        inp["clients"],
+        inp["offsets"],
+        inp["bh"],
+        p,
+        classify.classified_schema(p.keep_classified),
+        by_creation=by_creation,
+        f_ms=F0,
+        t_ms=T0,
+        read_lo=READ_LO,
+        cutoff=T0 + HORIZON,
+    )
+    # one row per message (no expected group: the subscriptions are of other topics or not)
+    order = [r["msg_id"] for r in got.select("msg_id").where(F.col("msg_id").isin(ids)).collect()]
+    firsts = list(dict.fromkeys(order))
+    assert sorted(firsts) == sorted(ids)
+    assert (firsts == ids) is by_creation
 
 
 @pytest.mark.parametrize("keep_classified", [True, False])

@@ -800,9 +800,10 @@ def cogroup_input(
     deliveries (:func:`deliveries_frame`), in :data:`COGROUP_COLS`: hash-partitioned by ``k``
     — the msgId's xxhash64, or ``sort_key(pkey, hash)``, any function of the msgId
     (:func:`tracemq_spark.cogroup.sort_key`: roughly its creation time). The JVM code
-    (:mod:`tracemq_spark.cogroup`) sorts each partition by ``k`` (Spark's sorter, called
-    directly), so that one msgId's rows are one run of a task's input (a run can hold two
-    msgIds of one key: it splits it), and classifies each run in one pass."""
+    (:mod:`tracemq_spark.cogroup`) sorts each partition by ``k`` or a function of the msgId
+    and ``k`` (``by_creation``; Spark's sorter, called directly), so that one msgId's rows
+    are one run of a task's input (a run can hold two msgIds of one key: it splits it), and
+    classifies each run in one pass."""
     col = F.col
     p_cond, p_cols = _producer_side(base)
     c_cond, c_cols = _consume_side()

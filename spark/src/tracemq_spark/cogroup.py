@@ -75,16 +75,16 @@ def available(spark: SparkSession) -> bool:
     return isinstance(cls, JavaClass)
 
 
-#: the co-group's sort key, a Java UDF of the jar (``io.tracemq.spark.MsgIdKey``)
+#: the co-group's sort key as a Java UDF of the jar (``io.tracemq.spark.MsgIdKey``)
 SORT_KEY_UDF = "tracemq_msgid_key"
 
 
 def sort_key(spark: SparkSession) -> Callable[[Column, Column], Column]:
-    """For :func:`~tracemq_spark.classify.cogroup_input`: a msgId's embedded creation time
-    (ms in its month) above 24 bits of its hash, so that each task classifies — and writes —
-    its msgIds roughly in time order, as the lake holds them, not in hash order (the tally
-    and the anomalies read those rows back). Java code of the jar: Spark's ``conv`` on the
-    hex digits cost ~0.6 µs a row at 43M rows."""
+    """A msgId's embedded creation time (ms in its month) above 24 bits of its hash, as a
+    column: the key :func:`classified` sorts by with ``by_creation`` (the job computes it
+    there, in the co-group's tasks; as this UDF on the map side it cost a String and two
+    boxed longs a row). Also a ``sort_key`` for
+    :func:`~tracemq_spark.classify.cogroup_input`."""
     spark.udf.registerJavaFunction(SORT_KEY_UDF, "io.tracemq.spark.MsgIdKey", T.LongType())
     return lambda pkey, h: F.call_udf(SORT_KEY_UDF, pkey, h)
 
@@ -104,6 +104,7 @@ def classified(
     read_lo: int,
     cutoff: int,
     tally: object | None = None,
+    by_creation: bool = False,
 ) -> DataFrame:
     """The classified rows (``schema``: :func:`~tracemq_spark.classify.meet`'s) of ``inp``
     (:func:`~tracemq_spark.classify.cogroup_input`), with ``subs``, ``clients`` and
@@ -112,7 +113,11 @@ def classified(
     (:func:`new_tally`): counts the rows but the orphans as the frame is computed — compute
     it once; without ``keep_classified`` the CONSUMED rows and those of the informational
     outcomes (``params.INFORMATIONAL``) are then only counted, not emitted (the tally is all
-    that reads them)."""
+    that reads them). ``by_creation``: each task sorts its rows by the key :func:`sort_key`
+    gives (the msgId's creation time above 24 bits of ``k``, its hash), computed from the
+    rows, so that it classifies — and writes — its msgIds roughly in time order, as the lake
+    holds them, not in hash order (the tally and the anomalies read those rows back);
+    otherwise by ``k``."""
     sc = spark.sparkContext
     gw = sc._gateway  # type: ignore[attr-defined]
     jvm = sc._jvm  # type: ignore[attr-defined]
@@ -140,6 +145,7 @@ def classified(
         longs(bh),
         longs(params),
         p.keep_classified,
+        by_creation,
         strings([*classify.TALLIED_COLS, ORPHAN_CHECK]),
         out_schema.json(),
         tally,

@@ -365,7 +365,6 @@ class _Context:
                     deliveries,
                     base=self.read_lo,
                     n_parts=n_parts,
-                    sort_key=cogroup.sort_key(spark),
                 ),
                 subs,
                 clients,
@@ -374,6 +373,7 @@ class _Context:
                 p,
                 classify.classified_schema(p.keep_classified),
                 tally=self.jvm_tally,
+                by_creation=True,
                 **kw,
             )
         pubs = classify.pubs(ev, f_ms=self.f_ms, t_ms=self.t_ms, base=self.read_lo, n_parts=n_parts)

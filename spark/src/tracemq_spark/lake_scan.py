@@ -95,7 +95,14 @@ class LakeScan:
         self.say(f"{len(files)} lake files in [{_iso(self.read_lo)}, {_iso(self.read_hi)})")
 
     def events(self, *columns: str) -> DataFrame:
-        df = self.spark.read.schema(spark_schema()).parquet(*self.files)
+        # The time filter's dictionary row-group check expands every row group's timestamp
+        # dictionary and never drops one here (the files of the read range are chosen by
+        # hour): ~2 % of the reads' CPU. Statistics still prune.
+        df = (
+            self.spark.read.schema(spark_schema())
+            .option("parquet.filter.dictionary.enabled", "false")
+            .parquet(*self.files)
+        )
         ts = F.col("timestamp")
         return df.where((ts >= self.read_lo) & (ts < self.read_hi)).select(*columns)
 

@@ -55,8 +55,9 @@ public final class Cogroup {
   static final int SIDE_PROD = 0, SIDE_CONS = 1, SIDE_DELIVERY = 2;
 
   /**
-   * The classified rows of {@code input} (columns as above, partitioned and sorted by {@code
-   * k}), with {@code schema} (the DataFrame path's classified schema plus a trailing boolean
+   * The classified rows of {@code input} (columns as above, partitioned by {@code k}; each task
+   * sorts its rows by {@code k}, or with {@code byCreation} by {@link MsgIdKey#of} its msgId and
+   * {@code k}, the msgId's hash), with {@code schema} (the DataFrame path's classified schema plus a trailing boolean
    * {@code _orphan_check}).
    *
    * @param params f_ms, t_ms, window_ms, horizon_ms, max_delay_ms, max_reconsume_times, cutoff
@@ -71,6 +72,7 @@ public final class Cogroup {
       long[] broadcastingGroups,
       long[] params,
       boolean keepClassified,
+      boolean byCreation,
       String[] tallied,
       String schemaJson,
       Tally tally) {
@@ -81,6 +83,7 @@ public final class Cogroup {
             broadcastingGroups,
             params,
             keepClassified,
+            byCreation,
             java.util.Set.of(tallied),
             schema,
             input.schema(),

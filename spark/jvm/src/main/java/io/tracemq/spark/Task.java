@@ -39,6 +39,8 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
   final HashSet<Long> bh = new HashSet<>();
   final long fMs, tMs, windowMs, horizonMs, maxDelayMs, maxReconsume, cutoff;
   final boolean keepClassified;
+  /** the sort key: {@link MsgIdKey#of} the row's msgId and its hash {@code k} (else {@code k}) */
+  final boolean byCreation;
   // output columns: index in the schema (-1: absent) and kind (0 long, 1 int, 2 string, 3 bool)
   final int width;
   final int[] kind;
@@ -62,6 +64,7 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
       long[] bh,
       long[] p,
       boolean keepClassified,
+      boolean byCreation,
       java.util.Set<String> talliedNames,
       StructType schema,
       StructType inputSchema,
@@ -80,6 +83,7 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     maxReconsume = p[5];
     cutoff = p[6];
     this.keepClassified = keepClassified;
+    this.byCreation = byCreation;
     width = schema.length();
     kind = new int[width];
     tallied = new boolean[width];
@@ -152,7 +156,28 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
   }
 
   /**
-   * The partition's rows sorted by {@code k} with Spark's own sorter (a radix sort on the key,
+   * The sort key of an input row (see {@link #byCreation}): of an {@code UnsafeRow} (the
+   * sorter's rows, in and out) from the msgId's bytes in place.
+   */
+  long key(InternalRow row) {
+    long k = row.getLong(K);
+    if (!byCreation || row.isNullAt(PKEY)) {
+      return k;
+    }
+    if (row instanceof UnsafeRow) {
+      UnsafeRow u = (UnsafeRow) row;
+      long offsetAndSize = u.getLong(PKEY);
+      return MsgIdKey.of(
+          u.getBaseObject(),
+          u.getBaseOffset() + (offsetAndSize >>> 32),
+          (int) offsetAndSize,
+          k);
+    }
+    return MsgIdKey.of(row.getUTF8String(PKEY), k);
+  }
+
+  /**
+   * The partition's rows sorted by {@link #key} with Spark's own sorter (a radix sort on the key,
    * spilling as SortExec's would), read straight from it: a SortExec in the input's plan
    * handed each row through whole-stage code's row buffer (a linked list) on its way here.
    * Rows of one key come in no particular order (the runs are split by msgId anyway).
@@ -164,8 +189,9 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
 
           @Override
           public Prefix computePrefix(InternalRow row) {
-            p.value = row.getLong(K);
-            p.isNull = row.isNullAt(K);
+            // (k: the msgId's hash, never null; the msgId neither)
+            p.value = key(row);
+            p.isNull = false;
             return p;
           }
         };
@@ -209,7 +235,7 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     return scala.jdk.javaapi.CollectionConverters.asJava(sorter.sort(in));
   }
 
-  /** The classified rows of a partition, one msgId (a run of equal {@code k}) at a time. */
+  /** The classified rows of a partition, one msgId (a run of equal {@link #key}) at a time. */
   final class Groups implements Iterator<InternalRow> {
     final Iterator<InternalRow> rows;
     final ArrayDeque<InternalRow> out = new ArrayDeque<>();
@@ -241,13 +267,13 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     void nextRun() {
       keys.clear();
       ins.clear();
-      long k = pending.getLong(K);
+      long k = key(pending);
       InternalRow r = pending;
       // the run's msgId (copied: the sorter reuses its rows); the others are compared in place
       UTF8String first = r.getUTF8String(PKEY).clone();
+      UTF8String key = first;
       boolean oneKey = true;
       while (true) {
-        UTF8String key = r.getUTF8String(PKEY);
         if (oneKey && !key.equals(first)) {
           // two msgIds with one hash: from here on every row's key is kept
           oneKey = false;
@@ -264,7 +290,9 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
           break;
         }
         r = rows.next();
-        if (r.getLong(K) != k) {
+        key = r.getUTF8String(PKEY);
+        // the run's msgId has the run's key: the key is computed where the msgId changes
+        if (!key.equals(first) && key(r) != k) {
           pending = r;
           break;
         }
