@@ -149,6 +149,7 @@ def test_the_built_module_is_the_one_in_use() -> None:
         assert c.COMPILED
         assert c.write_records is speedups.write_records
         assert dm._plan_one_group is not dm.plan_slices_py
+        assert dm._write_plan is speedups.write_plan
 
 
 @compiled
@@ -258,6 +259,99 @@ def test_compiled_plan_slices_hands_odd_input_to_the_reference() -> None:
         assert calls == [args]
 
 
+@st.composite
+def _one_group(draw: st.DrawFn) -> list[Any]:
+    """A batch whose records share their topic and region (the worker's usual batch), most of
+    them tame, some not."""
+    topic, region = draw(_tame_text), draw(_tame_text)
+    records = draw(
+        st.lists(
+            st.one_of(_raw(c.SUB_PAIR, tame=True), _raw(tame=True), _raw(tame=True), _raw()),
+            min_size=1,
+            max_size=14,
+        )
+    )
+    return [(r[0], topic, region, *r[3:]) for r in records]
+
+
+def _reference_plan(batch: list[Any], first_seq: int, limit: int) -> Any:
+    """What the worker does without write_plan for a batch write_plan takes: write_records,
+    then the one-group planner (the reference of both)."""
+    texts = c.write_records_py(batch)
+    assert None not in texts
+    assert len(set(map(dm._TOPIC, batch))) == 1 and len(set(map(dm._REGION, batch))) == 1
+    return _plan(dm.plan_slices_py, batch, texts, first_seq, limit)
+
+
+@compiled
+@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.one_of(_one_group(), _items),
+    st.integers(0, 2**40),
+    st.one_of(st.integers(1, 400), st.integers(1, 200_000), st.integers(2**62, 2**63)),
+)
+def test_compiled_write_plan_is_write_records_then_the_planner(
+    batch: list[Any], first_seq: int, limit: int
+) -> None:
+    got = speedups.write_plan(batch, first_seq, limit)
+    if got is None:  # not its batch: the worker takes the two steps (checked above)
+        return
+    assert _plan(lambda *a: got, batch, [], first_seq, limit) == _reference_plan(
+        batch, first_seq, limit
+    )
+
+
+@compiled
+@settings(max_examples=100)
+@given(st.integers(1, 3000), st.booleans(), st.integers(0, 3))
+def test_compiled_write_plan_takes_a_clean_stream(limit: int, with_pubs: bool, kinds: int) -> None:
+    # the worker's usual batches: ASCII, every record clean, of one topic and region; pairs,
+    # or SubBefore and SubAfter apart (a slow listener), with publishes now and then
+    batch: list[Any] = []
+    for i in range(300):
+        keys = None if i % 7 == 0 else ("" if i % 11 == 0 else f"k{i} k{i % 5}")
+        ts = 1_764_300_000_000 + i // 9 - (i % 13 == 0) * 2**62
+        if with_pubs and i % 3 == 0:
+            batch.append((c.PUB, "Orders", "DefaultRegion", f"MSG{i:08X}", keys, ts, "PG", "t",
+                          "a:10911", 200, 1, MessageType(i % 5), f"OFF{i:08X}", i % 2 == 0))  # fmt: skip
+        elif kinds and i % 4 == kinds:
+            batch.append((c.SUB_BEFORE, "Orders", "DefaultRegion", f"MSG{i:08X}", keys, ts, "CG",
+                          f"RID{i:08X}", i % 17))  # fmt: skip
+            batch.append((c.SUB_AFTER, "Orders", "DefaultRegion", f"MSG{i:08X}", keys, ts + 3,
+                          "CG", f"RID{i:08X}", -i, i % 2 == 0, ConsumeReturnType(i % 5)))  # fmt: skip
+        else:
+            batch.append((c.SUB_PAIR, "Orders", "DefaultRegion", f"MSG{i:08X}", keys, ts, "CG",
+                          f"RID{i:08X}", 0, ts + i % 3, -(2**31) + i, i % 4 != 0, i % 6))  # fmt: skip
+    got = speedups.write_plan(batch, 10, limit)
+    assert got is not None
+    assert _plan(lambda *a: got, batch, [], 10, limit) == _reference_plan(batch, 10, limit)
+
+
+@compiled
+def test_compiled_write_plan_leaves_other_batches() -> None:
+    pair = (c.SUB_PAIR, "T", "R", "M", "K", 1, "G", "RID", 0, 2, 1, True, 0)
+    assert speedups.write_plan([pair], 0, 100) is not None
+    for args in [
+        ([pair, (pair[0], "T2", *pair[2:])], 0, 100),  # two topics
+        ([pair, (*pair[:2], "R2", *pair[3:])], 0, 100),  # two regions
+        ([(*pair[:3], "M\x01", *pair[4:])], 0, 100),  # a separator in a text field
+        ([(*pair[:4], "é", *pair[5:])], 0, 100),  # non-ASCII text
+        ([(*pair[:3], 5, *pair[4:])], 0, 100),  # a text field that is no str
+        ([(*pair[:3], _Str("M"), *pair[4:])], 0, 100),  # nor a str subclass
+        ([(*pair[:11], 1, pair[12])], 0, 100),  # "ok" not a bool
+        ([(*pair[:5], True, *pair[6:])], 0, 100),  # a timestamp not an int
+        ([(*pair[:5], 2**63, *pair[6:])], 0, 100),  # past a Java long
+        ([(*pair[:8], 2**31, *pair[9:])], 0, 100),  # past a Java int
+        ([pair[:-1]], 0, 100),  # a malformed record
+        ([TraceContext(TraceType.Pub)], 0, 100),  # a context
+        ([], 0, 100),
+        ([pair], 0, 0),  # a limit below 1
+        ([pair], 0, 2**70),  # a limit past C's
+        ((pair,), 0, 100),  # not a list
+    ]:
+        assert speedups.write_plan(*args) is None, args
+
+
 # ---- the fallback: no compiled module, or turned off, and the pure-Python steps are used ----
 
 
@@ -283,6 +377,7 @@ _FALLBACK_CHECK = textwrap.dedent(
     assert not c.COMPILED
     assert c.write_records is c.write_records_py
     assert dm._plan_one_group is dm.plan_slices_py
+    assert dm._write_plan is None
 
     class Routes:
         async def get(self, topic, refresh=False):

@@ -208,6 +208,21 @@ def _compiled_plan_slices() -> Any:
 _plan_one_group = _compiled_plan_slices() or plan_slices_py
 
 
+def _compiled_write_plan() -> Any:
+    """``_speedups.write_plan``: ``write_records`` and the one-group planner in one pass for
+    the usual batch (None for any other: then those two steps), or None when the compiled
+    steps are not in use."""
+    if not COMPILED:
+        return None
+    from tracemq.trace._speedups import write_plan
+
+    return write_plan
+
+
+#: the one-pass writer and planner of the usual batch, when compiled
+_write_plan = _compiled_write_plan()
+
+
 if TYPE_CHECKING:
     from tracemq._kafka import ProducerPool
     from tracemq.routing.model import QueueRoute, TopicRoute
@@ -847,12 +862,18 @@ class AsyncTraceDispatcher:
         that, or that non-ASCII text makes longer in bytes than the limit allows, sends the
         whole batch the careful way (:meth:`_build_jobs_checked`: each record checked and
         measured on its own, a bad one counted as failed), which writes the same messages
-        for valid records.
+        for valid records. The usual batch — raw records of one topic and region, ASCII text
+        without a separator in a field — is written and cut in one compiled pass
+        (``_speedups.write_plan``), with the same result as those steps.
         """
-        texts = write_records(batch)
-        planned = self._plan(batch, texts, first_seq)
+        planned = None
+        if _write_plan is not None:  # the usual batch in one pass (None: any other)
+            planned = _write_plan(batch, first_seq, self._max_message_size)
         if planned is None:
-            planned = self._plan_checked(batch, texts, first_seq)
+            texts = write_records(batch)
+            planned = self._plan(batch, texts, first_seq)
+            if planned is None:
+                planned = self._plan_checked(batch, texts, first_seq)
         plans, bad, oversize = planned
         held = self._tail_to_hold(batch, plans, first_seq, bad)
         if held:

@@ -5,6 +5,9 @@ def write_records(items: Sequence[object]) -> list[str | None]: ...
 def plan_slices(
     batch: list[Any], texts: list[str], first_seq: int, limit: int, fallback: Callable[..., Any]
 ) -> tuple[list[tuple[int, int, bytes, set[Any]]], int, int] | None: ...
+def write_plan(
+    batch: list[Any], first_seq: int, limit: int
+) -> tuple[list[tuple[int, int, bytes, set[Any]]], int, int] | None: ...
 
 class ConsumeTracer:
     def __init__(

@@ -12,7 +12,7 @@ message body copied from the records' ASCII text without a join and an encode.
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.long cimport PyLong_AsLongLongAndOverflow
-from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.set cimport PySet_Add
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from libc.string cimport memcpy
@@ -389,6 +389,364 @@ def plan_slices(batch, texts, first_seq, limit, fallback):
         return plans, 0, oversize
     finally:
         PyMem_Free(ends)
+
+
+# ------------------------------------------------------------------------------- write_plan
+
+cdef inline Py_ssize_t _tlen(object x) noexcept:
+    """Length of text field x as write_records writes it ("null" for None) when it is an
+    ASCII str; -1 when it is not (the record is not write_plan's)."""
+    if x is None:
+        return 4
+    if type(x) is not str or not PyUnicode_IS_ASCII(x):
+        return -1
+    return PyUnicode_GET_LENGTH(x)
+
+
+cdef inline char* _tput(char* p, object x) noexcept:
+    """Text field x (checked by _tlen) at p; the end."""
+    cdef Py_ssize_t n
+    if x is None:
+        memcpy(p, b"null", 4)
+        return p + 4
+    n = PyUnicode_GET_LENGTH(x)
+    memcpy(p, PyUnicode_DATA(x), n)
+    return p + n
+
+
+cdef inline char* _dput(char* p, long long v) noexcept:
+    """The decimal text of v at p (at most 20 characters); the end."""
+    cdef char digits[20]
+    cdef int i = 20
+    cdef unsigned long long u = <unsigned long long>v if v >= 0 else -<unsigned long long>v
+    while True:
+        i -= 1
+        digits[i] = <char>(48 + u % 10)
+        u //= 10
+        if u == 0:
+            break
+    if v < 0:
+        i -= 1
+        digits[i] = 45  # "-"
+    memcpy(p, digits + i, 20 - i)
+    return p + 20 - i
+
+
+cdef inline char* _lput(char* p, const char* text, Py_ssize_t n) noexcept:
+    memcpy(p, text, n)
+    return p + n
+
+
+cdef inline bint _code_of(object code, long long* out) noexcept:
+    """The consume code as write_records takes it: an int, or a ConsumeReturnType, in a Java
+    int's range (its value in out)."""
+    if type(code) is int:
+        return _as_int32(code, out)
+    if type(code) is _CODE_ENUM:
+        return _as_long(code, out) and _INT_MIN <= out[0] <= _INT_MAX
+    return False
+
+
+cdef inline bint _same(object a, object b) noexcept:
+    return a is b or (type(a) is str and type(b) is str and a == b)
+
+
+cdef inline bint _is(object r, Py_ssize_t i, object t) noexcept:
+    return type(<object>PyTuple_GET_ITEM(r, i)) is t
+
+
+def write_plan(batch, first_seq, limit):
+    """``plan_slices_py(batch, write_records(batch), first_seq, limit)`` in one pass, for the
+    worker's usual batch: a list of raw records of one topic and region, each one
+    ``write_records`` writes, with text fields that are ASCII ``str`` (or None) holding no
+    separator. Each record's text is written straight into one buffer — no str per record,
+    no second copy of it — and the messages are cut from it as ``plan_slices`` cuts them.
+    None for any other batch: then the worker takes those steps (the result is theirs:
+    tests/unit/test_trace_speedups.py holds them equal)."""
+    cdef char* data = NULL
+    cdef char* grown
+    cdef char* p
+    cdef Py_ssize_t used = 0, capacity = 0, need, t, expected
+    cdef long long* ends = NULL
+    cdef Py_ssize_t n, i, start, stop, size, pairs
+    cdef long long lim, before, ts_v = 0, end_v = 0, a = 0, b = 0, c = 0
+    cdef object r, kind, topic = None, region = None, k, value, keys
+    cdef object f1, f2, f3, f4, f6, f7, f8, f12
+    cdef bint any_key
+    cdef list plans
+    cdef Py_ssize_t oversize = 0
+    if type(batch) is not list or type(limit) is not int or not 1 <= limit <= 2**62:
+        return None
+    n = len(batch)
+    if n == 0:
+        return None
+    lim = limit
+    ends = <long long*>PyMem_Malloc(n * sizeof(long long))
+    if ends == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            r = batch[i]
+            if type(r) is not tuple:
+                return None
+            size = PyTuple_GET_SIZE(r)
+            if size < 9:
+                return None
+            kind = <object>PyTuple_GET_ITEM(r, 0)
+            f1 = <object>PyTuple_GET_ITEM(r, 1)
+            f2 = <object>PyTuple_GET_ITEM(r, 2)
+            if i == 0:
+                topic, region = f1, f2
+                if (topic is not None and type(topic) is not str) or (
+                    region is not None and type(region) is not str
+                ):
+                    return None
+            elif not _same(f1, topic) or not _same(f2, region):
+                return None
+            f3 = <object>PyTuple_GET_ITEM(r, 3)  # msgId
+            f4 = <object>PyTuple_GET_ITEM(r, 4)  # keys
+            f6 = <object>PyTuple_GET_ITEM(r, 6)  # group
+            f7 = <object>PyTuple_GET_ITEM(r, 7)  # request id (tags for Pub)
+            if not _is(r, 5, int) or not _as_long(<object>PyTuple_GET_ITEM(r, 5), &ts_v):
+                return None
+            # the room the record needs: its text fields, 5 numbers of up to 20 characters,
+            # the kind names and separators (< 60)
+            t = _tlen(f3)
+            if t < 0:
+                return None
+            need = t + 160
+            t = _tlen(f4)
+            if t < 0:
+                return None
+            need += t
+            t = _tlen(f6)
+            if t < 0:
+                return None
+            need += t
+            t = _tlen(f7)
+            if t < 0:
+                return None
+            need += t
+            if kind is _SUB_PAIR:
+                if (
+                    size != 13 or not _is(r, 11, bool) or not _is(r, 9, int)
+                    or not _as_long(<object>PyTuple_GET_ITEM(r, 9), &end_v)
+                    or not _as_int32(<object>PyTuple_GET_ITEM(r, 8), &a)
+                    or not _as_int32(<object>PyTuple_GET_ITEM(r, 10), &b)
+                    or not _code_of(<object>PyTuple_GET_ITEM(r, 12), &c)
+                ):
+                    return None
+                t = _tlen(f2)
+                if t < 0:
+                    return None
+                need += need + t  # (msgId, keys, group and request id twice)
+                expected = 17
+            elif kind is _SUB_AFTER:
+                if (
+                    size != 11 or not _is(r, 9, bool)
+                    or not _as_int32(<object>PyTuple_GET_ITEM(r, 8), &b)
+                    or not _code_of(<object>PyTuple_GET_ITEM(r, 10), &c)
+                ):
+                    return None
+                expected = 9
+            elif kind is _SUB_BEFORE:
+                if size != 9 or not _as_int32(<object>PyTuple_GET_ITEM(r, 8), &a):
+                    return None
+                t = _tlen(f2)
+                if t < 0:
+                    return None
+                need += t
+                expected = 8
+            elif kind is _PUB:
+                if size != 14 or not _is(r, 13, bool):
+                    return None
+                k = <object>PyTuple_GET_ITEM(r, 11)  # the message type: 0 - 4
+                if type(k) is not int and type(k) is not _MSG_TYPE_ENUM:
+                    return None
+                if (
+                    not _as_long(k, &c) or not 0 <= c <= 4
+                    or not _as_int32(<object>PyTuple_GET_ITEM(r, 9), &a)
+                    or not _as_int32(<object>PyTuple_GET_ITEM(r, 10), &b)
+                ):
+                    return None
+                f8 = <object>PyTuple_GET_ITEM(r, 8)  # store host
+                f12 = <object>PyTuple_GET_ITEM(r, 12)  # offsetMsgId
+                t = _tlen(f1)
+                if t < 0:
+                    return None
+                need += t
+                t = _tlen(f2)
+                if t < 0:
+                    return None
+                need += t
+                t = _tlen(f8)
+                if t < 0:
+                    return None
+                need += t
+                t = _tlen(f12)
+                if t < 0:
+                    return None
+                need += t
+                expected = 14
+            else:
+                return None
+            if used + need > capacity:
+                while used + need > capacity:
+                    capacity = capacity * 2 if capacity else 65536
+                grown = <char*>PyMem_Realloc(data, capacity)
+                if grown == NULL:
+                    raise MemoryError()
+                data = grown
+            p = data + used
+            if kind is _SUB_PAIR:
+                # SubBefore ts region group rid msgId retry keys,
+                # SubAfter rid msgId cost ok keys code end group
+                p = _lput(p, b"SubBefore\x01", 10)
+                p = _dput(p, ts_v)
+                p[0] = 1
+                p = _tput(p + 1, f2)
+                p[0] = 1
+                p = _tput(p + 1, f6)
+                p[0] = 1
+                p = _tput(p + 1, f7)
+                p[0] = 1
+                p = _tput(p + 1, f3)
+                p[0] = 1
+                p = _dput(p + 1, a)
+                p[0] = 1
+                p = _tput(p + 1, f4)
+                p = _lput(p, b"\x02SubAfter\x01", 10)
+                p = _tput(p, f7)
+                p[0] = 1
+                p = _tput(p + 1, f3)
+                p[0] = 1
+                p = _dput(p + 1, b)
+                if <object>PyTuple_GET_ITEM(r, 11):
+                    p = _lput(p, b"\x01true\x01", 6)
+                else:
+                    p = _lput(p, b"\x01false\x01", 7)
+                p = _tput(p, f4)
+                p[0] = 1
+                p = _dput(p + 1, c)
+                p[0] = 1
+                p = _dput(p + 1, end_v)
+                p[0] = 1
+                p = _tput(p + 1, f6)
+                p[0] = 2
+                p += 1
+            elif kind is _SUB_AFTER:
+                # SubAfter rid msgId cost ok keys code ts group
+                p = _lput(p, b"SubAfter\x01", 9)
+                p = _tput(p, f7)
+                p[0] = 1
+                p = _tput(p + 1, f3)
+                p[0] = 1
+                p = _dput(p + 1, b)
+                if <object>PyTuple_GET_ITEM(r, 9):
+                    p = _lput(p, b"\x01true\x01", 6)
+                else:
+                    p = _lput(p, b"\x01false\x01", 7)
+                p = _tput(p, f4)
+                p[0] = 1
+                p = _dput(p + 1, c)
+                p[0] = 1
+                p = _dput(p + 1, ts_v)
+                p[0] = 1
+                p = _tput(p + 1, f6)
+                p[0] = 2
+                p += 1
+            elif kind is _SUB_BEFORE:
+                # SubBefore ts region group rid msgId retry keys
+                p = _lput(p, b"SubBefore\x01", 10)
+                p = _dput(p, ts_v)
+                p[0] = 1
+                p = _tput(p + 1, f2)
+                p[0] = 1
+                p = _tput(p + 1, f6)
+                p[0] = 1
+                p = _tput(p + 1, f7)
+                p[0] = 1
+                p = _tput(p + 1, f3)
+                p[0] = 1
+                p = _dput(p + 1, a)
+                p[0] = 1
+                p = _tput(p + 1, f4)
+                p[0] = 2
+                p += 1
+            else:
+                # Pub ts region group topic msgId tags keys storeHost bodyLength cost msgType
+                # offsetMsgId ok
+                p = _lput(p, b"Pub\x01", 4)
+                p = _dput(p, ts_v)
+                p[0] = 1
+                p = _tput(p + 1, f2)
+                p[0] = 1
+                p = _tput(p + 1, f6)
+                p[0] = 1
+                p = _tput(p + 1, f1)
+                p[0] = 1
+                p = _tput(p + 1, f3)
+                p[0] = 1
+                p = _tput(p + 1, f7)
+                p[0] = 1
+                p = _tput(p + 1, f4)
+                p[0] = 1
+                p = _tput(p + 1, f8)
+                p[0] = 1
+                p = _dput(p + 1, a)
+                p[0] = 1
+                p = _dput(p + 1, b)
+                p[0] = 1
+                p = _dput(p + 1, c)
+                p[0] = 1
+                p = _tput(p + 1, f12)
+                if <object>PyTuple_GET_ITEM(r, 13):
+                    p = _lput(p, b"\x01true\x02", 6)
+                else:
+                    p = _lput(p, b"\x01false\x02", 7)
+            # a text field holding a separator: not this path's (the careful way finds which)
+            if _separators(<const unsigned char*>(data + used), p - (data + used)) != expected:
+                return None
+            used = p - data
+            ends[i] = used
+        # the messages: as plan_slices cuts them
+        plans = []
+        start, before = 0, 0
+        while start < n:
+            stop = start
+            while stop < n and ends[stop] <= before + lim:
+                stop += 1
+            if stop == start:  # one item longer than a message: sent alone
+                oversize += 1
+                stop = start + 1
+            value = PyBytes_FromStringAndSize(data + before, ends[stop - 1] - before)
+            keys = set()
+            pairs = 0
+            for i in range(start, stop):
+                r = batch[i]
+                PySet_Add(keys, <object>PyTuple_GET_ITEM(r, 3))
+                if <object>PyTuple_GET_ITEM(r, 0) is _SUB_PAIR:
+                    pairs += 1
+            any_key = False
+            for i in range(start, stop):
+                k = <object>PyTuple_GET_ITEM(batch[i], 4)
+                if k is None or PyUnicode_GET_LENGTH(k) == 0:
+                    continue
+                any_key = True
+                if " " in k:
+                    for piece in k.split(" "):
+                        PySet_Add(keys, piece)
+                else:
+                    PySet_Add(keys, k)
+            if not any_key:
+                PySet_Add(keys, "")  # ("".split(" ") is [""])
+            plans.append((first_seq + start, stop - start + pairs, value, keys))
+            before = ends[stop - 1]
+            start = stop
+        return plans, 0, oversize
+    finally:
+        PyMem_Free(ends)
+        PyMem_Free(data)
 
 
 # ----------------------------------------------------------------------------- consume tracer
