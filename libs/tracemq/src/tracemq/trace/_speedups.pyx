@@ -821,8 +821,8 @@ cdef class ConsumeTracer:
         if msg.queue.topic == self._trace_topic:
             return None
         rid = self._request_id()
-        cdef long long begin = _now_ms()
-        cdef object d = self._d, queue = self._queue, seq
+        cdef object begin = _now_ms()  # (one int object for the record and the token)
+        cdef object d = self._d, queue = self._queue, seq, props, keys
         try:
             if d._closing:
                 d._discard("dispatcher shut down")
@@ -830,9 +830,11 @@ cdef class ConsumeTracer:
             if len(queue) >= self._queue_size:
                 d._discard("queue full")
                 return (-1, rid, begin)
+            props = msg.properties
+            keys = (<dict>props).get(_KEYS) if type(props) is dict else props.get(_KEYS)
             queue.append(
-                (_SUB_BEFORE, msg.topic, region, msg.msg_id, msg.properties.get(_KEYS), begin,
-                 group, rid, msg.reconsume_times)
+                (_SUB_BEFORE, msg.topic, region, msg.msg_id, keys, begin, group, rid,
+                 msg.reconsume_times)
             )
             seq = d._accepted_seq
             d._accepted_seq = seq + 1
@@ -853,8 +855,12 @@ cdef class ConsumeTracer:
         cdef long long seq, begin, end, cost, index
         cdef int overflow = 0
         try:
-            seq = token[0]
-            begin = token[2]
+            if type(token) is tuple and PyTuple_GET_SIZE(<tuple>token) == 3:
+                seq = <object>PyTuple_GET_ITEM(token, 0)
+                begin = <object>PyTuple_GET_ITEM(token, 2)
+            else:
+                seq = token[0]
+                begin = token[2]
             if type(end_at) is int:
                 end = PyLong_AsLongLongAndOverflow(end_at, &overflow)
                 if overflow:  # beyond a Java long: the reference's way (counted failed later)
