@@ -504,14 +504,16 @@ def _run_consume_ops(d: Any, before: Any, after: Any, ops: list[Any]) -> list[An
                 d._batch.append(d._queue.popleft())
             d._taken_seq += taken
         elif op[0] == "write":
+            if dm._seal is not None:  # (as the worker: taken for good)
+                dm._seal(d._batch)
             d._batch = []
             d._gathering_seq = None
         elif op[0] == "close":
             d._closing = True
         states.append(
             (
-                [_hide(r, reads) for r in d._queue],
-                [_hide(r, reads) for r in d._batch],
+                [_hide(_as_raw(r), reads) for r in d._queue],
+                [_hide(_as_raw(r), reads) for r in d._batch],
                 d._accepted_seq,
                 d._taken_seq,
                 d._gathering_seq,
@@ -527,10 +529,15 @@ def _in_a_read(ts: int, reads: list[tuple[int, int]]) -> bool:
     return any(low <= ts <= high for low, high in reads)
 
 
+def _as_raw(item: Any) -> Any:
+    """A queue item as the reference queues it (a ConsumeRecord as its raw record)."""
+    return item.as_tuple() if type(item) is dm._CONSUME_RECORD else item
+
+
 def _hide_token(token: Any, reads: list[tuple[int, int]]) -> Any:
     if token is None:
         return None
-    seq, rid, begin = token
+    seq, rid, begin = token.token if type(token) is dm._CONSUME_RECORD else token
     assert _in_a_read(begin, reads)
     return (seq, len(rid), "B")
 
@@ -569,13 +576,131 @@ def test_compiled_consume_tracer_equals_the_reference(ops: list[Any]) -> None:
         ConsumeMessageTraceHook.before.__get__(hook),
         ConsumeMessageTraceHook.after.__get__(hook),
     )
-    d_c, hook_c = _consume_side()  # (its pure after(): the tracer's way for an end beyond C's)
-    tracer = speedups.ConsumeTracer(
-        d_c, "RMQ_SYS_TRACE_TOPIC", ConsumeMessageTraceHook.after.__get__(hook_c)
-    )
+    d_c, _ = _consume_side()
+    tracer = speedups.ConsumeTracer(d_c, "RMQ_SYS_TRACE_TOPIC")
     assert _run_consume_ops(d_c, tracer.before, tracer.after, ops) == _run_consume_ops(
         d_ref, *pure, ops
     )
+
+
+@st.composite
+def _consume_records(draw: st.DrawFn) -> list[Any]:
+    """Queue items of the compiled consume path — ConsumeRecords, joined or not, of messages
+    with any fields — among raw records; half the batches tame (what consumers give: one
+    topic and region, ASCII text mostly, ints in range)."""
+    from tracemq.message import MessageExt, MessageQueue
+
+    d = dm.AsyncTraceDispatcher(group="CG", route_cache=_Routes(), sender=object())
+    tracer = speedups.ConsumeTracer(d, "RMQ_SYS_TRACE_TOPIC")
+    tame = draw(st.booleans())
+    if tame:
+        clean = st.one_of(
+            st.sampled_from(_POOL),
+            st.none(),
+            st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=12),
+        )
+        text, number, ok = st.one_of(clean, clean, clean, _tame_text), _tame_int, st.booleans()
+        code = st.one_of(_tame_int, st.sampled_from(ConsumeReturnType))
+        # (now, or a listener's own end time: within a Java int's milliseconds mostly)
+        end_at: Any = st.one_of(st.just(-1), st.integers(1_764_000_000_000, 1_767_000_000_000))
+    else:
+        text, number, ok, code, end_at = _text, _int, _ok, _code, _end_at
+    shared = tame or draw(st.booleans())
+    topic, region = draw(_tame_text), draw(_tame_text)
+    items: list[Any] = []
+    for _ in range(draw(st.integers(1, 10))):
+        if draw(st.integers(0, 4)) == 0:
+            raw = draw(_raw(tame=tame))
+            items.append((raw[0], topic, region, *raw[3:]) if shared else raw)
+            continue
+        keys = draw(text)
+        msg = MessageExt(
+            topic if shared else draw(text), b"", draw(text),
+            MessageQueue("Orders", "broker-a", 0), 0, 0, 0, "h",
+            reconsume_times=draw(number),
+            properties={} if keys is None else {"KEYS": keys},
+        )  # fmt: skip
+        token = tracer.before(msg, draw(text), region if shared else draw(text))
+        assert token is not None and token.seq >= 0
+        if draw(st.booleans()):
+            tracer.after(token, msg, "CG", region, draw(end_at), draw(ok), draw(code))
+            assert token.joined
+        items.append(token)
+    return items
+
+
+@compiled
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    _consume_records(),
+    st.integers(0, 2**40),
+    st.one_of(st.integers(1, 400), st.integers(1, 200_000)),
+)
+def test_compiled_write_plan_writes_consume_records_as_their_raw_records(
+    batch: list[Any], first_seq: int, limit: int
+) -> None:
+    got = speedups.write_plan(batch, first_seq, limit)
+    raws = speedups.materialize(batch)
+    assert [type(r) for r in raws] == [tuple] * len(batch)
+    assert dm._records_in(batch) == dm._records_in(raws)
+    if got is None:
+        return
+    assert _plan(lambda *a: got, batch, [], first_seq, limit) == _reference_plan(
+        raws, first_seq, limit
+    )
+
+
+@compiled
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(_consume_records())
+def test_the_worker_writes_consume_records_as_their_raw_records(batch: list[Any]) -> None:
+    # the same trace messages (bodies, keys, record counts) and failures from a batch and from
+    # its raw records, whichever way the worker writes them
+    def jobs(items: list[Any]) -> Any:
+        d = dm.AsyncTraceDispatcher(group="CG", route_cache=_Routes(), sender=object())
+        made = d._build_jobs(list(items), 7)
+        return [(j.min_seq, j.contexts, j.value, sorted(map(str, j.headers[0][1].split()))
+                 if j.headers[0][0] == "KEYS" else None) for j in made], d._failed  # fmt: skip
+
+    # (a wild field can make a step raise: the worker then fails the batch; the same way here)
+    assert _outcome(jobs, batch) == _outcome(jobs, speedups.materialize(batch))
+
+
+@compiled
+async def test_a_sub_after_goes_alone_once_the_worker_took_its_sub_before() -> None:
+    from tracemq.message import MessageExt, MessageQueue
+
+    sent: list[bytes] = []
+
+    class Sender:
+        async def send(self, route: Any, queue_id: int, topic: str, value: bytes,
+                       headers: Any) -> None:  # fmt: skip
+            sent.append(value)
+
+    class Routes:
+        async def get(self, topic: str, *, refresh: bool = False) -> Any:
+            from tracemq.routing.model import QueueRoute, TopicRoute
+
+            return TopicRoute(topic, (QueueRoute("trace-a", "c", 1, 1, 6, "k:1", "h:1"),))
+
+    d = dm.AsyncTraceDispatcher(group="CG", route_cache=Routes(), sender=Sender(),
+                                flush_interval_ms=0)  # fmt: skip
+    await d.start()
+    tracer = speedups.ConsumeTracer(d, "RMQ_SYS_TRACE_TOPIC")
+    q = MessageQueue("Orders", "broker-a", 0)
+    msgs = [MessageExt("Orders", b"", f"M{i}", q, i, 0, 0, "h") for i in range(3)]
+    early = tracer.before(msgs[0], "CG", "R")
+    tracer.after(early, msgs[0], "CG", "R", 5, True, 0)  # joined while queued
+    late = tracer.before(msgs[1], "CG", "R")
+    assert await d.flush(5.0)
+    assert late.sealed and early.sealed and early.joined and not late.joined
+    tracer.after(late, msgs[1], "CG", "R", 6, True, 0)  # too late to join: alone
+    assert not late.joined
+    assert await d.flush(5.0)
+    await d.shutdown()
+    body = b"".join(sent).decode()
+    assert body.count("SubBefore") == 2 and body.count("SubAfter") == 2
+    assert d.stats()["sent"] == 4 and d.stats()["failed"] == 0
 
 
 @compiled
@@ -601,7 +726,7 @@ def test_compiled_request_ids_are_new_request_ids() -> None:
     from tracemq.message_id import new_request_id
 
     d, _ = _consume_side()
-    tracer = speedups.ConsumeTracer(d, "RMQ_SYS_TRACE_TOPIC", None)
+    tracer = speedups.ConsumeTracer(d, "RMQ_SYS_TRACE_TOPIC")
     msgs = _messages()
     ids = []
     for i in range(600):  # across several of the cached 256-id heads
@@ -609,7 +734,7 @@ def test_compiled_request_ids_are_new_request_ids() -> None:
             ids.append(new_request_id())
         else:
             token = tracer.before(msgs[0], "CG", "R")
-            ids.append(token[1])
+            ids.append(token.request_id)
             tracer.after(token, msgs[0], "CG", "R", 5, True, 0)
             d._queue.clear()
     assert len(set(ids)) == len(ids)

@@ -115,8 +115,14 @@ def _group_of(item: _Item) -> tuple[Any, Any]:
 
 
 def _records_in(items: Iterable[_Item]) -> int:
-    """Contexts in these queue items (a pair holds two)."""
-    return sum(2 if type(i) is tuple and i[0] is SUB_PAIR else 1 for i in items)
+    """Contexts in these queue items (a pair holds two, as a joined ConsumeRecord does)."""
+    count = 0
+    for i in items:
+        if type(i) is tuple:
+            count += 2 if i[0] is SUB_PAIR else 1
+        else:
+            count += 2 if type(i) is _CONSUME_RECORD and getattr(i, "joined", False) else 1
+    return count
 
 
 _KIND, _TOPIC, _REGION, _MSG_ID, _KEYS = (operator.itemgetter(i) for i in range(5))
@@ -221,6 +227,24 @@ def _compiled_write_plan() -> Any:
 
 #: the one-pass writer and planner of the usual batch, when compiled
 _write_plan = _compiled_write_plan()
+
+
+def _compiled_consume_records() -> tuple[Any, Any, Any]:
+    """The compiled consume path's queue item (``_speedups.ConsumeRecord``, queued by
+    ``ConsumeTracer``) and its ``seal`` and ``materialize``; Nones when not compiled."""
+    if not COMPILED:
+        return None, None, None
+    try:
+        from tracemq.trace._speedups import ConsumeRecord, materialize, seal
+    except ImportError:  # pragma: no cover - an extension built before these
+        return None, None, None
+    return ConsumeRecord, seal, materialize
+
+
+#: ConsumeRecord is a queue item besides contexts and raw records: the worker seals the ones
+#: it takes for good (a SubAfter then goes alone) and hands its raw records (``as_tuple``) to
+#: every step but ``write_plan``
+_CONSUME_RECORD, _seal, _materialize = _compiled_consume_records()
 
 
 if TYPE_CHECKING:
@@ -800,6 +824,8 @@ class AsyncTraceDispatcher:
                     log.exception("trace batch could not be prepared", group=self.group)
                     self._fail(_records_in(self._batch), f"{exc.__class__.__name__}: {exc}")
                     pending = []
+                if _seal is not None:  # (taken for good: written, or failed)
+                    _seal(self._batch)
                 self._batch = []
                 self._gathering_seq = None
                 self._check_waiters()
@@ -815,6 +841,8 @@ class AsyncTraceDispatcher:
             # Cancelled (shutdown): whatever this task still holds is dropped, and counted.
             if self._batch:
                 self._fail(_records_in(self._batch), "not sent before shutdown")
+                if _seal is not None:
+                    _seal(self._batch)
                 self._batch = []
             self._gathering_seq = None
             for job in pending:
@@ -870,10 +898,11 @@ class AsyncTraceDispatcher:
         if _write_plan is not None:  # the usual batch in one pass (None: any other)
             planned = _write_plan(batch, first_seq, self._max_message_size)
         if planned is None:
-            texts = write_records(batch)
-            planned = self._plan(batch, texts, first_seq)
+            raws = batch if _materialize is None else _materialize(batch)
+            texts = write_records(raws)
+            planned = self._plan(raws, texts, first_seq)
             if planned is None:
-                planned = self._plan_checked(batch, texts, first_seq)
+                planned = self._plan_checked(raws, texts, first_seq)
         plans, bad, oversize = planned
         held = self._tail_to_hold(batch, plans, first_seq, bad)
         if held:

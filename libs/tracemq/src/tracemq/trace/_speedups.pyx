@@ -391,6 +391,62 @@ def plan_slices(batch, texts, first_seq, limit, fallback):
         PyMem_Free(ends)
 
 
+# -------------------------------------------------------------------------- ConsumeRecord
+
+cdef class ConsumeRecord:
+    """A consumed message's trace while the worker has not written it: the queue item (and the
+    token) of ``ConsumeTracer.before``, its SubBefore; ``ConsumeTracer.after`` joins the
+    SubAfter to it in place while it is not sealed. The worker seals the items it takes for
+    good (written, or failed); a SubAfter then goes alone, as the reference does once its
+    SubBefore was written. :meth:`as_tuple` is the raw record the reference queues for the
+    same calls (``SUB_BEFORE``, or ``SUB_PAIR`` once joined): what every step but
+    ``write_plan`` works on. One object per consumed message, set field by field: no tuple
+    built for the SubBefore, none for the pair, none for the token."""
+
+    cdef readonly object topic, region, msg_id, keys, group, request_id, reconsume_times
+    cdef readonly object success, code
+    cdef object _end_o, _cost_o  # (an end beyond a Java long: kept as the reference keeps it)
+    cdef readonly long long seq, begin
+    cdef long long _end, _cost
+    cdef readonly bint joined, sealed
+
+    def as_tuple(self):
+        """The raw record of the reference (``tracemq.trace._codec``)."""
+        if not self.joined:
+            return (_SUB_BEFORE, self.topic, self.region, self.msg_id, self.keys, self.begin,
+                    self.group, self.request_id, self.reconsume_times)
+        return (_SUB_PAIR, self.topic, self.region, self.msg_id, self.keys, self.begin,
+                self.group, self.request_id, self.reconsume_times, self.end, self.cost,
+                self.success, self.code)
+
+    @property
+    def token(self):
+        """What the reference's ``before`` returns: (its number or -1, request id, begin)."""
+        return (self.seq, self.request_id, self.begin)
+
+    @property
+    def end(self):
+        return self._end_o if self._end_o is not None else self._end
+
+    @property
+    def cost(self):
+        return self._cost_o if self._cost_o is not None else self._cost
+
+
+def seal(items):
+    """Mark the ConsumeRecords among ``items`` taken for good (written or failed): a SubAfter
+    no longer joins them."""
+    cdef object item
+    for item in items:
+        if type(item) is ConsumeRecord:
+            (<ConsumeRecord>item).sealed = True
+
+
+def materialize(items):
+    """``items`` with every ConsumeRecord as its raw record (a new list)."""
+    return [(<ConsumeRecord>i).as_tuple() if type(i) is ConsumeRecord else i for i in items]
+
+
 # ------------------------------------------------------------------------------- write_plan
 
 cdef inline Py_ssize_t _tlen(object x) noexcept:
@@ -457,12 +513,12 @@ cdef inline bint _is(object r, Py_ssize_t i, object t) noexcept:
 
 def write_plan(batch, first_seq, limit):
     """``plan_slices_py(batch, write_records(batch), first_seq, limit)`` in one pass, for the
-    worker's usual batch: a list of raw records of one topic and region, each one
-    ``write_records`` writes, with text fields that are ASCII ``str`` (or None) holding no
-    separator. Each record's text is written straight into one buffer — no str per record,
-    no second copy of it — and the messages are cut from it as ``plan_slices`` cuts them.
-    None for any other batch: then the worker takes those steps (the result is theirs:
-    tests/unit/test_trace_speedups.py holds them equal)."""
+    worker's usual batch: a list of raw records and ConsumeRecords (as their ``as_tuple()``)
+    of one topic and region, each one ``write_records`` writes, with text fields that are
+    ASCII ``str`` (or None) holding no separator. Each record's text is written straight into
+    one buffer — no str per record, no second copy of it — and the messages are cut from it as
+    ``plan_slices`` cuts them. None for any other batch: then the worker takes those steps
+    (the result is theirs: tests/unit/test_trace_speedups.py holds them equal)."""
     cdef char* data = NULL
     cdef char* grown
     cdef char* p
@@ -471,8 +527,9 @@ def write_plan(batch, first_seq, limit):
     cdef Py_ssize_t n, i, start, stop, size, pairs
     cdef long long lim, before, ts_v = 0, end_v = 0, a = 0, b = 0, c = 0
     cdef object r, kind, topic = None, region = None, k, value, keys
-    cdef object f1, f2, f3, f4, f6, f7, f8, f12
-    cdef bint any_key
+    cdef object f1, f2, f3, f4, f6, f7, f8 = None, f12 = None
+    cdef ConsumeRecord cr
+    cdef bint any_key, okv = False
     cdef list plans
     cdef Py_ssize_t oversize = 0
     if type(batch) is not list or type(limit) is not int or not 1 <= limit <= 2**62:
@@ -487,14 +544,77 @@ def write_plan(batch, first_seq, limit):
     try:
         for i in range(n):
             r = batch[i]
-            if type(r) is not tuple:
+            # -- the record's fields, checked as write_records checks them
+            if type(r) is ConsumeRecord:  # the compiled consume path's item
+                cr = <ConsumeRecord>r
+                f1, f2, f3, f4 = cr.topic, cr.region, cr.msg_id, cr.keys
+                f6, f7 = cr.group, cr.request_id
+                ts_v = cr.begin
+                if not _as_int32(cr.reconsume_times, &a):
+                    return None
+                if cr.joined:
+                    if cr._end_o is not None or type(cr.success) is not bool:
+                        return None
+                    end_v, b = cr._end, cr._cost
+                    if not _INT_MIN <= b <= _INT_MAX or not _code_of(cr.code, &c):
+                        return None
+                    kind, okv = _SUB_PAIR, cr.success is True
+                else:
+                    kind = _SUB_BEFORE
+            elif type(r) is tuple:
+                size = PyTuple_GET_SIZE(r)
+                if size < 9:
+                    return None
+                kind = <object>PyTuple_GET_ITEM(r, 0)
+                f1 = <object>PyTuple_GET_ITEM(r, 1)
+                f2 = <object>PyTuple_GET_ITEM(r, 2)
+                f3 = <object>PyTuple_GET_ITEM(r, 3)  # msgId
+                f4 = <object>PyTuple_GET_ITEM(r, 4)  # keys
+                f6 = <object>PyTuple_GET_ITEM(r, 6)  # group
+                f7 = <object>PyTuple_GET_ITEM(r, 7)  # request id (tags for Pub)
+                if not _is(r, 5, int) or not _as_long(<object>PyTuple_GET_ITEM(r, 5), &ts_v):
+                    return None
+                if kind is _SUB_PAIR:
+                    if (
+                        size != 13 or not _is(r, 11, bool) or not _is(r, 9, int)
+                        or not _as_long(<object>PyTuple_GET_ITEM(r, 9), &end_v)
+                        or not _as_int32(<object>PyTuple_GET_ITEM(r, 8), &a)
+                        or not _as_int32(<object>PyTuple_GET_ITEM(r, 10), &b)
+                        or not _code_of(<object>PyTuple_GET_ITEM(r, 12), &c)
+                    ):
+                        return None
+                    okv = <object>PyTuple_GET_ITEM(r, 11) is True
+                elif kind is _SUB_AFTER:
+                    if (
+                        size != 11 or not _is(r, 9, bool)
+                        or not _as_int32(<object>PyTuple_GET_ITEM(r, 8), &b)
+                        or not _code_of(<object>PyTuple_GET_ITEM(r, 10), &c)
+                    ):
+                        return None
+                    okv = <object>PyTuple_GET_ITEM(r, 9) is True
+                elif kind is _SUB_BEFORE:
+                    if size != 9 or not _as_int32(<object>PyTuple_GET_ITEM(r, 8), &a):
+                        return None
+                elif kind is _PUB:
+                    if size != 14 or not _is(r, 13, bool):
+                        return None
+                    k = <object>PyTuple_GET_ITEM(r, 11)  # the message type: 0 - 4
+                    if type(k) is not int and type(k) is not _MSG_TYPE_ENUM:
+                        return None
+                    if (
+                        not _as_long(k, &c) or not 0 <= c <= 4
+                        or not _as_int32(<object>PyTuple_GET_ITEM(r, 9), &a)
+                        or not _as_int32(<object>PyTuple_GET_ITEM(r, 10), &b)
+                    ):
+                        return None
+                    okv = <object>PyTuple_GET_ITEM(r, 13) is True
+                    f8 = <object>PyTuple_GET_ITEM(r, 8)  # store host
+                    f12 = <object>PyTuple_GET_ITEM(r, 12)  # offsetMsgId
+                else:
+                    return None
+            else:
                 return None
-            size = PyTuple_GET_SIZE(r)
-            if size < 9:
-                return None
-            kind = <object>PyTuple_GET_ITEM(r, 0)
-            f1 = <object>PyTuple_GET_ITEM(r, 1)
-            f2 = <object>PyTuple_GET_ITEM(r, 2)
+            # -- one topic and region (as the worker's check: equal)
             if i == 0:
                 topic, region = f1, f2
                 if (topic is not None and type(topic) is not str) or (
@@ -503,14 +623,8 @@ def write_plan(batch, first_seq, limit):
                     return None
             elif not _same(f1, topic) or not _same(f2, region):
                 return None
-            f3 = <object>PyTuple_GET_ITEM(r, 3)  # msgId
-            f4 = <object>PyTuple_GET_ITEM(r, 4)  # keys
-            f6 = <object>PyTuple_GET_ITEM(r, 6)  # group
-            f7 = <object>PyTuple_GET_ITEM(r, 7)  # request id (tags for Pub)
-            if not _is(r, 5, int) or not _as_long(<object>PyTuple_GET_ITEM(r, 5), &ts_v):
-                return None
-            # the room the record needs: its text fields, 5 numbers of up to 20 characters,
-            # the kind names and separators (< 60)
+            # -- the room the record needs: its text fields, 5 numbers of up to 20
+            # characters, the kind names and separators (< 60)
             t = _tlen(f3)
             if t < 0:
                 return None
@@ -528,49 +642,20 @@ def write_plan(batch, first_seq, limit):
                 return None
             need += t
             if kind is _SUB_PAIR:
-                if (
-                    size != 13 or not _is(r, 11, bool) or not _is(r, 9, int)
-                    or not _as_long(<object>PyTuple_GET_ITEM(r, 9), &end_v)
-                    or not _as_int32(<object>PyTuple_GET_ITEM(r, 8), &a)
-                    or not _as_int32(<object>PyTuple_GET_ITEM(r, 10), &b)
-                    or not _code_of(<object>PyTuple_GET_ITEM(r, 12), &c)
-                ):
-                    return None
                 t = _tlen(f2)
                 if t < 0:
                     return None
                 need += need + t  # (msgId, keys, group and request id twice)
                 expected = 17
             elif kind is _SUB_AFTER:
-                if (
-                    size != 11 or not _is(r, 9, bool)
-                    or not _as_int32(<object>PyTuple_GET_ITEM(r, 8), &b)
-                    or not _code_of(<object>PyTuple_GET_ITEM(r, 10), &c)
-                ):
-                    return None
                 expected = 9
             elif kind is _SUB_BEFORE:
-                if size != 9 or not _as_int32(<object>PyTuple_GET_ITEM(r, 8), &a):
-                    return None
                 t = _tlen(f2)
                 if t < 0:
                     return None
                 need += t
                 expected = 8
-            elif kind is _PUB:
-                if size != 14 or not _is(r, 13, bool):
-                    return None
-                k = <object>PyTuple_GET_ITEM(r, 11)  # the message type: 0 - 4
-                if type(k) is not int and type(k) is not _MSG_TYPE_ENUM:
-                    return None
-                if (
-                    not _as_long(k, &c) or not 0 <= c <= 4
-                    or not _as_int32(<object>PyTuple_GET_ITEM(r, 9), &a)
-                    or not _as_int32(<object>PyTuple_GET_ITEM(r, 10), &b)
-                ):
-                    return None
-                f8 = <object>PyTuple_GET_ITEM(r, 8)  # store host
-                f12 = <object>PyTuple_GET_ITEM(r, 12)  # offsetMsgId
+            else:  # Pub
                 t = _tlen(f1)
                 if t < 0:
                     return None
@@ -588,8 +673,6 @@ def write_plan(batch, first_seq, limit):
                     return None
                 need += t
                 expected = 14
-            else:
-                return None
             if used + need > capacity:
                 while used + need > capacity:
                     capacity = capacity * 2 if capacity else 65536
@@ -597,6 +680,7 @@ def write_plan(batch, first_seq, limit):
                 if grown == NULL:
                     raise MemoryError()
                 data = grown
+            # -- the text, as write_records writes it
             p = data + used
             if kind is _SUB_PAIR:
                 # SubBefore ts region group rid msgId retry keys,
@@ -621,7 +705,7 @@ def write_plan(batch, first_seq, limit):
                 p = _tput(p + 1, f3)
                 p[0] = 1
                 p = _dput(p + 1, b)
-                if <object>PyTuple_GET_ITEM(r, 11):
+                if okv:
                     p = _lput(p, b"\x01true\x01", 6)
                 else:
                     p = _lput(p, b"\x01false\x01", 7)
@@ -642,7 +726,7 @@ def write_plan(batch, first_seq, limit):
                 p = _tput(p + 1, f3)
                 p[0] = 1
                 p = _dput(p + 1, b)
-                if <object>PyTuple_GET_ITEM(r, 9):
+                if okv:
                     p = _lput(p, b"\x01true\x01", 6)
                 else:
                     p = _lput(p, b"\x01false\x01", 7)
@@ -700,7 +784,7 @@ def write_plan(batch, first_seq, limit):
                 p = _dput(p + 1, c)
                 p[0] = 1
                 p = _tput(p + 1, f12)
-                if <object>PyTuple_GET_ITEM(r, 13):
+                if okv:
                     p = _lput(p, b"\x01true\x02", 6)
                 else:
                     p = _lput(p, b"\x01false\x02", 7)
@@ -709,7 +793,7 @@ def write_plan(batch, first_seq, limit):
                 return None
             used = p - data
             ends[i] = used
-        # the messages: as plan_slices cuts them
+        # -- the messages: as plan_slices cuts them
         plans = []
         start, before = 0, 0
         while start < n:
@@ -724,12 +808,20 @@ def write_plan(batch, first_seq, limit):
             pairs = 0
             for i in range(start, stop):
                 r = batch[i]
-                PySet_Add(keys, <object>PyTuple_GET_ITEM(r, 3))
-                if <object>PyTuple_GET_ITEM(r, 0) is _SUB_PAIR:
-                    pairs += 1
+                if type(r) is ConsumeRecord:
+                    PySet_Add(keys, (<ConsumeRecord>r).msg_id)
+                    pairs += (<ConsumeRecord>r).joined
+                else:
+                    PySet_Add(keys, <object>PyTuple_GET_ITEM(r, 3))
+                    if <object>PyTuple_GET_ITEM(r, 0) is _SUB_PAIR:
+                        pairs += 1
             any_key = False
             for i in range(start, stop):
-                k = <object>PyTuple_GET_ITEM(batch[i], 4)
+                r = batch[i]
+                if type(r) is ConsumeRecord:
+                    k = (<ConsumeRecord>r).keys
+                else:
+                    k = <object>PyTuple_GET_ITEM(r, 4)
                 if k is None or PyUnicode_GET_LENGTH(k) == 0:
                     continue
                 any_key = True
@@ -778,19 +870,20 @@ cdef class ConsumeTracer:
     which are the request id, the clock reads, ``one_before`` / ``one_after`` and the
     dispatcher's ``append_sub_before`` / ``join_sub_after`` that they call. It reads and writes
     the dispatcher's queue state as those methods do (the same attributes; the queue object
-    itself is kept, it is never replaced). The request ids come from the same counter and
-    prefix as ``tracemq.message_id.new_request_id``, formatted the same way."""
+    itself is kept, it is never replaced), but its queue item and token is one
+    :class:`ConsumeRecord`, joined in place: the queue, as ``ConsumeRecord.as_tuple`` reads
+    it, is the reference's. The request ids come from the same counter and prefix as
+    ``tracemq.message_id.new_request_id``, formatted the same way."""
 
-    cdef object _d, _queue, _trace_topic, _ids, _counter, _hex2, _fallback
+    cdef object _d, _queue, _trace_topic, _ids, _counter, _hex2
     cdef Py_ssize_t _queue_size
     cdef object _rid_prefix, _rid_head
     cdef long long _rid_block
 
-    def __init__(self, dispatcher, trace_topic, fallback_after):
+    def __init__(self, dispatcher, trace_topic):
         from tracemq import message_id
 
         self._d = dispatcher
-        self._fallback = fallback_after  # the reference after(), for an end beyond C's range
         self._queue = dispatcher._queue
         self._queue_size = dispatcher._queue_size
         self._trace_topic = trace_topic
@@ -815,97 +908,81 @@ cdef class ConsumeTracer:
         return self._rid_head + <object>PyTuple_GET_ITEM(self._hex2, n & 0xFF)
 
     def before(self, msg, group, region):
-        """``ConsumeMessageTraceHook.before``: the SubBefore of ``msg`` queued; its token
-        (dispatcher number or -1, request id, begin) for :meth:`after`, None when ``msg`` is not
+        """``ConsumeMessageTraceHook.before``: the SubBefore of ``msg`` queued; the token for
+        :meth:`after` (its ConsumeRecord: number -1 when refused), None when ``msg`` is not
         traced."""
         if msg.queue.topic == self._trace_topic:
             return None
-        rid = self._request_id()
-        cdef object begin = _now_ms()  # (one int object for the record and the token)
-        cdef object d = self._d, queue = self._queue, seq, props, keys
+        cdef ConsumeRecord r = ConsumeRecord.__new__(ConsumeRecord)
+        r.request_id = self._request_id()
+        r.begin = _now_ms()
+        r.seq = -1
+        cdef object d = self._d, queue = self._queue, seq, props
         try:
             if d._closing:
                 d._discard("dispatcher shut down")
-                return (-1, rid, begin)
+                return r
             if len(queue) >= self._queue_size:
                 d._discard("queue full")
-                return (-1, rid, begin)
+                return r
             props = msg.properties
-            keys = (<dict>props).get(_KEYS) if type(props) is dict else props.get(_KEYS)
-            queue.append(
-                (_SUB_BEFORE, msg.topic, region, msg.msg_id, keys, begin, group, rid,
-                 msg.reconsume_times)
-            )
+            r.topic = msg.topic
+            r.region = region
+            r.msg_id = msg.msg_id
+            r.keys = (<dict>props).get(_KEYS) if type(props) is dict else props.get(_KEYS)
+            r.group = group
+            r.reconsume_times = msg.reconsume_times
+            queue.append(r)
             seq = d._accepted_seq
             d._accepted_seq = seq + 1
             d._records += 1
+            r.seq = seq
             if len(queue) >= d._want:
                 d._want = _NEVER
                 d._wakeup.set()
-            return (seq, rid, begin)
+            return r
         except Exception:  # tracing must not break the consumer (as one_before: -1)
-            return (-1, rid, begin)
+            return r
 
     def after(self, token, msg, group, region, end_at, success, code):
         """``ConsumeMessageTraceHook.after``: the SubAfter of ``msg`` ending at ``end_at``
-        (anything but a non-negative ``int``: now), joined to its SubBefore while that still
-        waits, else queued on its own. Never raises."""
-        if token is None:
+        (anything but a non-negative ``int``: now), joined to its SubBefore while the worker
+        has not sealed that, else queued on its own. Never raises."""
+        if type(token) is not ConsumeRecord:  # None: not traced (or not a token of before())
             return
-        cdef long long seq, begin, end, cost, index
+        cdef ConsumeRecord r = <ConsumeRecord>token
+        cdef long long end = 0, cost
         cdef int overflow = 0
-        try:
-            if type(token) is tuple and PyTuple_GET_SIZE(<tuple>token) == 3:
-                seq = <object>PyTuple_GET_ITEM(token, 0)
-                begin = <object>PyTuple_GET_ITEM(token, 2)
-            else:
-                seq = token[0]
-                begin = token[2]
-            if type(end_at) is int:
-                end = PyLong_AsLongLongAndOverflow(end_at, &overflow)
-                if overflow:  # beyond a Java long: the reference's way (counted failed later)
-                    self._fallback(token, msg, group, region, end_at, success, code)
-                    return
-                if end < 0:
-                    end = _now_ms()
-            else:
+        cdef object end_o = None, cost_o = None, d = self._d, msg_id
+        if type(end_at) is int:
+            end = PyLong_AsLongLongAndOverflow(end_at, &overflow)
+            if overflow > 0:  # beyond a Java long: kept as given (the writer counts it failed)
+                end_o = end_at
+                cost_o = end_at - r.begin
+            elif overflow or end < 0:
                 end = _now_ms()
-        except Exception:  # a token not of before(): nothing to trace (as the reference)
-            return
-        cost = end - begin if end > begin else 0
-        cdef object d = self._d, items, head, msg_id, gathering
+        else:
+            end = _now_ms()
+        cost = end - r.begin if end > r.begin else 0
         try:
             msg_id = msg.msg_id
-            if seq >= 0 and not d._closing:
-                index = seq - <long long>d._taken_seq
-                items = None
-                if index >= 0:
-                    items = self._queue
-                else:
-                    gathering = d._gathering_seq
-                    if gathering is not None and seq >= <long long>gathering:
-                        index = seq - <long long>gathering
-                        items = d._batch
-                if items is not None:
-                    head = items[index]
-                    if type(head) is tuple and PyTuple_GET_SIZE(head) == 9 and (
-                        <object>PyTuple_GET_ITEM(head, 3) is msg_id
-                    ):
-                        items[index] = (
-                            _SUB_PAIR, <object>PyTuple_GET_ITEM(head, 1),
-                            <object>PyTuple_GET_ITEM(head, 2), msg_id,
-                            <object>PyTuple_GET_ITEM(head, 4), <object>PyTuple_GET_ITEM(head, 5),
-                            <object>PyTuple_GET_ITEM(head, 6), <object>PyTuple_GET_ITEM(head, 7),
-                            <object>PyTuple_GET_ITEM(head, 8), end, cost, success, code,
-                        )
-                        d._records += 1
-                        return
+            if (
+                r.seq >= 0 and not r.sealed and not r.joined and r.msg_id is msg_id
+                and not d._closing
+            ):
+                r._end, r._cost, r._end_o, r._cost_o = end, cost, end_o, cost_o
+                r.success = success
+                r.code = code
+                r.joined = True
+                d._records += 1
+                return
         except Exception:  # as join_sub_after: too late to join, the SubAfter goes alone
             pass
         try:
             d.append_record(
-                (_SUB_AFTER, msg.topic, region, msg.msg_id, msg.properties.get(_KEYS), end, group,
-                 token[1], cost, success, code)
+                (_SUB_AFTER, msg.topic, region, msg.msg_id, msg.properties.get(_KEYS),
+                 end if end_o is None else end_o, group, r.request_id,
+                 cost if cost_o is None else cost_o, success, code)
             )
         except Exception:  # tracing must not break the consumer (as one_after)
             return
