@@ -10,6 +10,7 @@ compared as C ``long long`` (a Java long is exactly that), tuples read without u
 message body copied from the records' ASCII text without a join and an encode.
 """
 
+cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
@@ -393,6 +394,7 @@ def plan_slices(batch, texts, first_seq, limit, fallback):
 
 # -------------------------------------------------------------------------- ConsumeRecord
 
+@cython.no_gc  # (its fields are texts and numbers: no cycle through it, so not tracked)
 cdef class ConsumeRecord:
     """A consumed message's trace while the worker has not written it: the queue item (and the
     token) of ``ConsumeTracer.before``, its SubBefore; ``ConsumeTracer.after`` joins the
