@@ -14,7 +14,11 @@ Pairs. The SubAfter of a one-message consume joins its SubBefore while that stil
 queue or in the batch being gathered (:meth:`~AsyncTraceDispatcher.join_sub_after`): one item
 then holds both records (a consumed message costs one queue item and one write instead of two),
 and is counted as two contexts everywhere. A SubBefore already written is not held back: the
-SubAfter then goes as an item of its own, so a SubBefore is sent as early as before.
+SubAfter then goes as an item of its own, so a SubBefore is sent as early as before. With the
+compiled trace steps the consumer's item is a ``_speedups.ConsumeRecord`` instead of a tuple:
+one object per consumed message, its SubBefore, joined in place by the SubAfter until the worker
+seals it (taken for good: written or failed); ``write_plan`` writes it, and every other step
+sees its raw record (``materialize``), so the trace messages are the same.
 
 Retries and duplicates. A send that times out may still be delivered (a hung trace cluster
 answers once it resumes), so a timed-out attempt is not abandoned: it keeps running while the
