@@ -720,24 +720,70 @@ def test_the_consume_hook_uses_the_compiled_tracer() -> None:
 
 
 @compiled
-def test_compiled_request_ids_are_new_request_ids() -> None:
-    """The tracer's request ids come from new_request_id's counter and prefix: unique among
-    both, in its form (the process's msgId prefix, then the counter in hex)."""
+def test_compiled_request_ids_are_unique_beside_new_request_ids() -> None:
+    """The tracer's request ids: new_request_id's form and prefix (the process's msgId prefix,
+    then a counter in hex), from a counter of the module's own whose blocks have their top
+    bit set, so unique among both; consecutive within a tracer, across its cached heads."""
     from tracemq.message_id import new_request_id
 
     d, _ = _consume_side()
     tracer = speedups.ConsumeTracer(d, "RMQ_SYS_TRACE_TOPIC")
+    other = speedups.ConsumeTracer(d, "RMQ_SYS_TRACE_TOPIC")  # (the same counter)
     msgs = _messages()
-    ids = []
+    ours, theirs = [], []
     for i in range(600):  # across several of the cached 256-id heads
-        if i % 3:
-            ids.append(new_request_id())
+        if i % 3 == 0:
+            theirs.append(new_request_id())
         else:
-            token = tracer.before(msgs[0], "CG", "R")
-            ids.append(token.request_id)
+            token = (tracer if i % 3 == 1 else other).before(msgs[0], "CG", "R")
+            ours.append(token.request_id)
             tracer.after(token, msgs[0], "CG", "R", 5, True, 0)
             d._queue.clear()
+    ids = ours + theirs
     assert len(set(ids)) == len(ids)
+    assert all(len(i) == 32 and i == i.upper() and int(i, 16) >= 0 for i in ids)
     assert {i[:20] for i in ids} == {new_request_id()[:20]}
-    numbers = [int(i[20:], 16) for i in ids]
-    assert numbers == sorted(numbers) and numbers[-1] - numbers[0] == len(ids) - 1
+    numbers = [int(i[20:], 16) for i in ours]
+    assert numbers == sorted(numbers) and numbers[-1] - numbers[0] == len(ours) - 1
+    assert all(n >> 47 == 1 for n in numbers)  # (the top bit of the 40-bit block)
+    assert all(int(i[20:], 16) >> 47 == 0 for i in theirs)
+
+
+_FORK_CHECK = textwrap.dedent(
+    """
+    import os
+    from tracemq.message import MessageExt, MessageQueue
+    from tracemq.trace import _dispatcher as dm, _speedups as S
+
+    class Routes:
+        async def get(self, topic, refresh=False):
+            raise AssertionError
+
+    d = dm.AsyncTraceDispatcher(group="CG", route_cache=Routes(), sender=object())
+    tracer = S.ConsumeTracer(d, "T")
+    m = MessageExt("Orders", b"", "M", MessageQueue("Orders", "b", 0), 0, 0, 0, "h")
+    parent = tracer.before(m, "CG", "R").request_id
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(w, tracer.before(m, "CG", "R").request_id.encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = os.read(r, 64).decode()
+    after = tracer.before(m, "CG", "R").request_id
+    print(parent, child, after)
+    """
+)
+
+
+@compiled
+def test_a_forked_child_renews_the_request_ids_prefix() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_CHECK], capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    parent, child, after = done.stdout.split()
+    # the child's id carries its own pid in the prefix (its counter went on from the parent's)
+    assert child[:20] != parent[:20] and after[:20] == parent[:20]
+    assert len({parent, child, after}) == 3

@@ -38,6 +38,9 @@ cdef object _NULL = "null"
 cdef object _CODE_ENUM = ConsumeReturnType
 cdef object _MSG_TYPE_ENUM = MessageType
 
+cdef tuple _HEX2 = tuple(f"{i:02X}" for i in range(256))
+cdef const char* _HEX_DIGITS = b"0123456789ABCDEF"
+
 cdef long long _INT_MIN = -2147483648
 cdef long long _INT_MAX = 2147483647
 
@@ -405,8 +408,10 @@ cdef class ConsumeRecord:
     ``write_plan`` works on. One object per consumed message, set field by field: no tuple
     built for the SubBefore, none for the pair, none for the token."""
 
-    cdef readonly object topic, region, msg_id, keys, group, request_id, reconsume_times
+    cdef readonly object topic, region, msg_id, keys, group, reconsume_times
     cdef readonly object success, code
+    cdef object _rid_head  # the request id: this head (30 characters) and 2 hex digits
+    cdef int _rid_low
     cdef object _end_o, _cost_o  # (an end beyond a Java long: kept as the reference keeps it)
     cdef readonly long long seq, begin
     cdef long long _end, _cost
@@ -420,6 +425,10 @@ cdef class ConsumeRecord:
         return (_SUB_PAIR, self.topic, self.region, self.msg_id, self.keys, self.begin,
                 self.group, self.request_id, self.reconsume_times, self.end, self.cost,
                 self.success, self.code)
+
+    @property
+    def request_id(self):
+        return self._rid_head + <object>PyTuple_GET_ITEM(_HEX2, self._rid_low)
 
     @property
     def token(self):
@@ -470,6 +479,16 @@ cdef inline char* _tput(char* p, object x) noexcept:
     n = PyUnicode_GET_LENGTH(x)
     memcpy(p, PyUnicode_DATA(x), n)
     return p + n
+
+
+cdef inline char* _rput(char* p, object x, int low) noexcept:
+    """A request id at p: text field x, then (low >= 0: a ConsumeRecord's) 2 hex digits."""
+    p = _tput(p, x)
+    if low >= 0:
+        p[0] = _HEX_DIGITS[low >> 4]
+        p[1] = _HEX_DIGITS[low & 15]
+        p += 2
+    return p
 
 
 cdef inline char* _dput(char* p, long long v) noexcept:
@@ -530,6 +549,7 @@ def write_plan(batch, first_seq, limit):
     cdef long long lim, before, ts_v = 0, end_v = 0, a = 0, b = 0, c = 0
     cdef object r, kind, topic = None, region = None, k, value, keys
     cdef object f1, f2, f3, f4, f6, f7, f8 = None, f12 = None
+    cdef int rid_low = -1  # a ConsumeRecord's request id: f7 its head, then these 2 hex digits
     cdef ConsumeRecord cr
     cdef bint any_key, okv = False
     cdef list plans
@@ -550,7 +570,7 @@ def write_plan(batch, first_seq, limit):
             if type(r) is ConsumeRecord:  # the compiled consume path's item
                 cr = <ConsumeRecord>r
                 f1, f2, f3, f4 = cr.topic, cr.region, cr.msg_id, cr.keys
-                f6, f7 = cr.group, cr.request_id
+                f6, f7, rid_low = cr.group, cr._rid_head, cr._rid_low
                 ts_v = cr.begin
                 if not _as_int32(cr.reconsume_times, &a):
                     return None
@@ -574,6 +594,7 @@ def write_plan(batch, first_seq, limit):
                 f4 = <object>PyTuple_GET_ITEM(r, 4)  # keys
                 f6 = <object>PyTuple_GET_ITEM(r, 6)  # group
                 f7 = <object>PyTuple_GET_ITEM(r, 7)  # request id (tags for Pub)
+                rid_low = -1
                 if not _is(r, 5, int) or not _as_long(<object>PyTuple_GET_ITEM(r, 5), &ts_v):
                     return None
                 if kind is _SUB_PAIR:
@@ -642,7 +663,7 @@ def write_plan(batch, first_seq, limit):
             t = _tlen(f7)
             if t < 0:
                 return None
-            need += t
+            need += t + 2
             if kind is _SUB_PAIR:
                 t = _tlen(f2)
                 if t < 0:
@@ -694,7 +715,7 @@ def write_plan(batch, first_seq, limit):
                 p[0] = 1
                 p = _tput(p + 1, f6)
                 p[0] = 1
-                p = _tput(p + 1, f7)
+                p = _rput(p + 1, f7, rid_low)
                 p[0] = 1
                 p = _tput(p + 1, f3)
                 p[0] = 1
@@ -702,7 +723,7 @@ def write_plan(batch, first_seq, limit):
                 p[0] = 1
                 p = _tput(p + 1, f4)
                 p = _lput(p, b"\x02SubAfter\x01", 10)
-                p = _tput(p, f7)
+                p = _rput(p, f7, rid_low)
                 p[0] = 1
                 p = _tput(p + 1, f3)
                 p[0] = 1
@@ -723,7 +744,7 @@ def write_plan(batch, first_seq, limit):
             elif kind is _SUB_AFTER:
                 # SubAfter rid msgId cost ok keys code ts group
                 p = _lput(p, b"SubAfter\x01", 9)
-                p = _tput(p, f7)
+                p = _rput(p, f7, rid_low)
                 p[0] = 1
                 p = _tput(p + 1, f3)
                 p[0] = 1
@@ -750,7 +771,7 @@ def write_plan(batch, first_seq, limit):
                 p[0] = 1
                 p = _tput(p + 1, f6)
                 p[0] = 1
-                p = _tput(p + 1, f7)
+                p = _rput(p + 1, f7, rid_low)
                 p[0] = 1
                 p = _tput(p + 1, f3)
                 p[0] = 1
@@ -862,6 +883,21 @@ cdef inline long long _now_ms() noexcept:
 
 
 cdef object _KEYS = "KEYS"  # MessageConst.KEYS
+# the request ids of ConsumeTracer: one counter for the process, its blocks' top bit set
+cdef long long _rid_next = 0
+cdef long long _RID_BLOCK_BIT = 1LL << 39
+# bumped in a forked child: the tracers then format their request ids' head again
+cdef unsigned long _fork_epoch = 0
+
+
+def _after_fork_in_child():
+    global _fork_epoch
+    _fork_epoch += 1
+
+
+import os as _os
+if hasattr(_os, "register_at_fork"):
+    _os.register_at_fork(after_in_child=_after_fork_in_child)
 import sys as _sys
 cdef object _NEVER = _sys.maxsize  # the dispatcher's _NEVER
 
@@ -874,13 +910,14 @@ cdef class ConsumeTracer:
     the dispatcher's queue state as those methods do (the same attributes; the queue object
     itself is kept, it is never replaced), but its queue item and token is one
     :class:`ConsumeRecord`, joined in place: the queue, as ``ConsumeRecord.as_tuple`` reads
-    it, is the reference's. The request ids come from the same counter and prefix as
-    ``tracemq.message_id.new_request_id``, formatted the same way."""
+    it, is the reference's. The request ids have ``tracemq.message_id.new_request_id``'s form
+    and prefix, from a counter of their own (see ``_request_id``)."""
 
-    cdef object _d, _queue, _trace_topic, _ids, _counter, _hex2
+    cdef object _d, _queue, _trace_topic, _ids
     cdef Py_ssize_t _queue_size
-    cdef object _rid_prefix, _rid_head
+    cdef object _rid_head
     cdef long long _rid_block
+    cdef unsigned long _rid_epoch
 
     def __init__(self, dispatcher, trace_topic):
         from tracemq import message_id
@@ -890,24 +927,27 @@ cdef class ConsumeTracer:
         self._queue_size = dispatcher._queue_size
         self._trace_topic = trace_topic
         self._ids = message_id
-        self._counter = message_id._request_counter
-        self._hex2 = message_id._HEX2
-        self._rid_prefix = None
         self._rid_head = ""
         self._rid_block = -1
+        self._rid_epoch = 0
 
-    cdef object _request_id(self):
-        # new_request_id(): the msgId prefix (renewed after a fork) and the shared counter
-        cdef object generator = self._ids._default_generator
-        if generator is None:
-            generator = self._ids._default()
-        cdef object prefix = generator._prefix
-        cdef long long n = next(self._counter) & 0xFFFFFFFFFFFF
-        if self._rid_block != (n >> 8) or self._rid_prefix is not prefix:
-            self._rid_head = f"{prefix}{n >> 8:010X}"
-            self._rid_prefix = prefix
+    cdef inline void _request_id(self, ConsumeRecord r):
+        """r's request id: new_request_id's form (the msgId prefix, a block of 256 in 10 hex
+        digits, 2 more), from this module's counter, whose blocks have the top bit set:
+        new_request_id's stay below it (its counter would need 2**47 ids to reach it). The
+        head is formatted once per 256 ids and after a fork (the prefix is renewed then)."""
+        global _rid_next
+        cdef long long n = _rid_next & 0x7FFFFFFFFFFF
+        _rid_next += 1
+        if self._rid_block != (n >> 8) or self._rid_epoch != _fork_epoch:
+            generator = self._ids._default_generator
+            if generator is None:
+                generator = self._ids._default()
+            self._rid_head = f"{generator._prefix}{(n >> 8) | _RID_BLOCK_BIT:010X}"
             self._rid_block = n >> 8
-        return self._rid_head + <object>PyTuple_GET_ITEM(self._hex2, n & 0xFF)
+            self._rid_epoch = _fork_epoch
+        r._rid_head = self._rid_head
+        r._rid_low = n & 0xFF
 
     def before(self, msg, group, region):
         """``ConsumeMessageTraceHook.before``: the SubBefore of ``msg`` queued; the token for
@@ -916,7 +956,7 @@ cdef class ConsumeTracer:
         if msg.queue.topic == self._trace_topic:
             return None
         cdef ConsumeRecord r = ConsumeRecord.__new__(ConsumeRecord)
-        r.request_id = self._request_id()
+        self._request_id(r)
         r.begin = _now_ms()
         r.seq = -1
         cdef object d = self._d, queue = self._queue, seq, props
