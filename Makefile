@@ -58,6 +58,7 @@ lint: setup
 	$(UV) run --frozen ruff check .
 	$(UV) run --frozen ruff format --check .
 	$(UV) run --frozen mypy libs/tracemq/src libs/tracemq-devkit/src
+	$(UV) run --frozen mypy --explicit-package-bases bench/*.py
 
 # Every benchmark in bench/, one after the other, each figure next to its goal (bench/run_all.py):
 # ~10 minutes on 2 cores; BENCH_ARGS="--profile full" runs the goals' sizes, "--only producer" one.

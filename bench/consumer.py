@@ -23,6 +23,11 @@ SubAfter of that group.
 when there is none — its noise and any order effect (2026-11-29: −0.5 – 0.4 µs/msg, median 0.1,
 over six runs).
 
+Before each variant a full garbage collection (outside its measurement) starts it from a
+collected heap; ``--keep-heap`` leaves it out, as runs before 2026-11-29's thirteenth pass did
+(then the full collection the pre-fill made due, ~50 ms here, fell into round 1's second
+variant — "on" — in every run: ~0.25 µs/msg of "tracing" that was the bench's).
+
 Prints progress, then one JSON line last. Exit code 0 even when the target is missed; 1 when the
 traces are incomplete; 2 on a crash.
 """
@@ -30,6 +35,7 @@ traces are incomplete; 2 on a crash.
 from __future__ import annotations
 
 import asyncio
+import gc
 import sys
 import time
 import uuid
@@ -260,6 +266,12 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
         say(f"round {r + 1}/{args.rounds}: order {order}")
         for variant in order:
             group = f"CG_bench_{variant}_r{r + 1}_{uid}"
+            if not args.keep_heap:
+                # Each variant starts from a collected heap (outside its measurement): a full
+                # collection the pre-fill and the earlier variants made due otherwise lands in
+                # whichever variant comes next (~50 ms, 0.5 us/msg; it fell in round 1's "on"
+                # in every run of 2026-11-29's pass, A/A runs too), not where its cause is.
+                gc.collect()
             run = await consume_all(stack, args, topic, variant, group, expected)
             run["round"] = r + 1
             runs.append(run)
@@ -350,6 +362,7 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
         "trace_cpu_us_per_msg": trace_us,
         "first_assignment_wait_s": {v: per[v]["first_assignment_wait_s"] for v in per},
         "session_timeout_ms": args.session_timeout_ms,
+        "collected_before_each_variant": not args.keep_heap,
         "ratios": ratios,
     }
     if args.aa:
@@ -477,6 +490,12 @@ def main() -> int:
         action="store_true",
         help="an A/A control: the 'on' variant runs with trace off too, so its difference from "
         "'off' is the bench's noise and order effect (the trace topic is not checked)",
+    )
+    parser.add_argument(
+        "--keep-heap",
+        action="store_true",
+        help="no full garbage collection before each variant (how runs before 2026-11-29's "
+        "thirteenth pass were made)",
     )
     args = parser.parse_args()
     check_args(args)

@@ -88,7 +88,7 @@ class Variant:
         self.msg_ids: list[str] = []
         self.flush_s = 0.0
         #: GC during the timed latency-bound sends: collections per generation, milliseconds
-        self.gc = {"collections": [0, 0, 0], "ms": [0.0, 0.0, 0.0]}
+        self.gc: dict[str, list[Any]] = {"collections": [0, 0, 0], "ms": [0.0, 0.0, 0.0]}
 
     async def start(self) -> None: ...
 

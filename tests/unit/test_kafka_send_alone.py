@@ -14,6 +14,7 @@ from aiokafka import errors as kafka_errors
 from aiokafka.protocol.produce import ProduceRequest_v3
 from aiokafka.record.default_records import DefaultRecordBatch
 from aiokafka.structs import TopicPartition
+from tracemq import _kafka
 from tracemq._kafka import ProducerPool, _alone_of
 
 TP = TopicPartition("t", 1)
@@ -60,7 +61,12 @@ def _pool(client: _Client, acks: int = 1) -> tuple[ProducerPool, list[Any]]:
     return pool, fallback
 
 
-async def test_the_request_holds_the_record_alone_for_the_leader() -> None:
+@pytest.mark.parametrize("hardware_crc", [True, False], ids=["own-batch", "aiokafka-builder"])
+async def test_the_request_holds_the_record_alone_for_the_leader(
+    hardware_crc: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (without a hardware CRC-32C the batch is aiokafka's builder's; the same bytes either way)
+    monkeypatch.setattr(_kafka, "HARDWARE_CRC", hardware_crc)
     client = _Client(leader=3)
     pool, fallback = _pool(client, acks=-1)
     value = b"SubBefore\x01" * 5000

@@ -149,6 +149,7 @@ def test_the_built_module_is_the_one_in_use() -> None:
         assert c.COMPILED
         assert c.write_records is speedups.write_records
         assert dm._plan_one_group is not dm.plan_slices_py
+        assert dm._write_plan is speedups.write_plan
 
 
 @compiled
@@ -258,6 +259,99 @@ def test_compiled_plan_slices_hands_odd_input_to_the_reference() -> None:
         assert calls == [args]
 
 
+@st.composite
+def _one_group(draw: st.DrawFn) -> list[Any]:
+    """A batch whose records share their topic and region (the worker's usual batch), most of
+    them tame, some not."""
+    topic, region = draw(_tame_text), draw(_tame_text)
+    records = draw(
+        st.lists(
+            st.one_of(_raw(c.SUB_PAIR, tame=True), _raw(tame=True), _raw(tame=True), _raw()),
+            min_size=1,
+            max_size=14,
+        )
+    )
+    return [(r[0], topic, region, *r[3:]) for r in records]
+
+
+def _reference_plan(batch: list[Any], first_seq: int, limit: int) -> Any:
+    """What the worker does without write_plan for a batch write_plan takes: write_records,
+    then the one-group planner (the reference of both)."""
+    texts = c.write_records_py(batch)
+    assert None not in texts
+    assert len(set(map(dm._TOPIC, batch))) == 1 and len(set(map(dm._REGION, batch))) == 1
+    return _plan(dm.plan_slices_py, batch, texts, first_seq, limit)
+
+
+@compiled
+@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.one_of(_one_group(), _items),
+    st.integers(0, 2**40),
+    st.one_of(st.integers(1, 400), st.integers(1, 200_000), st.integers(2**62, 2**63)),
+)
+def test_compiled_write_plan_is_write_records_then_the_planner(
+    batch: list[Any], first_seq: int, limit: int
+) -> None:
+    got = speedups.write_plan(batch, first_seq, limit)
+    if got is None:  # not its batch: the worker takes the two steps (checked above)
+        return
+    assert _plan(lambda *a: got, batch, [], first_seq, limit) == _reference_plan(
+        batch, first_seq, limit
+    )
+
+
+@compiled
+@settings(max_examples=100)
+@given(st.integers(1, 3000), st.booleans(), st.integers(0, 3))
+def test_compiled_write_plan_takes_a_clean_stream(limit: int, with_pubs: bool, kinds: int) -> None:
+    # the worker's usual batches: ASCII, every record clean, of one topic and region; pairs,
+    # or SubBefore and SubAfter apart (a slow listener), with publishes now and then
+    batch: list[Any] = []
+    for i in range(300):
+        keys = None if i % 7 == 0 else ("" if i % 11 == 0 else f"k{i} k{i % 5}")
+        ts = 1_764_300_000_000 + i // 9 - (i % 13 == 0) * 2**62
+        if with_pubs and i % 3 == 0:
+            batch.append((c.PUB, "Orders", "DefaultRegion", f"MSG{i:08X}", keys, ts, "PG", "t",
+                          "a:10911", 200, 1, MessageType(i % 5), f"OFF{i:08X}", i % 2 == 0))  # fmt: skip
+        elif kinds and i % 4 == kinds:
+            batch.append((c.SUB_BEFORE, "Orders", "DefaultRegion", f"MSG{i:08X}", keys, ts, "CG",
+                          f"RID{i:08X}", i % 17))  # fmt: skip
+            batch.append((c.SUB_AFTER, "Orders", "DefaultRegion", f"MSG{i:08X}", keys, ts + 3,
+                          "CG", f"RID{i:08X}", -i, i % 2 == 0, ConsumeReturnType(i % 5)))  # fmt: skip
+        else:
+            batch.append((c.SUB_PAIR, "Orders", "DefaultRegion", f"MSG{i:08X}", keys, ts, "CG",
+                          f"RID{i:08X}", 0, ts + i % 3, -(2**31) + i, i % 4 != 0, i % 6))  # fmt: skip
+    got = speedups.write_plan(batch, 10, limit)
+    assert got is not None
+    assert _plan(lambda *a: got, batch, [], 10, limit) == _reference_plan(batch, 10, limit)
+
+
+@compiled
+def test_compiled_write_plan_leaves_other_batches() -> None:
+    pair = (c.SUB_PAIR, "T", "R", "M", "K", 1, "G", "RID", 0, 2, 1, True, 0)
+    assert speedups.write_plan([pair], 0, 100) is not None
+    for args in [
+        ([pair, (pair[0], "T2", *pair[2:])], 0, 100),  # two topics
+        ([pair, (*pair[:2], "R2", *pair[3:])], 0, 100),  # two regions
+        ([(*pair[:3], "M\x01", *pair[4:])], 0, 100),  # a separator in a text field
+        ([(*pair[:4], "é", *pair[5:])], 0, 100),  # non-ASCII text
+        ([(*pair[:3], 5, *pair[4:])], 0, 100),  # a text field that is no str
+        ([(*pair[:3], _Str("M"), *pair[4:])], 0, 100),  # nor a str subclass
+        ([(*pair[:11], 1, pair[12])], 0, 100),  # "ok" not a bool
+        ([(*pair[:5], True, *pair[6:])], 0, 100),  # a timestamp not an int
+        ([(*pair[:5], 2**63, *pair[6:])], 0, 100),  # past a Java long
+        ([(*pair[:8], 2**31, *pair[9:])], 0, 100),  # past a Java int
+        ([pair[:-1]], 0, 100),  # a malformed record
+        ([TraceContext(TraceType.Pub)], 0, 100),  # a context
+        ([], 0, 100),
+        ([pair], 0, 0),  # a limit below 1
+        ([pair], 0, 2**70),  # a limit past C's
+        ((pair,), 0, 100),  # not a list
+    ]:
+        assert speedups.write_plan(*args) is None, args
+
+
 # ---- the fallback: no compiled module, or turned off, and the pure-Python steps are used ----
 
 
@@ -283,6 +377,7 @@ _FALLBACK_CHECK = textwrap.dedent(
     assert not c.COMPILED
     assert c.write_records is c.write_records_py
     assert dm._plan_one_group is dm.plan_slices_py
+    assert dm._write_plan is None
 
     class Routes:
         async def get(self, topic, refresh=False):
@@ -409,14 +504,16 @@ def _run_consume_ops(d: Any, before: Any, after: Any, ops: list[Any]) -> list[An
                 d._batch.append(d._queue.popleft())
             d._taken_seq += taken
         elif op[0] == "write":
+            if dm._seal is not None:  # (as the worker: taken for good)
+                dm._seal(d._batch)
             d._batch = []
             d._gathering_seq = None
         elif op[0] == "close":
             d._closing = True
         states.append(
             (
-                [_hide(r, reads) for r in d._queue],
-                [_hide(r, reads) for r in d._batch],
+                [_hide(_as_raw(r), reads) for r in d._queue],
+                [_hide(_as_raw(r), reads) for r in d._batch],
                 d._accepted_seq,
                 d._taken_seq,
                 d._gathering_seq,
@@ -432,10 +529,15 @@ def _in_a_read(ts: int, reads: list[tuple[int, int]]) -> bool:
     return any(low <= ts <= high for low, high in reads)
 
 
+def _as_raw(item: Any) -> Any:
+    """A queue item as the reference queues it (a ConsumeRecord as its raw record)."""
+    return item.as_tuple() if type(item) is dm._CONSUME_RECORD else item
+
+
 def _hide_token(token: Any, reads: list[tuple[int, int]]) -> Any:
     if token is None:
         return None
-    seq, rid, begin = token
+    seq, rid, begin = token.token if type(token) is dm._CONSUME_RECORD else token
     assert _in_a_read(begin, reads)
     return (seq, len(rid), "B")
 
@@ -474,13 +576,131 @@ def test_compiled_consume_tracer_equals_the_reference(ops: list[Any]) -> None:
         ConsumeMessageTraceHook.before.__get__(hook),
         ConsumeMessageTraceHook.after.__get__(hook),
     )
-    d_c, hook_c = _consume_side()  # (its pure after(): the tracer's way for an end beyond C's)
-    tracer = speedups.ConsumeTracer(
-        d_c, "RMQ_SYS_TRACE_TOPIC", ConsumeMessageTraceHook.after.__get__(hook_c)
-    )
+    d_c, _ = _consume_side()
+    tracer = speedups.ConsumeTracer(d_c, "RMQ_SYS_TRACE_TOPIC")
     assert _run_consume_ops(d_c, tracer.before, tracer.after, ops) == _run_consume_ops(
         d_ref, *pure, ops
     )
+
+
+@st.composite
+def _consume_records(draw: st.DrawFn) -> list[Any]:
+    """Queue items of the compiled consume path — ConsumeRecords, joined or not, of messages
+    with any fields — among raw records; half the batches tame (what consumers give: one
+    topic and region, ASCII text mostly, ints in range)."""
+    from tracemq.message import MessageExt, MessageQueue
+
+    d = dm.AsyncTraceDispatcher(group="CG", route_cache=_Routes(), sender=object())
+    tracer = speedups.ConsumeTracer(d, "RMQ_SYS_TRACE_TOPIC")
+    tame = draw(st.booleans())
+    if tame:
+        clean = st.one_of(
+            st.sampled_from(_POOL),
+            st.none(),
+            st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=12),
+        )
+        text, number, ok = st.one_of(clean, clean, clean, _tame_text), _tame_int, st.booleans()
+        code = st.one_of(_tame_int, st.sampled_from(ConsumeReturnType))
+        # (now, or a listener's own end time: within a Java int's milliseconds mostly)
+        end_at: Any = st.one_of(st.just(-1), st.integers(1_764_000_000_000, 1_767_000_000_000))
+    else:
+        text, number, ok, code, end_at = _text, _int, _ok, _code, _end_at
+    shared = tame or draw(st.booleans())
+    topic, region = draw(_tame_text), draw(_tame_text)
+    items: list[Any] = []
+    for _ in range(draw(st.integers(1, 10))):
+        if draw(st.integers(0, 4)) == 0:
+            raw = draw(_raw(tame=tame))
+            items.append((raw[0], topic, region, *raw[3:]) if shared else raw)
+            continue
+        keys = draw(text)
+        msg = MessageExt(
+            topic if shared else draw(text), b"", draw(text),
+            MessageQueue("Orders", "broker-a", 0), 0, 0, 0, "h",
+            reconsume_times=draw(number),
+            properties={} if keys is None else {"KEYS": keys},
+        )  # fmt: skip
+        token = tracer.before(msg, draw(text), region if shared else draw(text))
+        assert token is not None and token.seq >= 0
+        if draw(st.booleans()):
+            tracer.after(token, msg, "CG", region, draw(end_at), draw(ok), draw(code))
+            assert token.joined
+        items.append(token)
+    return items
+
+
+@compiled
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    _consume_records(),
+    st.integers(0, 2**40),
+    st.one_of(st.integers(1, 400), st.integers(1, 200_000)),
+)
+def test_compiled_write_plan_writes_consume_records_as_their_raw_records(
+    batch: list[Any], first_seq: int, limit: int
+) -> None:
+    got = speedups.write_plan(batch, first_seq, limit)
+    raws = speedups.materialize(batch)
+    assert [type(r) for r in raws] == [tuple] * len(batch)
+    assert dm._records_in(batch) == dm._records_in(raws)
+    if got is None:
+        return
+    assert _plan(lambda *a: got, batch, [], first_seq, limit) == _reference_plan(
+        raws, first_seq, limit
+    )
+
+
+@compiled
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(_consume_records())
+def test_the_worker_writes_consume_records_as_their_raw_records(batch: list[Any]) -> None:
+    # the same trace messages (bodies, keys, record counts) and failures from a batch and from
+    # its raw records, whichever way the worker writes them
+    def jobs(items: list[Any]) -> Any:
+        d = dm.AsyncTraceDispatcher(group="CG", route_cache=_Routes(), sender=object())
+        made = d._build_jobs(list(items), 7)
+        return [(j.min_seq, j.contexts, j.value, sorted(map(str, j.headers[0][1].split()))
+                 if j.headers[0][0] == "KEYS" else None) for j in made], d._failed  # fmt: skip
+
+    # (a wild field can make a step raise: the worker then fails the batch; the same way here)
+    assert _outcome(jobs, batch) == _outcome(jobs, speedups.materialize(batch))
+
+
+@compiled
+async def test_a_sub_after_goes_alone_once_the_worker_took_its_sub_before() -> None:
+    from tracemq.message import MessageExt, MessageQueue
+
+    sent: list[bytes] = []
+
+    class Sender:
+        async def send(self, route: Any, queue_id: int, topic: str, value: bytes,
+                       headers: Any) -> None:  # fmt: skip
+            sent.append(value)
+
+    class Routes:
+        async def get(self, topic: str, *, refresh: bool = False) -> Any:
+            from tracemq.routing.model import QueueRoute, TopicRoute
+
+            return TopicRoute(topic, (QueueRoute("trace-a", "c", 1, 1, 6, "k:1", "h:1"),))
+
+    d = dm.AsyncTraceDispatcher(group="CG", route_cache=Routes(), sender=Sender(),
+                                flush_interval_ms=0)  # fmt: skip
+    await d.start()
+    tracer = speedups.ConsumeTracer(d, "RMQ_SYS_TRACE_TOPIC")
+    q = MessageQueue("Orders", "broker-a", 0)
+    msgs = [MessageExt("Orders", b"", f"M{i}", q, i, 0, 0, "h") for i in range(3)]
+    early = tracer.before(msgs[0], "CG", "R")
+    tracer.after(early, msgs[0], "CG", "R", 5, True, 0)  # joined while queued
+    late = tracer.before(msgs[1], "CG", "R")
+    assert await d.flush(5.0)
+    assert late.sealed and early.sealed and early.joined and not late.joined
+    tracer.after(late, msgs[1], "CG", "R", 6, True, 0)  # too late to join: alone
+    assert not late.joined
+    assert await d.flush(5.0)
+    await d.shutdown()
+    body = b"".join(sent).decode()
+    assert body.count("SubBefore") == 2 and body.count("SubAfter") == 2
+    assert d.stats()["sent"] == 4 and d.stats()["failed"] == 0
 
 
 @compiled
@@ -500,24 +720,70 @@ def test_the_consume_hook_uses_the_compiled_tracer() -> None:
 
 
 @compiled
-def test_compiled_request_ids_are_new_request_ids() -> None:
-    """The tracer's request ids come from new_request_id's counter and prefix: unique among
-    both, in its form (the process's msgId prefix, then the counter in hex)."""
+def test_compiled_request_ids_are_unique_beside_new_request_ids() -> None:
+    """The tracer's request ids: new_request_id's form and prefix (the process's msgId prefix,
+    then a counter in hex), from a counter of the module's own whose blocks have their top
+    bit set, so unique among both; consecutive within a tracer, across its cached heads."""
     from tracemq.message_id import new_request_id
 
     d, _ = _consume_side()
-    tracer = speedups.ConsumeTracer(d, "RMQ_SYS_TRACE_TOPIC", None)
+    tracer = speedups.ConsumeTracer(d, "RMQ_SYS_TRACE_TOPIC")
+    other = speedups.ConsumeTracer(d, "RMQ_SYS_TRACE_TOPIC")  # (the same counter)
     msgs = _messages()
-    ids = []
+    ours, theirs = [], []
     for i in range(600):  # across several of the cached 256-id heads
-        if i % 3:
-            ids.append(new_request_id())
+        if i % 3 == 0:
+            theirs.append(new_request_id())
         else:
-            token = tracer.before(msgs[0], "CG", "R")
-            ids.append(token[1])
+            token = (tracer if i % 3 == 1 else other).before(msgs[0], "CG", "R")
+            ours.append(token.request_id)
             tracer.after(token, msgs[0], "CG", "R", 5, True, 0)
             d._queue.clear()
+    ids = ours + theirs
     assert len(set(ids)) == len(ids)
+    assert all(len(i) == 32 and i == i.upper() and int(i, 16) >= 0 for i in ids)
     assert {i[:20] for i in ids} == {new_request_id()[:20]}
-    numbers = [int(i[20:], 16) for i in ids]
-    assert numbers == sorted(numbers) and numbers[-1] - numbers[0] == len(ids) - 1
+    numbers = [int(i[20:], 16) for i in ours]
+    assert numbers == sorted(numbers) and numbers[-1] - numbers[0] == len(ours) - 1
+    assert all(n >> 47 == 1 for n in numbers)  # (the top bit of the 40-bit block)
+    assert all(int(i[20:], 16) >> 47 == 0 for i in theirs)
+
+
+_FORK_CHECK = textwrap.dedent(
+    """
+    import os
+    from tracemq.message import MessageExt, MessageQueue
+    from tracemq.trace import _dispatcher as dm, _speedups as S
+
+    class Routes:
+        async def get(self, topic, refresh=False):
+            raise AssertionError
+
+    d = dm.AsyncTraceDispatcher(group="CG", route_cache=Routes(), sender=object())
+    tracer = S.ConsumeTracer(d, "T")
+    m = MessageExt("Orders", b"", "M", MessageQueue("Orders", "b", 0), 0, 0, 0, "h")
+    parent = tracer.before(m, "CG", "R").request_id
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(w, tracer.before(m, "CG", "R").request_id.encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = os.read(r, 64).decode()
+    after = tracer.before(m, "CG", "R").request_id
+    print(parent, child, after)
+    """
+)
+
+
+@compiled
+def test_a_forked_child_renews_the_request_ids_prefix() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_CHECK], capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    parent, child, after = done.stdout.split()
+    # the child's id carries its own pid in the prefix (its counter went on from the parent's)
+    assert child[:20] != parent[:20] and after[:20] == parent[:20]
+    assert len({parent, child, after}) == 3

@@ -14,7 +14,11 @@ Pairs. The SubAfter of a one-message consume joins its SubBefore while that stil
 queue or in the batch being gathered (:meth:`~AsyncTraceDispatcher.join_sub_after`): one item
 then holds both records (a consumed message costs one queue item and one write instead of two),
 and is counted as two contexts everywhere. A SubBefore already written is not held back: the
-SubAfter then goes as an item of its own, so a SubBefore is sent as early as before.
+SubAfter then goes as an item of its own, so a SubBefore is sent as early as before. With the
+compiled trace steps the consumer's item is a ``_speedups.ConsumeRecord`` instead of a tuple:
+one object per consumed message, its SubBefore, joined in place by the SubAfter until the worker
+seals it (taken for good: written or failed); ``write_plan`` writes it, and every other step
+sees its raw record (``materialize``), so the trace messages are the same.
 
 Retries and duplicates. A send that times out may still be delivered (a hung trace cluster
 answers once it resumes), so a timed-out attempt is not abandoned: it keeps running while the
@@ -115,8 +119,14 @@ def _group_of(item: _Item) -> tuple[Any, Any]:
 
 
 def _records_in(items: Iterable[_Item]) -> int:
-    """Contexts in these queue items (a pair holds two)."""
-    return sum(2 if type(i) is tuple and i[0] is SUB_PAIR else 1 for i in items)
+    """Contexts in these queue items (a pair holds two, as a joined ConsumeRecord does)."""
+    count = 0
+    for i in items:
+        if type(i) is tuple:
+            count += 2 if i[0] is SUB_PAIR else 1
+        else:
+            count += 2 if type(i) is _CONSUME_RECORD and getattr(i, "joined", False) else 1
+    return count
 
 
 _KIND, _TOPIC, _REGION, _MSG_ID, _KEYS = (operator.itemgetter(i) for i in range(5))
@@ -206,6 +216,39 @@ def _compiled_plan_slices() -> Any:
 
 #: the one-group planner in use (compiled when ``tracemq.trace._codec.COMPILED``)
 _plan_one_group = _compiled_plan_slices() or plan_slices_py
+
+
+def _compiled_write_plan() -> Any:
+    """``_speedups.write_plan``: ``write_records`` and the one-group planner in one pass for
+    the usual batch (None for any other: then those two steps), or None when the compiled
+    steps are not in use."""
+    if not COMPILED:
+        return None
+    from tracemq.trace._speedups import write_plan
+
+    return write_plan
+
+
+#: the one-pass writer and planner of the usual batch, when compiled
+_write_plan = _compiled_write_plan()
+
+
+def _compiled_consume_records() -> tuple[Any, Any, Any]:
+    """The compiled consume path's queue item (``_speedups.ConsumeRecord``, queued by
+    ``ConsumeTracer``) and its ``seal`` and ``materialize``; Nones when not compiled."""
+    if not COMPILED:
+        return None, None, None
+    try:
+        from tracemq.trace._speedups import ConsumeRecord, materialize, seal
+    except ImportError:  # pragma: no cover - an extension built before these
+        return None, None, None
+    return ConsumeRecord, seal, materialize
+
+
+#: ConsumeRecord is a queue item besides contexts and raw records: the worker seals the ones
+#: it takes for good (a SubAfter then goes alone) and hands its raw records (``as_tuple``) to
+#: every step but ``write_plan``
+_CONSUME_RECORD, _seal, _materialize = _compiled_consume_records()
 
 
 if TYPE_CHECKING:
@@ -785,6 +828,8 @@ class AsyncTraceDispatcher:
                     log.exception("trace batch could not be prepared", group=self.group)
                     self._fail(_records_in(self._batch), f"{exc.__class__.__name__}: {exc}")
                     pending = []
+                if _seal is not None:  # (taken for good: written, or failed)
+                    _seal(self._batch)
                 self._batch = []
                 self._gathering_seq = None
                 self._check_waiters()
@@ -800,6 +845,8 @@ class AsyncTraceDispatcher:
             # Cancelled (shutdown): whatever this task still holds is dropped, and counted.
             if self._batch:
                 self._fail(_records_in(self._batch), "not sent before shutdown")
+                if _seal is not None:
+                    _seal(self._batch)
                 self._batch = []
             self._gathering_seq = None
             for job in pending:
@@ -847,12 +894,19 @@ class AsyncTraceDispatcher:
         that, or that non-ASCII text makes longer in bytes than the limit allows, sends the
         whole batch the careful way (:meth:`_build_jobs_checked`: each record checked and
         measured on its own, a bad one counted as failed), which writes the same messages
-        for valid records.
+        for valid records. The usual batch — raw records of one topic and region, ASCII text
+        without a separator in a field — is written and cut in one compiled pass
+        (``_speedups.write_plan``), with the same result as those steps.
         """
-        texts = write_records(batch)
-        planned = self._plan(batch, texts, first_seq)
+        planned = None
+        if _write_plan is not None:  # the usual batch in one pass (None: any other)
+            planned = _write_plan(batch, first_seq, self._max_message_size)
         if planned is None:
-            planned = self._plan_checked(batch, texts, first_seq)
+            raws = batch if _materialize is None else _materialize(batch)
+            texts = write_records(raws)
+            planned = self._plan(raws, texts, first_seq)
+            if planned is None:
+                planned = self._plan_checked(raws, texts, first_seq)
         plans, bad, oversize = planned
         held = self._tail_to_hold(batch, plans, first_seq, bad)
         if held:

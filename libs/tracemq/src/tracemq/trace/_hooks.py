@@ -56,7 +56,7 @@ def _compiled_tracer(hook: ConsumeMessageTraceHook) -> Any:
         from tracemq.trace._speedups import ConsumeTracer
     except ImportError:  # an extension built before the tracer was added
         return None
-    return ConsumeTracer(hook.dispatcher, hook.trace_topic, hook.after)
+    return ConsumeTracer(hook.dispatcher, hook.trace_topic)
 
 
 #: where the consume hook keeps its SubBefore's dispatcher number, in ConsumeMessageContext.props

@@ -10,9 +10,10 @@ compared as C ``long long`` (a Java long is exactly that), tuples read without u
 message body copied from the records' ASCII text without a join and an encode.
 """
 
+cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.long cimport PyLong_AsLongLongAndOverflow
-from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.set cimport PySet_Add
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from libc.string cimport memcpy
@@ -36,6 +37,9 @@ cdef long long _N_DEC = len(_DECIMALS)
 cdef object _NULL = "null"
 cdef object _CODE_ENUM = ConsumeReturnType
 cdef object _MSG_TYPE_ENUM = MessageType
+
+cdef tuple _HEX2 = tuple(f"{i:02X}" for i in range(256))
+cdef const char* _HEX_DIGITS = b"0123456789ABCDEF"
 
 cdef long long _INT_MIN = -2147483648
 cdef long long _INT_MAX = 2147483647
@@ -391,6 +395,475 @@ def plan_slices(batch, texts, first_seq, limit, fallback):
         PyMem_Free(ends)
 
 
+# -------------------------------------------------------------------------- ConsumeRecord
+
+@cython.no_gc  # (its fields are texts and numbers: no cycle through it, so not tracked)
+cdef class ConsumeRecord:
+    """A consumed message's trace while the worker has not written it: the queue item (and the
+    token) of ``ConsumeTracer.before``, its SubBefore; ``ConsumeTracer.after`` joins the
+    SubAfter to it in place while it is not sealed. The worker seals the items it takes for
+    good (written, or failed); a SubAfter then goes alone, as the reference does once its
+    SubBefore was written. :meth:`as_tuple` is the raw record the reference queues for the
+    same calls (``SUB_BEFORE``, or ``SUB_PAIR`` once joined): what every step but
+    ``write_plan`` works on. One object per consumed message, set field by field: no tuple
+    built for the SubBefore, none for the pair, none for the token."""
+
+    cdef readonly object topic, region, msg_id, keys, group, reconsume_times
+    cdef readonly object success, code
+    cdef object _rid_head  # the request id: this head (30 characters) and 2 hex digits
+    cdef int _rid_low
+    cdef object _end_o, _cost_o  # (an end beyond a Java long: kept as the reference keeps it)
+    cdef readonly long long seq, begin
+    cdef long long _end, _cost
+    cdef readonly bint joined, sealed
+
+    def as_tuple(self):
+        """The raw record of the reference (``tracemq.trace._codec``)."""
+        if not self.joined:
+            return (_SUB_BEFORE, self.topic, self.region, self.msg_id, self.keys, self.begin,
+                    self.group, self.request_id, self.reconsume_times)
+        return (_SUB_PAIR, self.topic, self.region, self.msg_id, self.keys, self.begin,
+                self.group, self.request_id, self.reconsume_times, self.end, self.cost,
+                self.success, self.code)
+
+    @property
+    def request_id(self):
+        return self._rid_head + <object>PyTuple_GET_ITEM(_HEX2, self._rid_low)
+
+    @property
+    def token(self):
+        """What the reference's ``before`` returns: (its number or -1, request id, begin)."""
+        return (self.seq, self.request_id, self.begin)
+
+    @property
+    def end(self):
+        return self._end_o if self._end_o is not None else self._end
+
+    @property
+    def cost(self):
+        return self._cost_o if self._cost_o is not None else self._cost
+
+
+def seal(items):
+    """Mark the ConsumeRecords among ``items`` taken for good (written or failed): a SubAfter
+    no longer joins them."""
+    cdef object item
+    for item in items:
+        if type(item) is ConsumeRecord:
+            (<ConsumeRecord>item).sealed = True
+
+
+def materialize(items):
+    """``items`` with every ConsumeRecord as its raw record (a new list)."""
+    return [(<ConsumeRecord>i).as_tuple() if type(i) is ConsumeRecord else i for i in items]
+
+
+# ------------------------------------------------------------------------------- write_plan
+
+cdef inline Py_ssize_t _tlen(object x) noexcept:
+    """Length of text field x as write_records writes it ("null" for None) when it is an
+    ASCII str; -1 when it is not (the record is not write_plan's)."""
+    if x is None:
+        return 4
+    if type(x) is not str or not PyUnicode_IS_ASCII(x):
+        return -1
+    return PyUnicode_GET_LENGTH(x)
+
+
+cdef inline char* _tput(char* p, object x) noexcept:
+    """Text field x (checked by _tlen) at p; the end."""
+    cdef Py_ssize_t n
+    if x is None:
+        memcpy(p, b"null", 4)
+        return p + 4
+    n = PyUnicode_GET_LENGTH(x)
+    memcpy(p, PyUnicode_DATA(x), n)
+    return p + n
+
+
+cdef inline char* _rput(char* p, object x, int low) noexcept:
+    """A request id at p: text field x, then (low >= 0: a ConsumeRecord's) 2 hex digits."""
+    p = _tput(p, x)
+    if low >= 0:
+        p[0] = _HEX_DIGITS[low >> 4]
+        p[1] = _HEX_DIGITS[low & 15]
+        p += 2
+    return p
+
+
+cdef inline char* _dput(char* p, long long v) noexcept:
+    """The decimal text of v at p (at most 20 characters); the end."""
+    cdef char digits[20]
+    cdef int i = 20
+    cdef unsigned long long u = <unsigned long long>v if v >= 0 else -<unsigned long long>v
+    while True:
+        i -= 1
+        digits[i] = <char>(48 + u % 10)
+        u //= 10
+        if u == 0:
+            break
+    if v < 0:
+        i -= 1
+        digits[i] = 45  # "-"
+    memcpy(p, digits + i, 20 - i)
+    return p + 20 - i
+
+
+cdef inline char* _lput(char* p, const char* text, Py_ssize_t n) noexcept:
+    memcpy(p, text, n)
+    return p + n
+
+
+cdef inline bint _code_of(object code, long long* out) noexcept:
+    """The consume code as write_records takes it: an int, or a ConsumeReturnType, in a Java
+    int's range (its value in out)."""
+    if type(code) is int:
+        return _as_int32(code, out)
+    if type(code) is _CODE_ENUM:
+        return _as_long(code, out) and _INT_MIN <= out[0] <= _INT_MAX
+    return False
+
+
+cdef inline bint _same(object a, object b) noexcept:
+    return a is b or (type(a) is str and type(b) is str and a == b)
+
+
+cdef inline bint _is(object r, Py_ssize_t i, object t) noexcept:
+    return type(<object>PyTuple_GET_ITEM(r, i)) is t
+
+
+def write_plan(batch, first_seq, limit):
+    """``plan_slices_py(batch, write_records(batch), first_seq, limit)`` in one pass, for the
+    worker's usual batch: a list of raw records and ConsumeRecords (as their ``as_tuple()``)
+    of one topic and region, each one ``write_records`` writes, with text fields that are
+    ASCII ``str`` (or None) holding no separator. Each record's text is written straight into
+    one buffer — no str per record, no second copy of it — and the messages are cut from it as
+    ``plan_slices`` cuts them. None for any other batch: then the worker takes those steps
+    (the result is theirs: tests/unit/test_trace_speedups.py holds them equal)."""
+    cdef char* data = NULL
+    cdef char* grown
+    cdef char* p
+    cdef Py_ssize_t used = 0, capacity = 0, need, t, expected
+    cdef long long* ends = NULL
+    cdef Py_ssize_t n, i, start, stop, size, pairs
+    cdef long long lim, before, ts_v = 0, end_v = 0, a = 0, b = 0, c = 0
+    cdef object r, kind, topic = None, region = None, k, value, keys
+    cdef object f1, f2, f3, f4, f6, f7, f8 = None, f12 = None
+    cdef int rid_low = -1  # a ConsumeRecord's request id: f7 its head, then these 2 hex digits
+    cdef ConsumeRecord cr
+    cdef bint any_key, okv = False
+    cdef list plans
+    cdef Py_ssize_t oversize = 0
+    if type(batch) is not list or type(limit) is not int or not 1 <= limit <= 2**62:
+        return None
+    n = len(batch)
+    if n == 0:
+        return None
+    lim = limit
+    ends = <long long*>PyMem_Malloc(n * sizeof(long long))
+    if ends == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            r = batch[i]
+            # -- the record's fields, checked as write_records checks them
+            if type(r) is ConsumeRecord:  # the compiled consume path's item
+                cr = <ConsumeRecord>r
+                f1, f2, f3, f4 = cr.topic, cr.region, cr.msg_id, cr.keys
+                f6, f7, rid_low = cr.group, cr._rid_head, cr._rid_low
+                ts_v = cr.begin
+                if not _as_int32(cr.reconsume_times, &a):
+                    return None
+                if cr.joined:
+                    if cr._end_o is not None or type(cr.success) is not bool:
+                        return None
+                    end_v, b = cr._end, cr._cost
+                    if not _INT_MIN <= b <= _INT_MAX or not _code_of(cr.code, &c):
+                        return None
+                    kind, okv = _SUB_PAIR, cr.success is True
+                else:
+                    kind = _SUB_BEFORE
+            elif type(r) is tuple:
+                size = PyTuple_GET_SIZE(r)
+                if size < 9:
+                    return None
+                kind = <object>PyTuple_GET_ITEM(r, 0)
+                f1 = <object>PyTuple_GET_ITEM(r, 1)
+                f2 = <object>PyTuple_GET_ITEM(r, 2)
+                f3 = <object>PyTuple_GET_ITEM(r, 3)  # msgId
+                f4 = <object>PyTuple_GET_ITEM(r, 4)  # keys
+                f6 = <object>PyTuple_GET_ITEM(r, 6)  # group
+                f7 = <object>PyTuple_GET_ITEM(r, 7)  # request id (tags for Pub)
+                rid_low = -1
+                if not _is(r, 5, int) or not _as_long(<object>PyTuple_GET_ITEM(r, 5), &ts_v):
+                    return None
+                if kind is _SUB_PAIR:
+                    if (
+                        size != 13 or not _is(r, 11, bool) or not _is(r, 9, int)
+                        or not _as_long(<object>PyTuple_GET_ITEM(r, 9), &end_v)
+                        or not _as_int32(<object>PyTuple_GET_ITEM(r, 8), &a)
+                        or not _as_int32(<object>PyTuple_GET_ITEM(r, 10), &b)
+                        or not _code_of(<object>PyTuple_GET_ITEM(r, 12), &c)
+                    ):
+                        return None
+                    okv = <object>PyTuple_GET_ITEM(r, 11) is True
+                elif kind is _SUB_AFTER:
+                    if (
+                        size != 11 or not _is(r, 9, bool)
+                        or not _as_int32(<object>PyTuple_GET_ITEM(r, 8), &b)
+                        or not _code_of(<object>PyTuple_GET_ITEM(r, 10), &c)
+                    ):
+                        return None
+                    okv = <object>PyTuple_GET_ITEM(r, 9) is True
+                elif kind is _SUB_BEFORE:
+                    if size != 9 or not _as_int32(<object>PyTuple_GET_ITEM(r, 8), &a):
+                        return None
+                elif kind is _PUB:
+                    if size != 14 or not _is(r, 13, bool):
+                        return None
+                    k = <object>PyTuple_GET_ITEM(r, 11)  # the message type: 0 - 4
+                    if type(k) is not int and type(k) is not _MSG_TYPE_ENUM:
+                        return None
+                    if (
+                        not _as_long(k, &c) or not 0 <= c <= 4
+                        or not _as_int32(<object>PyTuple_GET_ITEM(r, 9), &a)
+                        or not _as_int32(<object>PyTuple_GET_ITEM(r, 10), &b)
+                    ):
+                        return None
+                    okv = <object>PyTuple_GET_ITEM(r, 13) is True
+                    f8 = <object>PyTuple_GET_ITEM(r, 8)  # store host
+                    f12 = <object>PyTuple_GET_ITEM(r, 12)  # offsetMsgId
+                else:
+                    return None
+            else:
+                return None
+            # -- one topic and region (as the worker's check: equal)
+            if i == 0:
+                topic, region = f1, f2
+                if (topic is not None and type(topic) is not str) or (
+                    region is not None and type(region) is not str
+                ):
+                    return None
+            elif not _same(f1, topic) or not _same(f2, region):
+                return None
+            # -- the room the record needs: its text fields, 5 numbers of up to 20
+            # characters, the kind names and separators (< 60)
+            t = _tlen(f3)
+            if t < 0:
+                return None
+            need = t + 160
+            t = _tlen(f4)
+            if t < 0:
+                return None
+            need += t
+            t = _tlen(f6)
+            if t < 0:
+                return None
+            need += t
+            t = _tlen(f7)
+            if t < 0:
+                return None
+            need += t + 2
+            if kind is _SUB_PAIR:
+                t = _tlen(f2)
+                if t < 0:
+                    return None
+                need += need + t  # (msgId, keys, group and request id twice)
+                expected = 17
+            elif kind is _SUB_AFTER:
+                expected = 9
+            elif kind is _SUB_BEFORE:
+                t = _tlen(f2)
+                if t < 0:
+                    return None
+                need += t
+                expected = 8
+            else:  # Pub
+                t = _tlen(f1)
+                if t < 0:
+                    return None
+                need += t
+                t = _tlen(f2)
+                if t < 0:
+                    return None
+                need += t
+                t = _tlen(f8)
+                if t < 0:
+                    return None
+                need += t
+                t = _tlen(f12)
+                if t < 0:
+                    return None
+                need += t
+                expected = 14
+            if used + need > capacity:
+                while used + need > capacity:
+                    capacity = capacity * 2 if capacity else 65536
+                grown = <char*>PyMem_Realloc(data, capacity)
+                if grown == NULL:
+                    raise MemoryError()
+                data = grown
+            # -- the text, as write_records writes it
+            p = data + used
+            if kind is _SUB_PAIR:
+                # SubBefore ts region group rid msgId retry keys,
+                # SubAfter rid msgId cost ok keys code end group
+                p = _lput(p, b"SubBefore\x01", 10)
+                p = _dput(p, ts_v)
+                p[0] = 1
+                p = _tput(p + 1, f2)
+                p[0] = 1
+                p = _tput(p + 1, f6)
+                p[0] = 1
+                p = _rput(p + 1, f7, rid_low)
+                p[0] = 1
+                p = _tput(p + 1, f3)
+                p[0] = 1
+                p = _dput(p + 1, a)
+                p[0] = 1
+                p = _tput(p + 1, f4)
+                p = _lput(p, b"\x02SubAfter\x01", 10)
+                p = _rput(p, f7, rid_low)
+                p[0] = 1
+                p = _tput(p + 1, f3)
+                p[0] = 1
+                p = _dput(p + 1, b)
+                if okv:
+                    p = _lput(p, b"\x01true\x01", 6)
+                else:
+                    p = _lput(p, b"\x01false\x01", 7)
+                p = _tput(p, f4)
+                p[0] = 1
+                p = _dput(p + 1, c)
+                p[0] = 1
+                p = _dput(p + 1, end_v)
+                p[0] = 1
+                p = _tput(p + 1, f6)
+                p[0] = 2
+                p += 1
+            elif kind is _SUB_AFTER:
+                # SubAfter rid msgId cost ok keys code ts group
+                p = _lput(p, b"SubAfter\x01", 9)
+                p = _rput(p, f7, rid_low)
+                p[0] = 1
+                p = _tput(p + 1, f3)
+                p[0] = 1
+                p = _dput(p + 1, b)
+                if okv:
+                    p = _lput(p, b"\x01true\x01", 6)
+                else:
+                    p = _lput(p, b"\x01false\x01", 7)
+                p = _tput(p, f4)
+                p[0] = 1
+                p = _dput(p + 1, c)
+                p[0] = 1
+                p = _dput(p + 1, ts_v)
+                p[0] = 1
+                p = _tput(p + 1, f6)
+                p[0] = 2
+                p += 1
+            elif kind is _SUB_BEFORE:
+                # SubBefore ts region group rid msgId retry keys
+                p = _lput(p, b"SubBefore\x01", 10)
+                p = _dput(p, ts_v)
+                p[0] = 1
+                p = _tput(p + 1, f2)
+                p[0] = 1
+                p = _tput(p + 1, f6)
+                p[0] = 1
+                p = _rput(p + 1, f7, rid_low)
+                p[0] = 1
+                p = _tput(p + 1, f3)
+                p[0] = 1
+                p = _dput(p + 1, a)
+                p[0] = 1
+                p = _tput(p + 1, f4)
+                p[0] = 2
+                p += 1
+            else:
+                # Pub ts region group topic msgId tags keys storeHost bodyLength cost msgType
+                # offsetMsgId ok
+                p = _lput(p, b"Pub\x01", 4)
+                p = _dput(p, ts_v)
+                p[0] = 1
+                p = _tput(p + 1, f2)
+                p[0] = 1
+                p = _tput(p + 1, f6)
+                p[0] = 1
+                p = _tput(p + 1, f1)
+                p[0] = 1
+                p = _tput(p + 1, f3)
+                p[0] = 1
+                p = _tput(p + 1, f7)
+                p[0] = 1
+                p = _tput(p + 1, f4)
+                p[0] = 1
+                p = _tput(p + 1, f8)
+                p[0] = 1
+                p = _dput(p + 1, a)
+                p[0] = 1
+                p = _dput(p + 1, b)
+                p[0] = 1
+                p = _dput(p + 1, c)
+                p[0] = 1
+                p = _tput(p + 1, f12)
+                if okv:
+                    p = _lput(p, b"\x01true\x02", 6)
+                else:
+                    p = _lput(p, b"\x01false\x02", 7)
+            # a text field holding a separator: not this path's (the careful way finds which)
+            if _separators(<const unsigned char*>(data + used), p - (data + used)) != expected:
+                return None
+            used = p - data
+            ends[i] = used
+        # -- the messages: as plan_slices cuts them
+        plans = []
+        start, before = 0, 0
+        while start < n:
+            stop = start
+            while stop < n and ends[stop] <= before + lim:
+                stop += 1
+            if stop == start:  # one item longer than a message: sent alone
+                oversize += 1
+                stop = start + 1
+            value = PyBytes_FromStringAndSize(data + before, ends[stop - 1] - before)
+            keys = set()
+            pairs = 0
+            for i in range(start, stop):
+                r = batch[i]
+                if type(r) is ConsumeRecord:
+                    PySet_Add(keys, (<ConsumeRecord>r).msg_id)
+                    pairs += (<ConsumeRecord>r).joined
+                else:
+                    PySet_Add(keys, <object>PyTuple_GET_ITEM(r, 3))
+                    if <object>PyTuple_GET_ITEM(r, 0) is _SUB_PAIR:
+                        pairs += 1
+            any_key = False
+            for i in range(start, stop):
+                r = batch[i]
+                if type(r) is ConsumeRecord:
+                    k = (<ConsumeRecord>r).keys
+                else:
+                    k = <object>PyTuple_GET_ITEM(r, 4)
+                if k is None or PyUnicode_GET_LENGTH(k) == 0:
+                    continue
+                any_key = True
+                if " " in k:
+                    for piece in k.split(" "):
+                        PySet_Add(keys, piece)
+                else:
+                    PySet_Add(keys, k)
+            if not any_key:
+                PySet_Add(keys, "")  # ("".split(" ") is [""])
+            plans.append((first_seq + start, stop - start + pairs, value, keys))
+            before = ends[stop - 1]
+            start = stop
+        return plans, 0, oversize
+    finally:
+        PyMem_Free(ends)
+        PyMem_Free(data)
+
+
 # ----------------------------------------------------------------------------- consume tracer
 
 cdef extern from "<time.h>" nogil:
@@ -410,6 +883,21 @@ cdef inline long long _now_ms() noexcept:
 
 
 cdef object _KEYS = "KEYS"  # MessageConst.KEYS
+# the request ids of ConsumeTracer: one counter for the process, its blocks' top bit set
+cdef long long _rid_next = 0
+cdef long long _RID_BLOCK_BIT = 1LL << 39
+# bumped in a forked child: the tracers then format their request ids' head again
+cdef unsigned long _fork_epoch = 0
+
+
+def _after_fork_in_child():
+    global _fork_epoch
+    _fork_epoch += 1
+
+
+import os as _os
+if hasattr(_os, "register_at_fork"):
+    _os.register_at_fork(after_in_child=_after_fork_in_child)
 import sys as _sys
 cdef object _NEVER = _sys.maxsize  # the dispatcher's _NEVER
 
@@ -420,128 +908,123 @@ cdef class ConsumeTracer:
     which are the request id, the clock reads, ``one_before`` / ``one_after`` and the
     dispatcher's ``append_sub_before`` / ``join_sub_after`` that they call. It reads and writes
     the dispatcher's queue state as those methods do (the same attributes; the queue object
-    itself is kept, it is never replaced). The request ids come from the same counter and
-    prefix as ``tracemq.message_id.new_request_id``, formatted the same way."""
+    itself is kept, it is never replaced), but its queue item and token is one
+    :class:`ConsumeRecord`, joined in place: the queue, as ``ConsumeRecord.as_tuple`` reads
+    it, is the reference's. The request ids have ``tracemq.message_id.new_request_id``'s form
+    and prefix, from a counter of their own (see ``_request_id``)."""
 
-    cdef object _d, _queue, _trace_topic, _ids, _counter, _hex2, _fallback
+    cdef object _d, _queue, _trace_topic, _ids
     cdef Py_ssize_t _queue_size
-    cdef object _rid_prefix, _rid_head
+    cdef object _rid_head
     cdef long long _rid_block
+    cdef unsigned long _rid_epoch
 
-    def __init__(self, dispatcher, trace_topic, fallback_after):
+    def __init__(self, dispatcher, trace_topic):
         from tracemq import message_id
 
         self._d = dispatcher
-        self._fallback = fallback_after  # the reference after(), for an end beyond C's range
         self._queue = dispatcher._queue
         self._queue_size = dispatcher._queue_size
         self._trace_topic = trace_topic
         self._ids = message_id
-        self._counter = message_id._request_counter
-        self._hex2 = message_id._HEX2
-        self._rid_prefix = None
         self._rid_head = ""
         self._rid_block = -1
+        self._rid_epoch = 0
 
-    cdef object _request_id(self):
-        # new_request_id(): the msgId prefix (renewed after a fork) and the shared counter
-        cdef object generator = self._ids._default_generator
-        if generator is None:
-            generator = self._ids._default()
-        cdef object prefix = generator._prefix
-        cdef long long n = next(self._counter) & 0xFFFFFFFFFFFF
-        if self._rid_block != (n >> 8) or self._rid_prefix is not prefix:
-            self._rid_head = f"{prefix}{n >> 8:010X}"
-            self._rid_prefix = prefix
+    cdef inline void _request_id(self, ConsumeRecord r):
+        """r's request id: new_request_id's form (the msgId prefix, a block of 256 in 10 hex
+        digits, 2 more), from this module's counter, whose blocks have the top bit set:
+        new_request_id's stay below it (its counter would need 2**47 ids to reach it). The
+        head is formatted once per 256 ids and after a fork (the prefix is renewed then)."""
+        global _rid_next
+        cdef long long n = _rid_next & 0x7FFFFFFFFFFF
+        _rid_next += 1
+        if self._rid_block != (n >> 8) or self._rid_epoch != _fork_epoch:
+            generator = self._ids._default_generator
+            if generator is None:
+                generator = self._ids._default()
+            self._rid_head = f"{generator._prefix}{(n >> 8) | _RID_BLOCK_BIT:010X}"
             self._rid_block = n >> 8
-        return self._rid_head + <object>PyTuple_GET_ITEM(self._hex2, n & 0xFF)
+            self._rid_epoch = _fork_epoch
+        r._rid_head = self._rid_head
+        r._rid_low = n & 0xFF
 
     def before(self, msg, group, region):
-        """``ConsumeMessageTraceHook.before``: the SubBefore of ``msg`` queued; its token
-        (dispatcher number or -1, request id, begin) for :meth:`after`, None when ``msg`` is not
+        """``ConsumeMessageTraceHook.before``: the SubBefore of ``msg`` queued; the token for
+        :meth:`after` (its ConsumeRecord: number -1 when refused), None when ``msg`` is not
         traced."""
         if msg.queue.topic == self._trace_topic:
             return None
-        rid = self._request_id()
-        cdef long long begin = _now_ms()
-        cdef object d = self._d, queue = self._queue, seq
+        cdef ConsumeRecord r = ConsumeRecord.__new__(ConsumeRecord)
+        self._request_id(r)
+        r.begin = _now_ms()
+        r.seq = -1
+        cdef object d = self._d, queue = self._queue, seq, props
         try:
             if d._closing:
                 d._discard("dispatcher shut down")
-                return (-1, rid, begin)
+                return r
             if len(queue) >= self._queue_size:
                 d._discard("queue full")
-                return (-1, rid, begin)
-            queue.append(
-                (_SUB_BEFORE, msg.topic, region, msg.msg_id, msg.properties.get(_KEYS), begin,
-                 group, rid, msg.reconsume_times)
-            )
+                return r
+            props = msg.properties
+            r.topic = msg.topic
+            r.region = region
+            r.msg_id = msg.msg_id
+            r.keys = (<dict>props).get(_KEYS) if type(props) is dict else props.get(_KEYS)
+            r.group = group
+            r.reconsume_times = msg.reconsume_times
+            queue.append(r)
             seq = d._accepted_seq
             d._accepted_seq = seq + 1
             d._records += 1
+            r.seq = seq
             if len(queue) >= d._want:
                 d._want = _NEVER
                 d._wakeup.set()
-            return (seq, rid, begin)
+            return r
         except Exception:  # tracing must not break the consumer (as one_before: -1)
-            return (-1, rid, begin)
+            return r
 
     def after(self, token, msg, group, region, end_at, success, code):
         """``ConsumeMessageTraceHook.after``: the SubAfter of ``msg`` ending at ``end_at``
-        (anything but a non-negative ``int``: now), joined to its SubBefore while that still
-        waits, else queued on its own. Never raises."""
-        if token is None:
+        (anything but a non-negative ``int``: now), joined to its SubBefore while the worker
+        has not sealed that, else queued on its own. Never raises."""
+        if type(token) is not ConsumeRecord:  # None: not traced (or not a token of before())
             return
-        cdef long long seq, begin, end, cost, index
+        cdef ConsumeRecord r = <ConsumeRecord>token
+        cdef long long end = 0, cost
         cdef int overflow = 0
-        try:
-            seq = token[0]
-            begin = token[2]
-            if type(end_at) is int:
-                end = PyLong_AsLongLongAndOverflow(end_at, &overflow)
-                if overflow:  # beyond a Java long: the reference's way (counted failed later)
-                    self._fallback(token, msg, group, region, end_at, success, code)
-                    return
-                if end < 0:
-                    end = _now_ms()
-            else:
+        cdef object end_o = None, cost_o = None, d = self._d, msg_id
+        if type(end_at) is int:
+            end = PyLong_AsLongLongAndOverflow(end_at, &overflow)
+            if overflow > 0:  # beyond a Java long: kept as given (the writer counts it failed)
+                end_o = end_at
+                cost_o = end_at - r.begin
+            elif overflow or end < 0:
                 end = _now_ms()
-        except Exception:  # a token not of before(): nothing to trace (as the reference)
-            return
-        cost = end - begin if end > begin else 0
-        cdef object d = self._d, items, head, msg_id, gathering
+        else:
+            end = _now_ms()
+        cost = end - r.begin if end > r.begin else 0
         try:
             msg_id = msg.msg_id
-            if seq >= 0 and not d._closing:
-                index = seq - <long long>d._taken_seq
-                items = None
-                if index >= 0:
-                    items = self._queue
-                else:
-                    gathering = d._gathering_seq
-                    if gathering is not None and seq >= <long long>gathering:
-                        index = seq - <long long>gathering
-                        items = d._batch
-                if items is not None:
-                    head = items[index]
-                    if type(head) is tuple and PyTuple_GET_SIZE(head) == 9 and (
-                        <object>PyTuple_GET_ITEM(head, 3) is msg_id
-                    ):
-                        items[index] = (
-                            _SUB_PAIR, <object>PyTuple_GET_ITEM(head, 1),
-                            <object>PyTuple_GET_ITEM(head, 2), msg_id,
-                            <object>PyTuple_GET_ITEM(head, 4), <object>PyTuple_GET_ITEM(head, 5),
-                            <object>PyTuple_GET_ITEM(head, 6), <object>PyTuple_GET_ITEM(head, 7),
-                            <object>PyTuple_GET_ITEM(head, 8), end, cost, success, code,
-                        )
-                        d._records += 1
-                        return
+            if (
+                r.seq >= 0 and not r.sealed and not r.joined and r.msg_id is msg_id
+                and not d._closing
+            ):
+                r._end, r._cost, r._end_o, r._cost_o = end, cost, end_o, cost_o
+                r.success = success
+                r.code = code
+                r.joined = True
+                d._records += 1
+                return
         except Exception:  # as join_sub_after: too late to join, the SubAfter goes alone
             pass
         try:
             d.append_record(
-                (_SUB_AFTER, msg.topic, region, msg.msg_id, msg.properties.get(_KEYS), end, group,
-                 token[1], cost, success, code)
+                (_SUB_AFTER, msg.topic, region, msg.msg_id, msg.properties.get(_KEYS),
+                 end if end_o is None else end_o, group, r.request_id,
+                 cost if cost_o is None else cost_o, success, code)
             )
         except Exception:  # tracing must not break the consumer (as one_after)
             return
