@@ -190,3 +190,28 @@ async def test_which_installed_producers_are_written_to_directly(
             assert alone is None
     finally:
         await producer.stop()
+
+
+def test_the_written_request_is_aiokafkas_for_every_version() -> None:
+    # send_alone's request writes its body in one buffer when the connection builds it for
+    # the version both sides speak: the bytes, header and response parser aiokafka's own
+    # ProduceRequest has for that version, and the same record (timestamp too) on every build
+    # (a retried request is the same record)
+    from aiokafka.protocol.produce import ProduceRequest
+    from tracemq._record_batch import one_record_batch
+
+    request = _kafka.OneRecordProduce(-1, 30_000, TopicPartition("tracé", 5), b"v" * 999, HEADERS)
+    assert request.required_acks == -1
+    batch = one_record_batch(b"v" * 999, HEADERS, request._timestamp_ms)
+    for cls in ProduceRequest._CLASSES:
+        ours = request.build(cls)
+        theirs = ProduceRequest(None, -1, 30_000, [("tracé", [(5, batch)])]).build(cls)
+        assert isinstance(ours, cls)
+        assert ours.encode() == theirs.encode() == request.build(cls).encode()
+        assert ours.build_request_header(7, "c").encode() == (
+            theirs.build_request_header(7, "c").encode()
+        )
+        assert ours.RESPONSE_TYPE is theirs.RESPONSE_TYPE
+        [(topic, [(partition, data)])] = ours.topics
+        assert (topic, partition, bytes(data)) == ("tracé", 5, batch)
+        assert "written" in repr(ours)

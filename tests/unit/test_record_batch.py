@@ -1,18 +1,20 @@
 """tracemq._record_batch: the one-record batch send_alone writes is, byte for byte, the one
 aiokafka's DefaultRecordBatchBuilder writes for the same record, and aiokafka reads it back with
-a valid CRC; Kafka's zig-zag varints at their edges."""
+a valid CRC; the produce request body around it is aiokafka's encoding of that request, for
+every version aiokafka speaks; Kafka's zig-zag varints at their edges."""
 
 from __future__ import annotations
 
 import time
 
 import pytest
+from aiokafka.protocol.produce import ProduceRequest
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 from aiokafka.record.util import encode_varint
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tracemq import _record_batch
-from tracemq._record_batch import one_record_batch
+from tracemq._record_batch import one_record_batch, produce_request_body
 
 _HEADERS = st.lists(
     st.tuples(st.text(max_size=20), st.one_of(st.none(), st.binary(max_size=300))), max_size=6
@@ -72,3 +74,41 @@ def test_the_crc_is_the_cpus_here() -> None:
     if platform.machine() not in ("x86_64", "AMD64", "aarch64", "arm64"):
         pytest.skip("google-crc32c has no compiled wheel for this machine")
     assert _record_batch.HARDWARE_CRC
+
+
+def _aiokafka_request(version: int, acks: int, timeout: int, topic: str, partition: int,
+                      batch: bytes) -> bytes:  # fmt: skip
+    [cls] = [k for k in ProduceRequest._CLASSES if k.API_VERSION == version]
+    request = ProduceRequest(None, acks, timeout, [(topic, [(partition, batch)])])
+    return bytes(request.build(cls).encode())
+
+
+_VERSIONS = sorted(k.API_VERSION for k in ProduceRequest._CLASSES)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from(_VERSIONS),
+    st.sampled_from([-1, 0, 1]),
+    st.integers(0, 2**31 - 1),
+    st.text(min_size=1, max_size=40),
+    st.integers(0, 2**31 - 1),
+    _VALUES,
+    _HEADERS,
+    _TIMESTAMPS,
+)
+def test_the_produce_request_body_is_aiokafkas(
+    version: int, acks: int, timeout: int, topic: str, partition: int,
+    value: bytes | None, headers: list[tuple[str, bytes | None]], ts: int,
+) -> None:  # fmt: skip
+    body, batch_at = produce_request_body(version, acks, timeout, topic, partition, value,
+                                          headers, ts)  # fmt: skip
+    batch = one_record_batch(value, headers, ts)
+    assert body[batch_at:] == batch
+    assert body == _aiokafka_request(version, acks, timeout, topic, partition, batch)
+
+
+@pytest.mark.parametrize("version", [-1, 9, 13])
+def test_a_produce_request_version_it_does_not_write_is_refused(version: int) -> None:
+    with pytest.raises(ValueError, match=f"version {version}"):
+        produce_request_body(version, 1, 1000, "t", 0, b"v", [])

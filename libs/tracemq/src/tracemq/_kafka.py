@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,7 +15,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.structs import RecordMetadata, TopicPartition
 
 from tracemq import kafka_security
-from tracemq._record_batch import HARDWARE_CRC, one_record_batch
+from tracemq._record_batch import HARDWARE_CRC, produce_request_body
 
 try:  # send_alone() writes its produce request itself
     from aiokafka.protocol.produce import ProduceRequest
@@ -86,6 +87,78 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     "max_batch_size": 256 * 1024,
     "max_request_size": TRANSPORT_MAX_BYTES,
 }
+
+
+class _Written:
+    """The struct of a produce request whose body is written already (``_body``): what
+    aiokafka's connection asks of a request struct — its header, its bytes, its response's
+    parser — with the fields of the struct class it was made for (the batch a view into the
+    body), and ``encode()`` the body as it is."""
+
+    _body: bytes
+
+    def encode(self) -> bytes:
+        return self._body
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(written, {len(self._body)} bytes)"
+
+
+_WRITTEN: dict[Any, Any] = {}
+
+
+def _written_struct(struct_class: Any, body: bytes, batch_at: int, *fields: Any) -> Any:
+    """An instance of ``struct_class`` (a ProduceRequest_vN) whose ``encode()`` is ``body``."""
+    cls = _WRITTEN.get(struct_class)
+    if cls is None:
+        cls = _WRITTEN[struct_class] = type(struct_class.__name__, (_Written, struct_class), {})
+    topic, partition = fields[-2:]
+    topics = [(topic, [(partition, memoryview(body)[batch_at:])])]
+    args = (*fields[:-2], topics)
+    struct = cls(*args) if struct_class.API_VERSION < 3 else cls(None, *args)
+    struct._body = body
+    return struct
+
+
+#: send_alone()'s produce request class (None with an aiokafka without ProduceRequest)
+OneRecordProduce: Any = None
+
+if ProduceRequest is not None:
+
+    class _OneRecordProduce(ProduceRequest):  # type: ignore[misc,valid-type]
+        """send_alone()'s produce request: one record with no key in a batch of its own, for
+        one partition, without a transactional id. aiokafka's connection picks the version
+        both sides speak and asks :meth:`build` for it; the body is then written in one
+        buffer (:func:`tracemq._record_batch.produce_request_body`: aiokafka's encoder
+        writes the same bytes, copying the batch once per level of nesting). The timestamp
+        is taken here, once: a retried request carries the same record."""
+
+        def __init__(
+            self,
+            required_acks: int,
+            timeout_ms: int,
+            tp: TopicPartition,
+            value: bytes,
+            headers: Sequence[tuple[str, bytes | None]],
+        ) -> None:
+            super().__init__(None, required_acks, timeout_ms, [])
+            self._tp = tp
+            self._value = value
+            self._headers = headers
+            self._timestamp_ms = time.time_ns() // 1_000_000
+
+        def build(self, request_struct_class: Any) -> Any:
+            version = request_struct_class.API_VERSION
+            body, batch_at = produce_request_body(
+                version, self._required_acks, self._timeout, self._tp.topic,
+                self._tp.partition, self._value, self._headers, self._timestamp_ms,
+            )  # fmt: skip
+            return _written_struct(
+                request_struct_class, body, batch_at, self._required_acks, self._timeout,
+                self._tp.topic, self._tp.partition,
+            )  # fmt: skip
+
+    OneRecordProduce = _OneRecordProduce
 
 
 def _alone_of(producer: Any) -> tuple[Any, int, int] | None:
@@ -218,13 +291,14 @@ class ProducerPool:
             await ack
             return
         client, acks, timeout_ms = alone
+        request: Any
         if HARDWARE_CRC:
-            batch: Any = one_record_batch(value, headers)
+            request = OneRecordProduce(acks, timeout_ms, tp, value, headers)
         else:
             builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, TRANSPORT_MAX_BYTES)
             builder.append(0, timestamp=None, key=None, value=value, headers=headers)
             batch = builder.build()
-        request = ProduceRequest(None, acks, timeout_ms, [(tp.topic, [(tp.partition, batch)])])
+            request = ProduceRequest(None, acks, timeout_ms, [(tp.topic, [(tp.partition, batch)])])
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + (timeout_ms / 1000 if retry_for_s is None else retry_for_s)
         backoff = _RETRY_BACKOFF_S
