@@ -787,3 +787,37 @@ def test_a_forked_child_renews_the_request_ids_prefix() -> None:
     # the child's id carries its own pid in the prefix (its counter went on from the parent's)
     assert child[:20] != parent[:20] and after[:20] == parent[:20]
     assert len({parent, child, after}) == 3
+
+
+@compiled
+def test_the_dispatchers_queue_state_is_the_core_the_tracer_reads() -> None:
+    # AsyncTraceDispatcher's queue state lives in DispatcherCore's C fields when the steps are
+    # built: what Python writes the tracer sees, and what the tracer counts Python reads.
+    from tracemq.message import MessageExt, MessageQueue
+
+    d = dm.AsyncTraceDispatcher(group="CG", route_cache=_Routes(), sender=object(), queue_size=3)
+    assert isinstance(d, speedups.DispatcherCore)
+    tracer = speedups.ConsumeTracer(d, "RMQ_SYS_TRACE_TOPIC")
+    q = MessageQueue("Orders", "broker-a", 0)
+    msgs = [MessageExt("Orders", b"", f"M{i}", q, i, 0, 0, "h") for i in range(5)]
+    d._accepted_seq = 40  # (a Python write: the next item's number)
+    first = tracer.before(msgs[0], "CG", "R")
+    assert first.seq == 40 and (d._accepted_seq, d._records) == (41, 1)
+    tracer.after(first, msgs[0], "CG", "R", -1, True, 0)
+    assert first.joined and d._records == 2
+    assert d._wakeup.is_set() and d._want == sys.maxsize  # (an idle worker wants one item)
+    d._wakeup.clear()
+    d._want = 2  # the worker waits for two items: the second wakes it, once
+    tracer.before(msgs[1], "CG", "R")
+    assert d._wakeup.is_set() and d._want == sys.maxsize
+    tracer.before(msgs[2], "CG", "R")
+    assert tracer.before(msgs[3], "CG", "R").seq == -1  # the queue (3) is full: discarded
+    d._closing = True
+    assert tracer.before(msgs[4], "CG", "R").seq == -1  # shut down: discarded
+    assert d.stats()["discarded"] == 2 and len(d._queue) == 3
+
+
+@compiled
+def test_the_tracer_needs_a_dispatcher_core() -> None:
+    with pytest.raises(TypeError, match="DispatcherCore"):
+        speedups.ConsumeTracer(object(), "RMQ_SYS_TRACE_TOPIC")

@@ -433,7 +433,19 @@ def _targets(route: TopicRoute) -> list[_Target]:
 # ----------------------------------------------------------------------------- dispatcher
 
 
-class AsyncTraceDispatcher:
+def _dispatcher_base() -> type:
+    """``_speedups.DispatcherCore`` (the queue state in C fields, which the compiled consume
+    path reads without attribute look-ups) when the trace steps are compiled; else object."""
+    if not COMPILED:
+        return object
+    try:
+        from tracemq.trace._speedups import DispatcherCore
+    except ImportError:  # an extension built before the core was added
+        return object
+    return DispatcherCore  # type: ignore[no-any-return]
+
+
+class AsyncTraceDispatcher(_dispatcher_base()):  # type: ignore[misc]
     """Batches trace contexts of one client and sends them to the trace topic.
 
     Args:

@@ -34,6 +34,14 @@ class ConsumeRecord:
 def seal(items: Iterable[object]) -> None: ...
 def materialize(items: Iterable[object]) -> list[Any]: ...
 
+class DispatcherCore:
+    _queue: Any
+    _queue_size: int
+    _accepted_seq: int
+    _records: int
+    _want: int
+    _closing: bool
+
 class ConsumeTracer:
     def __init__(self, dispatcher: Any, trace_topic: str) -> None: ...
     def before(self, msg: Any, group: str, region: str) -> ConsumeRecord | None: ...
