@@ -19,6 +19,10 @@ After each run the consumer is shut down (which flushes its trace dispatcher). A
 trace topic is read back: every msgId consumed by a trace-on group must have a SubBefore and a
 SubAfter of that group.
 
+Each round's pair is also reported on its own (``per_round``: tracing and on/off of that
+round's two variants, and their median): a stall of the host lands in one variant of one
+round, and with ``--rounds`` 3 or more the median leaves it out.
+
 ``--aa`` runs an A/A control (both variants with trace off): what the bench measures as tracing
 when there is none — its noise and any order effect (2026-11-29: −0.5 – 0.4 µs/msg, median 0.1,
 over six runs).
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import statistics
 import sys
 import time
 import uuid
@@ -247,6 +252,31 @@ def _tracing_by_task(runs: list[dict[str, Any]]) -> dict[str, float]:
     return dict(sorted(diff.items(), key=lambda kv: -abs(kv[1])))
 
 
+def per_round(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each round's pair on its own: tracing's steady bench CPU (on minus off, us/msg) and the
+    steady on/off rate ratio of that round's two variants. The headline pools the rounds; a
+    stall of the host lands in one variant of one round, which these show (and which their
+    median, with --rounds 3 or more, leaves out)."""
+    out: list[dict[str, Any]] = []
+    for r in sorted({x["round"] for x in runs}):
+        pair = {x["variant"]: x for x in runs if x["round"] == r}
+        if set(pair) != {"off", "on"}:
+            continue
+        us = {
+            v: pair[v]["steady_cpu_s"].get("bench", 0.0) / pair[v]["messages"] * 1e6 for v in pair
+        }
+        out.append(
+            {
+                "round": r,
+                "tracing_us": round(us["on"] - us["off"], 2),
+                "on_vs_off": ratio(
+                    pair["on"]["steady_msgs_per_s"], pair["off"]["steady_msgs_per_s"]
+                ),
+            }
+        )
+    return out
+
+
 async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
     uid = uuid.uuid4().hex[:8]
     body = body_of(args.size)
@@ -347,6 +377,16 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
         say("  callback to both sides: read it for where the time goes, not as the headline):")
         for name, us in list(tracing_by_task.items())[:12]:
             say(f"    {us:+7.3f}  {name}")
+    rounds = per_round(runs)
+    if rounds:
+        say(
+            "  per round (on minus off in one round): tracing "
+            + ", ".join(f"{x['tracing_us']:.1f}" for x in rounds)
+            + " us/msg (median "
+            + f"{statistics.median(x['tracing_us'] for x in rounds):.1f}); on / off "
+            + ", ".join(f"{x['on_vs_off']:.3f}" for x in rounds)
+            + f" (median {statistics.median(x['on_vs_off'] for x in rounds):.3f})"
+        )
     say(
         f"  steady trace-on / trace-off = {ratios['on_vs_off_steady']:.3f} (target >= "
         f"{TARGET_ON_VS_OFF}: {'met' if targets_met['on_vs_off_steady_ge_0.85'] else 'MISSED'});"
@@ -364,6 +404,13 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
         "session_timeout_ms": args.session_timeout_ms,
         "collected_before_each_variant": not args.keep_heap,
         "ratios": ratios,
+        "per_round": rounds,
+        "per_round_median": {
+            "tracing_us": round(statistics.median(x["tracing_us"] for x in rounds), 2),
+            "on_vs_off": round(statistics.median(x["on_vs_off"] for x in rounds), 4),
+        }
+        if rounds
+        else None,
     }
     if args.aa:
         say(
