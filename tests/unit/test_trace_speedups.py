@@ -138,10 +138,15 @@ try:
 except ImportError:  # not built (no compiler at install): the fallback tests still run
     speedups = None
 
-compiled = pytest.mark.skipif(speedups is None, reason="the compiled trace steps are not built")
+built = pytest.mark.skipif(speedups is None, reason="the compiled trace steps are not built")
+# (the tests of the compiled steps: skipped too when they are turned off)
+compiled = pytest.mark.skipif(
+    speedups is None or not c.COMPILED,
+    reason="the compiled trace steps are not built, or turned off (TRACEMQ_NO_EXTENSIONS)",
+)
 
 
-@compiled
+@built
 def test_the_built_module_is_the_one_in_use() -> None:
     assert speedups is not None
     assert speedups.__file__.endswith((".so", ".pyd"))
