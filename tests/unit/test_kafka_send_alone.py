@@ -215,3 +215,51 @@ def test_the_written_request_is_aiokafkas_for_every_version() -> None:
         [(topic, [(partition, data)])] = ours.topics
         assert (topic, partition, bytes(data)) == ("tracé", 5, batch)
         assert "written" in repr(ours)
+
+
+@pytest.mark.parametrize("name", ["gzip", "lz4", "zstd"])
+async def test_a_compressed_request_carries_the_record_compressed(name: str) -> None:
+    from aiokafka.protocol.produce import ProduceRequest
+    from tracemq._record_batch import CODEC_IDS, codec
+
+    client = _Client(leader=2)
+    pool, fallback = _pool(client)
+    value = b"SubAfter\x01DefaultRegion\x01" * 4000
+    await pool.send_alone("b:1", TP, value, HEADERS, compression=codec(name))
+    assert fallback == []
+    [(_, request)] = client.requests
+    for cls in ProduceRequest._CLASSES:
+        [(_, [(_, data)])] = request.build(cls).topics
+        batch = DefaultRecordBatch(bytes(data))
+        assert batch.validate_crc()
+        # zstd only where Kafka takes it (produce v7+, KIP-110); plain below
+        expected = 0 if name == "zstd" and cls.API_VERSION < 7 else CODEC_IDS[name]
+        assert batch.compression_type == expected, cls.API_VERSION
+        assert len(data) < len(value) // 4 or expected == 0
+        [record] = list(batch)
+        assert record.value == value and list(record.headers) == HEADERS
+
+
+async def test_a_retry_sends_the_body_written_once() -> None:
+    # a retried request is the same record: the compressed body is not written again
+    from aiokafka.protocol.produce import ProduceRequest_v7
+    from tracemq._record_batch import codec
+
+    request = _kafka.OneRecordProduce(-1, 1000, TP, b"x" * 10_000, [], codec("zstd"))
+    first = request.build(ProduceRequest_v7).encode()
+    assert request.build(ProduceRequest_v7).encode() is first
+    assert len(first) < 1000
+
+
+async def test_without_the_hardware_crc_the_record_goes_plain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tracemq._record_batch import codec
+
+    monkeypatch.setattr(_kafka, "HARDWARE_CRC", False)
+    client = _Client(leader=1)
+    pool, _ = _pool(client)
+    await pool.send_alone("b:1", TP, b"v" * 3000, [], compression=codec("zstd"))
+    [(_, request)] = client.requests
+    [(_, [(_, data)])] = request.build(ProduceRequest_v3).topics
+    assert DefaultRecordBatch(bytes(data)).compression_type == 0

@@ -112,3 +112,61 @@ def test_the_produce_request_body_is_aiokafkas(
 def test_a_produce_request_version_it_does_not_write_is_refused(version: int) -> None:
     with pytest.raises(ValueError, match=f"version {version}"):
         produce_request_body(version, 1, 1000, "t", 0, b"v", [])
+
+
+# ----------------------------------------------------------------------------- compression
+
+_CODECS = ["gzip", "lz4", "zstd"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from(_CODECS), _VALUES, _HEADERS, _TIMESTAMPS)
+def test_a_compressed_batch_reads_back_as_sent(
+    name: str, value: bytes | None, headers: list[tuple[str, bytes | None]], ts: int
+) -> None:
+    raw = one_record_batch(value, headers, ts, _record_batch.codec(name))
+    batch = DefaultRecordBatch(raw)
+    assert batch.compression_type == _record_batch.CODEC_IDS[name]
+    assert batch.validate_crc()
+    [record] = list(batch)
+    assert record.value == value and record.key is None
+    assert list(record.headers) == headers
+    assert record.timestamp == ts
+
+
+@pytest.mark.parametrize("name", _CODECS)
+def test_trace_text_shrinks(name: str) -> None:
+    text = b"".join(
+        b"SubAfter\x01%d\x01DefaultRegion\x01CG_%d\x01%032X\x0112\x01true\x01key%d\x01\x02"
+        % (1_764_390_000_000 + i, i % 3, i * 7919, i)
+        for i in range(1000)
+    )
+    plain = one_record_batch(text, [("KEYS", b"K" * 18_000)], 1)
+    packed = one_record_batch(text, [("KEYS", b"K" * 18_000)], 1, _record_batch.codec(name))
+    assert len(packed) * 2 < len(plain)
+    [record] = list(DefaultRecordBatch(packed))
+    assert record.value == text
+
+
+def test_no_compression_is_the_plain_batch() -> None:
+    assert _record_batch.codec("none") is None
+    assert one_record_batch(b"v", [], 5, _record_batch.codec("none")) == _aiokafka(b"v", [], 5)
+
+
+@pytest.mark.parametrize("name", ["", "ZSTD", "snappy", "brotli"])
+def test_an_unknown_codec_is_named(name: str) -> None:
+    with pytest.raises(ValueError, match=f"unknown compression {name!r}: one of gzip, lz4"):
+        _record_batch.codec(name)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(_VERSIONS), st.sampled_from(_CODECS), _VALUES, _HEADERS, _TIMESTAMPS)
+def test_a_compressed_produce_request_is_aiokafkas_around_the_batch(
+    version: int, name: str, value: bytes | None, headers: list[tuple[str, bytes | None]],
+    ts: int,
+) -> None:  # fmt: skip
+    codec = _record_batch.codec(name)
+    body, batch_at = produce_request_body(version, -1, 3000, "t", 3, value, headers, ts, codec)
+    batch = one_record_batch(value, headers, ts, codec)
+    assert body[batch_at:] == batch
+    assert body == _aiokafka_request(version, -1, 3000, "t", 3, batch)

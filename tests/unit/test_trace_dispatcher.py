@@ -729,9 +729,16 @@ class FakePool:
         return self.producer
 
     async def send_alone(
-        self, bootstrap: str, tp: Any, value: bytes, headers: list[tuple[str, bytes]]
+        self,
+        bootstrap: str,
+        tp: Any,
+        value: bytes,
+        headers: list[tuple[str, bytes]],
+        *,
+        compression: Any,
     ) -> None:
         self.enqueued.append((bootstrap, tp.topic, tp.partition, value, headers))
+        self.compression = compression
 
     async def close(self) -> None:
         self.closed = True
@@ -761,6 +768,31 @@ async def test_kafka_sender_writes_the_partition_of_the_broker_topic() -> None:
 async def test_kafka_sender_closes_its_own_pool() -> None:
     sender = KafkaTraceSender()
     await sender.close()
+
+
+@pytest.mark.parametrize("name", ["zstd", "lz4", "gzip", "none"])
+async def test_kafka_sender_compresses_as_asked(name: str) -> None:
+    """Trace messages go zstd-compressed unless another codec (or none) is asked for; the
+    dispatcher hands its ``compression`` to its default sender."""
+    from tracemq._record_batch import codec
+
+    pool = FakePool()
+    sender = KafkaTraceSender(pool, compression=name)  # type: ignore[arg-type]
+    await sender.send(queue_route("trace-a"), 0, TRACE_TOPIC, b"data", [])
+    assert pool.compression == codec(name)
+    default = KafkaTraceSender(pool)  # type: ignore[arg-type]
+    await default.send(queue_route("trace-a"), 0, TRACE_TOPIC, b"data", [])
+    assert pool.compression == codec("zstd")
+    d = AsyncTraceDispatcher(group="G", route_cache=None, compression=name)  # type: ignore[arg-type]
+    assert d._sender._compression == codec(name)  # type: ignore[attr-defined]
+    await d._sender.close()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("sender", [None, "own"])
+def test_an_unknown_compression_is_refused(sender: str | None) -> None:
+    own = KafkaTraceSender(FakePool()) if sender else None  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown compression 'brotli'"):
+        AsyncTraceDispatcher(group="G", route_cache=None, sender=own, compression="brotli")  # type: ignore[arg-type]
 
 
 async def test_hook_records_and_contexts_share_a_message_and_its_keys(make: Factory) -> None:

@@ -15,7 +15,13 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.structs import RecordMetadata, TopicPartition
 
 from tracemq import kafka_security
-from tracemq._record_batch import HARDWARE_CRC, produce_request_body
+from tracemq._record_batch import (
+    CODEC_IDS,
+    HARDWARE_CRC,
+    ZSTD_MIN_PRODUCE_VERSION,
+    Codec,
+    produce_request_body,
+)
 
 try:  # send_alone() writes its produce request itself
     from aiokafka.protocol.produce import ProduceRequest
@@ -131,7 +137,12 @@ if ProduceRequest is not None:
         both sides speak and asks :meth:`build` for it; the body is then written in one
         buffer (:func:`tracemq._record_batch.produce_request_body`: aiokafka's encoder
         writes the same bytes, copying the batch once per level of nesting). The timestamp
-        is taken here, once: a retried request carries the same record."""
+        is taken here, once: a retried request carries the same record, and the body written
+        for a version is kept for the retries.
+
+        ``compression`` (:func:`tracemq._record_batch.codec`) compresses the batch; zstd only
+        in a request of version 7 or later (KIP-110: older brokers refuse it), the batch goes
+        uncompressed in an older one."""
 
         def __init__(
             self,
@@ -140,19 +151,34 @@ if ProduceRequest is not None:
             tp: TopicPartition,
             value: bytes,
             headers: Sequence[tuple[str, bytes | None]],
+            compression: Codec | None = None,
         ) -> None:
             super().__init__(None, required_acks, timeout_ms, [])
             self._tp = tp
             self._value = value
             self._headers = headers
+            self._compression = compression
             self._timestamp_ms = time.time_ns() // 1_000_000
+            self._written: tuple[int, bytes, int] | None = None  # version, body, batch_at
 
         def build(self, request_struct_class: Any) -> Any:
             version = request_struct_class.API_VERSION
-            body, batch_at = produce_request_body(
-                version, self._required_acks, self._timeout, self._tp.topic,
-                self._tp.partition, self._value, self._headers, self._timestamp_ms,
-            )  # fmt: skip
+            written = self._written
+            if written is None or written[0] != version:
+                compression = self._compression
+                if (
+                    compression is not None
+                    and compression[0] == CODEC_IDS["zstd"]
+                    and version < ZSTD_MIN_PRODUCE_VERSION
+                ):
+                    compression = None
+                body, batch_at = produce_request_body(
+                    version, self._required_acks, self._timeout, self._tp.topic,
+                    self._tp.partition, self._value, self._headers, self._timestamp_ms,
+                    compression,
+                )  # fmt: skip
+                written = self._written = (version, body, batch_at)
+            _, body, batch_at = written
             return _written_struct(
                 request_struct_class, body, batch_at, self._required_acks, self._timeout,
                 self._tp.topic, self._tp.partition,
@@ -268,6 +294,7 @@ class ProducerPool:
         headers: list[tuple[str, bytes]],
         *,
         retry_for_s: float | None = None,
+        compression: Codec | None = None,
     ) -> None:
         """Send one checked record in a produce request of its own and wait for its
         acknowledgement: for large records sent one at a time, each awaited (trace messages).
@@ -276,7 +303,9 @@ class ProducerPool:
         small records and cost ~100 us of CPU per request (a task, futures, a batch drained
         and wrapped, the response walked back to it). The batch is the one aiokafka writes
         for the record alone (magic 2, no compression, no producer id), with a hardware
-        CRC-32C when the CPU has one (:mod:`tracemq._record_batch`).
+        CRC-32C when the CPU has one (:mod:`tracemq._record_batch`), compressed with
+        ``compression`` if given (see ``OneRecordProduce``; without the hardware CRC and on
+        the other paths below the record goes uncompressed).
 
         As aiokafka's sender does for a batch, a retriable error (a connection closed or a
         request timed out — a hung broker —, a leader moved: metadata is asked for) is
@@ -293,7 +322,7 @@ class ProducerPool:
         client, acks, timeout_ms = alone
         request: Any
         if HARDWARE_CRC:
-            request = OneRecordProduce(acks, timeout_ms, tp, value, headers)
+            request = OneRecordProduce(acks, timeout_ms, tp, value, headers, compression)
         else:
             builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, TRANSPORT_MAX_BYTES)
             builder.append(0, timestamp=None, key=None, value=value, headers=headers)

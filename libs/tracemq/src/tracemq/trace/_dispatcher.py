@@ -343,13 +343,23 @@ class KafkaTraceSender:
     Args:
         pool: producers to use. When omitted the sender creates its own pool, dedicated to
             trace data, and closes it in :meth:`close`; a pool passed in is left open.
+        compression: the codec of the trace messages' record batches: ``"zstd"`` (the
+            default: trace text shrinks ~5 times, for ~1 us of CPU per kB sent, and the trace
+            cluster's broker writes and stores a fifth of the bytes), ``"lz4"``, ``"gzip"``
+            or ``"none"``. Every Kafka consumer reads them back as they were sent.
+
+    Raises:
+        ValueError: an unknown ``compression``.
     """
 
-    def __init__(self, pool: ProducerPool | None = None) -> None:
+    def __init__(self, pool: ProducerPool | None = None, *, compression: str = "zstd") -> None:
         # Imported here so that using the trace codec alone does not load aiokafka.
         from aiokafka import TopicPartition
 
         from tracemq._kafka import MAX_MESSAGE_SIZE, ProducerPool, record_size
+        from tracemq._record_batch import codec
+
+        self._compression = codec(compression)
 
         if pool is None:
             pool = ProducerPool()
@@ -375,7 +385,11 @@ class KafkaTraceSender:
             # (a trace message fills a batch alone): not send_and_wait, which looks up
             # metadata and sizes the record again per call
             await self._pool.send_alone(
-                route.data_bootstrap, self._partition(topic, queue_id), value, headers
+                route.data_bootstrap,
+                self._partition(topic, queue_id),
+                value,
+                headers,
+                compression=self._compression,
             )
             return
         producer = await self._pool.get(route.data_bootstrap)
@@ -474,6 +488,9 @@ class AsyncTraceDispatcher(_dispatcher_base()):  # type: ignore[misc]
         max_in_flight: most trace messages being sent at once.
         sender: writes trace messages; a :class:`KafkaTraceSender` with its own producer
             pool by default.
+        compression: the default sender's codec of trace messages (see
+            :class:`KafkaTraceSender`: ``"zstd"``, ``"lz4"``, ``"gzip"`` or ``"none"``);
+            a ``sender`` passed in compresses as it was made to.
     """
 
     #: First retry delay, doubled on each further retry up to :attr:`retry_backoff_max_s`.
@@ -499,6 +516,7 @@ class AsyncTraceDispatcher(_dispatcher_base()):  # type: ignore[misc]
         max_in_flight: int = 4,
         delivery_timeout_ms: int = 60_000,
         sender: TraceSender | None = None,
+        compression: str = "zstd",
     ) -> None:
         for name, value in (
             ("queue_size", queue_size),
@@ -513,6 +531,10 @@ class AsyncTraceDispatcher(_dispatcher_base()):  # type: ignore[misc]
                 raise ValueError(f"{name} must be at least 1, got {value}")
         if flush_interval_ms < 0:
             raise ValueError(f"flush_interval_ms must not be negative, got {flush_interval_ms}")
+        if sender is not None:
+            from tracemq._record_batch import codec
+
+            codec(compression)  # the name checked even when a sender of its own is given
         self.group = group
         self.trace_topic = trace_topic
         self.customized = customized
@@ -526,7 +548,9 @@ class AsyncTraceDispatcher(_dispatcher_base()):  # type: ignore[misc]
         self._send_timeout_s = send_timeout_ms / 1000
         self._max_send_attempts = max_send_attempts
         self._delivery_timeout_s = delivery_timeout_ms / 1000
-        self._sender: TraceSender = sender if sender is not None else KafkaTraceSender()
+        self._sender: TraceSender = (
+            sender if sender is not None else KafkaTraceSender(compression=compression)
+        )
 
         # A deque, not an asyncio.Queue: one consumer (the worker), woken by _wakeup; the bound
         # is checked by append(). Half the cost per context on the business path.
