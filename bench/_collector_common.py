@@ -190,8 +190,11 @@ async def prefill(
     gen: TraceGen,
     *,
     chunk: int = 400,
+    compression: str | None = "zstd",
 ) -> dict[str, Any]:
-    """Send trace messages round robin over ``partitions`` until ``min_events`` events.
+    """Send trace messages round robin over ``partitions`` until ``min_events`` events, in
+    batches compressed with ``compression`` (aiokafka's ``compression_type``; zstd, as
+    tracemq's clients send trace messages).
 
     Returns ``{"events", "messages", "bytes", "seconds", "per_partition": {p: [events at offset
     0, 1, ...]}}`` (offsets are known from the send acknowledgements).
@@ -205,6 +208,7 @@ async def prefill(
         max_batch_size=1024 * 1024,
         linger_ms=20,
         request_timeout_ms=60_000,
+        compression_type=compression,
     )
     await producer.start()
     per_partition: dict[int, dict[int, int]] = {p: {} for p in range(partitions)}

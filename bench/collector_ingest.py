@@ -207,7 +207,14 @@ async def bench(stack: EmbeddedStack, args: argparse.Namespace) -> dict[str, Any
     say(
         f"pre-filling {args.events:,} events ({args.per_message} business messages per trace message)"
     )
-    filled = await prefill(stack.trace_bootstrap, ktopic, args.partitions, args.events, gen)
+    filled = await prefill(
+        stack.trace_bootstrap,
+        ktopic,
+        args.partitions,
+        args.events,
+        gen,
+        compression=None if args.compression == "none" else args.compression,
+    )
     exp = Expected(ktopic, filled["per_partition"])
     assert exp.total == filled["events"]
     say(
@@ -360,6 +367,7 @@ async def bench(stack: EmbeddedStack, args: argparse.Namespace) -> dict[str, Any
         "partitions": args.partitions,
         "records_per_message": round(exp.total / filled["messages"], 1),
         "prefill_s": round(filled["seconds"], 1),
+        "compression": args.compression,
         "events_per_s": rates,
         "first_event_after_spawn_s": round(t_first - t_spawn, 2),
         "store_done_s": round(t_store_done - t_first, 2),
@@ -406,6 +414,12 @@ def main() -> int:
         "--per-message", type=int, default=25, help="business messages per trace message (25)"
     )
     p.add_argument("--groups", type=int, default=1, help="consumer groups per message (1)")
+    p.add_argument(
+        "--compression",
+        choices=["zstd", "lz4", "gzip", "none"],
+        default="zstd",
+        help="codec of the pre-filled trace batches (default zstd, as tracemq clients send)",
+    )
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--timeout", type=float, default=900, help="drain time limit, s")
     p.add_argument(
