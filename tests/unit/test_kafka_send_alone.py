@@ -160,8 +160,32 @@ async def test_an_unknown_or_leaderless_partition_takes_send(leader: int | None)
 
 async def test_a_bootstrap_without_a_plain_producer_takes_send() -> None:
     pool, fallback = _pool(_Client(leader=0))
+    pool._producers["other:1"] = object()  # type: ignore[assignment]  # started, not plain
     await pool.send_alone("other:1", TP, b"v", [])
     assert fallback == [("other:1", TP, b"v", [])]
+
+
+async def test_the_first_record_starts_the_producer_then_goes_alone() -> None:
+    # a fresh pool (a trace sender's first trace message): the producer is started before
+    # the record is written, so the record goes alone (compressed) like every later one
+    from tracemq._record_batch import codec
+
+    client = _Client(leader=2)
+    pool, fallback = _pool(client)
+    alone = pool._alone.pop("b:1")
+    started: list[str] = []
+
+    async def get(bootstrap: str) -> Any:
+        started.append(bootstrap)
+        pool._producers[bootstrap] = object()  # type: ignore[assignment]
+        pool._alone[bootstrap] = alone
+        return pool._producers[bootstrap]
+
+    pool.get = get  # type: ignore[method-assign]
+    await pool.send_alone("b:1", TP, b"v" * 3000, [], compression=codec("zstd"))
+    assert started == ["b:1"] and fallback == []
+    [(node, _)] = client.requests
+    assert node == 2
 
 
 @pytest.mark.parametrize(
@@ -263,3 +287,48 @@ async def test_without_the_hardware_crc_the_record_goes_plain(
     [(_, request)] = client.requests
     [(_, [(_, data)])] = request.build(ProduceRequest_v3).topics
     assert DefaultRecordBatch(bytes(data)).compression_type == 0
+
+
+class _FreshClient(_Client):
+    """A producer's client that has no metadata of the topic until asked (aiokafka's
+    ``_wait_on_metadata``); ``found``: whether the answer has the partition's leader."""
+
+    def __init__(self, found: bool, fails: bool = False) -> None:
+        super().__init__(leader=None)
+        self.asked: list[str] = []
+        self.found = found
+        self.fails = fails
+
+    async def _wait_on_metadata(self, topic: str) -> set[int]:
+        self.asked.append(topic)
+        if self.fails:
+            raise kafka_errors.UnknownTopicOrPartitionError()
+        if self.found:
+            self.leader = 4
+        return {0, 1}
+
+
+async def test_a_topic_without_metadata_is_asked_for_once_then_sent_alone() -> None:
+    # a fresh trace producer's first trace message: the metadata is asked for, then the
+    # request goes straight to the leader (compressed), not through send() (plain)
+    from tracemq._record_batch import codec
+
+    client = _FreshClient(found=True)
+    pool, fallback = _pool(client)
+    await pool.send_alone("b:1", TP, b"v" * 4000, [], compression=codec("zstd"))
+    assert client.asked == ["t"] and fallback == []
+    [(node, request)] = client.requests
+    assert node == 4
+    from aiokafka.protocol.produce import ProduceRequest_v7
+
+    [(_, [(_, data)])] = request.build(ProduceRequest_v7).topics
+    assert DefaultRecordBatch(bytes(data)).compression_type == 4
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["still-no-leader", "metadata-error"])
+async def test_still_no_leader_after_asking_takes_send(fails: bool) -> None:
+    client = _FreshClient(found=False, fails=fails)
+    pool, fallback = _pool(client)
+    await pool.send_alone("b:1", TP, b"v", [])
+    assert client.asked == ["t"]  # once
+    assert client.requests == [] and len(fallback) == 1

@@ -4,6 +4,7 @@ and the one message size limit every part of tracemq agrees on."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
 from collections.abc import Sequence
@@ -311,10 +312,16 @@ class ProducerPool:
         request timed out — a hung broker —, a leader moved: metadata is asked for) is
         retried after a back-off for up to ``retry_for_s`` (by default the producer's request
         time-out, aiokafka's lifetime of a batch); then, or at once for any other error, it
-        is raised. Anything this cannot do — no plain producer started (compression,
-        idempotence and transactions take aiokafka's path), an unknown or leaderless
-        partition — takes :meth:`send` and waits for its acknowledgement."""
+        is raised. A topic the producer has no metadata of yet is asked for first. Anything
+        this cannot do — no plain producer started (compression, idempotence and transactions
+        take aiokafka's path), an unknown or leaderless partition — takes :meth:`send` and
+        waits for its acknowledgement (uncompressed)."""
         alone = self._alone.get(bootstrap)
+        if alone is None and bootstrap not in self._producers:
+            # the pool's first record for this cluster: its producer started first, so that
+            # the record goes the way of every later one (compressed, on its own)
+            await self.get(bootstrap)
+            alone = self._alone.get(bootstrap)
         if alone is None:
             ack = await self.send(bootstrap, tp, value, headers)
             await ack
@@ -331,8 +338,17 @@ class ProducerPool:
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + (timeout_ms / 1000 if retry_for_s is None else retry_for_s)
         backoff = _RETRY_BACKOFF_S
+        # a topic the producer has no metadata of yet (its first record: a trace topic is
+        # known to the client's routes, not to a fresh producer): asked for once, as
+        # aiokafka's send() does, so the first trace message goes this way too
+        wait_metadata = getattr(client, "_wait_on_metadata", None)
         while True:
             node = client.cluster.leader_for_partition(tp)
+            if (node is None or node < 0) and wait_metadata is not None:
+                wait_metadata, ask = None, wait_metadata
+                with contextlib.suppress(kafka_errors.KafkaError):
+                    await ask(tp.topic)
+                continue
             if node is None or node < 0:
                 ack = await self.send(bootstrap, tp, value, headers)
                 await ack
