@@ -341,11 +341,11 @@ class ProducerPool:
         # a topic the producer has no metadata of yet (its first record: a trace topic is
         # known to the client's routes, not to a fresh producer): asked for once, as
         # aiokafka's send() does, so the first trace message goes this way too
-        wait_metadata = getattr(client, "_wait_on_metadata", None)
+        wait_metadata: Any = getattr(client, "_wait_on_metadata", None)
         while True:
             node = client.cluster.leader_for_partition(tp)
             if (node is None or node < 0) and wait_metadata is not None:
-                wait_metadata, ask = None, wait_metadata
+                ask, wait_metadata = wait_metadata, None
                 with contextlib.suppress(kafka_errors.KafkaError):
                     await ask(tp.topic)
                 continue
