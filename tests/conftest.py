@@ -69,6 +69,10 @@ def session_signing_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
         for k, v in {**signing_env(SESSION_SECRETS), **CLIENT_TEST_ENV}.items():
             mp.setenv(k, v)
         mp.setenv("TRACEMQ_STACKS_DIR", str(tmp_path_factory.mktemp("stacks")))
+        # The reconciliation job's JVMs write no class-data archive into the user's cache
+        # (the first JVM would spend ~5 s writing it; tests/spark/test_class_archive.py
+        # checks it in a directory of its own)
+        mp.setenv("TRACEMQ_SPARK_CLASS_ARCHIVE", "off")
         # The CLI's tables take COLUMNS when set (else 200 on a pipe); an xdist worker has
         # COLUMNS=80 in its environment: the commands the tests run would cut their tables.
         # A test that wants a width sets it for its command.

@@ -28,6 +28,7 @@ from typing import Any
 import typer
 
 from tracemq_spark.job import OUTCOMES, ReconcileError
+from tracemq_spark.session import archive_state
 
 app = typer.Typer(
     help="Reconcile send traces against consume traces over the Parquet trace lake (Spark).",
@@ -245,7 +246,9 @@ def _run(console: Any, **kw: Any) -> int:
                 result = job.run(spark, params, progress=say)
         finally:
             if own:
-                spark.stop()
+                if archive_state(spark) == "dumped":
+                    say("keeping the JVM's class-data archive (a machine's first run only)")
+                job.stop_session(spark)
     finally:
         if tmp is not None:
             tmp.cleanup()

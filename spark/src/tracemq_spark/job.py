@@ -8,7 +8,9 @@ Where things live — :func:`run` orchestrates the stages, one module each (this
 the run's state, ``_Context``, and re-exports the public names callers import from it):
 
 * :mod:`~tracemq_spark.params` — :class:`Params`, the constants, :class:`ReconcileError`;
-* :mod:`~tracemq_spark.session` — :func:`build_session`, the runtime settings, the lake schema;
+* :mod:`~tracemq_spark.session` — :func:`build_session` (and :func:`stop_session`), the runtime
+  settings, the lake schema;
+* :mod:`~tracemq_spark.class_archive` — the driver JVM's class-data archive (its start);
 * :mod:`~tracemq_spark.input_files` — the subscription and offsets files, parsed
   (:mod:`~tracemq_spark.snapshot`: the offsets file read by the JVM, when it can);
 * :mod:`~tracemq_spark.lake_scan` — the lake files of the read range, the pre-flight scan;
@@ -85,7 +87,7 @@ from tracemq_spark.params import (
     RunResult,
     _iso,
 )
-from tracemq_spark.session import _RUNTIME_CONF, CLASSIFY_CONF, build_session
+from tracemq_spark.session import _RUNTIME_CONF, CLASSIFY_CONF, build_session, stop_session
 
 __all__ = [
     "INFORMATIONAL",
@@ -102,6 +104,7 @@ __all__ = [
     "parse_offsets",
     "parse_subscriptions",
     "run",
+    "stop_session",
 ]
 
 

@@ -17,6 +17,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 from tracemq import lake
 
+from tracemq_spark import class_archive
+
 #: S3A's credentials provider for a fixed access key and secret key
 _SIMPLE_CREDENTIALS = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
 _S3A = "org.apache.hadoop.fs.s3a.S3AFileSystem"
@@ -119,6 +121,8 @@ def build_session(
 ) -> SparkSession:
     """A SparkSession for the job. ``master=None`` leaves it to spark-submit. ``s3a``: the
     object store's settings (default: :meth:`S3AOptions.from_env`)."""
+    from pyspark import SparkContext
+
     b = SparkSession.builder.appName(app_name)
     if master:
         b = b.master(master)
@@ -127,11 +131,42 @@ def build_session(
     conf = session_conf(
         shuffle_partitions=shuffle_partitions, extra=extra, s3a=s3a, heap=driver_memory
     )
+    archive: class_archive.Plan | None = None
+    if master and SparkContext._gateway is None:  # type: ignore[attr-defined]
+        # this call starts the driver's JVM: it maps (or writes) the class-data archive
+        opts = conf.get("spark.driver.extraJavaOptions", "")
+        extra_cp = [p for p in conf.get("spark.driver.extraClassPath", "").split(os.pathsep) if p]
+        archive = class_archive.plan(opts, extra_cp)
+        if archive is not None:
+            conf["spark.driver.extraJavaOptions"] = f"{opts} {archive.java_option()}".strip()
     for k, v in conf.items():
         b = b.config(k, v)
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    if archive is not None:
+        class_archive.attach(archive, spark)
+        _ARCHIVES[id(spark.sparkContext)] = archive
     return spark
+
+
+#: the class-data archive plan of each SparkContext build_session started (by id)
+_ARCHIVES: dict[int, class_archive.Plan] = {}
+
+
+def archive_state(spark: SparkSession) -> str | None:
+    """What the session's JVM does with the class-data archive: ``"used"`` (mapped it),
+    ``"dumped"`` (writes it at exit), None (neither)."""
+    p = _ARCHIVES.get(id(spark.sparkContext))
+    return p.state if p is not None else None
+
+
+def stop_session(spark: SparkSession) -> None:
+    """Stop a session :func:`build_session` started; when its JVM writes the class-data
+    archive, let the JVM go, wait for the archive and keep it (:func:`class_archive.finish`)."""
+    p = _ARCHIVES.pop(id(spark.sparkContext), None)
+    spark.stop()
+    if p is not None and p.part is not None:
+        class_archive.finish(p)
 
 
 def session_conf(
