@@ -197,3 +197,19 @@ def test_check_refuses_what_a_jvm_cannot_map(tmp_path: Path) -> None:
     assert java is not None, "Java 17 is part of the machine (the Spark tests need it)"
     assert ca.check(junk, java, []) is False
     assert ca.check(junk, None, []) is False
+
+
+def test_an_unwritable_directory_only_maps_what_is_there(
+    spark_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A JVM told to write where it cannot would fail at exit, every run: no plan then; an
+    archive already there is still mapped. (The tests run as root, which os.access lets
+    write anywhere: the check is replaced.)"""
+    env = _env(tmp_path, **{ca.ENV: str(tmp_path / "cache")})
+    (tmp_path / "cache").mkdir()
+    monkeypatch.setattr(ca.os, "access", lambda path, mode: False)
+    assert ca.plan("", [], env) is None
+    key = ca.config_key("", [], env)
+    (tmp_path / "cache" / f"spark-driver-{key}.jsa").write_bytes(b"archive")
+    used = ca.plan("", [], env)
+    assert used is not None and used.state == "used"

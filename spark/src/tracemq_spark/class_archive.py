@@ -170,6 +170,10 @@ def plan(driver_opts: str, class_path: list[str], env: dict[str, str] | None = N
     archive = directory / f"{_PREFIX}{key}.jsa"
     if archive.is_file():
         return Plan(archive)
+    if not os.access(directory, os.W_OK | os.X_OK):
+        # (a JVM told to write there would fail at exit, and every run would pay for trying)
+        log.warning("class archive directory not writable; running without", dir=str(directory))
+        return None
     return Plan(archive, part=directory / f"{_PREFIX}{key}.{os.getpid()}.{time.time_ns()}.part")
 
 
