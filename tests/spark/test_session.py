@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tracemq_spark.session import _thp_offered, _with_huge_pages, _with_jvm_flags
+from tracemq_spark.session import _with_jvm_flags
 
 
 def test_driver_jvm_runs_with_the_job_flags(spark: Any) -> None:
@@ -16,8 +16,6 @@ def test_driver_jvm_runs_with_the_job_flags(spark: Any) -> None:
     assert "-XX:+UseParallelGC" in args, args
     assert "-XX:CompileThresholdScaling=4" in args, args
     assert "-XX:MetaspaceSize=256m" in args, args
-    # the heap in transparent huge pages where this kernel offers them
-    assert ("-XX:+UseTransparentHugePages" in args) == _thp_offered(), args
     names = [
         gc.getName()
         for gc in jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
@@ -77,21 +75,3 @@ def test_the_driver_heap_starts_at_its_full_size() -> None:
     assert [o for o in kept["spark.driver.extraJavaOptions"].split() if o.startswith("-Xms")] == [
         "-Xms1g"
     ]
-
-
-def test_huge_pages_only_where_the_kernel_offers_them(tmp_path: Path) -> None:
-    sysfs = tmp_path / "enabled"
-    for mode, offered in (
-        ("always [madvise] never\n", True),
-        ("[always] madvise never\n", True),
-        ("always madvise [never]\n", False),
-    ):
-        sysfs.write_text(mode)
-        assert _thp_offered(sysfs) is offered, mode
-        want = "-Xmx1g -XX:+UseTransparentHugePages" if offered else "-Xmx1g"
-        assert _with_huge_pages("-Xmx1g", sysfs) == want, mode
-    assert not _thp_offered(tmp_path / "missing")  # no such kernel interface: not asked
-    sysfs.write_text("always [madvise] never\n")
-    # a choice of the user's own about large pages is kept
-    for own in ("-XX:-UseTransparentHugePages", "-XX:+UseLargePages"):
-        assert _with_huge_pages(own, sysfs) == own

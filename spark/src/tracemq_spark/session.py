@@ -206,7 +206,7 @@ def session_conf(
     # many more collections while the offsets snapshot and the first stages filled it
     if heap and "-Xms" not in java_opts:
         java_opts = f"{java_opts} -Xms{heap}"
-    conf["spark.driver.extraJavaOptions"] = _with_huge_pages(_with_jvm_flags(java_opts))
+    conf["spark.driver.extraJavaOptions"] = _with_jvm_flags(java_opts)
     conf["spark.executor.extraJavaOptions"] = _with_jvm_flags(
         conf.get("spark.executor.extraJavaOptions", "")
     )
@@ -247,33 +247,6 @@ _JIT_LATER = "-XX:CompileThresholdScaling=4"
 #: default) every step of Spark's class loading set off a full collection of the whole heap
 #: ("Metadata GC Threshold": 6 in a 1M run), each one tracing whatever the driver holds then.
 _METASPACE = "-XX:MetaspaceSize=256m"
-
-
-#: HotSpot flag: the heap in transparent huge pages (2 MB) where the kernel offers them to a
-#: process that asks (``madvise``; with ``always`` it gets them anyway). The job's hash tables,
-#: sort buffers and row pages walk a heap of gigabytes: with 4 kB pages the tasks' TLB misses
-#: were a cost of their own (10M messages: task CPU −5 %, wall −4 %; spark/README.md, fourteenth
-#: pass). Not asked for where the kernel has them off (the JVM would warn on every start).
-_THP = "-XX:+UseTransparentHugePages"
-_THP_SYSFS = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-
-
-def _thp_offered(sysfs: Path = _THP_SYSFS) -> bool:
-    """Whether this kernel gives transparent huge pages to a process that asks for them."""
-    try:
-        mode = sysfs.read_text()
-    except OSError:
-        return False
-    return "[always]" in mode or "[madvise]" in mode
-
-
-def _with_huge_pages(opts: str, sysfs: Path = _THP_SYSFS) -> str:
-    """The driver's ``opts`` plus :data:`_THP` when the kernel offers them and the options do
-    not decide on large pages themselves. (The driver's only: an executor's host is not this
-    one; in local mode the executors are the driver.)"""
-    if "LargePages" in opts or "TransparentHugePages" in opts or not _thp_offered(sysfs):
-        return opts
-    return f"{opts} {_THP}".strip()
 
 
 def _with_jvm_flags(opts: str) -> str:
