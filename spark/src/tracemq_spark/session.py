@@ -187,10 +187,6 @@ def session_conf(
         "spark.sql.sources.partitionOverwriteMode": "dynamic",
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         "spark.sql.requireAllClusterKeysForCoPartition": "false",
-        # the co-group's shuffle (~2 GB compressed at 10M messages): each map task's files
-        # written through 1 MB buffers instead of 32 kB, LZ4 in 128 kB blocks instead of 32 kB
-        "spark.shuffle.file.buffer": "1m",
-        "spark.io.compression.lz4.blockSize": "128k",
     }
     if s3a is not None:
         conf.update(s3a.conf())
