@@ -188,6 +188,30 @@ def test_finish_keeps_the_newest_archives(tmp_path: Path, monkeypatch: pytest.Mo
     assert left == sorted([p.archive.name, olds[3].name, olds[2].name])
 
 
+def test_an_archive_in_use_outlives_newer_unused_ones(
+    spark_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pruning goes by last use: mapping an archive renews it (two checkouts on one machine,
+    each making archives of its own, must not push out the one the other keeps using)."""
+    monkeypatch.setattr(ca, "check", lambda *a: True)
+    env = _env(tmp_path, **{ca.ENV: str(tmp_path / "cache")})
+    used = ca.plan("-XX:+UseParallelGC", [], env)
+    assert used is not None
+    used.archive.write_bytes(b"archive")
+    os.utime(used.archive, (1000, 1000))  # made long ago
+    for i in range(3):
+        a = tmp_path / "cache" / f"spark-driver-other{i}.jsa"
+        a.write_bytes(b"x")
+        os.utime(a, (2000 + i, 2000 + i))
+    again = ca.plan("-XX:+UseParallelGC", [], env)
+    assert again is not None and again.state == "used"
+    assert used.archive.stat().st_mtime > 2002
+    p = _dump_plan(tmp_path, b"new")
+    assert ca.finish(p)
+    assert used.archive.exists()
+    assert not (tmp_path / "cache" / "spark-driver-other0.jsa").exists()
+
+
 def test_check_refuses_what_a_jvm_cannot_map(tmp_path: Path) -> None:
     """The check runs a real JVM; a file that is no archive fails it (the real archives:
     tests/spark/test_class_archive.py)."""

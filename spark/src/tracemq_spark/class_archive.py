@@ -169,6 +169,10 @@ def plan(driver_opts: str, class_path: list[str], env: dict[str, str] | None = N
     _remove_stale_parts(directory)
     archive = directory / f"{_PREFIX}{key}.jsa"
     if archive.is_file():
+        # (its time is its last use: pruning keeps the archives in use, not the last made —
+        # several checkouts or Java builds on one machine each keep theirs)
+        with contextlib.suppress(OSError):
+            os.utime(archive)
         return Plan(archive)
     if not os.access(directory, os.W_OK | os.X_OK):
         # (a JVM told to write there would fail at exit, and every run would pay for trying)
@@ -286,7 +290,7 @@ def check(archive: Path, java: str | None, args: list[str]) -> bool:
 
 
 def _prune(directory: Path, keep: Path) -> None:
-    """The newest :data:`KEEP` archives stay (``keep`` always)."""
+    """The :data:`KEEP` archives used last stay (``keep`` always)."""
     archives = sorted(
         directory.glob(f"{_PREFIX}*.jsa"), key=lambda p: p.stat().st_mtime, reverse=True
     )
