@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +98,7 @@ def test_rerun_replaces_exactly_its_window(
 
 
 @pytest.mark.parametrize(
-    "stage", ["after_classified", "after_tables", "after_report", "during_commit"]
+    "stage", ["after_classified", "during_tables", "after_tables", "after_report", "during_commit"]
 )
 def test_failure_leaves_previous_output_untouched(
     spark: Any, lake: Lake, first_run: Any, stage: str
@@ -108,6 +109,10 @@ def test_failure_leaves_previous_output_untouched(
         run(spark, params(lake, out, fail_at=stage))
     assert fingerprint(out) == before
     assert not (out / "_staging").exists()
+    # nothing of the run left running (during_tables: the tally's thread, its jobs cancelled
+    # or finished before the cleanup)
+    assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("reconcile-figures")]
 
 
 def test_a_latency_of_minus_one_ms_is_timestamp_granularity_not_clock_skew(spark: Any) -> None:
