@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
@@ -595,6 +596,84 @@ def decode_message(
     return events, quarantine
 
 
+def decode_message_into(
+    columns: list[list[Any]],
+    trace_topic: str,
+    partition: int,
+    offset: int,
+    value: bytes | None,
+    ingest_ts: int,
+    client_host: str | None = None,
+    client_id: str | None = None,
+) -> tuple[int, list[dict[str, Any]]]:
+    """:func:`decode_message` with its event rows appended to ``columns`` (one list per
+    :data:`ROW_NAMES` column, in that order) instead of returned as tuples: ``(events
+    appended, quarantine rows)``. The columns are the same as transposing the rows
+    :func:`decode_message` returns, with or without the compiled step. Never raises on bad
+    input."""
+    fast_into = _FAST_INTO
+    pieces = value.split(_RECORD_END) if value and fast_into is not None else []
+    if pieces and not pieces[-1]:
+        pieces.pop()  # the text after the last separator is not a record
+    texts: list[str] = []
+    if pieces:
+        try:
+            texts = value.decode("utf-8").split(FIELD_SPLITOR)  # type: ignore[union-attr]
+        except Exception:  # noqa: BLE001 - invalid UTF-8 somewhere: record by record
+            texts = []
+    if not texts:
+        # no compiled step, nothing to decode, or invalid UTF-8 somewhere: decode_message's
+        # rows, record by record, transposed onto the columns
+        rows, quarantine = decode_message(
+            trace_topic, partition, offset, value, ingest_ts, client_host, client_id
+        )
+        if rows:
+            for column, values in zip(columns, zip(*rows, strict=True), strict=True):
+                column.extend(values)
+        return len(rows), quarantine
+    del texts[len(pieces) :]
+    assert fast_into is not None
+    quarantine = []
+    events = 0
+    n = len(pieces)
+    i = 0
+    while i < n:
+        # the common records straight into the columns, up to one the fast path leaves
+        j = fast_into(
+            texts, i, columns, trace_topic, partition, offset, ingest_ts, client_host, client_id
+        )
+        events += j - i
+        if j >= n:
+            break
+        try:  # that record as decode_message takes it: the general path
+            slow: list[dict[str, Any]] = []
+            _decode_piece(pieces[j], trace_topic, partition, offset, j, ingest_ts, slow, quarantine)
+            rows = [_as_tuple(row, client_host, client_id) for row in slow]
+        except Exception as exc:  # noqa: BLE001 - one record must never stop ingest
+            quarantine.append(
+                _quarantine(
+                    trace_topic,
+                    partition,
+                    offset,
+                    j,
+                    f"undecodable record: {type(exc).__name__}: {exc}",
+                    pieces[j],
+                    ingest_ts,
+                )
+            )
+        else:
+            for row in rows:
+                for column, v in zip(columns, row, strict=True):
+                    column.append(v)
+            events += len(rows)
+        i = j + 1
+    if not events and not quarantine:
+        quarantine.append(
+            _quarantine(trace_topic, partition, offset, 0, EMPTY_MESSAGE, value or b"", ingest_ts)
+        )
+    return events, quarantine
+
+
 def rows_from_record(
     trace_topic: str,
     partition: int,
@@ -1018,10 +1097,12 @@ def decode_chunk(
     records = 0
     events = 0
     n_store = len(STORE_ROW)
+    width = len(ROW_NAMES)
     for trace_topic, partition, recs in messages:
         if not recs:
             continue
-        mine: list[tuple[Any, ...]] = []
+        mine: list[list[Any]] = [[] for _ in range(width)]  # the partition's columns
+        n_mine = 0
         last = -1
         for rec in recs:
             offset, value, born = rec[0], rec[1], rec[2]
@@ -1031,18 +1112,20 @@ def decode_chunk(
                 ordered = False
             last = offset
             client_id = rec[4] if len(rec) > 4 else None  # type: ignore[misc]
-            r, q = decode_message(trace_topic, partition, offset, value, ingest_ts, born, client_id)
-            mine.extend(r)
+            n, q = decode_message_into(
+                mine, trace_topic, partition, offset, value, ingest_ts, born, client_id
+            )
+            n_mine += n
             quarantine.extend(q)
         records += len(recs)
         key = (trace_topic, partition)
         if key in partitions:
             ordered = False  # the same partition twice in one chunk
         progress[key] = max(progress.get(key, 0), last + 1)
-        part = PartitionChunk(recs[0][0], last + 1, len(mine))
-        if mine:
-            columns = _transpose(mine, len(ROW_NAMES))
-            del mine  # the columns hold the values now
+        part = PartitionChunk(recs[0][0], last + 1, n_mine)
+        if n_mine:
+            columns = [tuple(c) for c in mine]
+            del mine  # the columns' tuples hold the values now
             _add_key_rows(columns, events, seen, key_rows, key_msg_ids)
             store_columns.append(columns[:n_store])
             place_columns.append([columns[i] for i in _I_PLACES])
@@ -1061,3 +1144,20 @@ def decode_chunk(
         _merged(place_columns, len(PLACE_COLUMNS)),
     )
     return DecodedChunk(store, partitions, records)
+
+
+def _compiled_fast_into() -> Any:
+    """The compiled ``fast_into`` (``_fastdecode.pyx``, built at install when a C compiler is
+    there), or None: not built, not loadable, or ``TRACEMQ_NO_EXTENSIONS`` set (to anything
+    but 0), as the client library's compiled trace steps."""
+    if os.environ.get("TRACEMQ_NO_EXTENSIONS", "") not in ("", "0"):
+        return None
+    try:
+        from tracemq_collector._fastdecode import fast_into
+    except ImportError:
+        return None
+    return fast_into
+
+
+#: :func:`decode_message_into`'s compiled step (None: the pure-Python path).
+_FAST_INTO: Any = _compiled_fast_into()

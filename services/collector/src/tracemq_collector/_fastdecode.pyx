@@ -1,0 +1,235 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False
+"""Compiled twin of the decoder's common-record loop (``events._fast_rows``), writing each
+event straight into the partition's columns instead of a tuple per event that is transposed
+later.
+
+``events._fast_rows`` is the reference: for every text, :func:`fast_into` appends to the
+columns exactly the values of the tuple the reference returns for it, or stops where the
+reference returns None (tests/unit/test_collector_fastdecode.py holds them equal with
+hypothesis). The decoder uses the pure-Python path when this module is missing or
+``TRACEMQ_NO_EXTENSIONS`` is set. The differences are only how: a number field is checked and
+read as a C ``unsigned long long`` in one pass over its ASCII bytes (``len <= 19``,
+``isdigit()`` and ``isascii()``, then ``int()``), ``"null"`` and Java's ``"true"`` are compared
+in C, and the last hour's ``(date, hour)`` partition is kept.
+"""
+
+from cpython.list cimport PyList_Append
+from cpython.long cimport PyLong_FromLongLong, PyLong_FromUnsignedLongLong
+from libc.string cimport memcmp
+
+from tracemq_collector import events as _events
+
+
+cdef extern from "Python.h":
+    bint PyUnicode_IS_ASCII(object o)
+    void* PyUnicode_DATA(object o)
+    Py_ssize_t PyUnicode_GET_LENGTH(object o)
+
+
+cdef object _SEP = _events._C
+cdef Py_ssize_t _MAX_FIELD_CHARS = _events.MAX_FIELD_CHARS
+cdef unsigned long long _INT_MAX = _events._INT_MAX
+cdef unsigned long long _LONG_MAX = _events._LONG_MAX
+cdef unsigned long long _MSG_TYPE_MAX = _events._MSG_TYPE_MAX
+cdef unsigned long long _MAX_TS = _events.MAX_TIMESTAMP_MS
+cdef object _MAX_TS_O = _events.MAX_TIMESTAMP_MS
+cdef unsigned long long _HOUR_MS = _events._HOUR_MS
+cdef object _HOUR_MS_O = _events._HOUR_MS
+cdef object _VERSION = _events._SCHEMA_VERSION
+cdef object _partition_of_hour = _events._partition_of_hour
+cdef object _offset_coords = _events._offset_coords
+cdef Py_ssize_t _WIDTH = len(_events.ROW_NAMES)
+
+cdef object _PUB = "Pub"
+cdef object _SUB_BEFORE = "SubBefore"
+cdef object _SUB_AFTER = "SubAfter"
+
+# the (date, hour) of the last hour number seen (events come clustered in a few hours)
+cdef unsigned long long _last_hour = <unsigned long long>-1
+cdef object _last_partition = None
+
+
+cdef inline bint _number(object v, unsigned long long* out):
+    """``len(v) <= 19 and v.isdigit() and v.isascii()``, and then ``int(v)`` in ``out``."""
+    if not PyUnicode_IS_ASCII(v):
+        return False
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(v), i
+    if n == 0 or n > 19:
+        return False
+    cdef const unsigned char* p = <const unsigned char*>PyUnicode_DATA(v)
+    cdef unsigned long long x = 0
+    cdef unsigned char c
+    for i in range(n):
+        c = p[i]
+        if c < 48 or c > 57:
+            return False
+        x = x * 10 + (c - 48)
+    out[0] = x
+    return True
+
+
+cdef inline object _text(object v):
+    """``None if v == "null" else v``."""
+    if (
+        PyUnicode_IS_ASCII(v) and PyUnicode_GET_LENGTH(v) == 4
+        and memcmp(PyUnicode_DATA(v), b"null", 4) == 0
+    ):
+        return None
+    return v
+
+
+cdef inline bint _true(object v):
+    """``v.lower() == "true"`` (Java's ``Boolean.parseBoolean``)."""
+    cdef const unsigned char* p
+    if PyUnicode_IS_ASCII(v):
+        if PyUnicode_GET_LENGTH(v) != 4:
+            return False
+        p = <const unsigned char*>PyUnicode_DATA(v)
+        return (
+            (p[0] | 0x20) == 116 and (p[1] | 0x20) == 114
+            and (p[2] | 0x20) == 117 and (p[3] | 0x20) == 101
+        )
+    return v.lower() == "true"
+
+
+cdef object _partition(unsigned long long ts, object ingest_ts, bint from_text):
+    """``_partition_of_hour(timestamp // HOUR_MS)``, timestamp being ts (from_text) or
+    ingest_ts."""
+    global _last_hour, _last_partition
+    cdef unsigned long long h
+    if not from_text:
+        return _partition_of_hour(ingest_ts // _HOUR_MS_O)
+    h = ts // _HOUR_MS
+    if h != _last_hour or _last_partition is None:
+        _last_partition = _partition_of_hour(h)
+        _last_hour = h
+    return _last_partition
+
+
+cdef inline void _put(list columns, tuple row) except *:
+    cdef Py_ssize_t k
+    for k in range(_WIDTH):
+        PyList_Append(<list>columns[k], row[k])
+
+
+def fast_into(
+    list texts,
+    Py_ssize_t start,
+    list columns,
+    trace_topic,
+    partition,
+    offset,
+    ingest_ts,
+    client_host,
+    client_id,
+):
+    """Append the events of ``texts[start:]`` to ``columns`` (one list per ``ROW_NAMES``
+    column) as ``events._fast_rows(texts, ..., first_index=0)`` gives them, text ``i`` with
+    trace index ``i``, up to the first text that reference returns None for; its position is
+    returned (``len(texts)`` when there is none). Raises TypeError when ``columns`` does not
+    hold that many lists or a text is not a ``str``."""
+    if len(columns) != _WIDTH:
+        raise TypeError(f"fast_into needs {_WIDTH} column lists, got {len(columns)}")
+    for k in range(_WIDTH):
+        if type(columns[k]) is not list:
+            raise TypeError("fast_into's columns must be lists")
+    cdef Py_ssize_t i, n_texts = len(texts), n
+    cdef list f
+    cdef object text, kind, timestamp, date_hour, v
+    cdef unsigned long long ts, a, b, c
+    cdef bint from_text
+    for i in range(start, n_texts):
+        text = texts[i]
+        if type(text) is not str:
+            raise TypeError(f"fast_into's texts must be str, not {type(text).__name__}")
+        f = text.split(_SEP)
+        n = len(f)
+        if PyUnicode_GET_LENGTH(text) > _MAX_FIELD_CHARS or PyUnicode_GET_LENGTH(f[n - 1]) == 0:
+            return i
+        kind = f[0]
+        if n == 9 and kind == _SUB_AFTER:
+            # cost (a), context code (b), timestamp (ts)
+            if not (_number(f[3], &a) and _number(f[6], &b) and _number(f[7], &ts)):
+                return i
+            if a > _INT_MAX or b > _INT_MAX or ts > _LONG_MAX:
+                return i
+            from_text = ts != 0
+            if from_text:
+                if ts > _MAX_TS:
+                    return i
+                timestamp = PyLong_FromUnsignedLongLong(ts)
+            else:
+                timestamp = ingest_ts
+                if timestamp > _MAX_TS_O:
+                    return i
+            date_hour = _partition(ts, ingest_ts, from_text)
+            _put(columns, (
+                trace_topic, partition, offset, i, _SUB_AFTER, timestamp,
+                _text(f[2]), None, client_host, 0, ingest_ts, text,
+                client_id,
+                None, _text(f[8]), _text(f[1]), PyLong_FromUnsignedLongLong(a),
+                _true(f[4]), PyLong_FromUnsignedLongLong(b), None, None, _text(f[5]), None,
+                0, 0, None, None, None, False, None, None, None, _VERSION,
+                date_hour[0], date_hour[1],
+            ))
+        elif n == 8 and kind == _SUB_BEFORE:
+            # timestamp (ts), retry times (a)
+            if not (_number(f[1], &ts) and _number(f[6], &a)):
+                return i
+            if ts > _LONG_MAX or a > _INT_MAX:
+                return i
+            from_text = ts != 0
+            if from_text:
+                if ts > _MAX_TS:
+                    return i
+                timestamp = PyLong_FromUnsignedLongLong(ts)
+            else:
+                timestamp = ingest_ts
+                if timestamp > _MAX_TS_O:
+                    return i
+            date_hour = _partition(ts, ingest_ts, from_text)
+            _put(columns, (
+                trace_topic, partition, offset, i, _SUB_BEFORE, timestamp,
+                _text(f[5]), None, client_host, 0, ingest_ts, text,
+                client_id,
+                _text(f[2]), _text(f[3]), _text(f[4]), 0, True, 0, None, None,
+                _text(f[7]), None,
+                PyLong_FromUnsignedLongLong(a), 0, None, None, None, False, None, None, None,
+                _VERSION, date_hour[0], date_hour[1],
+            ))
+        elif n == 14 and kind == _PUB:
+            # timestamp (ts), body length (a), cost (b), message type (c)
+            if not (
+                _number(f[1], &ts) and _number(f[9], &a) and _number(f[10], &b)
+                and _number(f[11], &c)
+            ):
+                return i
+            if ts > _LONG_MAX or a > _INT_MAX or b > _INT_MAX or c > _MSG_TYPE_MAX:
+                return i
+            from_text = ts != 0
+            if from_text:
+                if ts > _MAX_TS:
+                    return i
+                timestamp = PyLong_FromUnsignedLongLong(ts)
+            else:
+                timestamp = ingest_ts
+                if timestamp > _MAX_TS_O:
+                    return i
+            date_hour = _partition(ts, ingest_ts, from_text)
+            v = _text(f[12])
+            store_addr, queue_id, queue_offset = _offset_coords(v)
+            _put(columns, (
+                trace_topic, partition, offset, i, _PUB, timestamp,
+                _text(f[5]), _text(f[4]), client_host, 0,
+                ingest_ts, text,
+                client_id,
+                _text(f[2]), _text(f[3]), None, PyLong_FromUnsignedLongLong(b),
+                _true(f[13]), 0, v,
+                _text(f[6]), _text(f[7]), _text(f[8]),
+                0, PyLong_FromUnsignedLongLong(a), PyLong_FromUnsignedLongLong(c), None, None,
+                False, store_addr, queue_id, queue_offset,
+                _VERSION, date_hour[0], date_hour[1],
+            ))
+        else:
+            return i
+    return n_texts

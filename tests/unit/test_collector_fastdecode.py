@@ -1,0 +1,189 @@
+"""The collector's compiled decode step (``tracemq_collector/_fastdecode.pyx``) against its
+pure-Python reference (``events._fast_rows``), and ``decode_chunk`` with and without it."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tracemq.message_id import encode_offset_msg_id
+from tracemq_collector import events as ev
+
+try:
+    from tracemq_collector import _fastdecode
+except ImportError:  # not built (no compiler at install): the pure-Python path is in use
+    _fastdecode = None  # type: ignore[assignment]
+
+built = pytest.mark.skipif(_fastdecode is None, reason="the compiled decode step is not built")
+
+S = "\x01"
+TOPIC = "RMQ_SYS_TRACE_TOPIC"
+TS = 1_704_164_645_123  # 2024-01-02T03:04:05.123Z
+INGEST = 1_704_200_000_000
+MSG_ID = "0A0000010F2C1A2B3C4D000012340001"
+OFFSET_ID = encode_offset_msg_id("10.0.0.9:10911", 3, 42)
+OFFSET_ID_V6 = encode_offset_msg_id("[fd00::9]:10911", 5, 2**40 + 1)
+
+_NUMBERS = st.one_of(
+    st.sampled_from(
+        ["0", "7", "007", "-1", "+5", " 5", "", "null", "1e3", "\u0661", "\u00b2", "x", "9" * 19]
+    ),
+    st.integers(min_value=0, max_value=2**64).map(str),
+    st.sampled_from([str(2**31 - 1), str(2**31), str(2**63 - 1), str(2**63), "9" * 20]),
+    st.sampled_from([str(ev.MAX_TIMESTAMP_MS), str(ev.MAX_TIMESTAMP_MS + 1), str(TS)]),
+    st.sampled_from([str(len(ev.MessageType) - 1), str(len(ev.MessageType))]),
+)
+_TEXTS = st.one_of(
+    st.sampled_from(
+        ["null", "NULL", "nul", "nulll", "", "true", "TRUE", "tRuE", "True ", "false", "tru\u00e9"]
+    ),
+    st.sampled_from(["\u0130", "T\u0130", "K", "\u212a"]),  # lower() changes their length or case
+    st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x01\x02"), max_size=8),
+)
+_OFFSET_IDS = st.one_of(
+    st.sampled_from([OFFSET_ID, OFFSET_ID_V6, OFFSET_ID.lower(), OFFSET_ID[:-1], "G" * 32]),
+    st.sampled_from([" " + OFFSET_ID[1:], "null", ""]),
+    st.text(alphabet="0123456789ABCDEFabcdef ", min_size=32, max_size=32),
+)
+
+
+@st.composite
+def _record(draw: st.DrawFn) -> str:
+    """A record's text: mostly one of the three common shapes with any field values, some
+    with another field count, a trailing empty field, another kind or any text."""
+    num, txt = (lambda: draw(_NUMBERS)), (lambda: draw(_TEXTS))
+    shape = draw(st.integers(min_value=0, max_value=6))
+    if shape == 0:
+        fields = ["Pub", num(), txt(), txt(), txt(), MSG_ID, txt(), txt(), txt(), num(), num(),
+                  num(), draw(_OFFSET_IDS), txt()]  # fmt: skip
+    elif shape == 1:
+        fields = ["SubBefore", num(), txt(), txt(), txt(), txt(), num(), txt()]
+    elif shape == 2:
+        fields = ["SubAfter", txt(), txt(), num(), txt(), txt(), num(), num(), txt()]
+    elif shape == 3:  # a common shape with well-formed numbers (the fast path's usual record)
+        fields = ["SubAfter", "req", MSG_ID, "3", "true", "k1 k2", "0", str(TS), "cg"]
+    elif shape == 4:
+        fields = ["Pub", str(TS), "R", "pg", "orders", MSG_ID, "TagA", "k", "h", "512", "7",
+                  "0", OFFSET_ID, "true"]  # fmt: skip
+    elif shape == 5:  # another field count or kind
+        kind = draw(st.sampled_from(["Pub", "SubBefore", "SubAfter", "EndTransaction", "pub"]))
+        fields = [kind, *draw(st.lists(st.one_of(_NUMBERS, _TEXTS), max_size=15))]
+    else:
+        return draw(st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x02")))
+    if draw(st.integers(min_value=0, max_value=9)) == 0:
+        fields[-1] = ""  # Java's split would drop it: not the fast path's
+    return S.join(fields)
+
+
+def _reference(
+    texts: list[str], start: int, ingest_ts: int, client_host: str | None, client_id: str | None
+) -> tuple[int, list[list[object]]]:
+    """What fast_into must do, by the reference: its rows from ``start`` up to the first None."""
+    rows = ev._fast_rows(texts, TOPIC, 2, 7, ingest_ts, client_host, client_id)[start:]
+    stop = next((start + k for k, row in enumerate(rows) if row is None), len(texts))
+    columns: list[list[object]] = [[] for _ in ev.ROW_NAMES]
+    for row in rows[: stop - start]:
+        assert row is not None
+        for column, value in zip(columns, row, strict=True):
+            column.append(value)
+    return stop, columns
+
+
+@built
+@given(
+    st.lists(_record(), max_size=8),
+    st.integers(min_value=0, max_value=8),
+    st.sampled_from([INGEST, 0, ev.MAX_TIMESTAMP_MS + 1]),
+    st.sampled_from([None, "10.0.0.77"]),
+    st.sampled_from([None, "client-1"]),
+)
+@settings(max_examples=2000, deadline=None)
+def test_fast_into_appends_what_the_reference_decodes(
+    texts: list[str], start: int, ingest_ts: int, client_host: str | None, client_id: str | None
+) -> None:
+    start = min(start, len(texts))
+    expected_stop, expected = _reference(texts, start, ingest_ts, client_host, client_id)
+    columns: list[list[object]] = [["before"] for _ in ev.ROW_NAMES]  # appended to, not replaced
+    stop = _fastdecode.fast_into(
+        texts, start, columns, TOPIC, 2, 7, ingest_ts, client_host, client_id
+    )
+    assert stop == expected_stop
+    assert [c[1:] for c in columns] == expected
+    assert all(c[0] == "before" for c in columns)
+    # the same types, not only equal values (True is not 1 in a column)
+    assert [[type(v) for v in c[1:]] for c in columns] == [[type(v) for v in c] for c in expected]
+
+
+@built
+def test_fast_into_refuses_columns_of_another_shape_and_texts_that_are_not_str() -> None:
+    with pytest.raises(TypeError, match="column lists"):
+        _fastdecode.fast_into([], 0, [[]], TOPIC, 2, 7, INGEST, None, None)
+    with pytest.raises(TypeError, match="must be lists"):
+        _fastdecode.fast_into([], 0, [() for _ in ev.ROW_NAMES], TOPIC, 2, 7, INGEST, None, None)
+    columns: list[list[object]] = [[] for _ in ev.ROW_NAMES]
+    with pytest.raises(TypeError, match="must be str"):
+        _fastdecode.fast_into([b"Pub"], 0, columns, TOPIC, 2, 7, INGEST, None, None)
+    assert columns == [[] for _ in ev.ROW_NAMES]
+
+
+@built
+def test_the_decoder_uses_the_built_step_unless_told_not_to() -> None:
+    assert ev._FAST_INTO is _fastdecode.fast_into
+
+
+@st.composite
+def _message(draw: st.DrawFn) -> bytes:
+    records = draw(st.lists(_record(), max_size=6))
+    value = "".join(r + "\x02" for r in records).encode()
+    mutation = draw(st.integers(min_value=0, max_value=5))
+    if mutation == 0 and value:  # invalid UTF-8 somewhere: record by record
+        at = draw(st.integers(min_value=0, max_value=len(value) - 1))
+        value = value[:at] + b"\xff" + value[at:]
+    elif mutation == 1:
+        value = value[: draw(st.integers(min_value=0, max_value=len(value)))]
+    elif mutation == 2:
+        value = draw(st.binary(max_size=40))
+    return value
+
+
+def _chunk_view(chunk: ev.DecodedChunk) -> tuple[object, ...]:
+    lakes = {
+        key: {hour: batch.to_pydict() for hour, batch in part.lake.items()}
+        for key, part in chunk.partitions.items()
+    }
+    parts = {
+        key: (part.first_offset, part.end_offset, part.events)
+        for key, part in chunk.partitions.items()
+    }
+    return chunk.store, chunk.records, parts, lakes
+
+
+@built
+@given(
+    st.lists(
+        st.tuples(st.integers(min_value=0, max_value=2), st.lists(_message(), max_size=4)),
+        max_size=3,
+    ),
+    st.sampled_from([INGEST, 0]),
+)
+@settings(max_examples=400, deadline=None)
+def test_decode_chunk_is_the_same_with_and_without_the_compiled_step(
+    partitions: list[tuple[int, list[bytes]]], ingest_ts: int
+) -> None:
+    messages = [
+        (TOPIC, p, [(10 + i, value, "10.9.9.9", None, "cid") for i, value in enumerate(values)])
+        for p, values in partitions
+    ]
+    compiled = ev.decode_chunk(messages, ingest_ts)
+    saved = ev._FAST_INTO
+    ev._FAST_INTO = None
+    try:
+        pure = ev.decode_chunk(messages, ingest_ts)
+    finally:
+        ev._FAST_INTO = saved
+    assert _chunk_view(compiled) == _chunk_view(pure)
+    for key, part in compiled.partitions.items():
+        for hour, batch in part.lake.items():
+            assert batch.equals(pure.partitions[key].lake[hour])
+            assert isinstance(batch, pa.RecordBatch)
