@@ -10,9 +10,11 @@ hypothesis). The decoder uses the pure-Python path when this module is missing o
 ``TRACEMQ_NO_EXTENSIONS`` is set. The differences are only how: a number field is checked and
 read as a C ``unsigned long long`` in one pass over its ASCII bytes (``len <= 19``,
 ``isdigit()`` and ``isascii()``, then ``int()``), ``"null"`` and Java's ``"true"`` are compared
-in C, and the last hour's ``(date, hour)`` partition is kept.
+in C, the last hour's ``(date, hour)`` partition is kept, and an offsetMsgId's place is read
+from its hex digits in C once the reference has named its store host.
 """
 
+from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.list cimport PyList_Append
 from cpython.long cimport PyLong_FromLongLong, PyLong_FromUnsignedLongLong
 from libc.string cimport memcmp
@@ -38,6 +40,8 @@ cdef object _HOUR_MS_O = _events._HOUR_MS
 cdef object _VERSION = _events._SCHEMA_VERSION
 cdef object _partition_of_hour = _events._partition_of_hour
 cdef object _offset_coords = _events._offset_coords
+cdef dict _store_addrs = _events._store_addrs
+cdef unsigned long long _KAFKA_OFFSET_MASK = _events._KAFKA_OFFSET_MASK
 cdef Py_ssize_t _WIDTH = len(_events.ROW_NAMES)
 
 cdef object _PUB = "Pub"
@@ -104,6 +108,43 @@ cdef object _partition(unsigned long long ts, object ingest_ts, bint from_text):
         _last_partition = _partition_of_hour(h)
         _last_hour = h
     return _last_partition
+
+
+cdef inline int _hex(unsigned char c):
+    if 48 <= c <= 57:
+        return c - 48
+    c |= 0x20
+    if 97 <= c <= 102:
+        return c - 87
+    return -1
+
+
+cdef object _coords(object v):
+    """``_offset_coords(v)``: an IPv4 offsetMsgId (32 hex digits) whose store host the
+    reference has already named read here; anything else (None, IPv6, not hex, a host not
+    seen yet) by the reference itself."""
+    if v is None or not PyUnicode_IS_ASCII(v) or PyUnicode_GET_LENGTH(v) != 32:
+        return _offset_coords(v)
+    cdef const unsigned char* p = <const unsigned char*>PyUnicode_DATA(v)
+    cdef unsigned char raw[16]
+    cdef int i, hi, lo
+    for i in range(16):
+        hi = _hex(p[2 * i])
+        lo = _hex(p[2 * i + 1])
+        if hi < 0 or lo < 0:
+            return _offset_coords(v)
+        raw[i] = <unsigned char>((hi << 4) | lo)
+    addr = _store_addrs.get(PyBytes_FromStringAndSize(<char*>raw, 8))
+    if addr is None:
+        return _offset_coords(v)
+    cdef unsigned long long physical = 0
+    for i in range(8, 16):
+        physical = (physical << 8) | raw[i]
+    return (
+        addr,
+        PyLong_FromUnsignedLongLong(physical >> 48),
+        PyLong_FromUnsignedLongLong(physical & _KAFKA_OFFSET_MASK),
+    )
 
 
 cdef inline void _put(list columns, tuple row) except *:
@@ -217,7 +258,7 @@ def fast_into(
                     return i
             date_hour = _partition(ts, ingest_ts, from_text)
             v = _text(f[12])
-            store_addr, queue_id, queue_offset = _offset_coords(v)
+            store_addr, queue_id, queue_offset = _coords(v)
             _put(columns, (
                 trace_topic, partition, offset, i, _PUB, timestamp,
                 _text(f[5]), _text(f[4]), client_host, 0,
