@@ -128,8 +128,51 @@ def test_fast_into_refuses_columns_of_another_shape_and_texts_that_are_not_str()
 
 
 @built
-def test_the_decoder_uses_the_built_step_unless_told_not_to() -> None:
+def test_the_decoder_uses_the_built_steps_unless_told_not_to() -> None:
     assert ev._FAST_INTO is _fastdecode.fast_into
+    assert ev._ADD_KEY_ROWS is _fastdecode.add_key_rows
+
+
+_KEYS = st.one_of(
+    st.none(),
+    st.sampled_from(["", "null", "a", "b a a", "a  b", " a", "null null", "k null", "x y z"]),
+    st.lists(st.sampled_from(["a", "b", "", "null", "K", "\u00e9"]), max_size=6).map(" ".join),
+    st.lists(st.integers(0, 400).map(str), min_size=250, max_size=300).map(" ".join),
+)
+
+
+@built
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["Pub", "SubBefore", "SubAfter", "pub"]),
+            _KEYS,
+            st.sampled_from([None, "m1", "m2", "m3", ""]),
+            st.sampled_from([None, "orders"]),
+            st.integers(min_value=0, max_value=2**62),
+        ),
+        max_size=12,
+    ),
+    st.integers(min_value=0, max_value=2**40),
+    st.sets(st.sampled_from(["m1", "m2"])),
+)
+@settings(max_examples=1000, deadline=None)
+def test_add_key_rows_gives_what_the_reference_gives(
+    events: list[tuple[object, ...]], first: int, seen: set[str]
+) -> None:
+    columns: list[list[object]] = [[] for _ in ev.ROW_NAMES]
+    for kind, keys, msg_id, topic, stamp in events:
+        for name, value in (
+            ("trace_type", kind), ("keys", keys), ("msg_id", msg_id), ("topic", topic),
+            ("timestamp", stamp),
+        ):  # fmt: skip
+            columns[ev.COL[name]].append(value)
+    cols = [tuple(c) for c in columns]
+    expected: tuple[set[str], list[object], list[str]] = (set(seen), [], [])
+    ev._add_key_rows(cols, first, *expected)
+    got: tuple[set[str], list[object], list[str]] = (set(seen), [], [])
+    _fastdecode.add_key_rows(cols, first, *got)
+    assert got == expected
 
 
 @st.composite
@@ -176,12 +219,12 @@ def test_decode_chunk_is_the_same_with_and_without_the_compiled_step(
         for p, values in partitions
     ]
     compiled = ev.decode_chunk(messages, ingest_ts)
-    saved = ev._FAST_INTO
-    ev._FAST_INTO = None
+    saved = ev._FAST_INTO, ev._ADD_KEY_ROWS
+    ev._FAST_INTO, ev._ADD_KEY_ROWS = None, ev._add_key_rows
     try:
         pure = ev.decode_chunk(messages, ingest_ts)
     finally:
-        ev._FAST_INTO = saved
+        ev._FAST_INTO, ev._ADD_KEY_ROWS = saved
     assert _chunk_view(compiled) == _chunk_view(pure)
     for key, part in compiled.partitions.items():
         for hour, batch in part.lake.items():

@@ -43,6 +43,11 @@ cdef object _offset_coords = _events._offset_coords
 cdef dict _store_addrs = _events._store_addrs
 cdef unsigned long long _KAFKA_OFFSET_MASK = _events._KAFKA_OFFSET_MASK
 cdef Py_ssize_t _WIDTH = len(_events.ROW_NAMES)
+cdef Py_ssize_t _I_TYPE = _events._I_TYPE, _I_KEYS = _events._I_KEYS
+cdef Py_ssize_t _I_MSG_ID = _events._I_MSG_ID, _I_TOPIC = _events._I_TOPIC
+cdef Py_ssize_t _I_TIMESTAMP = _events._I_TIMESTAMP
+cdef int _KEY_SHIFT = _events.KEY_SHIFT
+cdef Py_ssize_t _MAX_KEYS = _events.MAX_KEYS_PER_MESSAGE
 
 cdef object _PUB = "Pub"
 cdef object _SUB_BEFORE = "SubBefore"
@@ -274,3 +279,39 @@ def fast_into(
         else:
             return i
     return n_texts
+
+
+def add_key_rows(columns, long long first, set seen, list key_rows, list key_msg_ids):
+    """``events._add_key_rows`` (the reference): the key rows of the Pubs among events in
+    ``ROW_NAMES`` columns, at positions from ``first``, each msgId once (``seen``); the per-Pub
+    work (``key_rows_of``, ``split_keys``) in one loop here."""
+    types, keys, msg_ids = columns[_I_TYPE], columns[_I_KEYS], columns[_I_MSG_ID]
+    topics, stamps = columns[_I_TOPIC], columns[_I_TIMESTAMP]
+    cdef Py_ssize_t i, n = len(types), k
+    cdef long long base
+    cdef list found, parts
+    for i in range(n):
+        if not (types[i] == _PUB):
+            continue
+        key_text = keys[i]
+        if not key_text:
+            continue
+        msg_id = msg_ids[i]
+        if msg_id is None or msg_id in seen:
+            continue
+        # a send retried under the same msgId is one message for key look-ups
+        seen.add(msg_id)
+        parts = key_text.split(" ")
+        if "" in parts or "null" in parts:
+            found = sorted({x for x in parts if x and x != "null"})
+        else:
+            found = sorted(set(parts))
+        if len(found) > _MAX_KEYS:
+            del found[_MAX_KEYS:]
+        if not found:
+            continue
+        base = (first + i) << _KEY_SHIFT
+        topic, stamp = topics[i], stamps[i]
+        for k in range(len(found)):
+            key_rows.append((base + k, found[k], msg_id, topic, stamp))
+        key_msg_ids.append(msg_id)

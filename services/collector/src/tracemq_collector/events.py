@@ -1126,7 +1126,7 @@ def decode_chunk(
         if n_mine:
             columns = [tuple(c) for c in mine]
             del mine  # the columns' tuples hold the values now
-            _add_key_rows(columns, events, seen, key_rows, key_msg_ids)
+            _ADD_KEY_ROWS(columns, events, seen, key_rows, key_msg_ids)
             store_columns.append(columns[:n_store])
             place_columns.append([columns[i] for i in _I_PLACES])
             if with_lake:
@@ -1146,18 +1146,20 @@ def decode_chunk(
     return DecodedChunk(store, partitions, records)
 
 
-def _compiled_fast_into() -> Any:
-    """The compiled ``fast_into`` (``_fastdecode.pyx``, built at install when a C compiler is
-    there), or None: not built, not loadable, or ``TRACEMQ_NO_EXTENSIONS`` set (to anything
+def _compiled(name: str) -> Any:
+    """The compiled twin ``name`` of ``_fastdecode.pyx`` (built at install when a C compiler
+    is there), or None: not built, not loadable, or ``TRACEMQ_NO_EXTENSIONS`` set (to anything
     but 0), as the client library's compiled trace steps."""
     if os.environ.get("TRACEMQ_NO_EXTENSIONS", "") not in ("", "0"):
         return None
     try:
-        from tracemq_collector._fastdecode import fast_into
+        from tracemq_collector import _fastdecode
     except ImportError:
         return None
-    return fast_into
+    return getattr(_fastdecode, name)
 
 
 #: :func:`decode_message_into`'s compiled step (None: the pure-Python path).
-_FAST_INTO: Any = _compiled_fast_into()
+_FAST_INTO: Any = _compiled("fast_into")
+#: :func:`decode_chunk`'s key rows: the compiled twin of :func:`_add_key_rows`, or that.
+_ADD_KEY_ROWS: Any = _compiled("add_key_rows") or _add_key_rows
