@@ -285,6 +285,9 @@ def _decode_piece(
 # sign, a number out of range, a trailing empty field, an oversized record, a timestamp no
 # partition can hold — which then takes the general path above. Whenever it answers, its row
 # is the one the general path builds (tests/unit/test_collector_events.py compares the two).
+# Ingest runs its compiled twin (_fastdecode.fast_into, through decode_message_into), which
+# appends those rows' values straight to the partition's columns: no tuple per event and no
+# transposition afterwards (tests/unit/test_collector_fastdecode.py holds it to _fast_rows).
 
 #: The columns of an event the trace store keeps (in its blocks: ``tracemq_collector.store``),
 #: with their types as SQL declarations: the one list of them.
