@@ -31,9 +31,10 @@ The write path is a pipeline over two cores:
   starts (:meth:`TraceLake.start_partition`) and leaves the writing to ingest.
 
 Where the time goes (``bench/collector_ingest.py``, 1 M events, py-spy: docs/performance.md,
-"seventh pass"), about 9.5 µs per event in each process: this one decodes (~4.5 µs of the
-decode thread: splitting the records into event tuples, turning each partition's tuples into
-columns once, the lake's Arrow arrays and the store's key rows from those columns), pickles
+"seventh pass" and "fourteenth pass"), about 7 µs per event in this process and 6 in the
+worker: this one decodes (~3.7 µs of the decode thread: the common records' values appended
+straight to each partition's columns by the compiled step, ``events.decode_message_into``,
+the lake's Arrow arrays and the store's key rows from those columns), pickles
 each chunk's store columns for the worker (~0.8 µs of the feeder thread with the pipe), writes
 the lake (~1.2 µs: sort and Parquet, mostly without the GIL) and fetches; the worker unpickles
 the columns and builds its event tuples (~0.3 µs) and stores (SQLite's index inserts and
