@@ -151,6 +151,41 @@ def test_files_carry_the_lake_schema_and_its_version_but_no_partition_columns(
     assert not any(p.name.startswith(".") for p in path.parent.iterdir())
 
 
+def recount(path: Path) -> lake_contract.FileSummary:
+    """A lake file's rows counted here, as its footer summary should say them."""
+    table = pq.read_table(path, partitioning=None)
+    columns = lake_contract.summary.GROUP_COLUMNS
+    counts = Counter(zip(*(table[c].to_pylist() for c in columns), strict=True))
+    ts = table["timestamp"].to_pylist()
+    groups = tuple(sorted(((*k, n) for k, n in counts.items()), key=repr))
+    return lake_contract.FileSummary(len(ts), min(ts, default=None), max(ts, default=None), groups)
+
+
+def footer_summary(path: Path) -> lake_contract.FileSummary:
+    value = pq.read_metadata(path).metadata[lake_contract.SUMMARY_KEY]
+    s = lake_contract.parse_summary(value)
+    return lake_contract.FileSummary(s.rows, s.min_ts, s.max_ts, tuple(sorted(s.groups, key=repr)))
+
+
+def test_every_file_carries_the_summary_of_its_rows(store: TraceStore, lake: TraceLake) -> None:
+    """The footer summary the Spark job's pre-flight reads instead of the rows
+    (tracemq.lake.summary): for parts and for a compacted file, whose sources' summaries
+    are not its own."""
+    ingest = Ingest(store)
+    part_rows: Counter[str] = Counter()
+    for i in range(3):
+        ingest.messages(T0 + i, T0 + 7 + i, T0 + HOUR + i)
+        for path in lake.flush(TOPIC, 0):
+            assert footer_summary(path) == recount(path)
+            part_rows[path.parent.name] += footer_summary(path).rows
+    assert part_rows["hour=00"] > part_rows["hour=01"] > 0
+    assert lake.compact(LATER) == 2
+    for path in lake.files():
+        assert path.name.startswith("compacted-")
+        assert footer_summary(path) == recount(path)
+        assert footer_summary(path).rows == part_rows[path.parent.name]
+
+
 def test_flush_continues_where_it_stopped(store: TraceStore, lake: TraceLake) -> None:
     ingest = Ingest(store)
     ingest.messages(T0, T0 + 1)

@@ -28,7 +28,7 @@ from tracemq_collector.events import rows_from_record
 from tracemq_collector.lake import TraceLake
 from tracemq_collector.store import TraceStore
 from tracemq_spark import params
-from tracemq_spark.fs import HadoopFS
+from tracemq_spark.fs import Footer, HadoopFS
 from tracemq_spark.lake_scan import LakeScan
 from tracemq_spark.params import ReconcileError
 from tracemq_spark.session import spark_schema
@@ -51,14 +51,32 @@ class LocalFS(HadoopFS):
             return []
         return [(p.name, p.is_dir(), 0 if p.is_dir() else p.stat().st_size) for p in path.iterdir()]
 
-    def parquet_metadata(
-        self, files: list[str], keys: tuple[str, ...], threads: int = 8
-    ) -> dict[str, dict[str, str | None]]:
-        out: dict[str, dict[str, str | None]] = {}
+    def parquet_footers(
+        self,
+        files: list[str],
+        keys: tuple[str, ...],
+        ranged: tuple[str, ...] = (),
+        threads: int = 8,
+    ) -> dict[str, Footer]:
+        out: dict[str, Footer] = {}
         for uri in files:
-            meta = pq.read_schema(uri).metadata or {}
+            md = pq.read_metadata(uri)
+            meta = md.metadata or {}
             values = {k: meta.get(k.encode()) for k in keys}
-            out[uri] = {k: None if v is None else v.decode() for k, v in values.items()}
+            ranges: dict[str, tuple[int, int] | None] = {}
+            names = md.schema.names
+            for c in ranged:
+                spans = [
+                    md.row_group(g).column(names.index(c)).statistics
+                    for g in range(md.num_row_groups)
+                    if md.row_group(g).num_rows
+                ]
+                ok = c in names and spans and all(st is not None and st.has_min_max for st in spans)
+                ranges[c] = (
+                    (min(st.min for st in spans), max(st.max for st in spans)) if ok else None
+                )
+            kv = {k: None if v is None else v.decode() for k, v in values.items()}
+            out[uri] = Footer(kv, md.num_rows, ranges)
         return out
 
 

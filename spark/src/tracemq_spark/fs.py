@@ -7,12 +7,20 @@ import os
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tracemq import lake
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+
+class Footer(NamedTuple):
+    """A Parquet file's footer, as :meth:`HadoopFS.parquet_footers` reads it."""
+
+    kv: dict[str, str | None]  # the key-value metadata asked for (None: absent)
+    rows: int
+    ranges: dict[str, tuple[int, int] | None]  # (min, max) by the row groups' statistics
 
 
 class HadoopFS:
@@ -149,22 +157,56 @@ class HadoopFS:
             raise OSError(f"cannot copy {src} to {dst}")
 
     # -- Parquet footers ------------------------------------------------------------------
-    def parquet_metadata(
-        self, files: list[str], keys: tuple[str, ...], threads: int = 8
-    ) -> dict[str, dict[str, str | None]]:
-        """The footer key-value metadata ``keys`` of each file (None when absent).
+    def parquet_footers(
+        self,
+        files: list[str],
+        keys: tuple[str, ...],
+        ranged: tuple[str, ...] = (),
+        threads: int = 8,
+    ) -> dict[str, Footer]:
+        """What each file's footer says: its key-value metadata ``keys`` (None when absent),
+        its row count and, for each column of ``ranged`` (top-level, integer), the range of
+        its values by the row groups' statistics (None when a row group has none).
 
         Raises the JVM's error for a file that is not Parquet (bad magic, cut footer).
         """
         reader_cls = self._jvm.org.apache.parquet.hadoop.ParquetFileReader
         input_file = self._jvm.org.apache.parquet.hadoop.util.HadoopInputFile
 
-        def one(uri: str) -> tuple[str, dict[str, str | None]]:
+        def one(uri: str) -> tuple[str, Footer]:
             reader = reader_cls.open(input_file.fromPath(self._path(uri), self._conf))
             try:
-                kv = reader.getFooter().getFileMetaData().getKeyValueMetaData()
+                footer = reader.getFooter()
+                meta = footer.getFileMetaData()
+                kv = meta.getKeyValueMetaData()
                 values = {k: kv.get(k) for k in keys}
-                return uri, {k: None if v is None else str(v) for k, v in values.items()}
+                schema = meta.getSchema()
+                index = {c: schema.getFieldIndex(c) for c in ranged if schema.containsField(c)}
+                ranges: dict[str, tuple[int, int] | None] = {c: None for c in ranged}
+                spans: dict[str, list[int]] = {}
+                complete = {c: c in index for c in ranged}
+                rows = 0
+                for block in footer.getBlocks():
+                    n = int(block.getRowCount())
+                    rows += n
+                    if not n:
+                        continue
+                    columns = block.getColumns()
+                    for c, i in index.items():
+                        if not complete[c]:
+                            continue
+                        st = columns.get(i).getStatistics()
+                        if st is None or st.isEmpty() or not st.hasNonNullValue():
+                            complete[c] = False
+                            continue
+                        lo, hi = int(st.genericGetMin()), int(st.genericGetMax())
+                        span = spans.setdefault(c, [lo, hi])
+                        span[0], span[1] = min(span[0], lo), max(span[1], hi)
+                for c in ranged:
+                    if complete[c] and c in spans:
+                        ranges[c] = (spans[c][0], spans[c][1])
+                kvs = {k: None if v is None else str(v) for k, v in values.items()}
+                return uri, Footer(kvs, rows, ranges)
             finally:
                 reader.close()
 

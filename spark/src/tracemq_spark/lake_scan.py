@@ -4,9 +4,11 @@ of the trace lake a run reads, and one pre-flight scan of them.
 The lake's layout, file rules and schema are :mod:`tracemq.lake`, shared with the collector
 that writes it. :meth:`LakeScan.discover` lists the hour partitions overlapping the read range,
 drops files a compaction superseded (:func:`tracemq.lake.live_files`) and checks every file's schema version (footer
-metadata); :meth:`LakeScan.preflight` reads a few columns once: every row's schema version, the
-row counts (an empty window is an error), the strings of the hashed columns (the xxhash64
-dictionary the outputs decode with) and the consuming clients of broadcasting groups.
+metadata); :meth:`LakeScan.preflight` finds every row's schema version, the row counts (an empty
+window is an error), the strings of the hashed columns (the xxhash64 dictionary the outputs
+decode with) and the consuming clients of broadcasting groups — from the files' footer
+summaries (:mod:`tracemq.lake.summary`) where they answer it, by one scan of a few columns of
+the other files.
 :meth:`LakeScan.events` is the read of the lake every later stage starts from. A damaged file
 becomes a :class:`~tracemq_spark.params.ReconcileError` naming it (:func:`_corrupt_message`).
 """
@@ -21,6 +23,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from tracemq import lake
 
+from tracemq_spark.fs import Footer
 from tracemq_spark.input_files import OffsetRow, SubRow
 from tracemq_spark.params import KNOWN_SCHEMA_VERSIONS, ReconcileError, _iso
 from tracemq_spark.session import spark_schema
@@ -57,6 +60,10 @@ class LakeScan:
         self.dictionary: dict[int, str] = {}
         self.hash_of: dict[str, int] = {}
         self.broadcast_clients: list[tuple[str, str, str]] = []
+        #: the files' summaries that agree with their footers (set by discover)
+        self.summaries: dict[str, lake.FileSummary] = {}
+        #: the files the pre-flight read (the others answered by their summaries)
+        self.scanned: list[str] = []
 
     def discover(self) -> None:
         """The Parquet files of the hour partitions that overlap the read range, and their
@@ -76,10 +83,12 @@ class LakeScan:
             )
         version_key = lake.METADATA_KEY.decode()
         compacted_key = lake.COMPACTED_FROM_KEY.decode()
+        summary_key = lake.SUMMARY_KEY.decode()
         try:
-            meta = fs.parquet_metadata(files, (version_key, compacted_key))
+            footers = fs.parquet_footers(files, (version_key, compacted_key, summary_key), _RANGED)
         except Exception as exc:
             raise ReconcileError(_corrupt_message(exc, files)) from None
+        meta = {f: footer.kv for f, footer in footers.items()}
         files, self.superseded = _live_files(meta, compacted_key)
         if self.superseded:  # a compaction's leftovers (it deletes them after the rename)
             self.say(f"{self.superseded} file(s) superseded by compacted files: skipped")
@@ -92,16 +101,29 @@ class LakeScan:
                 f"reads version(s) {sorted(KNOWN_SCHEMA_VERSIONS)}"
             )
         self.files = sorted(files)
-        self.say(f"{len(files)} lake files in [{_iso(self.read_lo)}, {_iso(self.read_hi)})")
+        self.summaries, distrusted = _summaries(footers, self.files, summary_key)
+        self.say(
+            f"{len(files)} lake files in [{_iso(self.read_lo)}, {_iso(self.read_hi)}), "
+            f"{len(self.summaries)} with a summary"
+            + (
+                f" ({distrusted} more disagreeing with their footers: scanned)"
+                if distrusted
+                else ""
+            )
+        )
 
     def events(self, *columns: str) -> DataFrame:
+        """``columns`` of the rows of the read range."""
+        return self._read(self.files, *columns)
+
+    def _read(self, files: list[str], *columns: str) -> DataFrame:
         # The time filter's dictionary row-group check expands every row group's timestamp
         # dictionary and never drops one here (the files of the read range are chosen by
         # hour): ~2 % of the reads' CPU. Statistics still prune.
         df = (
             self.spark.read.schema(spark_schema())
             .option("parquet.filter.dictionary.enabled", "false")
-            .parquet(*self.files)
+            .parquet(*files)
         )
         ts = F.col("timestamp")
         return df.where((ts >= self.read_lo) & (ts < self.read_hi)).select(*columns)
@@ -112,30 +134,47 @@ class LakeScan:
         offsets: Callable[[], list[OffsetRow]],
         bgroups: list[str],
     ) -> None:
-        """One scan of a few columns: every row's schema version, the row counts (an empty
-        window is an error), the strings of the hashed columns (group, topic, client host)
-        and the consuming clients of broadcasting groups. ``offsets`` is called once the
-        scan is done (the job parses the snapshot meanwhile); its strings join the
-        dictionary."""
+        """Every row's schema version, the row counts (an empty window is an error), the
+        strings of the hashed columns (group, topic, client host) and the consuming clients of
+        broadcasting groups: a file's summary answers for it when all its rows are in the read
+        range and all inside the window or all outside; the other files get one scan of a few
+        columns (:attr:`scanned`). ``offsets`` is called once that is done (the job
+        parses the snapshot meanwhile); its strings join the dictionary."""
         col = F.col
         ts = col("timestamp")
         in_window = ((ts >= self.f_ms) & (ts < self.t_ms)).cast("long")
-        try:
-            rows = (
-                self.events(
-                    "timestamp",
-                    "schema_version",
-                    "trace_type",
-                    "group_name",
-                    "topic",
-                    "client_host",
+        rows: list[dict[str, Any]] = []
+        scan: list[str] = []
+        for f in self.files:
+            summary = self.summaries.get(f)
+            if summary is None or not self._answers(summary):
+                scan.append(f)
+                continue
+            inside = summary.inside(self.f_ms, self.t_ms)
+            for trace_type, version, group, topic, client, n in summary.groups:
+                rows.append(
+                    {
+                        "trace_type": trace_type,
+                        "schema_version": version,
+                        "group_name": group,
+                        "topic": topic,
+                        "client_host": client,
+                        "n": n,
+                        "in_window": n if inside else 0,
+                    }
                 )
-                .groupBy("trace_type", "schema_version", "group_name", "topic", "client_host")
-                .agg(F.count(F.lit(1)).alias("n"), F.sum(in_window).alias("in_window"))
-                .collect()
-            )
-        except Exception as exc:
-            raise ReconcileError(_corrupt_message(exc, self.files)) from None
+        self.scanned = scan
+        if scan:
+            try:
+                rows += [
+                    r.asDict()
+                    for r in self._read(scan, *_PREFLIGHT_COLUMNS)
+                    .groupBy(*lake.summary.GROUP_COLUMNS)
+                    .agg(F.count(F.lit(1)).alias("n"), F.sum(in_window).alias("in_window"))
+                    .collect()
+                ]
+            except Exception as exc:
+                raise ReconcileError(_corrupt_message(exc, scan)) from None
         unknown = sorted({r["schema_version"] for r in rows} - KNOWN_SCHEMA_VERSIONS, key=str)
         if unknown:
             raise ReconcileError(
@@ -181,8 +220,17 @@ class LakeScan:
             }
         )
         self.say(
-            f"{total:,} events in the read range, {in_window_n:,} in the window; "
-            f"{len(self.broadcast_clients)} broadcasting client(s)"
+            f"{total:,} events in the read range, {in_window_n:,} in the window "
+            f"({len(self.files) - len(scan)} of {len(self.files)} files by their summaries, "
+            f"{len(scan)} scanned); {len(self.broadcast_clients)} broadcasting client(s)"
+        )
+
+    def _answers(self, summary: lake.FileSummary) -> bool:
+        """Whether ``summary`` alone answers the pre-flight for its file: all its rows in the
+        read range, and all inside the window or all outside it."""
+        window = (self.f_ms, self.t_ms)
+        return summary.inside(self.read_lo, self.read_hi) and (
+            summary.inside(*window) or summary.outside(*window)
         )
 
     def _build_dictionary(self, strings: list[str]) -> None:
@@ -206,6 +254,49 @@ class LakeScan:
                 [T.StructField("h", T.LongType(), False), T.StructField("s", T.StringType(), False)]
             ),
         )
+
+
+#: The columns the pre-flight scans a file for (its summary's columns, and the time).
+_PREFLIGHT_COLUMNS = ("timestamp", *lake.summary.GROUP_COLUMNS)
+#: The integer columns whose range a footer's statistics must agree with its summary's.
+_RANGED = ("timestamp", "schema_version")
+
+
+def _summaries(
+    footers: dict[str, Footer], files: list[str], key: str
+) -> tuple[dict[str, lake.FileSummary], int]:
+    """The summaries of ``files`` (:mod:`tracemq.lake.summary`) that agree with their files'
+    footers — the row count, and the ranges of the time and of the schema version by the row
+    groups' statistics — and how many did not (a file rewritten by a tool that kept its
+    footer's metadata, rows added or taken: such a file is scanned). An unreadable summary is
+    a :class:`ReconcileError` naming its file."""
+    out: dict[str, lake.FileSummary] = {}
+    distrusted = 0
+    for f in files:
+        footer = footers[f]
+        value = footer.kv.get(key)
+        if value is None:
+            continue
+        try:
+            summary = lake.parse_summary(value)
+        except ValueError as exc:
+            raise ReconcileError(f"unreadable {key} metadata in {f}: {exc}") from None
+        if _agrees(summary, footer):
+            out[f] = summary
+        else:
+            distrusted += 1
+    return out, distrusted
+
+
+def _agrees(summary: lake.FileSummary, footer: Footer) -> bool:
+    if summary.rows != footer.rows:
+        return False
+    if not summary.rows:
+        return True
+    versions = [g[1] for g in summary.groups]
+    return footer.ranges.get("timestamp") == (summary.min_ts, summary.max_ts) and footer.ranges.get(
+        "schema_version"
+    ) == (min(versions), max(versions))
 
 
 def _known_version(v: str) -> bool:

@@ -56,6 +56,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from tracemq import lake as tlake
 
 from tracemq_devkit.gen_columns import (
     _COLS,
@@ -176,9 +177,12 @@ class Scenario:
 class _Writer:
     """Writes event tables into the lake's hour directories, one file per chunk and hour."""
 
-    def __init__(self, lake: Path, rows_per_group: int = 256 * 1024) -> None:
+    def __init__(
+        self, lake: Path, rows_per_group: int = 256 * 1024, *, summaries: bool = True
+    ) -> None:
         self.lake = lake
         self.rows_per_group = rows_per_group
+        self.summaries = summaries
         self.files = 0
         self.events = 0
         self.trace_offset = np.zeros(TRACE_PARTITIONS, dtype=np.int64)
@@ -216,9 +220,12 @@ class _Writer:
             d.mkdir(parents=True, exist_ok=True)
             piece = table.slice(s, e - s)
             name = f"part-{TRACE_TOPIC}-c{chunk:04d}-{int(offsets[s]):012d}-{e - s}.parquet"
-            pq.write_table(
-                piece, d / name, row_group_size=self.rows_per_group, compression="snappy"
-            )
+            # (the footer's summary as the collector writes it: tracemq.lake.summarize)
+            summary = tlake.summarize(piece) if self.summaries else None
+            with pq.ParquetWriter(d / name, piece.schema, compression="snappy") as writer:
+                writer.write_table(piece, row_group_size=self.rows_per_group)
+                if summary is not None:
+                    writer.add_key_value_metadata({tlake.SUMMARY_KEY: summary})
             self.files += 1
         self.events += n
 
@@ -229,14 +236,17 @@ def generate(
     *,
     chunk_messages: int = 1_000_000,
     with_truth: bool = True,
+    summaries: bool = True,
 ) -> GeneratedLake:
-    """Generate the lake of ``scenario`` into ``lake`` (created; must not hold other data)."""
+    """Generate the lake of ``scenario`` into ``lake`` (created; must not hold other data).
+    ``summaries=False`` writes files without their footer summary, as collectors did before
+    it (``tracemq.lake.summary``)."""
     lake = Path(lake)
     lake.mkdir(parents=True, exist_ok=True)
     sc = scenario
     now = sc.now_ms if sc.now_ms is not None else sc.end_ms + sc.horizon_ms + DAY
     groups = topology(sc.start_ms, sc.end_ms, now)
-    gen = _Gen(sc, groups, lake, with_truth)
+    gen = _Gen(sc, groups, lake, with_truth, summaries)
     # Message time line: [read_lo, start) look-back, [start, end) window, [end, read_hi) after.
     span = sc.end_ms - sc.start_ms
     n_before = int(sc.messages * sc.surrounding_density * sc.horizon_ms / span)
@@ -261,13 +271,15 @@ def generate(
 
 
 class _Gen:
-    def __init__(self, sc: Scenario, groups: list[Group], lake: Path, with_truth: bool) -> None:
+    def __init__(
+        self, sc: Scenario, groups: list[Group], lake: Path, with_truth: bool, summaries: bool
+    ) -> None:
         self.sc = sc
         self.groups = groups
         self.gidx = {g.name: i for i, g in enumerate(groups)}
         self.with_truth = with_truth
         self.rng = np.random.default_rng(sc.seed)
-        self.writer = _Writer(lake)
+        self.writer = _Writer(lake, summaries=summaries)
         self.lake = lake
         self.next_index = 0
         self.next_attempt = 0

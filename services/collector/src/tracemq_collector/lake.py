@@ -407,14 +407,24 @@ class TraceLake:
     def _write_sorted(self, table: pa.Table, sink: Any) -> None:
         """``table`` as Parquet in :data:`FILE_SORT_KEYS` order, sorted one row group at a
         time: a sorted copy of the whole table (30 MB per 100 000 events) would sit beside
-        the buffer being filled while ingest waits for this flush, at its peak of memory."""
+        the buffer being filled while ingest waits for this flush, at its peak of memory.
+        The footer gets the rows' summary (:func:`tracemq.lake.summarize`; ~0.05 µs per row),
+        which the Spark job's pre-flight reads instead of the rows."""
         order = pc.sort_indices(table, sort_keys=[(k, "ascending") for k in FILE_SORT_KEYS])
+        summary = lake.summarize(table)
+        meta = table.schema.metadata
+        if meta and lake.SUMMARY_KEY in meta:  # (read from a file: not these rows' summary)
+            table = table.replace_schema_metadata(
+                {k: v for k, v in meta.items() if k != lake.SUMMARY_KEY}
+            )
         with pq.ParquetWriter(sink, table.schema, compression=self.compression) as writer:
             if not len(order):
                 writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
             for start in range(0, len(order), ROW_GROUP_ROWS):
                 group = table.take(order[start : start + ROW_GROUP_ROWS])
                 writer.write_table(group, row_group_size=ROW_GROUP_ROWS)
+            if summary is not None:
+                writer.add_key_value_metadata({lake.SUMMARY_KEY: summary})
 
     def _delete(self, paths: list[PurePath]) -> None:
         if not paths:

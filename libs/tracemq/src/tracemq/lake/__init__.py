@@ -6,7 +6,9 @@
   (``tracemq_spark.session.spark_schema``);
 * :mod:`tracemq.lake.layout`: the ``date=YYYY-MM-DD/hour=HH`` directories, the ``part-`` and
   ``compacted-`` file names, the hidden files readers skip and the compaction rule
-  (:func:`live_files`: which files are live).
+  (:func:`live_files`: which files are live);
+* :mod:`tracemq.lake.summary`: a file's footer summary of its rows (:data:`SUMMARY_KEY`), the
+  Spark job's pre-flight answer for that file without reading it.
 
 Pure Python: importing it never imports pyarrow (a client-only install has none). The
 collector (``tracemq_collector.events``, ``.lake``, ``.store``) and the job
@@ -45,6 +47,12 @@ from tracemq.lake.schema import (
     file_metadata,
     is_current_version,
 )
+from tracemq.lake.summary import (
+    SUMMARY_KEY,
+    FileSummary,
+    parse_summary,
+    summarize,
+)
 
 __all__ = [
     "COLUMNS",
@@ -54,7 +62,9 @@ __all__ = [
     "METADATA_KEY",
     "PARTITION_COLUMNS",
     "SCHEMA_VERSION",
+    "SUMMARY_KEY",
     "TMP_PREFIX",
+    "FileSummary",
     "LakeFileName",
     "arrow_schema",
     "check_trace_topic",
@@ -72,6 +82,8 @@ __all__ = [
     "parse_date_dir",
     "parse_file_name",
     "parse_hour_dir",
+    "parse_summary",
     "part_name",
     "partition_of_hour",
+    "summarize",
 ]

@@ -1,0 +1,138 @@
+"""The pre-flight from the files' footer summaries (tracemq.lake.summary) says what the scan of
+every row says: counts, the hashed strings' dictionary, the broadcasting clients — and a file
+the summaries cannot answer for (a window edge inside it, no summary, a summary its footer
+contradicts) is scanned."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from tracemq import lake as lake_contract
+from tracemq_spark.fs import HadoopFS
+from tracemq_spark.lake_scan import LakeScan
+from tracemq_spark.params import ReconcileError
+
+from tests.spark.conftest import END, MIN, MSGID_ZONE, NOW, START, Lake
+
+HORIZON = 30 * MIN  # the job's default look-around (Params.horizon)
+
+
+@pytest.fixture(scope="module")
+def bare(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session lake's scenario written without summaries, as collectors did before them."""
+    from tracemq_devkit.generator import Scenario, generate
+
+    root = tmp_path_factory.mktemp("bare") / "lake"
+    generate(
+        root,
+        Scenario(
+            start_ms=START, end_ms=END, messages=2500, now_ms=NOW, seed=11, msgid_zone=MSGID_ZONE
+        ),
+        with_truth=False,
+        summaries=False,
+    )
+    return root
+
+
+def preflight(spark: Any, root: Path, f_ms: int = START, t_ms: int = END) -> LakeScan:
+    scan = LakeScan(
+        spark,
+        HadoopFS(spark),
+        f"file://{root}",
+        str(root),
+        f_ms,
+        t_ms,
+        f_ms - HORIZON,
+        t_ms + HORIZON,
+        lambda _: None,
+    )
+    scan.discover()
+    scan.preflight([], list, ["G_bcast_B", "G_silent_C"])
+    return scan
+
+
+def answer(scan: LakeScan) -> tuple[Any, ...]:
+    return scan.stats, scan.dictionary, scan.broadcast_clients
+
+
+def test_bare_lake_has_no_summaries(bare: Path, lake: Lake) -> None:
+    files = sorted(bare.rglob("*.parquet"))
+    assert files and len(files) == len(list(lake.path.rglob("*.parquet")))
+    for f in files:
+        assert lake_contract.SUMMARY_KEY not in (pq.read_metadata(f).metadata or {})
+
+
+@pytest.mark.parametrize(
+    ("f_ms", "t_ms"),
+    [(START, END), (START + 20 * MIN, END - 7 * MIN), (START - 50 * MIN, START + 3 * MIN)],
+    ids=["hour", "inside-hours", "across-hours"],
+)
+def test_summaries_answer_as_the_scan(
+    spark: Any, lake: Lake, bare: Path, f_ms: int, t_ms: int
+) -> None:
+    with_summaries = preflight(spark, lake.path, f_ms, t_ms)
+    scanned = preflight(spark, bare, f_ms, t_ms)
+    assert answer(with_summaries) == answer(scanned)
+    assert scanned.scanned == scanned.files  # no summary: every file read
+    assert with_summaries.stats["events_in_window"] > 0
+    assert len(with_summaries.scanned) < len(with_summaries.files)
+    # exactly the files a summary cannot answer for are read
+    assert set(with_summaries.summaries) == set(with_summaries.files)
+    summaries = with_summaries.summaries
+    assert with_summaries.scanned == [
+        f for f in with_summaries.files if not with_summaries._answers(summaries[f])
+    ]
+    lo, hi = f_ms - HORIZON, t_ms + HORIZON
+    for f in with_summaries.scanned:
+        s = summaries[f]
+        if (f_ms, t_ms) == (START, END):  # hour-aligned: only the read range's last hour
+            assert not s.inside(lo, hi)
+        assert not s.inside(lo, hi) or not (s.inside(f_ms, t_ms) or s.outside(f_ms, t_ms))
+    if (f_ms, t_ms) == (START, END):
+        assert with_summaries.broadcast_clients, "no broadcasting client: the test proves little"
+    else:  # an edge inside an hour: files across it are read
+        assert any(summaries[f].inside(lo, hi) for f in with_summaries.scanned)
+
+
+def test_a_summary_its_footer_contradicts_is_not_trusted(
+    spark: Any, lake: Lake, tmp_path: Path
+) -> None:
+    """A file rewritten by a tool that keeps the footer's metadata (rows taken out here) keeps
+    a summary that is no longer its own: the row count and the time range the footer's
+    statistics give disagree with it, so the file is scanned."""
+    import shutil
+
+    copy = tmp_path / "lake"
+    shutil.copytree(lake.path, copy)
+    whole = preflight(spark, copy)
+    victim = max(copy.rglob("*.parquet"), key=lambda p: pq.read_metadata(p).num_rows)
+    table = pq.read_table(victim, partitioning=None)
+    footer = pq.read_metadata(victim).metadata
+    # (pyarrow's own round trip drops a footer key its schema does not hold; a tool keeping
+    # every footer key is what this stands for)
+    meta = {**table.schema.metadata, lake_contract.SUMMARY_KEY: footer[lake_contract.SUMMARY_KEY]}
+    kept = table.slice(0, table.num_rows - 40).replace_schema_metadata(meta)
+    pq.write_table(kept, victim)
+    assert (
+        pq.read_metadata(victim).metadata[lake_contract.SUMMARY_KEY]
+        == meta[lake_contract.SUMMARY_KEY]
+    )
+    cut = preflight(spark, copy)
+    assert any(f.endswith(victim.name) for f in cut.scanned)
+    assert cut.stats["events_read"] == whole.stats["events_read"] - 40
+
+
+def test_an_unreadable_summary_names_its_file(spark: Any, lake: Lake, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "lake"
+    shutil.copytree(lake.path, copy)
+    victim = sorted(copy.rglob("*.parquet"))[0]
+    table = pq.read_table(victim, partitioning=None)
+    meta = {**(table.schema.metadata or {}), lake_contract.SUMMARY_KEY: b'{"v": 1, "rows": '}
+    pq.write_table(table.replace_schema_metadata(meta), victim)
+    with pytest.raises(ReconcileError, match=f"tracemq.lake.summary.*{victim.name}.*not JSON"):
+        preflight(spark, copy)
