@@ -69,9 +69,9 @@ class LocalFS(HadoopFS):
                 spans = [
                     md.row_group(g).column(names.index(c)).statistics
                     for g in range(md.num_row_groups)
-                    if md.row_group(g).num_rows
+                    if c in names and md.row_group(g).num_rows
                 ]
-                ok = c in names and spans and all(st is not None and st.has_min_max for st in spans)
+                ok = spans and all(st is not None and st.has_min_max for st in spans)
                 ranges[c] = (
                     (min(st.min for st in spans), max(st.max for st in spans)) if ok else None
                 )
