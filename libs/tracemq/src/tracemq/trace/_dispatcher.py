@@ -471,15 +471,18 @@ class AsyncTraceDispatcher(_dispatcher_base()):  # type: ignore[misc]
             topic has no route instead of only warning.
         queue_size: capacity of the queue between :meth:`append` and the worker, in items (a
             joined SubBefore and SubAfter are one).
-        batch_size: most items taken from the queue per batch. 512 consumed messages (their
-            SubBefore and SubAfter joined) write about one full 128 000-byte message, and a
-            batch this size keeps fewer queued tuples alive than the 700 new container
-            objects after which CPython collects its youngest generation (1 000 did not:
-            three times as many collections with trace on, each one promoting the client's
-            own live objects towards full collections).
+        batch_size: most items taken from the queue per batch. 2 048 consumed messages
+            (their SubBefore and SubAfter joined) write about one full 512 000-byte message.
+            (A consumed message's item is not tracked by the garbage collector with the
+            compiled trace steps, so more of them queued costs no collections: the consumer
+            and producer benches count the same young collections as with 512.)
         flush_interval_ms: longest wait for a batch to fill after its first context.
         max_message_size: largest trace message body in bytes (UTF-8); a single context
-            bigger than this is sent alone (and counted as ``oversize``).
+            bigger than this is sent alone (and counted as ``oversize``). 512 000 by default,
+            four times RocketMQ's 128 000: the trace cluster's broker pays per produce request
+            as well as per byte, and a quarter of the requests cut its CPU per traced message
+            2 – 3 times (docs/performance.md, sixteenth client pass); ``128_000`` gives
+            RocketMQ's size.
         send_timeout_ms: how long an attempt may go unanswered before the next one starts
             (the unanswered one keeps running: it may still be acknowledged).
         max_send_attempts: attempts per trace message, the first included.
@@ -508,9 +511,9 @@ class AsyncTraceDispatcher(_dispatcher_base()):  # type: ignore[misc]
         customized: bool = False,
         client_id: str | None = None,
         queue_size: int = 16384,
-        batch_size: int = 512,
+        batch_size: int = 2048,
         flush_interval_ms: int = 100,
-        max_message_size: int = 128_000,
+        max_message_size: int = 512_000,
         send_timeout_ms: int = 3000,
         max_send_attempts: int = 3,
         max_in_flight: int = 4,
