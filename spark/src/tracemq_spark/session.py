@@ -213,6 +213,37 @@ def session_conf(
     return conf
 
 
+#: the settings spark-submit must be given itself: read when it starts the driver's JVM (client
+#: mode), too late once the job's code runs
+LAUNCH_KEYS = (
+    "spark.driver.memory",
+    "spark.driver.extraJavaOptions",
+    "spark.driver.extraClassPath",
+    "spark.executor.extraJavaOptions",
+    "spark.jars",
+    "spark.jars.packages",
+)
+
+
+def submit_args(driver_memory: str | None = None, s3a: S3AOptions | None = None) -> list[str]:
+    """The spark-submit arguments (``--conf key=value``, one list item each) that give a
+    spark-submit run what :func:`build_session` gives its own JVM before it starts: the job's
+    jar (the classification's JVM path), its JVM flags and, with ``driver_memory``, the
+    driver's heap at that size from the start; the object store's packages when
+    ``TRACEMQ_SPARK_S3A_PACKAGES`` asks for them. Without them a spark-submit run takes the
+    DataFrame path (the same outputs, slower). The class-data archive is left out: it is
+    written and checked by the JVMs :func:`build_session` starts."""
+    conf = session_conf(s3a=s3a, heap=driver_memory)
+    if driver_memory:
+        conf["spark.driver.memory"] = driver_memory
+    out: list[str] = []
+    for key in LAUNCH_KEYS:
+        value = conf.get(key)
+        if value:
+            out += ["--conf", f"{key}={value}"]
+    return out
+
+
 def _with_jvm_jar(conf: dict[str, str]) -> None:
     """The job's own JVM code (:mod:`tracemq_spark.cogroup`), when built: on the driver's
     class path (py4j finds it there; in local mode the executors are the driver) and in
@@ -229,7 +260,7 @@ def _with_jvm_jar(conf: dict[str, str]) -> None:
 
 
 #: HotSpot flag: JIT-compile methods over 8 000 bytes of bytecode (Spark's generated code)
-_JIT_HUGE = "-XX:-DontCompileHugeMethods"
+JIT_HUGE = "-XX:-DontCompileHugeMethods"
 #: the throughput collector for a batch job (Java 17's default is G1): the whole job at 10M
 #: messages on local[2], same lake, back to back: 156.4 s with G1, 147.5 s with it (and
 #: 175.8 / 160.1 s in a noisier pair). Left out when the options already choose a collector.
@@ -252,8 +283,8 @@ _METASPACE = "-XX:MetaspaceSize=256m"
 def _with_jvm_flags(opts: str) -> str:
     """``opts`` plus the job's JVM flags (each unless already decided there)."""
     out = opts
-    if _JIT_HUGE not in out:
-        out = f"{out} {_JIT_HUGE}"
+    if JIT_HUGE not in out:
+        out = f"{out} {JIT_HUGE}"
     if "CompileThresholdScaling" not in out:
         out = f"{out} {_JIT_LATER}"
     if "MetaspaceSize" not in out:

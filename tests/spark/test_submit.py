@@ -1,0 +1,165 @@
+"""The spark-submit entry (``spark/src/tracemq_spark/submit.py``) under a real ``spark-submit``:
+the arguments ``--spark-submit-args`` prints give the run the job's JVM path and flags, and a
+run without them gets the same outcomes by the DataFrame path and says what it lacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tracemq_spark
+from tracemq_spark import cogroup
+from tracemq_spark.session import JIT_HUGE
+
+from tests.spark.conftest import END, MSGID_ZONE, NOW, START, Lake, params
+
+SUBMIT = Path(tracemq_spark.__file__).with_name("submit.py")
+SPARK_SUBMIT = Path(sys.executable).with_name("spark-submit")
+
+
+def _iso(ms: int) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _printed(*extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SUBMIT), "--spark-submit-args", *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+
+
+def _conf_of(lines: list[str]) -> dict[str, str]:
+    assert lines and len(lines) % 2 == 0, lines
+    assert set(lines[0::2]) == {"--conf"}, lines
+    return dict(item.split("=", 1) for item in lines[1::2])
+
+
+def test_spark_submit_args_are_the_launch_settings() -> None:
+    env = {
+        **os.environ,
+        # an object store's credentials are never printed (only launch settings are)
+        "TRACEMQ_SPARK_S3A_ACCESS_KEY": "AKIA-not-printed",
+        "TRACEMQ_SPARK_S3A_SECRET_KEY": "secret-not-printed",
+        "TRACEMQ_SPARK_S3A_PACKAGES": "org.apache.hadoop:hadoop-aws:3.4.1",
+    }
+    p = _printed("--driver-memory", "3g", env=env)
+    assert p.returncode == 0, p.stderr
+    assert "not-printed" not in p.stdout
+    conf = _conf_of(p.stdout.splitlines())
+    jar = cogroup.jar_path()
+    assert jar is not None, "make setup builds the job's jar"
+    assert conf["spark.driver.memory"] == "3g"
+    assert conf["spark.driver.extraClassPath"] == str(jar)
+    assert str(jar) in conf["spark.jars"].split(",")
+    assert conf["spark.jars.packages"] == "org.apache.hadoop:hadoop-aws:3.4.1"
+    driver = conf["spark.driver.extraJavaOptions"].split()
+    executor = conf["spark.executor.extraJavaOptions"].split()
+    assert "-Xms3g" in driver and "-Xms3g" not in executor
+    for opts in (driver, executor):
+        assert JIT_HUGE in opts and "-XX:+UseParallelGC" in opts
+    # no size given: no heap setting at all
+    plain = _conf_of(_printed().stdout.splitlines())
+    assert "spark.driver.memory" not in plain
+    assert not any(o.startswith("-Xms") for o in plain["spark.driver.extraJavaOptions"].split())
+
+
+@pytest.mark.parametrize(
+    ("args", "env_extra", "expected"),
+    [
+        (["--driver-memory", "ten"], {}, "--driver-memory 'ten': expected a size like 10g"),
+        ([], {"TRACEMQ_SPARK_S3A_PATH_STYLE": "maybe"}, "TRACEMQ_SPARK_S3A_PATH_STYLE='maybe'"),
+    ],
+)
+def test_spark_submit_args_bad_input(
+    args: list[str], env_extra: dict[str, str], expected: str
+) -> None:
+    p = _printed(*args, env={**os.environ, **env_extra})
+    assert p.returncode == 2 and expected in p.stderr, p.stderr
+    assert p.stdout == ""
+
+
+def _submit(
+    lake: Lake, out: Path, tmp: Path, launch: list[str]
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "PYSPARK_PYTHON": sys.executable,  # (spark-submit's default is whatever python3 is)
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "SPARK_LOCAL_DIRS": str(tmp / "local"),
+    }
+    cmd = [
+        str(SPARK_SUBMIT),
+        *launch,
+        "--master",
+        "local[2]",
+        "--conf",
+        "spark.ui.enabled=false",
+        "--conf",
+        f"spark.sql.warehouse.dir={tmp / 'warehouse'}",
+        str(SUBMIT),
+        "--lake",
+        str(lake.path),
+        "--out",
+        str(out),
+        "--subscriptions",
+        str(lake.subscriptions),
+        "--offsets",
+        str(lake.offsets),
+        "--from",
+        _iso(START),
+        "--to",
+        _iso(END),
+        "--now",
+        _iso(NOW),
+        "--msgid-timezone",
+        MSGID_ZONE,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False, env=env)
+
+
+@pytest.fixture(scope="module")
+def reference(spark: Any, lake: Lake, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The job's summary when run in this process's session (``build_session``'s)."""
+    from tracemq_spark.job import run
+
+    out = tmp_path_factory.mktemp("submit-ref") / "out"
+    run(spark, params(lake, out))
+    return json.loads((out / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("with_args", [True, False], ids=["printed-args", "bare"])
+def test_spark_submit_run(
+    lake: Lake, tmp_path: Path, reference: dict[str, Any], with_args: bool
+) -> None:
+    launch = _printed("--driver-memory", "1g").stdout.splitlines() if with_args else []
+    out = tmp_path / "out"
+    p = _submit(lake, out, tmp_path, launch)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    # every figure the same as the in-process run's ("run" names the run: its id, paths, times)
+    assert summary["outcomes"] == reference["outcomes"]
+    assert {k: v for k, v in summary.items() if k != "run"} == {
+        k: v for k, v in reference.items() if k != "run"
+    }
+    # (spark-submit runs the Python driver with its stderr merged into its stdout)
+    said = p.stdout + p.stderr
+    if with_args:
+        assert "classification: co-group by msgId (JVM code)" in p.stdout, p.stdout
+        assert "note: this spark-submit run lacks" not in said, said
+    else:
+        assert "classification: DataFrame steps" in p.stdout, p.stdout
+        note = [line for line in said.splitlines() if line.startswith("note: ")]
+        assert len(note) == 1, said
+        assert "lacks the job's jar" in note[0] and "its JVM flags" in note[0], note
+        assert "submit.py --spark-submit-args" in note[0]
