@@ -84,9 +84,12 @@ def session_signing_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """``make test`` runs on two xdist workers (``--dist loadgroup``): the tests that run Spark
     in this process share one worker, so one JVM (the session's SparkSession) is started, not
-    one per worker."""
+    one per worker. Tests marked ``spark_subprocess`` run Spark only in processes of their own
+    (spark-submit) and may go to either worker."""
     for item in items:
-        if "tests/spark/" in str(item.fspath).replace("\\", "/"):
+        if "tests/spark/" in str(item.fspath).replace("\\", "/") and not item.get_closest_marker(
+            "spark_subprocess"
+        ):
             item.add_marker(pytest.mark.xdist_group("spark-session"))
 
 
