@@ -826,3 +826,164 @@ def test_the_dispatchers_queue_state_is_the_core_the_tracer_reads() -> None:
 def test_the_tracer_needs_a_dispatcher_core() -> None:
     with pytest.raises(TypeError, match="DispatcherCore"):
         speedups.ConsumeTracer(object(), "RMQ_SYS_TRACE_TOPIC")
+
+
+# ---- the producer's per-send trace path: PubTracer against the send hook's one_pub ----
+
+
+def _pub_side() -> tuple[Any, Any]:
+    """A dispatcher (small queue: refusals happen) and its send hook's pure one_pub."""
+    from tracemq.trace._hooks import SendMessageTraceHook
+
+    d = dm.AsyncTraceDispatcher(group="PG", route_cache=_Routes(), sender=object(), queue_size=4)
+    hook = SendMessageTraceHook(d, "RMQ_SYS_TRACE_TOPIC")
+    return d, SendMessageTraceHook.one_pub.__get__(hook)
+
+
+class _Raises:
+    """An attribute whose read raises: one_pub must swallow it, compiled or not."""
+
+    def __get__(self, obj: object, owner: object) -> Any:
+        raise RuntimeError("broken attribute")
+
+
+class _BadMsg:
+    topic = "Orders"
+    keys_str = _Raises()
+    tags = None
+    body = b"x"
+
+
+# anything the producer could hand over, and some things it never would
+_any_value = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=3))
+_pub_msg = st.one_of(
+    st.builds(
+        lambda topic, keys, tags, body: __import__("types").SimpleNamespace(
+            topic=topic, keys_str=keys, tags=tags, body=body
+        ),
+        st.sampled_from(["Orders", "RMQ_SYS_TRACE_TOPIC", "Pay"]),
+        st.one_of(st.none(), st.text(max_size=6)),
+        st.one_of(st.none(), st.text(max_size=4)),
+        st.one_of(st.binary(max_size=8), st.integers()),  # an int body: len() raises
+    ),
+    st.just(_BadMsg()),
+)
+_pub_queue = st.builds(
+    lambda on, region, address: __import__("types").SimpleNamespace(
+        trace_on=on, region_id=region, address=address
+    ),
+    st.one_of(st.booleans(), st.just(1), st.just("")),
+    st.sampled_from(["DefaultRegion", "R2"]),
+    st.sampled_from(["10.0.0.1:10911", ""]),
+)
+_pub_result = st.one_of(
+    st.none(),
+    st.builds(
+        lambda o: __import__("types").SimpleNamespace(offset_msg_id=o),
+        st.one_of(st.none(), st.text(max_size=4)),
+    ),
+)
+_pub_ops = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("pub"),
+            _pub_msg,
+            st.text(max_size=4),
+            _pub_queue,
+            st.one_of(st.integers(-5, 5), _any_value),
+            st.one_of(st.integers(-5, 5), _any_value),
+            st.integers(0, 3),
+            _pub_result,
+        ),  # fmt: skip
+        st.tuples(st.just("take"), st.integers(0, 4)),  # the worker gathers up to n items
+        st.tuples(st.just("want"), st.integers(1, 3)),  # the worker waits for n items
+        st.tuples(st.just("close")),
+    ),
+    max_size=40,
+)
+
+
+def _run_pub_ops(d: Any, one_pub: Any, ops: list[Any]) -> list[Any]:
+    states = []
+    for op in ops:
+        if op[0] == "pub":
+            _, msg, msg_id, queue, begin, end, msg_type, result = op
+            assert one_pub(msg, msg_id, "PG", queue, begin, end, msg_type, result) is None
+        elif op[0] == "take":
+            for _ in range(min(op[1], len(d._queue))):
+                d._batch.append(d._queue.popleft())
+                d._taken_seq += 1
+        elif op[0] == "want":
+            d._want = op[1]
+            d._wakeup.clear()
+        elif op[0] == "close":
+            d._closing = True
+        states.append(
+            (
+                list(d._queue),
+                list(d._batch),
+                d._accepted_seq,
+                d._taken_seq,
+                d._want,
+                d._wakeup.is_set(),
+                {k: v for k, v in d.stats().items() if "latency" not in k},
+            )
+        )
+    return states
+
+
+@compiled
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(_pub_ops)
+def test_compiled_pub_tracer_equals_the_reference(ops: list[Any]) -> None:
+    d_ref, pure = _pub_side()
+    d_c, _ = _pub_side()
+    tracer = speedups.PubTracer(d_c, "RMQ_SYS_TRACE_TOPIC")
+    assert _run_pub_ops(d_c, tracer.one_pub, ops) == _run_pub_ops(d_ref, pure, ops)
+
+
+@compiled
+def test_the_send_hook_uses_the_compiled_tracer() -> None:
+    from tracemq.trace._hooks import SendMessageTraceHook
+
+    d = dm.AsyncTraceDispatcher(group="PG", route_cache=_Routes(), sender=object())
+    hook = SendMessageTraceHook(d, "RMQ_SYS_TRACE_TOPIC")
+    assert isinstance(hook.one_pub.__self__, speedups.PubTracer)
+
+    class Other(dm.AsyncTraceDispatcher):  # a dispatcher whose state it does not know
+        pass
+
+    other = SendMessageTraceHook(Other(group="PG", route_cache=_Routes()), "T")
+    assert other.one_pub.__self__ is other
+
+
+@compiled
+def test_the_pub_tracer_queues_what_a_producer_sends() -> None:
+    # a real message, route and result: the record the worker writes, the queue's bound, the
+    # worker's wake-up, shutdown
+    from tracemq.message import Message, MessageQueue, SendResult, SendStatus
+    from tracemq.routing.model import QueueRoute
+
+    d = dm.AsyncTraceDispatcher(group="PG", route_cache=_Routes(), sender=object(), queue_size=2)
+    tracer = speedups.PubTracer(d, "RMQ_SYS_TRACE_TOPIC")
+    route = QueueRoute("broker-a", "C", 4, 4, 6, "k:9092", "10.0.0.1:10911", "R1")
+    msg = Message("Orders", b"abc", tags="TagA", keys=["k1", "k2"])
+    result = SendResult(
+        SendStatus.SEND_OK, "MID", "OFFID", MessageQueue("Orders", "broker-a", 1), 7, "R1", True
+    )
+    d._accepted_seq = 10
+    tracer.one_pub(msg, "MID", "PG", route, 100, 104, 0, result)
+    assert list(d._queue) == [
+        (c.PUB, "Orders", "R1", "MID", "k1 k2", 100, "PG", "TagA", "10.0.0.1:10911", 3, 4, 0,
+         "OFFID", True)
+    ]  # fmt: skip
+    assert (d._accepted_seq, d._records) == (11, 1)
+    assert d._wakeup.is_set() and d._want == sys.maxsize  # (an idle worker wants one item)
+    tracer.one_pub(msg, "MID2", "PG", route, 100, 90, 0, None)  # failed; clock went back
+    assert d._queue[1][8] is None and d._queue[1][10] == 0 and d._queue[1][-1] is False
+    tracer.one_pub(msg, "MID3", "PG", route, 100, 104, 0, result)  # the queue (2) is full
+    d._closing = True
+    tracer.one_pub(msg, "MID4", "PG", route, 100, 104, 0, result)  # shut down
+    assert d.stats()["discarded"] == 2 and len(d._queue) == 2
+    with pytest.raises(TypeError, match="DispatcherCore"):
+        speedups.PubTracer(object(), "RMQ_SYS_TRACE_TOPIC")

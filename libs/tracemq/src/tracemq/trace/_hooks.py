@@ -43,20 +43,19 @@ class _Appender(Protocol):
 _Token = tuple[int, str, int]
 
 
-def _compiled_tracer(hook: ConsumeMessageTraceHook) -> Any:
-    """The compiled ``ConsumeTracer`` over ``hook``'s dispatcher (an
-    :class:`AsyncTraceDispatcher`: it works on its queue state), or None: another dispatcher,
-    the extension not built or turned off (``TRACEMQ_NO_EXTENSIONS``, as for the trace
-    worker's steps)."""
+def _compiled_tracer(hook: ConsumeMessageTraceHook | SendMessageTraceHook, name: str) -> Any:
+    """The compiled tracer ``name`` (``ConsumeTracer``, ``PubTracer``) over ``hook``'s
+    dispatcher (an :class:`AsyncTraceDispatcher`: it works on its queue state), or None:
+    another dispatcher, the extension not built or turned off (``TRACEMQ_NO_EXTENSIONS``, as
+    for the trace worker's steps)."""
     from tracemq.trace._dispatcher import AsyncTraceDispatcher
 
     if not COMPILED or type(hook.dispatcher) is not AsyncTraceDispatcher:
         return None
-    try:
-        from tracemq.trace._speedups import ConsumeTracer
-    except ImportError:  # an extension built before the tracer was added
-        return None
-    return ConsumeTracer(hook.dispatcher, hook.trace_topic)
+    from tracemq.trace import _speedups
+
+    tracer = getattr(_speedups, name, None)  # (None: an extension built before it was added)
+    return None if tracer is None else tracer(hook.dispatcher, hook.trace_topic)
 
 
 #: where the consume hook keeps its SubBefore's dispatcher number, in ConsumeMessageContext.props
@@ -79,13 +78,19 @@ class SendMessageTraceHook:
     def __init__(self, dispatcher: _Appender, trace_topic: str) -> None:
         self.dispatcher = dispatcher
         self.trace_topic = trace_topic
+        tracer = _compiled_tracer(self, "PubTracer")
+        if tracer is not None:  # the same step as one_pub() below, compiled
+            self.one_pub = tracer.one_pub  # type: ignore[method-assign]
 
     def one_pub(self, msg: Message, msg_id: str, group: str, queue: QueueRoute, begin: int,
                 end: int, msg_type: int, result: SendResult | None) -> None:  # fmt: skip
         """The Pub of one send attempt of ``msg`` to a queue of ``queue`` (``result`` None: it
         failed): what :meth:`send_message_after` queues, without a
         :class:`SendMessageContext`, for a producer whose only send hook this is. Never
-        raises."""
+        raises.
+
+        With the compiled trace steps an instance calls their ``PubTracer.one_pub`` instead:
+        this method is its reference."""
         try:
             if not queue.trace_on or msg.topic == self.trace_topic:
                 return
@@ -138,7 +143,7 @@ class ConsumeMessageTraceHook:
         # (bound once: the context-free calls below run once per consumed message)
         self._append_sub_before = dispatcher.append_sub_before
         self._join_sub_after = dispatcher.join_sub_after
-        tracer = _compiled_tracer(self)
+        tracer = _compiled_tracer(self, "ConsumeTracer")
         if tracer is not None:  # the same steps as before() and after() below, compiled
             self.before = tracer.before  # type: ignore[method-assign]
             self.after = tracer.after  # type: ignore[method-assign]

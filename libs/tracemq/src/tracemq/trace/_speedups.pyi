@@ -55,3 +55,17 @@ class ConsumeTracer:
         success: bool,
         code: int,
     ) -> None: ...
+
+class PubTracer:
+    def __init__(self, dispatcher: Any, trace_topic: str) -> None: ...
+    def one_pub(
+        self,
+        msg: Any,
+        msg_id: str,
+        group: str,
+        queue: Any,
+        begin: int,
+        end: int,
+        msg_type: int,
+        result: Any,
+    ) -> None: ...
