@@ -20,6 +20,12 @@ messages/rounds per variant, the order rotated every round; a variant's rate is 
 over the sum of its round times. After each trace-on round the dispatcher is flushed outside
 the timed section, so its backlog does not steal CPU from the next variant.
 
+Before each timed section a full garbage collection (outside it) starts it from a collected
+heap, as ``bench/consumer.py`` does; ``--keep-heap`` leaves it out, as runs before 2026-11-30's
+eighteenth client pass did (then this process's full collection, ~45 ms here, fell into
+whichever variant's window came when it was due: +2 µs per message to a CPU-bound round's
+0.25 s, off and on alike). The CPU-bound phase reports its collections too.
+
 Then the clients are shut down (which flushes the dispatcher), the trace topic is read back and
 every msgId sent by the trace-on variant must have exactly one successful Pub trace.
 
@@ -30,6 +36,7 @@ traces are incomplete; 2 on a crash.
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import sys
 import time
@@ -228,7 +235,16 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
         f"AIOKafkaProducer settings (tracemq ProducerPool's, used by raw too): "
         f"{producer_pool_kwargs()}"
     )
-    batch_stats = {n: {"seconds": 0.0, "messages": 0, "bench_cpu_s": 0.0} for n in VARIANTS}
+    batch_stats: dict[str, dict[str, Any]] = {
+        n: {
+            "seconds": 0.0,
+            "messages": 0,
+            "bench_cpu_s": 0.0,
+            "gc_collections": [0, 0, 0],
+            "gc_s": 0.0,
+        }
+        for n in VARIANTS
+    }
     try:
         for v in variants.values():
             await v.start()
@@ -251,6 +267,8 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
                 v = variants[name]
                 # a floor of 200 msg/s: anything slower is broken, not slow
                 timeout = max(120.0, share / 200)
+                if not args.keep_heap:
+                    gc.collect()  # (outside the timed section: see the module's docstring)
                 before = cpu_snapshot(stack)
                 with GcTimer() as gc_timer:
                     async with Ticker(f"{name} r{r + 1}", _sent_of(v), v.sent + share):
@@ -291,12 +309,18 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
                 )
                 for name in order:
                     v = variants[name]
+                    if not args.keep_heap:
+                        gc.collect()
                     before = cpu_snapshot(stack)
-                    dt = await send_many(
-                        v, per_round, args.batch_concurrency, max(120.0, per_round / 200),
-                        args.batch,
-                    )  # fmt: skip
+                    with GcTimer() as gc_timer:
+                        dt = await send_many(
+                            v, per_round, args.batch_concurrency, max(120.0, per_round / 200),
+                            args.batch,
+                        )  # fmt: skip
                     delta = cpu_delta(before, cpu_snapshot(stack))
+                    for g in range(3):
+                        batch_stats[name]["gc_collections"][g] += gc_timer.collections[g]
+                        batch_stats[name]["gc_s"] += gc_timer.seconds[g]
                     batch_stats[name]["seconds"] += dt
                     batch_stats[name]["messages"] += per_round
                     batch_stats[name]["bench_cpu_s"] += delta.get("bench", 0.0)
@@ -330,6 +354,10 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
     }
     batch_cpu_us = {
         n: round(b["bench_cpu_s"] / b["messages"] * 1e6, 1) if b["messages"] else 0.0
+        for n, b in batch_stats.items()
+    }
+    batch_gc_us = {
+        n: round(b["gc_s"] / b["messages"] * 1e6, 2) if b["messages"] else 0.0
         for n, b in batch_stats.items()
     }
     batch_ratios = {
@@ -373,6 +401,8 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
         for n in VARIANTS:
             say(
                 f"  CPU-bound {n:>3}: {batch_mps[n]:9,.0f} msg/s, bench CPU {batch_cpu_us[n]} us/msg"
+                f" (of which GC {batch_gc_us[n]:.2f}, collections per generation "
+                f"{batch_stats[n]['gc_collections']})"
             )
         say(
             f"  CPU-bound trace-off / raw = {batch_ratios['off_vs_raw']:.3f} (target >= "
@@ -467,9 +497,12 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
             "in_flight_batches": args.batch_concurrency,
             "msgs_per_s": batch_mps,
             "bench_cpu_us_per_msg": batch_cpu_us,
+            "gc_us_per_msg": batch_gc_us,
+            "gc_collections": {n: b["gc_collections"] for n, b in batch_stats.items()},
             "ratios": batch_ratios,
             "seconds": {n: round(b["seconds"], 3) for n, b in batch_stats.items()},
         },
+        "collected_before_each_variant": not args.keep_heap,
         "warmup_messages": warm,
         "queues": args.queues,
         "producer_settings": {k: v for k, v in producer_pool_kwargs().items()},
@@ -495,6 +528,12 @@ def main() -> int:
         type=int,
         default=16,
         help="CPU-bound phase: batches in flight per variant (default 16)",
+    )
+    parser.add_argument(
+        "--keep-heap",
+        action="store_true",
+        help="no full garbage collection before each timed section (how runs before "
+        "2026-11-30's eighteenth client pass were made)",
     )
     args = parser.parse_args()
     check_args(args)
