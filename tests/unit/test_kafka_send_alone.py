@@ -5,7 +5,6 @@ that way (no plain started producer, an unknown or leaderless partition) takes s
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Any
 
@@ -333,72 +332,3 @@ async def test_still_no_leader_after_asking_takes_send(fails: bool) -> None:
     await pool.send_alone("b:1", TP, b"v", [])
     assert client.asked == ["t"]  # once
     assert client.requests == [] and len(fallback) == 1
-
-
-@pytest.mark.parametrize("name", ["gzip", "lz4", "zstd"])
-def test_a_batch_compressed_beforehand_is_the_one_written_in_build(name: str) -> None:
-    # compress_in writes the compressed batch once, in a thread; build() puts the same bytes
-    # in the request as when it writes the batch itself, for every version (zstd's below 7:
-    # the plain batch, as before)
-    from aiokafka.protocol.produce import ProduceRequest
-    from tracemq._record_batch import codec
-
-    value = b"SubBefore\x01DefaultRegion\x01CG\x01" * 9000
-    compression = codec(name)
-    inline = _kafka.OneRecordProduce(-1, 30_000, TP, value, HEADERS, compression)
-    ahead = _kafka.OneRecordProduce(-1, 30_000, TP, value, HEADERS, compression)
-    ahead._timestamp_ms = inline._timestamp_ms
-
-    async def compress() -> None:
-        with ThreadPoolExecutor(1) as executor:
-            await ahead.compress_in(executor)
-
-    asyncio.run(compress())
-    assert ahead._prepared is not None
-    for cls in ProduceRequest._CLASSES:
-        assert ahead.build(cls).encode() == inline.build(cls).encode(), cls.API_VERSION
-
-
-async def test_a_large_record_is_compressed_in_the_pools_thread(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # a record of COMPRESS_IN_THREAD_MIN bytes or more is compressed in the pool's one
-    # thread (not on the event loop), a smaller one in build(); close() lets the thread go
-    import threading
-
-    from aiokafka.protocol.produce import ProduceRequest_v7
-    from tracemq import _record_batch
-    from tracemq._record_batch import codec
-
-    threads: list[str] = []
-    real = _record_batch._batch_parts
-
-    def spy(*args: Any) -> Any:
-        threads.append(threading.current_thread().name)
-        return real(*args)
-
-    monkeypatch.setattr(_record_batch, "_batch_parts", spy)
-    client = _Client(leader=2)
-    pool, fallback = _pool(client)
-    large = b"SubAfter\x01" * (_kafka.COMPRESS_IN_THREAD_MIN // 9 + 1)
-    small = b"SubAfter\x01" * 1000
-    await pool.send_alone("b:1", TP, large, HEADERS, compression=codec("zstd"))
-    await pool.send_alone("b:1", TP, large, HEADERS, compression=codec("zstd"))
-    assert len(threads) == 2 and all(t.startswith("tracemq-compress") for t in threads)
-    assert len({t for t in threads}) == 1  # one thread, reused
-    for (_, request), value in zip(client.requests, [large, large], strict=True):
-        [(_, [(_, data)])] = request.build(ProduceRequest_v7).topics
-        batch = DefaultRecordBatch(bytes(data))
-        assert batch.validate_crc() and batch.compression_type == 4
-        assert [r.value for r in batch] == [value]
-    assert len(threads) == 2  # build() used the batch written in the thread
-    await pool.send_alone("b:1", TP, small, HEADERS, compression=codec("zstd"))
-    client.requests[-1][1].build(ProduceRequest_v7)
-    assert threads[2] == threading.current_thread().name
-    assert fallback == []
-    compressor = pool._compressor
-    assert compressor is not None
-    await pool.close()
-    assert pool._compressor is None
-    with pytest.raises(RuntimeError):
-        compressor.submit(int)

@@ -8,7 +8,6 @@ import contextlib
 import inspect
 import time
 from collections.abc import Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -22,8 +21,6 @@ from tracemq._record_batch import (
     HARDWARE_CRC,
     ZSTD_MIN_PRODUCE_VERSION,
     Codec,
-    PreparedBatch,
-    prepared_batch,
     produce_request_body,
 )
 
@@ -50,12 +47,6 @@ REWRITE_HEADROOM = 64 * 1024
 #: What every tracemq Kafka producer (``max_request_size``) and every topic tracemq creates
 #: (``max.message.bytes``) accept: aiokafka's own default is 1 MiB, below MAX_MESSAGE_SIZE.
 TRANSPORT_MAX_BYTES = MAX_MESSAGE_SIZE + REWRITE_HEADROOM
-#: ``send_alone`` compresses a record of at least this many bytes in its pool's compression
-#: thread, not on the event loop: zstd level 1 takes ~1.6 us per kB of trace text (~0.9 ms for
-#: a 512 000-byte trace message, during which no other task would run); the hand-over to the
-#: thread and back costs ~80 us of CPU on the development machine (a VM's thread wake-ups),
-#: more than compressing a small record.
-COMPRESS_IN_THREAD_MIN = 128 * 1024
 
 
 def record_size(value: bytes | None, headers: Sequence[tuple[str, bytes]]) -> int:
@@ -170,18 +161,6 @@ if ProduceRequest is not None:
             self._compression = compression
             self._timestamp_ms = time.time_ns() // 1_000_000
             self._written: tuple[int, bytes, int] | None = None  # version, body, batch_at
-            self._prepared: PreparedBatch | None = None  # the compressed batch, if written
-
-        async def compress_in(self, executor: Executor) -> None:
-            """Write the compressed batch in ``executor``'s thread (the compressor lets go of
-            the GIL), for :meth:`build` to put in the request of every version that takes
-            compression. Without ``compression``: nothing to do."""
-            if self._compression is None or self._prepared is not None:
-                return
-            self._prepared = await asyncio.get_running_loop().run_in_executor(
-                executor, prepared_batch, self._value, self._headers, self._timestamp_ms,
-                self._compression,
-            )  # fmt: skip
 
         def build(self, request_struct_class: Any) -> Any:
             version = request_struct_class.API_VERSION
@@ -197,7 +176,7 @@ if ProduceRequest is not None:
                 body, batch_at = produce_request_body(
                     version, self._required_acks, self._timeout, self._tp.topic,
                     self._tp.partition, self._value, self._headers, self._timestamp_ms,
-                    compression, batch=self._prepared if compression is not None else None,
+                    compression,
                 )  # fmt: skip
                 written = self._written = (version, body, batch_at)
             _, body, batch_at = written
@@ -263,9 +242,6 @@ class ProducerPool:
         self._starting: dict[str, asyncio.Task[AIOKafkaProducer]] = {}
         # bootstrap -> (client, acks, request timeout ms): see send_alone()
         self._alone: dict[str, tuple[Any, int, int]] = {}
-        # send_alone()'s compression of large records, off the event loop (one thread, made
-        # on first use: the pool's sends of large records take their turns in it)
-        self._compressor: ThreadPoolExecutor | None = None
 
     def started(self, bootstrap: str) -> AIOKafkaProducer | None:
         """The producer of ``bootstrap`` if it is started (no await on the send path)."""
@@ -329,10 +305,8 @@ class ProducerPool:
         and wrapped, the response walked back to it). The batch is the one aiokafka writes
         for the record alone (magic 2, no compression, no producer id), with a hardware
         CRC-32C when the CPU has one (:mod:`tracemq._record_batch`), compressed with
-        ``compression`` if given (see ``OneRecordProduce``; a record of
-        :data:`COMPRESS_IN_THREAD_MIN` bytes or more in the pool's compression thread, so that
-        the event loop runs on meanwhile; without the hardware CRC and on the other paths below
-        the record goes uncompressed).
+        ``compression`` if given (see ``OneRecordProduce``; without the hardware CRC and on
+        the other paths below the record goes uncompressed).
 
         As aiokafka's sender does for a batch, a retriable error (a connection closed or a
         request timed out — a hung broker —, a leader moved: metadata is asked for) is
@@ -356,10 +330,6 @@ class ProducerPool:
         request: Any
         if HARDWARE_CRC:
             request = OneRecordProduce(acks, timeout_ms, tp, value, headers, compression)
-            if compression is not None and len(value) >= COMPRESS_IN_THREAD_MIN:
-                if self._compressor is None:
-                    self._compressor = ThreadPoolExecutor(1, "tracemq-compress")
-                await request.compress_in(self._compressor)
         else:
             builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, TRANSPORT_MAX_BYTES)
             builder.append(0, timestamp=None, key=None, value=value, headers=headers)
@@ -450,9 +420,5 @@ class ProducerPool:
         producers, self._producers = list(self._producers.values()), {}
         self._fast.clear()
         self._alone.clear()
-        if self._compressor is not None:
-            # (work handed to it still runs, in its thread; nothing new is taken)
-            self._compressor.shutdown(wait=False)
-            self._compressor = None
         for p in producers:
             await p.stop()

@@ -64,8 +64,6 @@ ZSTD_MIN_PRODUCE_VERSION = 7
 
 #: A codec: its id and its compressor of the records' bytes.
 Codec = tuple[int, Callable[[bytes], bytes]]
-#: A batch written in pieces: the pieces in order and their total length.
-PreparedBatch = tuple[list[bytes], int]
 
 
 def _zstd(data: bytes) -> bytes:
@@ -117,7 +115,7 @@ def _batch_parts(
     headers: Sequence[tuple[str, bytes | None]],
     timestamp_ms: int | None,
     compression: Codec | None = None,
-) -> PreparedBatch:
+) -> tuple[list[bytes], int]:
     """The pieces of a one-record batch, in order, and their total length; with
     ``compression`` the record (its length prefix included) compressed."""
     if timestamp_ms is None:
@@ -167,20 +165,6 @@ def one_record_batch(
     return b"".join(_batch_parts(value, headers, timestamp_ms, compression)[0])
 
 
-def prepared_batch(
-    value: bytes | None,
-    headers: Sequence[tuple[str, bytes | None]],
-    timestamp_ms: int,
-    compression: Codec,
-) -> PreparedBatch:
-    """:func:`one_record_batch`'s compressed batch in pieces, for :func:`produce_request_body`
-    (``batch=``). A pure function of its arguments that spends its time in the compressor,
-    which lets go of the GIL: ``ProducerPool.send_alone`` runs it in a thread of its own for a
-    large record, so that the event loop does not stop for it (~0.9 ms for a 512 000-byte trace
-    message with zstd level 1)."""
-    return _batch_parts(value, headers, timestamp_ms, compression)
-
-
 def produce_request_body(
     api_version: int,
     required_acks: int,
@@ -191,8 +175,6 @@ def produce_request_body(
     headers: Sequence[tuple[str, bytes | None]],
     timestamp_ms: int | None = None,
     compression: Codec | None = None,
-    *,
-    batch: PreparedBatch | None = None,
 ) -> tuple[bytes, int]:
     """The body of a produce request (versions 0 - 8: Kafka's non-flexible ones; no
     transactional id) of :func:`one_record_batch` for ``topic``'s ``partition``, written in one
@@ -201,14 +183,11 @@ def produce_request_body(
     nesting: five copies of a ~150 kB trace message, each a fresh allocation that glibc's
     malloc maps and unmaps (~60 - 300 us of the client's CPU per request here, against ~10).
     ``compression``: see :func:`one_record_batch` (zstd needs version 7 or later: the caller
-    checks, :data:`ZSTD_MIN_PRODUCE_VERSION`). ``batch``: the batch :func:`prepared_batch`
-    wrote for these arguments, used instead of writing it again."""
+    checks, :data:`ZSTD_MIN_PRODUCE_VERSION`)."""
     if not 0 <= api_version <= 8:
         raise ValueError(f"produce request version {api_version} is not written here (0 - 8)")
     name = topic.encode()
-    parts, batch_length = (
-        batch if batch is not None else _batch_parts(value, headers, timestamp_ms, compression)
-    )
+    parts, batch_length = _batch_parts(value, headers, timestamp_ms, compression)
     # (transactional id: a null string) acks, timeout; one topic of one partition, its batch
     prefix = b"".join(
         (
