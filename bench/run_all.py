@@ -81,6 +81,14 @@ class BenchSpec:
 #: In running order. Quick sizes are chosen so the whole run takes about ten minutes on the
 #: 2-core development machine (each bench also starts its own stack: 10-25 s).
 BENCHES: tuple[BenchSpec, ...] = (
+    # first: how fast the host is this hour (the other figures moved by a third between hours)
+    BenchSpec(
+        "host_speed",
+        ("--reps", "15"),
+        ("--reps", "25"),
+        60,
+        note="fixed workloads: read the other figures against these",
+    ),
     BenchSpec("cli_startup", ("--runs", "3"), ("--runs", "10"), 120),
     BenchSpec(
         "producer",
@@ -347,6 +355,25 @@ RECONCILE_GOAL_S = 100.0
 
 #: Every figure of the summary, goals first per bench. Units: us = microseconds.
 FIGURES: tuple[Figure, ...] = (
+    # -- the host this hour (no goal: the other figures are read against these)
+    Figure(
+        "host_speed.python_ns",
+        "a fixed Python loop's iteration (a client's per-message shape)",
+        "ns",
+        at("host_speed", "python_ns"),
+    ),  # fmt: skip
+    Figure(
+        "host_speed.zstd_mb_s",
+        "zstd level 1 over fixed trace text",
+        "MB/s",
+        at("host_speed", "zstd_mb_s"),
+    ),  # fmt: skip
+    Figure(
+        "host_speed.copy_gb_s",
+        "64 MiB copied into new memory (its page faults included)",
+        "GB/s",
+        at("host_speed", "copy_gb_s"),
+    ),  # fmt: skip
     # -- producer (issue 19, goal 1)
     Figure(
         "producer.cpu_us_off",
