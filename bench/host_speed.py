@@ -11,7 +11,10 @@ benchmarks moved by a third between hours on the 2-core development machine.
 * ``copy_gb_s``: copying 64 MiB into newly allocated memory (its page faults included: what a
   virtual machine's host makes dear), in GB/s.
 
-Each is the median of ``--reps`` timed repetitions (the spread is printed beside it). No goal:
+Each is the median of ``--reps`` repetitions' CPU time (the spread is printed beside it). The
+host's speed swings within minutes (508 - 985 ns for ``python_ns`` in one quarter of an hour on
+2026-11-30), so ``bench/run_all.py`` also samples ``python_ns`` every 10 s while the other
+benchmarks run and gives each one the median of its samples (``host_python_ns``). No goal:
 ``make bench`` records them beside the goals (``host_speed.*`` rows). Prints a table, then one
 JSON line last.
 """
@@ -44,11 +47,11 @@ def _route(msg: _Msg, table: dict[str, int]) -> int:
     return table.get(msg.topic, 0) + msg.queue_id
 
 
-def _python_loop() -> None:
+def _python_loop(iterations: int = _LOOP) -> None:
     table = {f"topic-{i}": i for i in range(64)}
     out: list[str] = []
     props = {"KEYS": "order-1", "TAGS": "paid"}
-    for i in range(_LOOP):
+    for i in range(iterations):
         m = _Msg(f"topic-{i & 63}", "7F00000100002A9F0000000000000001", i & 7, props)
         q = _route(m, table)
         out.append(f"{m.topic}\x01{m.msg_id}\x01{q}\x01{m.properties.get('KEYS')}")
@@ -76,13 +79,23 @@ def _trace_text() -> bytes:
 
 
 def _timed(fn: Callable[[], object], reps: int) -> list[float]:
+    """``fn``'s CPU time (this thread's: a busy machine's wait for a core is not counted, a
+    slower core is) in each of ``reps`` calls after a first one."""
     fn()  # warm
     times = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(time.thread_time() - t0)
     return times
+
+
+def python_ns(iterations: int = 20_000) -> float:
+    """One short sample of ``python_ns`` (~10 ms): what ``bench/run_all.py`` samples every few
+    seconds while the benchmarks run, to give each one the host's speed during it."""
+    t0 = time.thread_time()
+    _python_loop(iterations)
+    return (time.thread_time() - t0) / iterations * 1e9
 
 
 def measure(reps: int) -> dict[str, dict[str, float]]:

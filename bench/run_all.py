@@ -43,6 +43,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+try:  # imported as bench.run_all (the tests), or run as bench/run_all.py (bench/ on the path)
+    from bench import host_speed
+except ImportError:  # pragma: no cover - the script's own way
+    import host_speed  # type: ignore[no-redef]
+
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 DEFAULT_OUT = BENCH_DIR / "results"
@@ -738,6 +743,8 @@ class BenchRun:
     stderr_tail: str = ""
     stdout_tail: str = ""  # of a failed run: where its progress stopped
     notes: list[str] = field(default_factory=list)
+    #: the host's speed while it ran: the median of HostProbe's samples (host_speed.python_ns)
+    host_python_ns: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -756,6 +763,7 @@ class BenchRun:
             stderr_tail=d.get("stderr_tail") or "",
             stdout_tail=d.get("stdout_tail") or "",
             notes=list(d.get("notes") or []),
+            host_python_ns=d.get("host_python_ns"),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -768,8 +776,55 @@ class BenchRun:
             "notes": self.notes,
             "stderr_tail": self.stderr_tail,
             "stdout_tail": self.stdout_tail,
+            "host_python_ns": self.host_python_ns,
             "result": self.result,
         }
+
+
+class HostProbe:
+    """Samples the host's speed (:func:`host_speed.python_ns`, ~10 ms of one core's time)
+    every ``every_s`` seconds in a thread while the benchmarks run: the same code's figures
+    moved by a third between hours, and within minutes, on the development machine, so each
+    bench is given the host's speed during it (:meth:`median`). The sample runs beside the
+    bench, on the same cores and caches: compare a bench's figure with the same bench's in
+    another summary, not one bench's with another's."""
+
+    def __init__(self, every_s: float = 10.0, sample: Callable[[], float] | None = None) -> None:
+        self._every_s = every_s
+        self._sample = sample or host_speed.python_ns
+        self._samples: list[tuple[float, float]] = []  # (monotonic time, ns)
+        self._stop = False
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="host-probe")
+
+    def __enter__(self) -> HostProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(5)
+
+    def kick(self) -> None:
+        """Take a sample now (a bench starts: a short one gets one too)."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop:
+            self._samples.append((time.monotonic(), self._sample()))
+            self._wake.wait(self._every_s)
+            self._wake.clear()
+
+    def median(self, start: float, end: float) -> float | None:
+        """The median sample taken between the monotonic times ``start`` and ``end`` (None:
+        none was)."""
+        inside = sorted(ns for t, ns in list(self._samples) if start <= t <= end)
+        if not inside:
+            return None
+        mid = len(inside) // 2
+        value = inside[mid] if len(inside) % 2 else (inside[mid - 1] + inside[mid]) / 2
+        return round(value, 1)
 
 
 def last_json(lines: Sequence[str]) -> dict[str, Any] | None:
@@ -1038,14 +1093,21 @@ def print_summary(summary: Mapping[str, Any], path: Path | None = None) -> None:
     # a file or a pipe (make bench | tee) gets wide rows, not 80 columns of folded text
     console = Console(width=None if sys.stdout.isatty() else 150)
     runs = Table(title=f"benches ({summary['profile']} profile, {summary['wall_s']:.0f} s)")
-    for col in ("bench", "status", "wall s", "args / reason"):
+    for col in ("bench", "status", "wall s", "host ns", "args / reason"):
         runs.add_column(col)
     style = {"ok": "green", "failed": "bold red", "skipped": "yellow"}
     for name, r in summary["benches"].items():
         detail = r["reason"] or " ".join(r["args"])
         if r["notes"]:
             detail += " (" + "; ".join(r["notes"]) + ")"
-        runs.add_row(name, f"[{style[r['status']]}]{r['status']}[/]", f"{r['wall_s']:.0f}", detail)
+        host = r.get("host_python_ns")
+        runs.add_row(
+            name,
+            f"[{style[r['status']]}]{r['status']}[/]",
+            f"{r['wall_s']:.0f}",
+            "-" if host is None else f"{host:.0f}",
+            detail,
+        )
     console.print(runs)
     figs = Table(title="figures and goals")
     for col in ("figure", "what", "value", "unit", "goal", "status", "source"):
@@ -1118,21 +1180,26 @@ def run_all(
     CACHE.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     runs: dict[str, BenchRun] = {}
-    for i, spec in enumerate(specs, 1):
-        args = bench_args.get(spec.name)
-        shown = " ".join(spec.args(profile) if args is None else args)
-        print(f"=== [{i}/{len(specs)}] {spec.name} {shown}", flush=True)
+    with HostProbe() as probe:
+        for i, spec in enumerate(specs, 1):
+            args = bench_args.get(spec.name)
+            shown = " ".join(spec.args(profile) if args is None else args)
+            print(f"=== [{i}/{len(specs)}] {spec.name} {shown}", flush=True)
 
-        def echo(line: str, name: str = spec.name) -> None:
-            print(f"  {name:>16} | {line}", flush=True)
+            def echo(line: str, name: str = spec.name) -> None:
+                print(f"  {name:>16} | {line}", flush=True)
 
-        run = run_bench(spec, profile, log_dir, None if quiet else echo, args)
-        runs[spec.name] = run
-        print(
-            f"=== {spec.name}: {run.status} in {run.wall_s:.0f} s"
-            + (f" ({run.reason})" if run.reason else ""),
-            flush=True,
-        )
+            began = time.monotonic()
+            probe.kick()
+            run = run_bench(spec, profile, log_dir, None if quiet else echo, args)
+            run.host_python_ns = probe.median(began, time.monotonic())
+            runs[spec.name] = run
+            print(
+                f"=== {spec.name}: {run.status} in {run.wall_s:.0f} s"
+                + (f" ({run.reason})" if run.reason else "")
+                + (f", host {run.host_python_ns:.0f} ns" if run.host_python_ns else ""),
+                flush=True,
+            )
     summary = summarize(runs, profile=profile, started=started, wall_s=time.monotonic() - t0)
     summary["logs"] = str(log_dir)
     path = out_dir / f"summary-{stamp}.json"
