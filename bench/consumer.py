@@ -27,6 +27,12 @@ round, and with ``--rounds`` 3 or more the median leaves it out.
 when there is none — its noise and any order effect (2026-11-29: −0.5 – 0.4 µs/msg, median 0.1,
 over six runs).
 
+``--perf`` samples the bench's process with Linux perf (``bench/_perf.py``) and splits its CPU
+between the variants' steady windows by shared object and symbol: what only the trace-on
+windows ran (the compiled trace steps, the trace message's compressor) is tracing's own code,
+a figure the host's swings between rounds do not move (2026-11-30: ~0.6 µs/msg of it, of a
+whole-process on − off of ~1 µs in runs where the host held still).
+
 Before each variant a full garbage collection (outside its measurement) starts it from a
 collected heap; ``--keep-heap`` leaves it out, as runs before 2026-11-29's thirteenth pass did
 (then the full collection the pre-fill made due, ~50 ms here, fell into round 1's second
@@ -40,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import shutil
 import statistics
 import sys
 import time
@@ -72,6 +79,7 @@ from _common import (  # noqa: E402
     wait_progress,
     wait_trace_topic_route,
 )
+from _perf import PerfRecorder, split_windows  # noqa: E402
 from tracemq import (  # noqa: E402
     ConsumeConcurrentlyStatus,
     ConsumeFromWhere,
@@ -124,11 +132,13 @@ async def consume_all(
     seen: set[str] = set()
     delivered = [0]
     first: list[float] = []
+    window: list[float] = []
     done = asyncio.Event()
 
     async def listener(msgs: list[MessageExt], ctx: object) -> ConsumeConcurrentlyStatus:
         if not first:
             first.append(time.perf_counter())
+            window.append(time.monotonic())  # (--perf: the steady window on perf's clock)
             at_first()
         delivered[0] += len(msgs)
         for m in msgs:
@@ -186,6 +196,7 @@ async def consume_all(
                 ),
             )
         t1 = time.perf_counter()
+        window.append(time.monotonic())
         steady_gc = GcTimer.delta(gc_before, gc_timer.snapshot())
         steady_tasks = (
             TaskCpu.us_per(tasks_before, task_cpu.snapshot(), n) if task_cpu is not None else None
@@ -236,6 +247,7 @@ async def consume_all(
         if stats
         else None,
         "_seen": seen,
+        "_window": tuple(window) if len(window) == 2 else None,
     }
 
 
@@ -277,21 +289,16 @@ def per_round(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
-    uid = uuid.uuid4().hex[:8]
-    body = body_of(args.size)
-    topic = f"BenchCons_{uid}"
-    await create_topic(stack, topic, args.queues)
-    await wait_trace_topic_route(stack)
-    say(f"topic {topic} created on {BROKER} ({args.queues} queues)")
-    expected = await prefill(stack, topic, args.messages, body, uid)
-    if len(expected) != args.messages:
-        raise RuntimeError(
-            f"pre-fill produced {len(expected)} distinct msgIds, expected {args.messages}"
-        )
-
-    runs: list[dict[str, Any]] = []
-    order = ["off", "on"]
+async def _rounds(
+    stack: EmbeddedStack,
+    args: Any,
+    topic: str,
+    expected: set[str],
+    uid: str,
+    runs: list[dict[str, Any]],
+    order: list[str],
+) -> None:
+    """The rounds: each variant's group consumes the whole topic, the order alternating."""
     for r in range(args.rounds):
         say(f"round {r + 1}/{args.rounds}: order {order}")
         for variant in order:
@@ -321,6 +328,61 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
                 + ")"
             )
         order.reverse()
+
+
+def _perf_split(recorder: PerfRecorder, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """--perf: this process's CPU in the variants' steady windows, by shared object and
+    symbol (bench/_perf.py); what only the trace-on windows ran is tracing's own code."""
+    try:
+        samples = recorder.samples()
+    finally:
+        recorder.close()
+    windows: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}
+    messages = {"off": 0, "on": 0}
+    for run in runs:
+        if run["_window"] is not None:
+            windows[run["variant"]].append(run["_window"])
+            messages[run["variant"]] += run["messages"]
+    out = split_windows(samples, windows, messages)
+    say(
+        f"  perf (this process, steady windows; {out['samples']['off']} / "
+        f"{out['samples']['on']} samples): off {out['us_per_msg']['off']:.2f}, on "
+        f"{out['us_per_msg']['on']:.2f} us/msg, on - off {out['delta_us_per_msg']:+.2f}; run "
+        f"only with trace on: {', '.join(out['only_second']) or 'nothing'} = "
+        f"{out['only_second_us_per_msg']:.2f} us/msg"
+    )
+    for row in out["by_dso"][:6]:
+        say(f"    {row['delta']:+7.3f}  {row['dso']} ({row['off']:.3f} -> {row['on']:.3f})")
+    say("  largest symbols by on - off (us/msg):")
+    for row in out["top_symbols"][:10]:
+        say(f"    {row['delta']:+7.3f}  {row['symbol']} [{row['dso']}]")
+    return out
+
+
+async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
+    uid = uuid.uuid4().hex[:8]
+    body = body_of(args.size)
+    topic = f"BenchCons_{uid}"
+    await create_topic(stack, topic, args.queues)
+    await wait_trace_topic_route(stack)
+    say(f"topic {topic} created on {BROKER} ({args.queues} queues)")
+    expected = await prefill(stack, topic, args.messages, body, uid)
+    if len(expected) != args.messages:
+        raise RuntimeError(
+            f"pre-fill produced {len(expected)} distinct msgIds, expected {args.messages}"
+        )
+
+    runs: list[dict[str, Any]] = []
+    order = ["off", "on"]
+    recorder = PerfRecorder() if args.perf else None
+    if recorder is not None:
+        recorder.start()
+    try:
+        await _rounds(stack, args, topic, expected, uid, runs, order)
+    finally:
+        if recorder is not None:
+            recorder.stop()
+    perf = _perf_split(recorder, runs) if recorder is not None else None
 
     per: dict[str, dict[str, Any]] = {}
     for variant in ("off", "on"):
@@ -405,6 +467,7 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
         "collected_before_each_variant": not args.keep_heap,
         "ratios": ratios,
         "per_round": rounds,
+        "perf": perf,
         "per_round_median": {
             "tracing_us": round(statistics.median(x["tracing_us"] for x in rounds), 2),
             "on_vs_off": round(statistics.median(x["on_vs_off"] for x in rounds), 4),
@@ -418,7 +481,7 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
             "and order effect; the trace topic is not checked"
         )
         for run in runs:
-            del run["_seen"]
+            del run["_seen"], run["_window"]
         return {
             "aa_control": True,
             **figures,
@@ -478,7 +541,7 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
         f"every group consumed all pre-filled msgIds: {all_consumed}"
     )
     for run in runs:
-        del run["_seen"]
+        del run["_seen"], run["_window"]
     return {
         **figures,
         "tracing_by_task_us_per_msg": tracing_by_task,
@@ -533,6 +596,14 @@ def main() -> int:
         "per callback to both variants",
     )
     parser.add_argument(
+        "--perf",
+        action="store_true",
+        help="also sample this process with Linux perf (cpu-clock, 499 Hz) and split its CPU "
+        "between the variants' steady windows by shared object and symbol: what only the "
+        "trace-on windows ran (the compiled trace steps, the compressor) is tracing's own code, "
+        "however the host's speed moved meanwhile; needs perf (Debian: linux-perf)",
+    )
+    parser.add_argument(
         "--aa",
         action="store_true",
         help="an A/A control: the 'on' variant runs with trace off too, so its difference from "
@@ -548,6 +619,8 @@ def main() -> int:
     check_args(args)
     if args.session_timeout_ms < 1000:
         raise SystemExit("--session-timeout-ms must be at least 1000")
+    if args.perf and shutil.which("perf") is None:
+        raise SystemExit("--perf needs Linux perf on PATH (Debian: apt-get install linux-perf)")
     if args.pull_batch_size < 1 or args.consume_batch < 1:
         raise SystemExit("--pull-batch-size and --consume-batch must be at least 1")
     return run_bench("consumer", args, bench)
