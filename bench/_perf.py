@@ -149,6 +149,27 @@ def split_windows(
     }
 
 
+def describe(out: Mapping[str, Any], *, dsos: int = 6, symbols: int = 10) -> list[str]:
+    """The lines a bench prints for one :func:`split_windows` result."""
+    base, other = out["variants"]
+    lines = [
+        f"perf (this process, the variants' windows; {out['samples'][base]} / "
+        f"{out['samples'][other]} samples): {base} {out['us_per_msg'][base]:.2f}, {other} "
+        f"{out['us_per_msg'][other]:.2f} us/msg, {other} - {base} "
+        f"{out['delta_us_per_msg']:+.2f}; run only in {other}'s windows: "
+        f"{', '.join(out['only_second']) or 'nothing'} = {out['only_second_us_per_msg']:.2f} us/msg"
+    ]
+    lines.extend(
+        f"  {r['delta']:+7.3f}  {r['dso']} ({r[base]:.3f} -> {r[other]:.3f})"
+        for r in out["by_dso"][:dsos]
+    )
+    lines.append(f"largest symbols by {other} - {base} (us/msg):")
+    lines.extend(
+        f"  {r['delta']:+7.3f}  {r['symbol']} [{r['dso']}]" for r in out["top_symbols"][:symbols]
+    )
+    return lines
+
+
 class PerfRecorder:
     """``perf record`` of one process (by default this one) until :meth:`stop`; then
     :meth:`samples`. Raises :class:`PerfError` when perf is missing or refuses."""

@@ -79,7 +79,7 @@ from _common import (  # noqa: E402
     wait_progress,
     wait_trace_topic_route,
 )
-from _perf import PerfRecorder, split_windows  # noqa: E402
+from _perf import PerfRecorder, describe, split_windows  # noqa: E402
 from tracemq import (  # noqa: E402
     ConsumeConcurrentlyStatus,
     ConsumeFromWhere,
@@ -344,18 +344,8 @@ def _perf_split(recorder: PerfRecorder, runs: list[dict[str, Any]]) -> dict[str,
             windows[run["variant"]].append(run["_window"])
             messages[run["variant"]] += run["messages"]
     out = split_windows(samples, windows, messages)
-    say(
-        f"  perf (this process, steady windows; {out['samples']['off']} / "
-        f"{out['samples']['on']} samples): off {out['us_per_msg']['off']:.2f}, on "
-        f"{out['us_per_msg']['on']:.2f} us/msg, on - off {out['delta_us_per_msg']:+.2f}; run "
-        f"only with trace on: {', '.join(out['only_second']) or 'nothing'} = "
-        f"{out['only_second_us_per_msg']:.2f} us/msg"
-    )
-    for row in out["by_dso"][:6]:
-        say(f"    {row['delta']:+7.3f}  {row['dso']} ({row['off']:.3f} -> {row['on']:.3f})")
-    say("  largest symbols by on - off (us/msg):")
-    for row in out["top_symbols"][:10]:
-        say(f"    {row['delta']:+7.3f}  {row['symbol']} [{row['dso']}]")
+    for line in describe(out):
+        say("  " + line)
     return out
 
 

@@ -26,6 +26,10 @@ eighteenth client pass did (then this process's full collection, ~45 ms here, fe
 whichever variant's window came when it was due: +2 µs per message to a CPU-bound round's
 0.25 s, off and on alike). The CPU-bound phase reports its collections too.
 
+``--perf`` samples the bench's process with Linux perf (``bench/_perf.py``) and splits its CPU
+between the variants' timed sections by shared object and symbol (trace off against raw
+aiokafka, trace on against trace off), as ``bench/consumer.py --perf`` does.
+
 Then the clients are shut down (which flushes the dispatcher), the trace topic is read back and
 every msgId sent by the trace-on variant must have exactly one successful Pub trace.
 
@@ -38,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import itertools
+import shutil
 import sys
 import time
 import uuid
@@ -68,6 +73,7 @@ from _common import (  # noqa: E402
     split,
     wait_trace_topic_route,
 )
+from _perf import PerfRecorder, describe, split_windows  # noqa: E402
 from aiokafka import AIOKafkaProducer  # noqa: E402
 from tracemq import Message, Producer, kafka_security  # noqa: E402
 from tracemq.naming import kafka_topic  # noqa: E402
@@ -215,6 +221,42 @@ async def send_many(
     return time.perf_counter() - t0
 
 
+def _perf_split(
+    recorder: PerfRecorder, windows: dict[str, dict[str, list[tuple[float, float]]]], args: Any
+) -> dict[str, Any]:
+    """--perf: this process's CPU in each variant's timed sections, by shared object and
+    symbol (bench/_perf.py): trace off against raw aiokafka, trace on against trace off."""
+    try:
+        samples = recorder.samples()
+    finally:
+        recorder.close()
+    out: dict[str, Any] = {}
+    for phase, per in windows.items():
+        if not per["raw"]:
+            continue
+        # messages per variant: all of them in the latency-bound sections; the CPU-bound
+        # phase sends a whole number of batches per round
+        each = (
+            args.messages
+            if phase == "latency_bound"
+            else len(per["raw"]) * (args.messages // args.rounds // args.batch) * args.batch
+        )
+        out[phase] = {
+            "off_vs_raw": split_windows(
+                samples, {"raw": per["raw"], "off": per["off"]}, {"raw": each, "off": each}
+            ),
+            "on_vs_off": split_windows(
+                samples, {"off": per["off"], "on": per["on"]}, {"off": each, "on": each}
+            ),
+        }
+        say(f"perf, {phase.replace('_', '-')} phase:")
+        for line in describe(out[phase]["off_vs_raw"], dsos=4, symbols=5):
+            say("  " + line)
+        for line in describe(out[phase]["on_vs_off"], dsos=4, symbols=8):
+            say("  " + line)
+    return out
+
+
 async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
     uid = uuid.uuid4().hex[:8]
     body = body_of(args.size)
@@ -245,6 +287,12 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
         }
         for n in VARIANTS
     }
+    # --perf: each timed section's (start, end) on time.monotonic, perf's clock
+    windows: dict[str, dict[str, list[tuple[float, float]]]] = {
+        "latency_bound": {n: [] for n in VARIANTS},
+        "cpu_bound": {n: [] for n in VARIANTS},
+    }
+    recorder = PerfRecorder() if args.perf else None
     try:
         for v in variants.values():
             await v.start()
@@ -258,6 +306,8 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
         for v in variants.values():
             v.sent, v.flush_s = 0, 0.0
         say(f"warm-up done ({warm} messages per variant)")
+        if recorder is not None:
+            recorder.start()
 
         shares = split(args.messages, args.rounds)
         order = list(VARIANTS)
@@ -272,7 +322,9 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
                 before = cpu_snapshot(stack)
                 with GcTimer() as gc_timer:
                     async with Ticker(f"{name} r{r + 1}", _sent_of(v), v.sent + share):
+                        began = time.monotonic()
                         dt = await send_many(v, share, args.concurrency, timeout)
+                        windows["latency_bound"][name].append((began, time.monotonic()))
                 delta = cpu_delta(before, cpu_snapshot(stack))
                 gc_delta = GcTimer.delta(([0, 0, 0], [0.0, 0.0, 0.0]), gc_timer.snapshot())
                 for g in range(3):
@@ -313,10 +365,12 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
                         gc.collect()
                     before = cpu_snapshot(stack)
                     with GcTimer() as gc_timer:
+                        began = time.monotonic()
                         dt = await send_many(
                             v, per_round, args.batch_concurrency, max(120.0, per_round / 200),
                             args.batch,
                         )  # fmt: skip
+                        windows["cpu_bound"][name].append((began, time.monotonic()))
                     delta = cpu_delta(before, cpu_snapshot(stack))
                     for g in range(3):
                         batch_stats[name]["gc_collections"][g] += gc_timer.collections[g]
@@ -332,11 +386,14 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
                         await v.flush_traces()
                 order = order[1:] + order[:1]
     finally:
+        if recorder is not None:
+            recorder.stop()
         for v in variants.values():
             try:
                 await v.stop()
             except Exception as exc:  # keep stopping the others
                 say(f"  stopping {v.name} failed: {exc!r}")
+    perf = _perf_split(recorder, windows, args) if recorder is not None else None
 
     mps = {n: round(rate(args.messages, v.seconds), 1) for n, v in variants.items()}
     ratios = {
@@ -508,6 +565,7 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
         "producer_settings": {k: v for k, v in producer_pool_kwargs().items()},
         "trace_complete": complete,
         "trace": trace,
+        "perf": perf,
     }
 
 
@@ -535,8 +593,17 @@ def main() -> int:
         help="no full garbage collection before each timed section (how runs before "
         "2026-11-30's eighteenth client pass were made)",
     )
+    parser.add_argument(
+        "--perf",
+        action="store_true",
+        help="also sample this process with Linux perf (cpu-clock, 499 Hz) and split its CPU "
+        "between the variants' timed sections by shared object and symbol (trace off against "
+        "raw, trace on against off); needs perf (Debian: linux-perf)",
+    )
     args = parser.parse_args()
     check_args(args)
+    if args.perf and shutil.which("perf") is None:
+        raise SystemExit("--perf needs Linux perf on PATH (Debian: apt-get install linux-perf)")
     if args.batch < 0 or args.batch_concurrency < 1:
         raise SystemExit("--batch must be >= 0 and --batch-concurrency >= 1")
     return run_bench("producer", args, bench)

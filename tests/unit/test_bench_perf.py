@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from bench._perf import PerfRecorder, Sample, parse_script, split_windows
+from bench._perf import PerfRecorder, Sample, describe, parse_script, split_windows
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -100,3 +100,16 @@ def test_a_real_recording_of_this_process_falls_in_its_window() -> None:
     # ~0.4 s of CPU in the window (in µs per its one "message"); the clock is time.monotonic's
     assert 200_000 < out["us_per_msg"]["on"] < 600_000, out["us_per_msg"]
     assert any(r["dso"].startswith("libpython") or "python" in r["dso"] for r in out["by_dso"])
+
+
+def test_describe_names_both_variants_and_the_largest_differences() -> None:
+    samples = [_s(0.5, "libpython", "eval"), _s(2.5, "libpython", "eval"), _s(2.6, "z.so", "f")]
+    out = split_windows(samples, {"raw": [(0.0, 1.0)], "off": [(2.0, 3.0)]}, {"raw": 10, "off": 10})
+    lines = describe(out, dsos=1, symbols=1)
+    assert lines[0].startswith("perf (this process, the variants' windows; 1 / 2 samples): raw")
+    assert (
+        "off - raw +100.00" in lines[0] and "run only in off's windows: z.so = 100.00" in lines[0]
+    )
+    assert lines[1] == "  +100.000  z.so (0.000 -> 100.000)"
+    assert lines[2] == "largest symbols by off - raw (us/msg):"
+    assert lines[3] == "  +100.000  f [z.so]" and len(lines) == 4
