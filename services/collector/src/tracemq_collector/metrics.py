@@ -24,7 +24,8 @@ LAKE_STORE_READS = Counter(
 )
 LAKE_BACKPRESSURE = Counter(
     "tracemq_collector_lake_backpressure_waits_total",
-    "Times ingest waited for a lake flush before fetching more (too many events waiting)",
+    "Times ingest waited for the lake flush to write a partition before fetching more"
+    " (too many events held for the lake)",
 )
 RETENTION_DELETED = Counter(
     "tracemq_collector_retention_deleted_total", "Events deleted by retention"
