@@ -134,9 +134,11 @@ def test_the_decoder_uses_the_built_steps_unless_told_not_to() -> None:
     if os.environ.get("TRACEMQ_NO_EXTENSIONS", "") not in ("", "0"):
         assert ev._FAST_INTO is None
         assert ev._ADD_KEY_ROWS is ev._add_key_rows
+        assert ev._ARROW_BUFFERS is None
     else:
         assert ev._FAST_INTO is _fastdecode.fast_into
         assert ev._ADD_KEY_ROWS is _fastdecode.add_key_rows
+        assert ev._ARROW_BUFFERS is _fastdecode.arrow_buffers
 
 
 _KEYS = st.one_of(
@@ -224,16 +226,126 @@ def test_decode_chunk_is_the_same_with_and_without_the_compiled_step(
         (TOPIC, p, [(10 + i, value, "10.9.9.9", None, "cid") for i, value in enumerate(values)])
         for p, values in partitions
     ]
-    saved = ev._FAST_INTO, ev._ADD_KEY_ROWS
+    saved = ev._FAST_INTO, ev._ADD_KEY_ROWS, ev._ARROW_BUFFERS
     try:  # (each side set explicitly: TRACEMQ_NO_EXTENSIONS may have turned the module off)
         ev._FAST_INTO, ev._ADD_KEY_ROWS = _fastdecode.fast_into, _fastdecode.add_key_rows
+        ev._ARROW_BUFFERS = _fastdecode.arrow_buffers
         compiled = ev.decode_chunk(messages, ingest_ts)
-        ev._FAST_INTO, ev._ADD_KEY_ROWS = None, ev._add_key_rows
+        ev._FAST_INTO, ev._ADD_KEY_ROWS, ev._ARROW_BUFFERS = None, ev._add_key_rows, None
         pure = ev.decode_chunk(messages, ingest_ts)
     finally:
-        ev._FAST_INTO, ev._ADD_KEY_ROWS = saved
+        ev._FAST_INTO, ev._ADD_KEY_ROWS, ev._ARROW_BUFFERS = saved
     assert _chunk_view(compiled) == _chunk_view(pure)
     for key, part in compiled.partitions.items():
         for hour, batch in part.lake.items():
             assert batch.equals(pure.partitions[key].lake[hour])
             assert isinstance(batch, pa.RecordBatch)
+
+
+_ARROW_TYPES = {
+    _fastdecode.ARROW_STRING if _fastdecode else 0: pa.string(),
+    _fastdecode.ARROW_INT64 if _fastdecode else 1: pa.int64(),
+    _fastdecode.ARROW_INT32 if _fastdecode else 2: pa.int32(),
+    _fastdecode.ARROW_BOOL if _fastdecode else 3: pa.bool_(),
+}
+# values of every kind, and the edges of each type's range; a column is mostly of one kind
+_ANY_VALUE = st.one_of(
+    st.none(),
+    st.text(),  # lone surrogates included: pyarrow refuses them
+    st.integers(),
+    st.sampled_from([2**31 - 1, 2**31, -(2**31), -(2**31) - 1, 2**63 - 1, 2**63, -(2**63)]),
+    st.sampled_from([-(2**63) - 1, 0, -1]),
+    st.booleans(),
+    st.floats(allow_nan=False),
+    st.binary(max_size=4),
+)
+_COLUMNS = st.one_of(
+    st.lists(st.one_of(st.none(), st.text()), max_size=40),
+    st.lists(st.one_of(st.none(), st.integers(-(2**64), 2**64)), max_size=40),
+    st.lists(st.one_of(st.none(), st.integers(-(2**32), 2**32)), max_size=40),
+    st.lists(st.one_of(st.none(), st.booleans()), max_size=40),
+    st.lists(_ANY_VALUE, max_size=12),
+)
+
+
+def _plain(v: object, kind: int) -> bool:
+    """Whether ``v`` is a value of the lake's column type of ``kind`` as the decoder makes it."""
+    if kind == 0:
+        return type(v) is str and not any(0xD800 <= ord(c) <= 0xDFFF for c in v)
+    if kind == 3:
+        return type(v) is bool
+    bits = 31 if kind == 2 else 63
+    return type(v) is int and -(2**bits) <= v < 2**bits
+
+
+def _converted(column: tuple[object, ...], type_: pa.DataType) -> object:
+    try:
+        return pa.array(column, type=type_)
+    except (pa.ArrowException, ValueError, TypeError, OverflowError) as exc:
+        return type(exc)
+
+
+@built
+@given(_COLUMNS, st.sampled_from(sorted(_ARROW_TYPES)))
+@settings(max_examples=3000, deadline=None)
+def test_arrow_buffers_build_what_pyarrow_converts_or_leave_it_to_pyarrow(
+    values: list[object], kind: int
+) -> None:
+    column, type_ = tuple(values), _ARROW_TYPES[kind]
+    built_ = _fastdecode.arrow_buffers(column, kind)
+    expected = _converted(column, type_)
+    # the lake's column types as the collector decodes them: always built here
+    plain = all(v is None or _plain(v, kind) for v in column)
+    assert (built_ is not None) == plain
+    if built_ is None:
+        return  # _lake_array converts with pyarrow.array: whatever it gives or raises
+    nulls, validity, offsets, data = built_
+    buffers = [None if validity is None else pa.py_buffer(validity)]
+    buffers += [pa.py_buffer(offsets)] if offsets is not None else []
+    array = pa.Array.from_buffers(type_, len(column), [*buffers, pa.py_buffer(data)], nulls)
+    array.validate(full=True)
+    assert isinstance(expected, pa.Array)
+    assert array.equals(expected)
+    assert array.null_count == expected.null_count == sum(v is None for v in column)
+    assert array.to_pylist() == list(column)
+    # and through the decoder's own helper
+    assert ev._lake_array(column, type_).equals(expected)
+
+
+@built
+@pytest.mark.parametrize(
+    ("column", "kind", "built_here"),
+    [
+        ((2**31 - 1, -(2**31), None), 2, True),
+        ((2**31,), 2, False),
+        ((-(2**31) - 1,), 2, False),
+        ((2**63 - 1, -(2**63), None), 1, True),
+        ((2**63,), 1, False),
+        ((-(2**63) - 1,), 1, False),
+        ((True,), 1, False),  # a bool is not taken as a number here
+        ((1,), 3, False),
+        (("a", "\udc80"), 0, False),  # a lone surrogate
+        (("a", b"b"), 0, False),
+        ((), 0, True),
+        ((None, None), 0, True),
+        (("é", "", None, "x" * 1000), 0, True),
+    ],
+)
+def test_arrow_buffers_edges(column: tuple[object, ...], kind: int, built_here: bool) -> None:
+    assert (_fastdecode.arrow_buffers(column, kind) is not None) == built_here
+    expected = _converted(column, _ARROW_TYPES[kind])
+    got = (
+        ev._lake_array(column, _ARROW_TYPES[kind])
+        if isinstance(expected, pa.Array)
+        else pytest.raises(expected, ev._lake_array, column, _ARROW_TYPES[kind]).type
+    )
+    if isinstance(expected, pa.Array):
+        assert got.equals(expected)
+
+
+@built
+def test_arrow_buffers_refuse_an_unknown_kind() -> None:
+    with pytest.raises(ValueError, match="unknown kind 7"):
+        _fastdecode.arrow_buffers((1, 2), 7)
+    with pytest.raises(TypeError):
+        _fastdecode.arrow_buffers([1, 2], 1)  # a tuple, as the decoder's columns are

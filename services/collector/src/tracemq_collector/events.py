@@ -1012,6 +1012,16 @@ def _lake_array(column: tuple[Any, ...], type_: Any) -> Any:
     if n > 1 and column[0] == column[-1] and column.count(column[0]) == n:
         value = column[0]
         return pa.nulls(n, type_) if value is None else pa.repeat(pa.scalar(value, type_), n)
+    kind = _ARROW_KINDS.get(str(type_))
+    if kind is not None and _ARROW_BUFFERS is not None:
+        built = _ARROW_BUFFERS(column, kind)
+        if built is not None:  # else a value the compiled step leaves to pyarrow
+            nulls, validity, offsets, data = built
+            buffers = [None if validity is None else pa.py_buffer(validity)]
+            if offsets is not None:
+                buffers.append(pa.py_buffer(offsets))
+            buffers.append(pa.py_buffer(data))
+            return pa.Array.from_buffers(type_, n, buffers, null_count=nulls)
     return pa.array(column, type=type_)
 
 
@@ -1166,3 +1176,7 @@ def _compiled(name: str) -> Any:
 _FAST_INTO: Any = _compiled("fast_into")
 #: :func:`decode_chunk`'s key rows: the compiled twin of :func:`_add_key_rows`, or that.
 _ADD_KEY_ROWS: Any = _compiled("add_key_rows") or _add_key_rows
+#: :func:`_lake_array`'s compiled Arrow buffers (None: ``pyarrow.array`` for every column), and
+#: the kinds it takes by Arrow type name.
+_ARROW_BUFFERS: Any = _compiled("arrow_buffers")
+_ARROW_KINDS = {"string": 0, "int64": 1, "int32": 2, "bool": 3}
