@@ -292,7 +292,7 @@ def test_arrow_buffers_build_what_pyarrow_converts_or_leave_it_to_pyarrow(
     values: list[object], kind: int
 ) -> None:
     column, type_ = tuple(values), _ARROW_TYPES[kind]
-    built_ = _fastdecode.arrow_buffers(column, kind)
+    built_ = _fastdecode.arrow_buffers(column, kind, pa.allocate_buffer)
     expected = _converted(column, type_)
     # the lake's column types as the collector decodes them: always built here
     plain = all(v is None or _plain(v, kind) for v in column)
@@ -300,9 +300,8 @@ def test_arrow_buffers_build_what_pyarrow_converts_or_leave_it_to_pyarrow(
     if built_ is None:
         return  # _lake_array converts with pyarrow.array: whatever it gives or raises
     nulls, validity, offsets, data = built_
-    buffers = [None if validity is None else pa.py_buffer(validity)]
-    buffers += [pa.py_buffer(offsets)] if offsets is not None else []
-    array = pa.Array.from_buffers(type_, len(column), [*buffers, pa.py_buffer(data)], nulls)
+    buffers = [validity, data] if offsets is None else [validity, offsets, data]
+    array = pa.Array.from_buffers(type_, len(column), buffers, nulls)
     array.validate(full=True)
     assert isinstance(expected, pa.Array)
     assert array.equals(expected)
@@ -332,7 +331,7 @@ def test_arrow_buffers_build_what_pyarrow_converts_or_leave_it_to_pyarrow(
     ],
 )
 def test_arrow_buffers_edges(column: tuple[object, ...], kind: int, built_here: bool) -> None:
-    assert (_fastdecode.arrow_buffers(column, kind) is not None) == built_here
+    assert (_fastdecode.arrow_buffers(column, kind, pa.allocate_buffer) is not None) == built_here
     expected = _converted(column, _ARROW_TYPES[kind])
     got = (
         ev._lake_array(column, _ARROW_TYPES[kind])
@@ -344,8 +343,24 @@ def test_arrow_buffers_edges(column: tuple[object, ...], kind: int, built_here: 
 
 
 @built
-def test_arrow_buffers_refuse_an_unknown_kind() -> None:
+def test_arrow_buffers_refuse_an_unknown_kind_and_a_short_buffer() -> None:
     with pytest.raises(ValueError, match="unknown kind 7"):
-        _fastdecode.arrow_buffers((1, 2), 7)
+        _fastdecode.arrow_buffers((1, 2), 7, pa.allocate_buffer)
     with pytest.raises(TypeError):
-        _fastdecode.arrow_buffers([1, 2], 1)  # a tuple, as the decoder's columns are
+        _fastdecode.arrow_buffers([1, 2], 1, pa.allocate_buffer)  # a tuple, as the decoder's
+    with pytest.raises(ValueError, match=r"allocate\(16\) gave 8 bytes"):
+        _fastdecode.arrow_buffers((1, 2), 1, lambda size: bytearray(size // 2))
+    with pytest.raises(BufferError):  # not writable
+        _fastdecode.arrow_buffers((1, 2), 1, lambda size: bytes(size))
+
+
+@built
+def test_the_lake_columns_live_in_arrow_s_memory_pool() -> None:
+    """Like pyarrow.array's, the built columns are allocated from Arrow's default pool (the
+    collector's collector_arrow_memory_pool) and handed back to it when dropped."""
+    column = tuple(f"msg-{i}" for i in range(10_000))
+    before = pa.total_allocated_bytes()
+    array = ev._lake_array(column, pa.string())
+    assert pa.total_allocated_bytes() - before >= array.nbytes > 10_000 * 5
+    del array
+    assert pa.total_allocated_bytes() == before

@@ -327,7 +327,7 @@ cdef extern from "Python.h":
     const char* PyUnicode_AsUTF8AndSize(object o, Py_ssize_t* size) except NULL
     long long PyLong_AsLongLongAndOverflow(object o, int* overflow) except? -1
 
-from cpython.bytes cimport PyBytes_AS_STRING
+from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.tuple cimport PyTuple_GET_ITEM
 from libc.string cimport memcpy, memset
 
@@ -335,27 +335,42 @@ from libc.string cimport memcpy, memset
 ARROW_STRING, ARROW_INT64, ARROW_INT32, ARROW_BOOL = 0, 1, 2, 3
 
 
-def arrow_buffers(tuple column, int kind):
+cdef object _new_buffer(object allocate, Py_ssize_t size, char** out):
+    """``allocate(size)``: a writable buffer, its memory in ``out`` (it does not move)."""
+    cdef Py_buffer view
+    buf = allocate(size)
+    PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE)
+    try:
+        if view.len < size:
+            raise ValueError(f"arrow_buffers: allocate({size}) gave {view.len} bytes")
+        out[0] = <char*>view.buf
+    finally:
+        PyBuffer_Release(&view)
+    return buf
+
+
+def arrow_buffers(tuple column, int kind, allocate):
     """The Arrow buffers of ``pyarrow.array(column, type)`` for the lake's column types
     (``kind``: :data:`ARROW_STRING`, ``ARROW_INT64``, ``ARROW_INT32``, ``ARROW_BOOL``), built
-    here in one pass over the values: ``(null count, validity bitmap or None, offsets or None,
-    data)``, as bytes, for ``pyarrow.Array.from_buffers``. None when a value is not exactly
-    what this path takes — a ``str`` (string), an ``int`` in the type's range (integers), a
-    ``bool`` (bool) or None — or the strings pass 2 GiB: the caller then converts with
-    ``pyarrow.array``, which converts or refuses such values as it always did. (pyarrow's own
-    conversion checks every value for a pyarrow scalar first, ~35 – 40 ns a value in all;
-    the collector converts ~25 columns per event.)"""
+    here in one pass over the values into buffers of ``allocate(size)`` (``pyarrow.allocate_buffer``:
+    Arrow's memory pool, as ``pyarrow.array``'s): ``(null count, validity bitmap or None,
+    offsets or None, data)`` for ``pyarrow.Array.from_buffers``. None when a value is not
+    exactly what this path takes — a ``str`` (string), an ``int`` in the type's range
+    (integers), a ``bool`` (bool) or None — or the strings pass 2 GiB: the caller then converts
+    with ``pyarrow.array``, which converts or refuses such values as it always did.
+    (pyarrow's own conversion checks every value for a pyarrow scalar first, ~20 – 40 ns a value
+    in all; the collector converts ~25 columns per event.)"""
     cdef Py_ssize_t n = len(column), i, size, total = 0, nulls = 0
     cdef object v, validity = None, offsets = None, data
     cdef const char* s
     cdef long long x
     cdef int overflow = 0
     cdef unsigned char* bits = NULL
+    cdef char* mem
     cdef int* offs
     cdef long long* i64
     cdef int* i32
     cdef unsigned char* flags
-    cdef char* out
     if kind < 0 or kind > 3:
         raise ValueError(f"arrow_buffers: unknown kind {kind}")
     # pass 1: every value's type and range, the nulls, the strings' bytes
@@ -383,17 +398,16 @@ def arrow_buffers(tuple column, int kind):
             if overflow or (kind == 2 and (x < -0x80000000 or x > 0x7FFFFFFF)):
                 return None
     if nulls:
-        validity = PyBytes_FromStringAndSize(NULL, (n + 7) // 8)
-        bits = <unsigned char*>PyBytes_AS_STRING(validity)
+        validity = _new_buffer(allocate, (n + 7) // 8, &mem)
+        bits = <unsigned char*>mem
         memset(bits, 0xFF, n // 8)
         if n & 7:
             bits[n >> 3] = (1 << (n & 7)) - 1  # the bits past the end: 0
     # pass 2: the buffers
     if kind == 0:
-        offsets = PyBytes_FromStringAndSize(NULL, (n + 1) * 4)
-        offs = <int*>PyBytes_AS_STRING(offsets)
-        data = PyBytes_FromStringAndSize(NULL, total)
-        out = PyBytes_AS_STRING(data)
+        offsets = _new_buffer(allocate, (n + 1) * 4, &mem)
+        offs = <int*>mem
+        data = _new_buffer(allocate, total, &mem)
         total = 0
         offs[0] = 0
         for i in range(n):
@@ -402,12 +416,12 @@ def arrow_buffers(tuple column, int kind):
                 bits[i >> 3] &= ~(1 << (i & 7))
             else:
                 s = PyUnicode_AsUTF8AndSize(v, &size)  # cached by pass 1 unless ASCII
-                memcpy(out + total, s, size)
+                memcpy(mem + total, s, size)
                 total += size
             offs[i + 1] = <int>total
     elif kind == 1:
-        data = PyBytes_FromStringAndSize(NULL, n * 8)
-        i64 = <long long*>PyBytes_AS_STRING(data)
+        data = _new_buffer(allocate, n * 8, &mem)
+        i64 = <long long*>mem
         for i in range(n):
             v = <object>PyTuple_GET_ITEM(column, i)
             if v is None:
@@ -416,8 +430,8 @@ def arrow_buffers(tuple column, int kind):
             else:
                 i64[i] = PyLong_AsLongLongAndOverflow(v, &overflow)
     elif kind == 2:
-        data = PyBytes_FromStringAndSize(NULL, n * 4)
-        i32 = <int*>PyBytes_AS_STRING(data)
+        data = _new_buffer(allocate, n * 4, &mem)
+        i32 = <int*>mem
         for i in range(n):
             v = <object>PyTuple_GET_ITEM(column, i)
             if v is None:
@@ -425,9 +439,9 @@ def arrow_buffers(tuple column, int kind):
                 i32[i] = 0
             else:
                 i32[i] = <int>PyLong_AsLongLongAndOverflow(v, &overflow)
-    elif kind == 3:
-        data = PyBytes_FromStringAndSize(NULL, (n + 7) // 8)
-        flags = <unsigned char*>PyBytes_AS_STRING(data)
+    else:
+        data = _new_buffer(allocate, (n + 7) // 8, &mem)
+        flags = <unsigned char*>mem
         memset(flags, 0, (n + 7) // 8)
         for i in range(n):
             v = <object>PyTuple_GET_ITEM(column, i)

@@ -1014,13 +1014,10 @@ def _lake_array(column: tuple[Any, ...], type_: Any) -> Any:
         return pa.nulls(n, type_) if value is None else pa.repeat(pa.scalar(value, type_), n)
     kind = _ARROW_KINDS.get(str(type_))
     if kind is not None and _ARROW_BUFFERS is not None:
-        built = _ARROW_BUFFERS(column, kind)
+        built = _ARROW_BUFFERS(column, kind, pa.allocate_buffer)
         if built is not None:  # else a value the compiled step leaves to pyarrow
             nulls, validity, offsets, data = built
-            buffers = [None if validity is None else pa.py_buffer(validity)]
-            if offsets is not None:
-                buffers.append(pa.py_buffer(offsets))
-            buffers.append(pa.py_buffer(data))
+            buffers = [validity, data] if offsets is None else [validity, offsets, data]
             return pa.Array.from_buffers(type_, n, buffers, null_count=nulls)
     return pa.array(column, type=type_)
 
