@@ -30,11 +30,13 @@ The write path is a pipeline over two cores:
   a segment is read, 2 kB per event, so the take-over backfill only settles where the lake
   starts (:meth:`TraceLake.start_partition`) and leaves the writing to ingest.
 
-Where the time goes (``bench/collector_ingest.py``, 1 M events, py-spy: docs/performance.md,
-"seventh pass" and "fourteenth pass"), about 7 µs per event in this process and 6 in the
-worker: this one decodes (~3.7 µs of the decode thread: the common records' values appended
-straight to each partition's columns by the compiled step, ``events.decode_message_into``,
-the lake's Arrow arrays and the store's key rows from those columns), pickles
+Where the time goes (``bench/collector_ingest.py``, 1 M events, py-spy and perf:
+docs/performance.md, "seventh", "fourteenth" and "fifteenth pass"), about 7 µs per event in
+this process and 6 in the worker, which is what ingest waits on in steady state: this one
+decodes (~3 µs of the decode thread: the common records' values appended straight to each
+partition's columns by the compiled step, ``events.decode_message_into``, the lake's Arrow
+arrays built from those columns by another, ``_fastdecode.arrow_buffers``, and the store's key
+rows), pickles
 each chunk's store columns for the worker (~0.8 µs of the feeder thread with the pipe), writes
 the lake (~1.2 µs: sort and Parquet, mostly without the GIL) and fetches; the worker unpickles
 the columns and builds its event tuples (~0.3 µs) and stores (SQLite's index inserts and
