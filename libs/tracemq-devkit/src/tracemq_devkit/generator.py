@@ -175,10 +175,12 @@ class Scenario:
 
 
 class _Writer:
-    """Writes event tables into the lake's hour directories, one file per chunk and hour."""
+    """Writes event tables into the lake's hour directories, one file per chunk and hour, as
+    the collector writes its files: rows sorted by :data:`tracemq.lake.FILE_SORT_KEYS` (the
+    msgId first) in row groups of :data:`tracemq.lake.ROW_GROUP_ROWS`."""
 
     def __init__(
-        self, lake: Path, rows_per_group: int = 256 * 1024, *, summaries: bool = True
+        self, lake: Path, rows_per_group: int = tlake.ROW_GROUP_ROWS, *, summaries: bool = True
     ) -> None:
         self.lake = lake
         self.rows_per_group = rows_per_group
@@ -219,6 +221,9 @@ class _Writer:
             d = self.lake / f"date={day.isoformat()}" / f"hour={hour % 24:02d}"
             d.mkdir(parents=True, exist_ok=True)
             piece = table.slice(s, e - s)
+            piece = piece.take(
+                pc.sort_indices(piece, sort_keys=[(k, "ascending") for k in tlake.FILE_SORT_KEYS])
+            )
             name = f"part-{TRACE_TOPIC}-c{chunk:04d}-{int(offsets[s]):012d}-{e - s}.parquet"
             # (the footer's summary as the collector writes it: tracemq.lake.summarize)
             summary = tlake.summarize(piece) if self.summaries else None

@@ -83,14 +83,9 @@ log = get_logger("collector.lake")
 COMPACTED_FROM_KEY = lake.COMPACTED_FROM_KEY
 #: An event's coordinates (unique per event): the order compaction dedupes in.
 SORT_KEYS = ("trace_topic", "trace_partition", "trace_offset", "trace_index")
-#: Row order of every file written: by msgId, so each row group's msgId min/max statistics
-#: cover a narrow range and a look-up by msgId reads one row group of a file, or none
-#: (:mod:`tracemq_collector.lake_lookup`); then by coordinates, so the order is total.
-FILE_SORT_KEYS = ("msg_id", "trace_offset", "trace_index")
-#: Rows per row group: a look-up reads one group whole. Measured (bench/lake_lookup.py, 400k
-#: events): 16 384 rows → 535 kB and ~15 ms per hit; 8192 → 262 kB, ~13 ms, same file size;
-#: 4096 → 134 kB, ~9 ms, files 2 % larger and footers twice as long. 8192: no size cost.
-ROW_GROUP_ROWS = 8192
+#: Row order of every file written, and rows per row group (:mod:`tracemq.lake.layout`).
+FILE_SORT_KEYS = lake.FILE_SORT_KEYS
+ROW_GROUP_ROWS = lake.ROW_GROUP_ROWS
 #: A temporary file this much older than now is a crashed writer's (any collector's) leftover.
 TMP_MAX_AGE_S = 600.0
 

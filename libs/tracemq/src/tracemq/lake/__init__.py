@@ -17,7 +17,9 @@ cannot drift apart; ``tests/unit/test_lake_contract.py`` checks that they do.
 """
 
 from tracemq.lake.layout import (
+    FILE_SORT_KEYS,
     HOUR_MS,
+    ROW_GROUP_ROWS,
     TMP_PREFIX,
     LakeFileName,
     check_trace_topic,
@@ -58,9 +60,11 @@ __all__ = [
     "COLUMNS",
     "COLUMN_NAMES",
     "COMPACTED_FROM_KEY",
+    "FILE_SORT_KEYS",
     "HOUR_MS",
     "METADATA_KEY",
     "PARTITION_COLUMNS",
+    "ROW_GROUP_ROWS",
     "SCHEMA_VERSION",
     "SUMMARY_KEY",
     "TMP_PREFIX",
