@@ -136,3 +136,38 @@ def test_an_unreadable_summary_names_its_file(spark: Any, lake: Lake, tmp_path: 
     pq.write_table(table.replace_schema_metadata(meta), victim)
     with pytest.raises(ReconcileError, match=f"tracemq.lake.summary.*{victim.name}.*not JSON"):
         preflight(spark, copy)
+
+
+def test_the_compiled_footer_reader_says_what_the_py4j_walk_says(
+    spark: Any, lake: Lake, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``io.tracemq.spark.Footers`` (one py4j call per file) against the row-group walk
+    through py4j it replaces when the jar is there: the same key-value metadata, row counts
+    and integer ranges — for the lake's files, a file without statistics, one without the
+    ranged column, one whose last row group holds only nulls of it, and an empty one."""
+    import pyarrow as pa
+
+    fs = HadoopFS(spark)
+    if fs._footers_class() is None:
+        pytest.skip("no jar: the job reads footers through py4j only (make setup)")
+    odd = {
+        "nostats.parquet": (pa.table({"timestamp": [3, 1, 2]}), {"write_statistics": False}),
+        "other.parquet": (pa.table({"x": [1, 2]}), {}),
+        "nulls.parquet": (pa.table({"timestamp": pa.array([5, 9, None, None], pa.int64())}), {}),
+        "empty.parquet": (pa.table({"timestamp": pa.array([], pa.int64())}), {}),
+    }
+    for name, (table, kw) in odd.items():
+        pq.write_table(
+            table.replace_schema_metadata({"k": "v"}), tmp_path / name, row_group_size=2, **kw
+        )
+    files = [*sorted(str(f) for f in lake.path.rglob("*.parquet"))[:4]]
+    files += [str(tmp_path / n) for n in odd]
+    keys = (lake_contract.SUMMARY_KEY.decode(), "k", "absent")
+    ranged = ("timestamp", "schema_version")
+    compiled = fs.parquet_footers(files, keys, ranged)
+    monkeypatch.setattr(HadoopFS, "_footers_class", lambda self: None)
+    walked = fs.parquet_footers(files, keys, ranged)
+    assert compiled == walked
+    assert compiled[str(tmp_path / "nulls.parquet")].ranges["timestamp"] is None
+    assert compiled[str(tmp_path / "other.parquet")].kv["k"] == "v"
+    assert compiled[files[0]].ranges["timestamp"] is not None and compiled[files[0]].rows > 0
