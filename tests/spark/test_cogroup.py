@@ -349,26 +349,38 @@ def test_the_job_runs_the_jvm_path_when_built_and_the_dataframe_path_when_switch
     from tests.spark.conftest import params
 
     outs = {}
-    for name, switch in (("jvm", "1"), ("dataframe", "0")):
+    ways = (("jvm", "1", "1"), ("hashed", "1", "0"), ("dataframe", "0", "1"))
+    for name, switch, ranges in ways:
         monkeypatch.setenv(cogroup.ENV_SWITCH, switch)
+        monkeypatch.setenv(cogroup.RANGES_SWITCH, ranges)
         said: list[str] = []
         run(spark, params(lake, tmp_path / name, keep_classified=keep_classified), said.append)
         (path,) = [s for s in said if s.startswith("classification:")]
-        assert ("co-group by msgId" in path) == (name == "jvm"), path
+        assert ("co-group by msgId" in path) == (name != "dataframe"), path
+        # the generator writes its files sorted by msgId, as the collector does
+        assert ("msgId ranges of the sorted files" in path) == (name == "jvm"), path
         if keep_classified:
             outs[name] = spark.read.parquet(str(tmp_path / name / "classified"))
     if keep_classified:
         assert outs["jvm"].count() > 1000
         assert _rows(outs["jvm"]) == _rows(outs["dataframe"])
+        assert _rows(outs["hashed"]) == _rows(outs["dataframe"])
     # the tally (counted by the co-group's tasks on the JVM path): the same summaries
     for dataset in ("summary", "anomalies"):
-        a, b = (spark.read.parquet(str(tmp_path / n / dataset)) for n in ("jvm", "dataframe"))
+        a, b, c = (
+            spark.read.parquet(str(tmp_path / n / dataset)) for n in ("jvm", "hashed", "dataframe")
+        )
         assert a.count() > 0
-        assert _rows(a.select(*sorted(a.columns))) == _rows(b.select(*sorted(b.columns)))
-    docs = [json.loads((tmp_path / n / "summary.json").read_text()) for n in ("jvm", "dataframe")]
+        want = _rows(c.select(*sorted(c.columns)))
+        assert _rows(a.select(*sorted(a.columns))) == want
+        assert _rows(b.select(*sorted(b.columns))) == want
+    docs = [
+        json.loads((tmp_path / n / "summary.json").read_text())
+        for n in ("jvm", "hashed", "dataframe")
+    ]
     for doc in docs:
         del doc["run"]
-    assert docs[0] == docs[1]
+    assert docs[0] == docs[1] == docs[2]
 
 
 def test_the_jvm_path_only_for_the_spark_it_was_built_for(
@@ -433,6 +445,150 @@ def test_a_run_of_one_hash_holding_several_msgids_is_split_by_msgid(
         **kw,
     )
     assert _rows(got) == _rows(ref)
+
+
+def _ranges_of(ev: DataFrame, how: str) -> list[str]:
+    """Boundaries over the cases' msgIds: none, one per distinct msgId (every msgId a range
+    of its own), or a few between them."""
+    ids = sorted({r[0] for r in ev.select("msg_id").collect() if r[0]})
+    if how == "none":
+        return []
+    if how == "each":
+        return [i for i in ids if i > "\u0001"]
+    return ["0A", "D", "P", "TX", "\u00ff"]
+
+
+@pytest.mark.parametrize("how", ["none", "each", "some"])
+@pytest.mark.parametrize("keep_classified", [True, False])
+def test_the_ranges_path_gives_the_dataframe_paths_rows(
+    spark: Any, tmp_path: Path, jvm: None, keep_classified: bool, how: str
+) -> None:
+    """The rows split by msgId range (each range one task, no exchange), the job's way
+    (sorted by the task's key): the same rows as the DataFrame path, whichever boundaries —
+    every row in exactly one range, the rows without a msgId in the first."""
+    ev = _events(spark, _cases())
+    inp = _inputs(spark, tmp_path)
+    p = _params(keep_classified=keep_classified)
+    cutoff = T0 + 15 * MIN
+    ref, _ = _both(spark, ev, inp, p, cutoff=cutoff)
+    bounds = _ranges_of(ev, how)
+    frames = classify.cogroup_ranges(ev, inp["deliveries"], bounds, base=READ_LO)
+    assert len(frames) == len(bounds) + 1
+    whole = classify.cogroup_input(ev, inp["deliveries"], base=READ_LO, n_parts=3)
+    per_range = [f.count() for f in frames]
+    assert sum(per_range) == whole.count()
+    assert _rows(whole) == sorted((r for f in frames for r in _rows(f)), key=repr)
+    if how == "each":
+        # every msgId's rows in one range: more than a handful of non-empty ranges
+        assert sum(1 for n in per_range if n) > 10
+    got = cogroup.classified(
+        spark,
+        frames,
+        inp["subs"],
+        inp["clients"],
+        inp["offsets"],
+        inp["bh"],
+        p,
+        classify.classified_schema(p.keep_classified),
+        by_creation=True,
+        f_ms=F0,
+        t_ms=T0,
+        read_lo=READ_LO,
+        cutoff=cutoff,
+    )
+    assert got.rdd.getNumPartitions() == len(frames)
+    assert _rows(got) == _rows(ref)
+
+
+def _lake_file(path: Path, ids: list[str | None], rows_per_group: int, **kw: Any) -> str:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(
+        pa.table({"msg_id": pa.array(ids, pa.string()), "n": list(range(len(ids)))}),
+        path,
+        row_group_size=rows_per_group,
+        **kw,
+    )
+    return str(path)
+
+
+def test_plan_ranges_splits_sorted_files_into_ranges_of_about_equal_rows(
+    spark: Any, tmp_path: Path, jvm: None
+) -> None:
+    """Files sorted by msgId (nulls last, as pyarrow sorts): boundaries ascending, distinct,
+    above U+0001, each a row group's least msgId, the ranges' rows near a fifth each."""
+    import random
+
+    rnd = random.Random(5)
+    files, every = [], []
+    for f in range(4):
+        ids: list[str | None] = sorted(f"{rnd.getrandbits(64):016X}" for _ in range(3000))
+        ids = ["", "\u0000x", *ids, None, None]  # (the empty id and a U+0000 key sort first)
+        every += [i for i in ids if i]
+        files.append(_lake_file(tmp_path / f"f{f}.parquet", ids, 256))
+    bounds = cogroup.plan_ranges(spark, files, 5)
+    assert bounds is not None and len(bounds) == 4
+    assert bounds == sorted(set(bounds)) and all(b > "\u0001" for b in bounds)
+    edges = [None, *bounds, None]
+    sizes = [
+        sum(1 for i in every if (lo is None or i >= lo) and (hi is None or i < hi))
+        for lo, hi in zip(edges, edges[1:], strict=False)
+    ]
+    assert all(abs(n - len(every) / 5) < 0.15 * len(every) for n in sizes), sizes
+    # fewer ranges than asked when there are fewer row groups to split at
+    one = [_lake_file(tmp_path / "one.parquet", sorted(every[:100]), 50)]
+    assert cogroup.plan_ranges(spark, one, 8) == [sorted(every[:100])[50]]
+
+
+def test_plan_ranges_refuses_files_not_sorted_by_msgid(
+    spark: Any, tmp_path: Path, jvm: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any file whose row groups are out of msgId order, without msgId statistics or without
+    the column, a null-only group before others, one range, or the switch: no ranges (the
+    job shuffles by hash)."""
+    ids = [f"{i:08X}" for i in range(2000)]
+    good = _lake_file(tmp_path / "good.parquet", ids, 100)
+    assert cogroup.plan_ranges(spark, [good], 4)
+    bad = {
+        "unsorted": _lake_file(tmp_path / "u.parquet", ids[1000:] + ids[:1000], 100),
+        "no_stats": _lake_file(tmp_path / "s.parquet", ids, 100, write_statistics=False),
+        "nulls_first": _lake_file(tmp_path / "n.parquet", [None] * 100 + ids, 100),
+    }
+    for name, f in bad.items():
+        assert cogroup.plan_ranges(spark, [good, f], 4) is None, name
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"other": ids}), tmp_path / "c.parquet", row_group_size=100)
+    assert cogroup.plan_ranges(spark, [good, str(tmp_path / "c.parquet")], 4) is None
+    assert cogroup.plan_ranges(spark, [good], 1) is None
+    monkeypatch.setenv(cogroup.RANGES_SWITCH, "0")
+    assert cogroup.plan_ranges(spark, [good], 4) is None
+
+
+def test_the_generated_lake_is_written_as_the_collector_writes_it(
+    spark: Any, lake: Any, jvm: None
+) -> None:
+    """Every file's rows in ``FILE_SORT_KEYS`` order in row groups of ``ROW_GROUP_ROWS``, so
+    the job splits the generated lake (the benchmarks' too) by msgId range as it would the
+    collector's."""
+    import numpy as np
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    from tracemq import lake as tlake
+
+    files = sorted(str(f) for f in lake.path.rglob("*.parquet"))
+    assert len(files) > 1
+    for f in files:
+        pf = pq.ParquetFile(f)
+        groups = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
+        assert max(groups) <= tlake.ROW_GROUP_ROWS and sum(groups) > 0, f
+        t = pf.read(columns=list(tlake.FILE_SORT_KEYS))
+        order = pc.sort_indices(t, sort_keys=[(k, "ascending") for k in tlake.FILE_SORT_KEYS])
+        assert np.array_equal(order.to_numpy(), np.arange(t.num_rows)), f
+    bounds = cogroup.plan_ranges(spark, files, 4)
+    assert bounds is not None and len(bounds) == 3
 
 
 def test_the_sort_key_is_the_msgids_creation_time_above_24_bits_of_its_hash(

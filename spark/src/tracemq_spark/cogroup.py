@@ -40,6 +40,9 @@ _CLASS = "io.tracemq.spark.Cogroup"
 ENV_SWITCH = "TRACEMQ_RECONCILE_JVM"
 #: the JVM code's extra column: the row is an orphan if its msgId was created in the read range
 ORPHAN_CHECK = "_orphan_check"
+#: set to 0 to co-group by the msgId's hash (a shuffle) even when the lake's files are sorted
+#: by msgId (:func:`plan_ranges`)
+RANGES_SWITCH = "TRACEMQ_RECONCILE_RANGES"
 
 
 def jar_path() -> Path | None:
@@ -79,6 +82,24 @@ def available(spark: SparkSession) -> bool:
 SORT_KEY_UDF = "tracemq_msgid_key"
 
 
+def plan_ranges(spark: SparkSession, files: list[str], n: int) -> list[str] | None:
+    """Boundaries of at most ``n`` msgId ranges of about equal rows over the lake ``files``
+    (``io.tracemq.spark.Ranges``: from their footers' row-group statistics), or None — a file
+    not sorted by msgId (the collector writes them sorted), ``n`` below 2, or
+    ``TRACEMQ_RECONCILE_RANGES=0`` — when the co-group should shuffle by hash instead."""
+    if os.environ.get(RANGES_SWITCH, "1").strip() in ("0", "false", "no", "off") or n < 2:
+        return None
+    sc = spark.sparkContext
+    gw = sc._gateway  # type: ignore[attr-defined]
+    jvm = sc._jvm  # type: ignore[attr-defined]
+    arr = gw.new_array(jvm.String, len(files))
+    for i, f in enumerate(files):
+        arr[i] = f
+    conf = spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
+    got = jvm.io.tracemq.spark.Ranges.plan(arr, conf, n)
+    return None if got is None else [str(b) for b in got]
+
+
 def sort_key(spark: SparkSession) -> Callable[[Column, Column], Column]:
     """A msgId's embedded creation time (ms in its month) above 24 bits of its hash, as a
     column: the key :func:`classified` sorts by with ``by_creation`` (the job computes it
@@ -91,7 +112,7 @@ def sort_key(spark: SparkSession) -> Callable[[Column, Column], Column]:
 
 def classified(
     spark: SparkSession,
-    inp: DataFrame,
+    inp: DataFrame | list[DataFrame],
     subs: DataFrame,
     clients: DataFrame,
     offsets: DataFrame,
@@ -107,7 +128,8 @@ def classified(
     by_creation: bool = False,
 ) -> DataFrame:
     """The classified rows (``schema``: :func:`~tracemq_spark.classify.meet`'s) of ``inp``
-    (:func:`~tracemq_spark.classify.cogroup_input`), with ``subs``, ``clients`` and
+    (:func:`~tracemq_spark.classify.cogroup_input`; or a list of them split by msgId range,
+    :func:`~tracemq_spark.classify.cogroup_ranges`, each read in one task), with ``subs``, ``clients`` and
     ``offsets`` (:func:`~tracemq_spark.classify.subs_frame`, ``clients_frame``,
     ``offsets_frame``) and the broadcasting groups' hashes ``bh``. ``tally``
     (:func:`new_tally`): counts the rows but the orphans as the frame is computed — compute
@@ -137,8 +159,15 @@ def classified(
     params = [f_ms, t_ms, p.window_ms, p.horizon_ms, p.max_delay_ms, p.max_reconsume_times, cutoff]
     out_schema = T.StructType([*schema.fields, T.StructField(ORPHAN_CHECK, T.BooleanType())])
     cls = jvm.io.tracemq.spark.Cogroup
-    jdf = cls.classify(
-        inp._jdf,
+    if isinstance(inp, list):
+        jdfs = gw.new_array(jvm.org.apache.spark.sql.classic.Dataset, len(inp))
+        for i, frame in enumerate(inp):
+            jdfs[i] = frame._jdf
+        call, first = cls.classifyRanges, jdfs
+    else:
+        call, first = cls.classify, inp._jdf
+    jdf = call(
+        first,
         subs._jdf,
         clients._jdf,
         offsets._jdf,

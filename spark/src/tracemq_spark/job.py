@@ -353,17 +353,25 @@ class _Context:
         kw = {"f_ms": self.f_ms, "t_ms": self.t_ms, "read_lo": self.read_lo, "cutoff": self.cutoff}
         if jvm is None:
             jvm = cogroup.available(spark)
+        bounds = cogroup.plan_ranges(spark, self.scan.files, n_parts) if jvm else None
         self.say(
-            "classification: co-group by msgId (JVM code)"
-            if jvm
-            else "classification: DataFrame steps"
+            "classification: DataFrame steps"
+            if not jvm
+            else "classification: co-group by msgId (JVM code), "
+            + (
+                f"{len(bounds) + 1} msgId ranges of the sorted files, no shuffle"
+                if bounds
+                else "shuffled by the msgId's hash"
+            )
         )
         # every timestamp read is >= read_lo: (ts - base) fits 62 bits
         if jvm:
             self.jvm_tally = cogroup.new_tally(spark) if tally else None
             return cogroup.classified(
                 spark,
-                classify.cogroup_input(
+                classify.cogroup_ranges(ev, deliveries, bounds, base=self.read_lo)
+                if bounds
+                else classify.cogroup_input(
                     ev,
                     deliveries,
                     base=self.read_lo,

@@ -6,14 +6,22 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 
+import org.apache.spark.Partition;
 import org.apache.spark.api.java.JavaRDD;
+import org.apache.spark.rdd.PartitionCoalescer;
+import org.apache.spark.rdd.PartitionGroup;
 import org.apache.spark.rdd.RDD;
+import org.apache.spark.rdd.UnionRDD;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.classic.Dataset;
 import org.apache.spark.sql.classic.SparkSession;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.StructType;
+
+import scala.Option;
+import scala.jdk.javaapi.CollectionConverters;
+import scala.reflect.ClassTag$;
 
 /**
  * The classification's reduce side as one pass per msgId (issue 19 goal 4): the rows of the
@@ -76,6 +84,109 @@ public final class Cogroup {
       String[] tallied,
       String schemaJson,
       Tally tally) {
+    return classified(
+        input.queryExecution().toRdd(),
+        input,
+        subs,
+        clients,
+        offsets,
+        broadcastingGroups,
+        params,
+        keepClassified,
+        byCreation,
+        tallied,
+        schemaJson,
+        tally);
+  }
+
+  /**
+   * As {@link #classify}, of rows split by msgId range instead of partitioned by hash: {@code
+   * inputs[i]} holds the rows whose msgId is in the i-th range ({@link Ranges#plan}; the
+   * columns as {@code classify}'s input), and each range is one task, its input partitions read
+   * one after the other: every msgId's rows meet in one task without an exchange.
+   */
+  public static Dataset<Row> classifyRanges(
+      Dataset<Row>[] inputs,
+      Dataset<Row> subs,
+      Dataset<Row> clients,
+      Dataset<Row> offsets,
+      long[] broadcastingGroups,
+      long[] params,
+      boolean keepClassified,
+      boolean byCreation,
+      String[] tallied,
+      String schemaJson,
+      Tally tally) {
+    List<RDD<InternalRow>> rdds = new ArrayList<>();
+    int[] counts = new int[inputs.length];
+    for (int i = 0; i < inputs.length; i++) {
+      RDD<InternalRow> r = inputs[i].queryExecution().toRdd();
+      rdds.add(r);
+      counts[i] = r.getNumPartitions();
+    }
+    SparkSession spark = inputs[0].sparkSession();
+    RDD<InternalRow> union =
+        new UnionRDD<>(
+            spark.sparkContext(),
+            CollectionConverters.asScala(rdds).toSeq(),
+            ClassTag$.MODULE$.apply(InternalRow.class));
+    RDD<InternalRow> ranges =
+        union.coalesce(inputs.length, false, Option.apply(new Contiguous(counts)), null);
+    return classified(
+        ranges,
+        inputs[0],
+        subs,
+        clients,
+        offsets,
+        broadcastingGroups,
+        params,
+        keepClassified,
+        byCreation,
+        tallied,
+        schemaJson,
+        tally);
+  }
+
+  /** The union's partitions grouped as its inputs were: group i holds input i's partitions. */
+  static final class Contiguous implements PartitionCoalescer, Serializable {
+    private static final long serialVersionUID = 1L;
+    private final int[] counts;
+
+    Contiguous(int[] counts) {
+      this.counts = counts.clone();
+    }
+
+    @Override
+    public PartitionGroup[] coalesce(int maxPartitions, RDD<?> parent) {
+      Partition[] parts = parent.partitions();
+      PartitionGroup[] groups = new PartitionGroup[counts.length];
+      int j = 0;
+      for (int i = 0; i < counts.length; i++) {
+        groups[i] = new PartitionGroup(Option.empty());
+        for (int c = 0; c < counts[i]; c++) {
+          groups[i].partitions().addOne(parts[j++]);
+        }
+      }
+      if (j != parts.length) {
+        throw new IllegalStateException("ranges: " + j + " of " + parts.length + " partitions");
+      }
+      return groups;
+    }
+  }
+
+  private static Dataset<Row> classified(
+      RDD<InternalRow> rows,
+      Dataset<Row> input,
+      Dataset<Row> subs,
+      Dataset<Row> clients,
+      Dataset<Row> offsets,
+      long[] broadcastingGroups,
+      long[] params,
+      boolean keepClassified,
+      boolean byCreation,
+      String[] tallied,
+      String schemaJson,
+      Tally tally) {
     StructType schema = (StructType) DataType.fromJson(schemaJson);
     Task task =
         new Task(
@@ -88,7 +199,6 @@ public final class Cogroup {
             schema,
             input.schema(),
             tally);
-    RDD<InternalRow> rows = input.queryExecution().toRdd();
     JavaRDD<InternalRow> out = rows.toJavaRDD().mapPartitions(task);
     SparkSession spark = input.sparkSession();
     return spark.internalCreateDataFrame(out.rdd(), schema, false);

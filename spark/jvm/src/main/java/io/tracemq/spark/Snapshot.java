@@ -5,6 +5,7 @@ import java.io.InputStream;
 import java.io.StringWriter;
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.Comparator;
 import java.util.HashMap;
 import java.util.LinkedHashSet;
 import java.util.List;
@@ -430,6 +431,9 @@ public final class Snapshot {
               + " optional int64 retry_committed;"
               + " optional int64 dlq_queue_offset; }");
 
+  /** The deliveries file's row groups (~15 000 rows each). */
+  static final long DELIVERY_ROW_GROUP_BYTES = 1L << 20;
+
   /**
    * Writes the last deliveries (input_files.last_deliveries' rows, the columns of
    * classify.deliveries_frame's file) to the Parquet file {@code file}: the last retry copy's
@@ -447,11 +451,17 @@ public final class Snapshot {
           (Long) r[5],
           Math::max);
     }
-    Set<Key> keys = new LinkedHashSet<>(last.keySet());
-    keys.addAll(dlq.keySet());
+    Set<Key> keySet = new LinkedHashSet<>(last.keySet());
+    keySet.addAll(dlq.keySet());
+    // in msgId order, in small row groups: a read of one msgId range (Ranges) skips the rest
+    List<Key> keys = new ArrayList<>(keySet);
+    keys.sort(
+        Comparator.comparing(Key::msgId, Comparator.nullsFirst(Comparator.<String>naturalOrder()))
+            .thenComparing(Key::group, Comparator.nullsFirst(Comparator.<String>naturalOrder())));
     try (ParquetWriter<Object[]> w =
         new DeliveryWriter(HadoopOutputFile.fromPath(new Path(file), conf))
             .withConf(conf)
+            .withRowGroupSize(DELIVERY_ROW_GROUP_BYTES)
             .withCompressionCodec(CompressionCodecName.SNAPPY)
             .withWriteMode(ParquetFileWriter.Mode.OVERWRITE)
             .build()) {
