@@ -97,6 +97,9 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> Lake:
         Scenario(
             start_ms=START, end_ms=END, messages=2500, now_ms=NOW, seed=11, msgid_zone=MSGID_ZONE
         ),
+        # (as many row groups per file as the collector's files at scale: the job splits it by
+        # msgId range as it would them)
+        rows_per_group=128,
     )
     subs, offs = gen.write_inputs(root / "inputs")
     return Lake(gen, root / "lake", subs, offs)

@@ -526,7 +526,7 @@ def test_plan_ranges_splits_sorted_files_into_ranges_of_about_equal_rows(
         ids: list[str | None] = sorted(f"{rnd.getrandbits(64):016X}" for _ in range(3000))
         ids = ["", "\u0000x", *ids, None, None]  # (the empty id and a U+0000 key sort first)
         every += [i for i in ids if i]
-        files.append(_lake_file(tmp_path / f"f{f}.parquet", ids, 256))
+        files.append(_lake_file(tmp_path / f"f{f}.parquet", ids, 64))
     bounds = cogroup.plan_ranges(spark, files, 5)
     assert bounds is not None and len(bounds) == 4
     assert bounds == sorted(set(bounds)) and all(b > "\u0001" for b in bounds)
@@ -545,8 +545,8 @@ def test_plan_ranges_refuses_files_not_sorted_by_msgid(
     spark: Any, tmp_path: Path, jvm: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Any file whose row groups are out of msgId order, without msgId statistics or without
-    the column, a null-only group before others, one range, or the switch: no ranges (the
-    job shuffles by hash)."""
+    the column, a null-only group before others, ranges that would read the rows more than 1.5
+    times, one range, or the switch: no ranges (the job shuffles by hash)."""
     ids = [f"{i:08X}" for i in range(2000)]
     good = _lake_file(tmp_path / "good.parquet", ids, 100)
     assert cogroup.plan_ranges(spark, [good], 4)
@@ -555,8 +555,15 @@ def test_plan_ranges_refuses_files_not_sorted_by_msgid(
         "no_stats": _lake_file(tmp_path / "s.parquet", ids, 100, write_statistics=False),
         "nulls_first": _lake_file(tmp_path / "n.parquet", [None] * 100 + ids, 100),
     }
+    # a file in one row group passes the order check, unsorted or not: its range spans every
+    # boundary, so each range would read it whole — refused when that reads past 1.5 times
+    # the rows, kept when it is small
+    shuffled = ids[1::2] + ids[::2]
+    bad["one_group"] = _lake_file(tmp_path / "g.parquet", shuffled, 10_000)
     for name, f in bad.items():
         assert cogroup.plan_ranges(spark, [good, f], 4) is None, name
+    small = _lake_file(tmp_path / "small.parquet", shuffled[:100], 10_000)
+    assert cogroup.plan_ranges(spark, [good, small], 4)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -570,9 +577,9 @@ def test_plan_ranges_refuses_files_not_sorted_by_msgid(
 def test_the_generated_lake_is_written_as_the_collector_writes_it(
     spark: Any, lake: Any, jvm: None
 ) -> None:
-    """Every file's rows in ``FILE_SORT_KEYS`` order in row groups of ``ROW_GROUP_ROWS``, so
-    the job splits the generated lake (the benchmarks' too) by msgId range as it would the
-    collector's."""
+    """Every file's rows in ``FILE_SORT_KEYS`` order in small row groups (``ROW_GROUP_ROWS`` by
+    default), so the job splits the generated lake (the benchmarks' too) by msgId range as it
+    would the collector's."""
     import numpy as np
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -583,7 +590,7 @@ def test_the_generated_lake_is_written_as_the_collector_writes_it(
     for f in files:
         pf = pq.ParquetFile(f)
         groups = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
-        assert max(groups) <= tlake.ROW_GROUP_ROWS and sum(groups) > 0, f
+        assert max(groups) <= 128 and sum(groups) > 0, f  # (the fixture's row groups)
         t = pf.read(columns=list(tlake.FILE_SORT_KEYS))
         order = pc.sort_indices(t, sort_keys=[(k, "ascending") for k in tlake.FILE_SORT_KEYS])
         assert np.array_equal(order.to_numpy(), np.arange(t.num_rows)), f

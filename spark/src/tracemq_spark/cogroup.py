@@ -137,8 +137,8 @@ def classified(
     outcomes (``params.INFORMATIONAL``) are then only counted, not emitted (the tally is all
     that reads them). ``by_creation``: each task sorts its rows by the key :func:`sort_key`
     gives (the msgId's creation time above 24 bits of ``k``, its hash), computed from the
-    rows, so that it classifies — and writes — its msgIds roughly in time order, as the lake
-    holds them, not in hash order (the tally and the anomalies read those rows back);
+    rows, so that it classifies — and writes — its msgIds roughly in time order (the lake's
+    hours, and each producer's msgIds within a file), not in hash order (the tally and the anomalies read those rows back);
     otherwise by ``k``."""
     sc = spark.sparkContext
     gw = sc._gateway  # type: ignore[attr-defined]

@@ -242,16 +242,18 @@ def generate(
     chunk_messages: int = 1_000_000,
     with_truth: bool = True,
     summaries: bool = True,
+    rows_per_group: int = tlake.ROW_GROUP_ROWS,
 ) -> GeneratedLake:
     """Generate the lake of ``scenario`` into ``lake`` (created; must not hold other data).
     ``summaries=False`` writes files without their footer summary, as collectors did before
-    it (``tracemq.lake.summary``)."""
+    it (``tracemq.lake.summary``). ``rows_per_group``: the files' row groups (the collector's
+    by default; a small lake in smaller groups has as many per file as a large one)."""
     lake = Path(lake)
     lake.mkdir(parents=True, exist_ok=True)
     sc = scenario
     now = sc.now_ms if sc.now_ms is not None else sc.end_ms + sc.horizon_ms + DAY
     groups = topology(sc.start_ms, sc.end_ms, now)
-    gen = _Gen(sc, groups, lake, with_truth, summaries)
+    gen = _Gen(sc, groups, lake, with_truth, summaries, rows_per_group)
     # Message time line: [read_lo, start) look-back, [start, end) window, [end, read_hi) after.
     span = sc.end_ms - sc.start_ms
     n_before = int(sc.messages * sc.surrounding_density * sc.horizon_ms / span)
@@ -277,14 +279,20 @@ def generate(
 
 class _Gen:
     def __init__(
-        self, sc: Scenario, groups: list[Group], lake: Path, with_truth: bool, summaries: bool
+        self,
+        sc: Scenario,
+        groups: list[Group],
+        lake: Path,
+        with_truth: bool,
+        summaries: bool,
+        rows_per_group: int = tlake.ROW_GROUP_ROWS,
     ) -> None:
         self.sc = sc
         self.groups = groups
         self.gidx = {g.name: i for i, g in enumerate(groups)}
         self.with_truth = with_truth
         self.rng = np.random.default_rng(sc.seed)
-        self.writer = _Writer(lake, summaries=summaries)
+        self.writer = _Writer(lake, rows_per_group, summaries=summaries)
         self.lake = lake
         self.next_index = 0
         self.next_attempt = 0
