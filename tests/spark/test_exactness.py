@@ -295,35 +295,55 @@ def test_latency_buckets_hold_their_values(spark: Any) -> None:
             assert start <= v < start + width and start % width == 0, v
 
 
-def test_anomaly_details_same_without_the_broadcast(
-    spark: Any, lake: Lake, result: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Past BROADCAST_IDS_MAX anomalies the Pub details are looked up by a shuffled join: the
-    same rows come out, with the producer's strings filled in."""
-    from tracemq_spark import outputs
+def test_anomalies_show_the_first_pubs_strings(spark: Any, lake: Lake, result: Any) -> None:
+    """Each anomaly with a msgId shows the producer's strings (tags, keys, store address,
+    producer group) of its first Pub in the read range — the first successful one, else the
+    first failed; ties by the strings; a consumer's move to %DLQ% is no send — checked against
+    the lake's own rows, read with pyarrow; an orphan (no Pub) shows none."""
+    import pyarrow.dataset as ds
 
-    _, out = result
-    monkeypatch.setattr(outputs, "BROADCAST_IDS_MAX", 0)
-    other = tmp_path / "out"
-    run(spark, params(lake, other))
-    cols = [
-        "msg_id",
-        "group",
-        "client_host",
-        "outcome",
-        "tags",
-        "keys",
-        "store_addr",
-        "producer_group",
+    res, out = result
+    horizon = params(lake, out).horizon_ms
+    lo, hi = res.from_ms - horizon, res.to_ms + horizon
+    cols = ["trace_type", "msg_id", "timestamp", "success", "topic", "tags", "keys"]
+    lake_rows = (
+        ds.dataset(str(lake.path), format="parquet")
+        .to_table(columns=[*cols, "store_addr", "group_name"])
+        .to_pylist()
+    )
+
+    def nulls_first(v: Any) -> tuple[int, Any]:
+        return (0, "") if v is None else (1, v)
+
+    first: dict[str, tuple[Any, ...]] = {}
+    for r in lake_rows:
+        if (
+            r["trace_type"] != "Pub"
+            or not r["msg_id"]
+            or (r["topic"] or "").startswith("%DLQ%")
+            or not lo <= r["timestamp"] < hi
+        ):
+            continue
+        strings = (r["tags"], r["keys"], r["store_addr"], r["group_name"])
+        order = (0 if r["success"] is True else 1, r["timestamp"], *map(nulls_first, strings))
+        if r["msg_id"] not in first or order < first[r["msg_id"]][0]:
+            first[r["msg_id"]] = (order, strings)
+    got = (
+        spark.read.parquet(str(Path(out) / "anomalies"))
+        .where("msg_id IS NOT NULL")
+        .select("msg_id", "outcome", "tags", "keys", "store_addr", "producer_group")
+        .collect()
+    )
+    wrong = [
+        (r["msg_id"], r["outcome"], tuple(r)[2:], first.get(r["msg_id"], (None, None))[1])
+        for r in got
+        if tuple(r)[2:] != first.get(r["msg_id"], (None, (None,) * 4))[1]
     ]
-
-    def rows(path: Path) -> collections.Counter:
-        df = spark.read.parquet(str(path / "anomalies")).select(*cols)
-        return collections.Counter(tuple(r) for r in df.collect())
-
-    shuffled, broadcast = rows(other), rows(Path(out))
-    assert shuffled == broadcast
-    assert sum(n for r, n in shuffled.items() if r[5] is not None) > 100
+    assert not wrong, f"{len(wrong)} of {len(got)} anomalies: {wrong[:10]}"
+    with_pub = [r for r in got if r["msg_id"] in first]
+    assert sum(r["keys"] is not None for r in with_pub) > 100
+    assert any(r["outcome"] == "PUB_FAILED" for r in with_pub)
+    assert any(r["outcome"] == "ORPHAN_CONSUME" and r["msg_id"] not in first for r in got)
 
 
 def test_compaction_leftovers_are_not_read_twice(

@@ -212,6 +212,16 @@ def subscription_segments(
 
 # ---- the classification's steps: pure DataFrame -> DataFrame functions ----------------------
 
+#: the producer's strings the anomalies show (of the least Pub by ``o`` then these strings,
+#: nulls first: one answer however the Pubs are ordered), under their output names: the lake
+#: column of each
+PUB_STRINGS = {
+    "tags": "tags",
+    "keys": "keys",
+    "store_addr": "store_addr",
+    "producer_group": "group_name",
+}
+
 #: the Pub facts each (message, group[, client]) row carries (``e_*`` from the expected side,
 #: ``a_*`` from the consumed side)
 PUB_COLS = [
@@ -228,6 +238,7 @@ PUB_COLS = [
     "tx_commit",
     "tx_rollback",
     "recalled",
+    *PUB_STRINGS,
     "in_window",
 ]
 
@@ -261,6 +272,7 @@ def _producer_side(base: int) -> tuple[Column, dict[str, Column]]:
         "o": order,
         **{c: col(c) for c in _PUB_RAW},
         **{h: _h(col(name)) for h, name in _PUB_HASHED.items()},
+        **{name: col(c) for name, c in PUB_STRINGS.items()},
         "is_commit": ((tt == "EndTransaction") & (col("transaction_state") == _TX_COMMIT)).cast(
             "int"
         ),
@@ -306,9 +318,17 @@ def pubs(ev: DataFrame, *, f_ms: int, t_ms: int, base: int, n_parts: int) -> Dat
             F.max("is_commit").alias("tx_commit"),
             F.max("is_rollback").alias("tx_rollback"),
             F.max("is_recall").alias("recalled"),
+            # (a min of structs: nulls first in each field, as the JVM code's)
+            F.min(F.when(col("o").isNotNull(), F.struct("o", *PUB_STRINGS))).alias("detail"),
         )
         .where(col("o").isNotNull())
-        .select("pkey", *[renamed.get(c, col(c)).alias(c) for c in PUB_COLS[:-1]])
+        .select(
+            "pkey",
+            *[
+                renamed.get(c, col(f"detail.{c}") if c in PUB_STRINGS else col(c)).alias(c)
+                for c in PUB_COLS[:-1]
+            ],
+        )
     )
     pubs = pubs.withColumn(
         "in_window", (col("pub_ts") >= f_ms) & (col("pub_ts") < t_ms)
@@ -680,6 +700,7 @@ def meet(
             (col("first_before_ts") - store_ref).alias("store_to_consume_ms"),
             col("success_cost").alias("consume_cost_ms"),
             (col("success_ts") - pub_ts).alias("end_to_end_ms"),
+            *[pub(c).alias(c) for c in PUB_STRINGS],
         )
         .withColumn("msg_id", F.when(col("real_id") & keep_id, col("pkey")))
         .drop("pkey", "real_id")
@@ -729,6 +750,7 @@ CLASSIFIED_COLS = {
     "store_to_consume_ms": "bigint",
     "consume_cost_ms": "bigint",
     "end_to_end_ms": "bigint",
+    **{c: "string" for c in PUB_STRINGS},
     "msg_id": "string",
 }
 _COUNTS = {"attempts", "successes", "failed_attempts", "in_flight_attempts", "consume_events"}
@@ -765,6 +787,10 @@ COGROUP_COLS = {
     "i1": "int",
     "i2": "int",
     "flags": "int",
+    "s1": "string",
+    "s2": "string",
+    "s3": "string",
+    "s4": "string",
 }
 #: what each side puts in the slots: producer (_producer_side), consume (_consume_side), last
 #: delivery (deliveries_frame); ``flags`` packs three nullable 0/1 values, two bits each
@@ -779,6 +805,7 @@ COGROUP_SLOTS = {
     "i1": ("msg_type", "retry_times", "retry_reconsume"),
     "i2": ("queue_id", None, None),
     "flags": (("is_commit", "is_rollback", "is_recall"), ("b", "d", "success"), None),
+    **{f"s{i}": (name, None, None) for i, name in enumerate(PUB_STRINGS, 1)},
 }
 
 

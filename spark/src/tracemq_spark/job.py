@@ -331,6 +331,7 @@ class _Context:
             "topic",
             "msg_id",
             "tags",
+            "keys",
             "client_host",
             "store_time",
             "retry_times",

@@ -1,8 +1,8 @@
 """Stage "outputs" of the reconciliation job (:mod:`tracemq_spark.job`): from the classified
 rows (``<staging>/_classified``) to the published datasets and run files, all staged.
 
-:func:`publish_tables` writes ``anomalies`` (with the producer's strings, :func:`pub_details`,
-and a one-line :func:`_evidence`), ``summary`` (per window, topic, group; latency
+:func:`publish_tables` writes ``anomalies`` (with the producer's strings the classified rows
+carry, ``classify.PUB_STRINGS``, and a one-line :func:`_evidence`), ``summary`` (per window, topic, group; latency
 percentiles) and with ``keep_classified`` ``classified``, each partitioned by window
 (:func:`write`); :func:`summarize` writes ``summary.json`` and :func:`report` the HTML/PNG
 report. Hashed columns are decoded with the pre-flight scan's dictionary (:func:`decode`).
@@ -18,12 +18,11 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from tracemq_spark import cogroup, latency
+from tracemq_spark.classify import PUB_STRINGS
 from tracemq_spark.commit import Staging, checkpoint
-from tracemq_spark.lake_scan import LakeScan
 from tracemq_spark.params import (
     _MSG_DELAY,
     _MSG_HALF,
-    BROADCAST_IDS_MAX,
     INFORMATIONAL,
     METRICS,
     OUTCOMES,
@@ -77,48 +76,6 @@ def with_window(df: DataFrame, window_ms: int) -> DataFrame:
         .withColumn("window_end", F.timestamp_millis(col("window_start_ms") + w))
         .withColumn("window", F.date_format(col("window_start"), "yyyyMMdd'T'HHmm'Z'"))
     )
-
-
-def pub_details(scan: LakeScan, ids: DataFrame, *, broadcast: bool) -> DataFrame:
-    """Producer-side strings of the given msgIds (the first successful Pub's): tags,
-    keys, store address, producer group.
-
-    ``broadcast``: the msgIds' 64-bit hashes are broadcast and the lake's Pub rows filtered
-    against them before any shuffle (a hash collision only lets an extra row through: the
-    join on the msgId itself decides); otherwise both sides are shuffled."""
-    col = F.col
-    ev = scan.events(
-        "trace_type",
-        "msg_id",
-        "timestamp",
-        "success",
-        "tags",
-        "keys",
-        "store_addr",
-        "group_name",
-    )
-    pub_rows = ev.where(col("trace_type") == "Pub")
-    if broadcast:
-        hashes = F.broadcast(ids.select(F.xxhash64("msg_id").alias("_id_h")))
-        pub_rows = pub_rows.join(hashes, F.xxhash64("msg_id") == col("_id_h"), "left_semi")
-    else:
-        pub_rows = pub_rows.join(ids, "msg_id", "left_semi")
-    pubs = (
-        pub_rows.select(
-            "msg_id",
-            F.struct(
-                (~col("success")).alias("failed"),
-                col("timestamp").alias("ts"),
-                "tags",
-                "keys",
-                "store_addr",
-                col("group_name").alias("producer_group"),
-            ).alias("p"),
-        )
-        .groupBy("msg_id")
-        .agg(F.min("p").alias("p"))
-    )
-    return pubs.select("msg_id", "p.tags", "p.keys", "p.store_addr", "p.producer_group")
 
 
 def publish_tables(ctx: _Context) -> None:
@@ -181,31 +138,20 @@ def _anomalies(ctx: _Context, final: DataFrame) -> None:
     """``anomalies`` (and with ``keep_classified`` ``classified``), staged."""
     col = F.col
     anomaly_outcomes = [o for o in OUTCOMES if o != "CONSUMED"]
-    anomalies = final.where(col("outcome").isin(anomaly_outcomes))
-    # the msgIds whose hashes pub_details would broadcast: at most this many (the outcome
-    # column alone, of the rows as written)
-    n_anomalies = (
-        ctx.spark.read.parquet(ctx.stage.path("_classified"))
-        .where(col("outcome").isin(anomaly_outcomes))
-        .count()
-    )
     anomalies = decode(
-        anomalies,
+        final.where(col("outcome").isin(anomaly_outcomes)),
         ctx.scan.dict_df,
         [("topic_h", "topic"), ("group_h", "group"), ("client_h", "client_host")],
-    )
-    details = pub_details(
-        ctx.scan,
-        anomalies.where(col("msg_id").isNotNull()).select("msg_id"),
-        broadcast=n_anomalies <= BROADCAST_IDS_MAX,
-    )
-    # a shuffled hash join (details, one row per msgId, is the build side): a sort-merge join
-    # sorted both sides only to join them
-    anomalies = (
-        anomalies.join(details.hint("shuffle_hash"), "msg_id", "left")
-        .withColumn("evidence", _evidence())
-        .drop("tags_h", "store_h")
-    )
+    ).drop("tags_h", "store_h")
+    # the producer's strings came with the classified rows (the first Pub's, classify.pubs):
+    # no second read of the lake's Pubs, no join (at 10M messages that read and the join's
+    # shuffles cost ~20 s of task CPU); the columns in the order the join gave them
+    details = list(PUB_STRINGS)
+    anomalies = anomalies.select(
+        "msg_id",
+        *[c for c in anomalies.columns if c != "msg_id" and c not in details],
+        *details,
+    ).withColumn("evidence", _evidence())
     write(
         ctx.fs,
         ctx.stage,

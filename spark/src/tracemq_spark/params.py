@@ -47,9 +47,6 @@ METRICS = {
 SKEW_LIMIT_MS = DAY_MS
 #: lake schema versions this job reads: the one its Spark schema is built from (tracemq.lake)
 KNOWN_SCHEMA_VERSIONS = frozenset({lake.SCHEMA_VERSION})
-#: up to this many anomalies, their msgIds' hashes are broadcast to fetch their Pub details
-#: (8 bytes each in the driver and every executor); beyond, the look-up shuffles both sides
-BROADCAST_IDS_MAX = 20_000_000
 PERCENTILES = (0.5, 0.9, 0.99)
 
 _TX_COMMIT = "COMMIT_MESSAGE"

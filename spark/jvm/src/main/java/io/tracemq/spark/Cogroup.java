@@ -18,6 +18,7 @@ import org.apache.spark.sql.classic.Dataset;
 import org.apache.spark.sql.classic.SparkSession;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.StructType;
+import org.apache.spark.unsafe.types.UTF8String;
 
 import scala.Option;
 import scala.jdk.javaapi.CollectionConverters;
@@ -59,6 +60,9 @@ public final class Cogroup {
   /** three nullable 0/1 values, two bits each (0 false, 1 true, 2 null): producer
    * is_commit, is_rollback, is_recall; consume b, d, success */
   static final int FLAGS = 13;
+  /** producer strings for the anomalies (tags, keys, store address, producer group); null
+   * on the other sides */
+  static final int S1 = 14, S2 = 15, S3 = 16, S4 = 17;
 
   static final int SIDE_PROD = 0, SIDE_CONS = 1, SIDE_DELIVERY = 2;
 
@@ -354,6 +358,8 @@ public final class Cogroup {
     Long rQueueOffset, rCommitted, dlqOffset;
     Integer msgType, queueId, isCommit, isRollback, isRecall, retry, rReconsume;
     Boolean b, d, success;
+    /** a Pub's strings (copied out of the sorter's row): tags, keys, store address, group */
+    UTF8String tags, keys, storeAddr, producerGroup;
   }
 
   /** The Pub facts (PUB_COLS) of a msgId; null: no Pub. */
@@ -362,6 +368,9 @@ public final class Cogroup {
     boolean pubOk;
     Integer msgType, queueId, txCommit, txRollback, recalled;
     Boolean inWindow, expectedAnywhere;
+    /** the anomalies' producer strings: of the least Pub by (o, tags, keys, store address,
+     * group), nulls first — classify.pubs' min of that struct */
+    UTF8String tags, keys, storeAddr, producerGroup;
   }
 
   /** An expected row after the offsets' and deliveries' joins. */

@@ -48,7 +48,7 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
   final int cQueueId, cQueueOffset, cCommitted, cRReconsume, cRQueueOffset, cRCommitted, cDlq;
   final int cDue, cAttempts, cSuccesses, cFailed, cInFlight, cMaxRetry, cMaxFailedRetry;
   final int cEvents, cFirstTs, cSuccessTs, cSendCost, cStoreToConsume, cConsumeCost, cE2e;
-  final int cMsgId, cOrphanCheck;
+  final int cMsgId, cOrphanCheck, cTagsS, cKeys, cStoreAddr, cProducerGroup;
   final boolean[] tallied;
   final UTF8String[] outcomeNames;
   /** the input's schema (classify.COGROUP_COLS), for the sorter */
@@ -132,6 +132,10 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     cE2e = idx(schema, "end_to_end_ms");
     cMsgId = idx(schema, "msg_id");
     cOrphanCheck = idx(schema, "_orphan_check");
+    cTagsS = idx(schema, "tags");
+    cKeys = idx(schema, "keys");
+    cStoreAddr = idx(schema, "store_addr");
+    cProducerGroup = idx(schema, "producer_group");
     cMetrics = new int[tally == null ? 0 : tally.metrics.length];
     for (int m = 0; m < cMetrics.length; m++) {
       cMetrics[m] = idx(schema, tally.metrics[m]);
@@ -320,6 +324,37 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     return r.isNullAt(i) ? null : r.getInt(i);
   }
 
+  /** A string of the row, copied (the sorter reuses its rows' memory). */
+  static UTF8String str(InternalRow r, int i) {
+    return r.isNullAt(i) ? null : r.getUTF8String(i).clone();
+  }
+
+  /** Strings in Spark's ascending order, nulls first (a struct's fields in a min). */
+  static int cmp(UTF8String a, UTF8String b) {
+    if (a == null || b == null) {
+      return a == null ? (b == null ? 0 : -1) : 1;
+    }
+    return a.compareTo(b);
+  }
+
+  /** Whether Pub ``x`` comes before ``y`` by (o, tags, keys, store address, group). */
+  static boolean before(In x, In y) {
+    if (x.o.longValue() != y.o.longValue()) {
+      return x.o < y.o;
+    }
+    int c = cmp(x.tags, y.tags);
+    if (c == 0) {
+      c = cmp(x.keys, y.keys);
+    }
+    if (c == 0) {
+      c = cmp(x.storeAddr, y.storeAddr);
+    }
+    if (c == 0) {
+      c = cmp(x.producerGroup, y.producerGroup);
+    }
+    return c < 0;
+  }
+
   static Boolean bo(InternalRow r, int i) {
     return r.isNullAt(i) ? null : r.getBoolean(i);
   }
@@ -354,6 +389,13 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
         x.isCommit = flag(flags, 0);
         x.isRollback = flag(flags, 1);
         x.isRecall = flag(flags, 2);
+        if (x.o != null) {
+          // (only a Pub's: EndTransaction and Recall rows give no strings)
+          x.tags = str(r, S1);
+          x.keys = str(r, S2);
+          x.storeAddr = str(r, S3);
+          x.producerGroup = str(r, S4);
+        }
         break;
       case SIDE_CONS:
         x.ts = lg(r, TS);
@@ -381,11 +423,14 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
 
   /** classify.pubs: the first successful Pub wins (min of the order ``o``). */
   Pub pubs(List<In> prods) {
-    In first = null;
+    In first = null, detail = null;
     Integer commit = null, rollback = null, recall = null;
     for (In x : prods) {
       if (x.o != null && (first == null || x.o < first.o)) {
         first = x;
+      }
+      if (x.o != null && (detail == null || before(x, detail))) {
+        detail = x;
       }
       commit = maxI(commit, x.isCommit);
       rollback = maxI(rollback, x.isRollback);
@@ -408,6 +453,10 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     p.txCommit = commit;
     p.txRollback = rollback;
     p.recalled = recall;
+    p.tags = detail.tags;
+    p.keys = detail.keys;
+    p.storeAddr = detail.storeAddr;
+    p.producerGroup = detail.producerGroup;
     p.inWindow = and(ge(p.pubTs, fMs), lt(p.pubTs, tMs));
     int msgType = p.msgType == null ? 0 : p.msgType;
     p.expectedAnywhere =
@@ -771,6 +820,10 @@ final class Task implements FlatMapFunction<Iterator<InternalRow>, InternalRow> 
     set(v, cConsumeCost, c == null ? null : c.successCost, keepId);
     set(v, cE2e, minus(c == null ? null : c.successTs, pubTs), keepId);
     set(v, cMsgId, realId && isTrue(keepId) ? pkey : null, keepId);
+    set(v, cTagsS, pp == null ? null : pp.tags, keepId);
+    set(v, cKeys, pp == null ? null : pp.keys, keepId);
+    set(v, cStoreAddr, pp == null ? null : pp.storeAddr, keepId);
+    set(v, cProducerGroup, pp == null ? null : pp.producerGroup, keepId);
     set(v, cOrphanCheck, orphanCheck, keepId);
     if (tally != null && outcome != NONE && outcome != ORPHAN_CONSUME) {
       // (orphans are filtered and folded after the co-group: Spark tallies them)
