@@ -56,7 +56,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -222,6 +222,8 @@ class _Context:
         #: :meth:`classify` wrote them through the JVM path; None: the tally reads them back
         self.jvm_tally: object | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reconcile-inputs")
+        #: the JVM snapshot's deliveries file, staged in the inputs thread (None: not needed)
+        self._deliveries_written: Future[None] | None = None
 
     # -- inputs -----------------------------------------------------------------------
     def load_inputs(self) -> None:
@@ -252,10 +254,15 @@ class _Context:
         if self._jvm_snapshot:
             snap, why = snapshot.read(self.spark, self.p.offsets)
             if snap is not None:
-                # the last deliveries' file staged here, beside the pre-flight scan: written
-                # when the classification asked for it, it held up the driver between the
-                # scan and the classification (~1.5 s at 10M messages, one core idle)
-                snap.write(self.stage.path("_deliveries"))
+                # the last deliveries' file staged next, in this thread, while the pre-flight
+                # finishes with the offsets and the classification is planned: written when
+                # the classification asked for it, it held up the driver between the scan and
+                # the classification (~1.5 s at 10M messages, one core idle); written before
+                # the offsets were handed over, it held up the pre-flight (~3 – 5 s: sorting
+                # 0.9M msgIds, the Parquet write)
+                self._deliveries_written = self._pool.submit(
+                    snap.write, self.stage.path("_deliveries")
+                )
                 return snap.offsets, snap, snap.n_copies
             self.say(f"offsets snapshot: parsed in Python ({why})")
         text = self.fs.read_text(self.p.offsets)
@@ -346,6 +353,8 @@ class _Context:
         offsets = classify.offsets_frame(spark, self.offsets)
         bh = [self.scan.hash_of[g] for g in self.bgroups if g in self.scan.hash_of]
         d_path = self.stage.path("_deliveries")
+        if self._deliveries_written is not None:
+            self._deliveries_written.result()
         deliveries = (
             self.deliveries.frame(d_path)
             if isinstance(self.deliveries, snapshot.JvmSnapshot)
