@@ -331,6 +331,27 @@ def test_jvm_path_without_deliveries_and_without_broadcasting(
     p = _params()
     ref, got = _both(spark, ev, inp, p, cutoff=T0 + HORIZON)
     assert _rows(got) == _rows(ref)
+    # split by msgId range, no deliveries' side: the same rows
+    split = cogroup.RangeSplit.of(
+        spark, classify.cogroup_sides(ev, None, base=READ_LO), _ranges_of(ev, "some")
+    )
+    assert split.deliveries is None
+    by_range = cogroup.classified(
+        spark,
+        split,
+        None,
+        None,
+        None,
+        inp["bh"],
+        p,
+        classify.classified_schema(p.keep_classified),
+        looked_up=cogroup.lookups(spark, inp["subs"], inp["clients"], inp["offsets"]),
+        f_ms=F0,
+        t_ms=T0,
+        read_lo=READ_LO,
+        cutoff=T0 + HORIZON,
+    )
+    assert _rows(by_range) == _rows(ref)
 
 
 @pytest.mark.parametrize("keep_classified", [True, False])
@@ -472,8 +493,11 @@ def test_the_ranges_path_gives_the_dataframe_paths_rows(
     cutoff = T0 + 15 * MIN
     ref, _ = _both(spark, ev, inp, p, cutoff=cutoff)
     bounds = _ranges_of(ev, how)
-    frames = classify.cogroup_ranges(ev, inp["deliveries"], bounds, base=READ_LO)
-    assert len(frames) == len(bounds) + 1
+    split = cogroup.RangeSplit.of(
+        spark, classify.cogroup_sides(ev, inp["deliveries"], base=READ_LO), bounds
+    )
+    assert split.n == len(bounds) + 1 and split.deliveries is not None
+    frames = [split.frame(spark, i) for i in range(split.n)]
     whole = classify.cogroup_input(ev, inp["deliveries"], base=READ_LO, n_parts=3)
     per_range = [f.count() for f in frames]
     assert sum(per_range) == whole.count()
@@ -483,7 +507,7 @@ def test_the_ranges_path_gives_the_dataframe_paths_rows(
         assert sum(1 for n in per_range if n) > 10
     got = cogroup.classified(
         spark,
-        frames,
+        split,
         inp["subs"],
         inp["clients"],
         inp["offsets"],

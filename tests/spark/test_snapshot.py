@@ -90,8 +90,30 @@ def test_the_jvm_reads_what_python_parses(spark: Any, tmp_path: Path, seed: int)
     # written once: the JVM has let go of them
     again = snap.frame(str(tmp_path / "jvm"))
     assert again is not None and _rows(again) == _rows(py)
-    with pytest.raises(RuntimeError, match="written already"):
+    with pytest.raises(RuntimeError, match="staged already"):
         snap.frame(str(tmp_path / "elsewhere"))
+    with pytest.raises(RuntimeError, match="staged already"):
+        snap.split(["M1"])
+    # split by msgId range for the co-group instead (the job's way with sorted lake files):
+    # each range's rows as the Python rows' side split by the same bounds gives them; none
+    # for other bounds; once
+    snap, why = snapshot.read(spark, str(path))
+    assert snap is not None, why
+    bounds = ["M1", "M3", "M5"]
+    snap.split(bounds)
+    assert snap.ranges(["M2"]) is None
+    got = cogroup.RangeSplit(None, snap.ranges(bounds), len(bounds) + 1)
+    want = cogroup.RangeSplit(
+        None,
+        cogroup.ranges(spark, cogroup.split(spark, classify.delivery_side(py), bounds)),
+        len(bounds) + 1,
+    )
+    per_range = [_rows(got.frame(spark, i)) for i in range(got.n)]
+    assert per_range == [_rows(want.frame(spark, i)) for i in range(want.n)]
+    assert sum(map(len, per_range)) == sum(1 for r in ref if r[0] is not None)
+    assert all(per_range), per_range
+    with pytest.raises(RuntimeError, match="staged already"):
+        snap.frame(str(tmp_path / "jvm2"))
 
 
 def test_without_copies_or_deliveries(spark: Any, tmp_path: Path) -> None:

@@ -113,7 +113,7 @@ def deliveries_frame(
             **{n: pa.array(cols[i + 3], pa.int64()) for i, n in enumerate(names[1:])},
         }
     )
-    # in msgId order, in small row groups: a read of one msgId range (cogroup_ranges) skips
+    # in msgId order, in small row groups: a read of one msgId range (cogroup.split) skips
     # the rest
     table = table.sort_by([("d_pkey", "ascending"), ("group", "ascending")])
     buf = pa.BufferOutputStream()
@@ -792,6 +792,14 @@ COGROUP_COLS = {
     "s3": "string",
     "s4": "string",
 }
+
+
+def cogroup_schema() -> T.StructType:
+    """The co-group's input rows (:data:`COGROUP_COLS`) as a Spark schema."""
+    types = {"string": T.StringType(), "bigint": T.LongType(), "int": T.IntegerType()}
+    return T.StructType([T.StructField(n, types[t]) for n, t in COGROUP_COLS.items()])
+
+
 #: what each side puts in the slots: producer (_producer_side), consume (_consume_side), last
 #: delivery (deliveries_frame); ``flags`` packs three nullable 0/1 values, two bits each
 #: (0 false, 1 true, 2 null)
@@ -837,42 +845,31 @@ def cogroup_input(
     return _cogroup_rows(ev, deliveries, base=base, sort_key=sort_key).repartition(n_parts, "k")
 
 
-def cogroup_ranges(
-    ev: DataFrame,
-    deliveries: DataFrame | None,
-    bounds: list[str],
-    *,
-    base: int,
-) -> list[DataFrame]:
-    """:func:`cogroup_input`'s rows split by msgId range instead of partitioned by hash: one
-    frame per range of ``bounds`` (ascending; :func:`tracemq_spark.cogroup.plan_ranges`), the
-    first range also holding the rows without a msgId (the consume side's keys of U+0000 and
-    the empty msgId sort below every bound) — each row in exactly one frame. Each frame reads
-    the lake with its range's condition on ``msg_id``, which Parquet's row-group statistics
-    answer for files sorted by msgId (the collector's): a range reads only its row groups.
-    The JVM code reads each frame in one task (no exchange) and sorts it itself."""
-    col = F.col
-    edges: list[str | None] = [None, *bounds, None]
-
-    def within(c: Column, lo: str | None, hi: str | None) -> Column:
-        cond = F.lit(True)
-        if lo is not None:
-            cond = cond & (c >= F.lit(lo))
-        if hi is not None:
-            cond = cond & (c < F.lit(hi))
-        return cond if lo is not None else c.isNull() | cond
-
-    # the rows built once, each range a condition on their msgId (the lake's msg_id column,
-    # the deliveries' d_pkey) that Spark pushes down to each scan: building the projection
-    # per range cost ~0.5 s of the driver's time each
-    rows = _cogroup_rows(ev, deliveries, base=base, range_key=True)
-    return [
-        rows.where(within(col(RANGE_KEY), lo, hi)).select(*COGROUP_COLS)
-        for lo, hi in zip(edges, edges[1:], strict=False)
-    ]
+def cogroup_sides(ev: DataFrame, deliveries: DataFrame | None, *, base: int) -> list[DataFrame]:
+    """:func:`cogroup_input`'s rows, not partitioned, as one frame per side — the lake's
+    events (:func:`event_side`), then the last deliveries if any (:func:`delivery_side`)."""
+    d = None if deliveries is None else delivery_side(deliveries)
+    return [event_side(ev, base=base), *([d] if d is not None else [])]
 
 
-#: :func:`_cogroup_rows`' column of the msgId a row's range is decided by
+def event_side(ev: DataFrame, *, base: int) -> DataFrame:
+    """The lake's events of :func:`cogroup_input`, not partitioned, in :data:`COGROUP_COLS`
+    and :data:`RANGE_KEY`, the msgId as read (the lake's ``msg_id``): what
+    :func:`tracemq_spark.cogroup.split` splits by msgId range instead of a shuffle by hash.
+    A side of its own so that the job plans it while the last deliveries' file is still
+    being written (:mod:`tracemq_spark.job`)."""
+    return _keyed(_event_rows(ev, base, range_key=True), range_key=True)
+
+
+def delivery_side(deliveries: DataFrame) -> DataFrame:
+    """The last deliveries of :func:`cogroup_input`, as :func:`event_side` (:data:`RANGE_KEY`:
+    their ``d_pkey``)."""
+    rows = _delivery_rows(deliveries, range_key=True)
+    assert rows is not None
+    return _keyed(rows, range_key=True)
+
+
+#: :func:`cogroup_sides`' column of the msgId a row's range is decided by
 RANGE_KEY = "_range_key"
 
 
@@ -882,11 +879,18 @@ def _cogroup_rows(
     *,
     base: int,
     sort_key: Callable[[Column, Column], Column] | None = None,
-    range_key: bool = False,
 ) -> DataFrame:
-    """The rows of :func:`cogroup_input`, in :data:`COGROUP_COLS`, not yet partitioned;
-    ``range_key``: and :data:`RANGE_KEY`, the msgId as read (the lake's ``msg_id``, the
-    deliveries' ``d_pkey``)."""
+    """The rows of :func:`cogroup_input`, in :data:`COGROUP_COLS`, not yet partitioned."""
+    rows = _event_rows(ev, base)
+    d = _delivery_rows(deliveries)
+    if d is not None:
+        rows = rows.unionByName(d)
+    return _keyed(rows, sort_key=sort_key)
+
+
+def _event_rows(ev: DataFrame, base: int, range_key: bool = False) -> DataFrame:
+    """The lake's side: each event of the producer or the consume side as a row of
+    :data:`COGROUP_COLS` but ``k`` (:func:`_keyed` adds it)."""
     col = F.col
     p_cond, p_cols = _producer_side(base)
     c_cond, c_cols = _consume_side()
@@ -912,7 +916,7 @@ def _cogroup_rows(
             .alias(name)
         )
 
-    rows = rows.select(
+    return rows.select(
         F.when(is_p, p_cols["pkey"]).otherwise(c_cols["pkey"]).alias("pkey"),
         col("side"),
         col("timestamp"),
@@ -920,25 +924,42 @@ def _cogroup_rows(
         *[slot(name, of_p, of_c) for name, (of_p, of_c, _) in COGROUP_SLOTS.items()],
         *([col("msg_id").alias(RANGE_KEY)] if range_key else []),
     )
-    if deliveries is not None:
-        # (a delivery without msgId meets nothing: the joins' null keys)
-        d = deliveries.where(col("d_pkey").isNotNull()).select(
-            col("d_pkey").alias("pkey"),
-            F.lit(2).alias("side"),
-            F.lit(None).cast("bigint").alias("timestamp"),
-            F.lit(None).cast("bigint").alias("cost_time"),
-            *[
-                (F.lit(None) if of_d is None else col(of_d)).cast(COGROUP_COLS[name]).alias(name)
-                for name, (_, _, of_d) in COGROUP_SLOTS.items()
-            ],
-            *([col("d_pkey").alias(RANGE_KEY)] if range_key else []),
-        )
-        rows = rows.unionByName(d)
+
+
+def _delivery_rows(deliveries: DataFrame | None, range_key: bool = False) -> DataFrame | None:
+    """The last deliveries' side (None without any), as :func:`_event_rows`."""
+    if deliveries is None:
+        return None
+    col = F.col
+    # (a delivery without msgId meets nothing: the joins' null keys)
+    return deliveries.where(col("d_pkey").isNotNull()).select(
+        col("d_pkey").alias("pkey"),
+        F.lit(2).alias("side"),
+        F.lit(None).cast("bigint").alias("timestamp"),
+        F.lit(None).cast("bigint").alias("cost_time"),
+        *[
+            (F.lit(None) if of_d is None else col(of_d)).cast(COGROUP_COLS[name]).alias(name)
+            for name, (_, _, of_d) in COGROUP_SLOTS.items()
+        ],
+        *([col("d_pkey").alias(RANGE_KEY)] if range_key else []),
+    )
+
+
+def _keyed(
+    rows: DataFrame,
+    *,
+    sort_key: Callable[[Column, Column], Column] | None = None,
+    range_key: bool = False,
+) -> DataFrame:
+    """``rows`` with ``k`` (the msgId's xxhash64, or ``sort_key`` of it), in
+    :data:`COGROUP_COLS` (and :data:`RANGE_KEY` with ``range_key``)."""
+    col = F.col
     h = F.xxhash64(col("pkey"))
     # (the columns in COGROUP_COLS' order before the exchange: no projection above it, so
     # the JVM code reads the shuffle's rows as they come and sorts them itself)
     return rows.select(
         col("pkey"),
         (h if sort_key is None else sort_key(col("pkey"), h)).alias("k"),
-        *rows.columns[1:],
+        *[c for c in rows.columns[1:] if c != RANGE_KEY],
+        *([col(RANGE_KEY)] if range_key else []),
     ).select(*COGROUP_COLS, *([RANGE_KEY] if range_key else []))

@@ -225,8 +225,8 @@ class _Context:
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="reconcile-inputs")
         #: (shuffle partitions, the plan of :func:`cogroup.plan_ranges`), begun at discovery
         self._ranges: tuple[int, Future[list[str] | None]] | None = None
-        #: the JVM snapshot's deliveries file, staged in the inputs thread (None: not needed)
-        self._deliveries_written: Future[None] | None = None
+        #: the JVM snapshot's last deliveries, staged in the inputs' pool (None: not needed)
+        self._deliveries_staged: Future[None] | None = None
 
     # -- inputs -----------------------------------------------------------------------
     def load_inputs(self) -> None:
@@ -257,15 +257,8 @@ class _Context:
         if self._jvm_snapshot:
             snap, why = snapshot.read(self.spark, self.p.offsets)
             if snap is not None:
-                # the last deliveries' file staged next, in this thread, while the pre-flight
-                # finishes with the offsets and the classification is planned: written when
-                # the classification asked for it, it held up the driver between the scan and
-                # the classification (~1.5 s at 10M messages, one core idle); written before
-                # the offsets were handed over, it held up the pre-flight (~3 – 5 s: sorting
-                # 0.9M msgIds, the Parquet write)
-                self._deliveries_written = self._pool.submit(
-                    snap.write, self.stage.path("_deliveries")
-                )
+                # (the last deliveries are staged once discovery planned the ranges:
+                # _stage_deliveries)
                 return snap.offsets, snap, snap.n_copies
             self.say(f"offsets snapshot: parsed in Python ({why})")
         text = self.fs.read_text(self.p.offsets)
@@ -301,6 +294,23 @@ class _Context:
                 n,
                 self._pool.submit(cogroup.plan_ranges, self.spark, self.scan.files, n),
             )
+            self._deliveries_staged = self._pool.submit(self._stage_deliveries)
+
+    def _stage_deliveries(self) -> None:
+        """The JVM snapshot's last deliveries staged as the classification will read them,
+        in the inputs' pool while the pre-flight runs: split by the planned msgId ranges
+        (``JvmSnapshot.split``), or else written as a Parquet file (``JvmSnapshot.write``).
+        Done when the classification asked, it held up the driver between the scan and the
+        classification (~1.5 – 2 s at 10M messages, one core idle); done before the offsets
+        were handed over, it held up the pre-flight (~3 – 5 s)."""
+        _, deliveries, _ = self._offsets_job.result()
+        if not isinstance(deliveries, snapshot.JvmSnapshot):
+            return
+        bounds = self._ranges[1].result() if self._ranges is not None else None
+        if bounds:
+            deliveries.split(bounds)
+        else:
+            deliveries.write(self.stage.path("_deliveries"))
 
     def _n_parts(self) -> int:
         return int(self.spark.conf.get("spark.sql.shuffle.partitions") or 16)
@@ -369,22 +379,40 @@ class _Context:
             "queue_id",
             "queue_offset",
         )
+        if jvm is None:
+            jvm = cogroup.available(spark)
+        bounds = self.ranges_planned(n_parts) if jvm else None
+        # the lake's side split by msgId range in the inputs' pool (16 plans, ~3.7 s of the
+        # driver's CPU at 10M messages), while this thread makes the small frames, takes the
+        # staged deliveries and collects the look-ups (three small jobs)
+        events_split = (
+            self._pool.submit(
+                lambda: cogroup.split(spark, classify.event_side(ev, base=self.read_lo), bounds)
+            )
+            if bounds
+            else None
+        )
         subs = classify.subs_frame(spark, self.subs, p.subscription_grace_ms)
         clients = classify.clients_frame(spark, self.scan.broadcast_clients)
         offsets = classify.offsets_frame(spark, self.offsets)
         bh = [self.scan.hash_of[g] for g in self.bgroups if g in self.scan.hash_of]
+        if self._deliveries_staged is not None:
+            self._deliveries_staged.result()
+        # the snapshot's deliveries split by range already (_stage_deliveries), or a frame
+        d_ranges = (
+            self.deliveries.ranges(bounds)
+            if bounds and isinstance(self.deliveries, snapshot.JvmSnapshot)
+            else None
+        )
         d_path = self.stage.path("_deliveries")
-        if self._deliveries_written is not None:
-            self._deliveries_written.result()
         deliveries = (
-            self.deliveries.frame(d_path)
+            None
+            if d_ranges is not None
+            else self.deliveries.frame(d_path)
             if isinstance(self.deliveries, snapshot.JvmSnapshot)
             else classify.deliveries_frame(spark, self.fs, d_path, self.deliveries)
         )
         kw = {"f_ms": self.f_ms, "t_ms": self.t_ms, "read_lo": self.read_lo, "cutoff": self.cutoff}
-        if jvm is None:
-            jvm = cogroup.available(spark)
-        bounds = self.ranges_planned(n_parts) if jvm else None
         self.say(
             "classification: DataFrame steps"
             if not jvm
@@ -397,17 +425,21 @@ class _Context:
         )
         # every timestamp read is >= read_lo: (ts - base) fits 62 bits
         if jvm:
+            inp: DataFrame | cogroup.RangeSplit
+            if events_split is not None and bounds:
+                if deliveries is not None:
+                    d_ranges = cogroup.ranges(
+                        spark, cogroup.split(spark, classify.delivery_side(deliveries), bounds)
+                    )
+                looked_up = cogroup.lookups(spark, subs, clients, offsets)
+                inp = cogroup.RangeSplit(events_split.result(), d_ranges, len(bounds) + 1)
+            else:
+                looked_up = None
+                inp = classify.cogroup_input(ev, deliveries, base=self.read_lo, n_parts=n_parts)
             self.jvm_tally = cogroup.new_tally(spark) if tally else None
             return cogroup.classified(
                 spark,
-                classify.cogroup_ranges(ev, deliveries, bounds, base=self.read_lo)
-                if bounds
-                else classify.cogroup_input(
-                    ev,
-                    deliveries,
-                    base=self.read_lo,
-                    n_parts=n_parts,
-                ),
+                inp,
                 subs,
                 clients,
                 offsets,
@@ -416,6 +448,7 @@ class _Context:
                 classify.classified_schema(p.keep_classified),
                 tally=self.jvm_tally,
                 by_creation=True,
+                looked_up=looked_up,
                 **kw,
             )
         pubs = classify.pubs(ev, f_ms=self.f_ms, t_ms=self.t_ms, base=self.read_lo, n_parts=n_parts)

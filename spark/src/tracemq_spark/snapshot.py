@@ -35,6 +35,8 @@ class JvmSnapshot:
         self.n_copies = int(jsnap.copies())
         self.n_deliveries = int(jsnap.deliveries())
         self._written: set[str] = set()
+        #: (bounds, the JVM's rows per range) once :meth:`split`
+        self._split: tuple[list[str], Any] | None = None
         self.offsets: list[OffsetRow] = best_offsets(
             (g, t, s, int(q), c, int(o)) for g, t, s, q, c, o in json.loads(jsnap.offsetsJson())
         )
@@ -47,11 +49,38 @@ class JvmSnapshot:
         it lets go of them then). Nothing when there are none."""
         if not self.n_deliveries or path in self._written:
             return
-        if self._written:
-            raise RuntimeError("the last deliveries were written already")
+        if self._written or self._split is not None:
+            raise RuntimeError("the last deliveries were staged already")
         conf = self._spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
         self._j.writeDeliveries(f"{path.rstrip('/')}/{classify.DELIVERIES_FILE}", conf)
         self._written.add(path)
+
+    def split(self, bounds: list[str]) -> None:
+        """Stage the last deliveries as the co-group's rows split by the msgId ranges
+        ``bounds`` (the JVM's ``Snapshot.rangeRows``), for :meth:`ranges`: what the
+        classification by range reads instead of :meth:`write`'s file (no sort, no Parquet
+        write and read, no plans per range). Once, instead of :meth:`write`: the JVM lets go
+        of them then."""
+        if not self.n_deliveries:
+            return
+        if self._written or self._split is not None:
+            raise RuntimeError("the last deliveries were staged already")
+        from tracemq_spark import cogroup
+
+        rows = self._j.rangeRows(
+            cogroup.strings(self._spark, bounds), classify.cogroup_schema().json()
+        )
+        self._split = (list(bounds), rows)
+
+    def ranges(self, bounds: list[str]) -> object | None:
+        """The rows :meth:`split` staged for ``bounds`` as one RDD whose partition i holds
+        range i's (``Cogroup.deliveryRanges``); None when none were staged for them."""
+        if self._split is None or self._split[0] != list(bounds):
+            return None
+        jvm: Any = self._spark.sparkContext._jvm  # type: ignore[attr-defined]
+        return jvm.io.tracemq.spark.Cogroup.deliveryRanges(
+            self._split[1], len(classify.COGROUP_COLS)
+        )
 
     def frame(self, path: str) -> DataFrame | None:
         """As :func:`~tracemq_spark.classify.deliveries_frame`: the last deliveries staged as
