@@ -38,6 +38,8 @@ import argparse
 import asyncio
 import bisect
 import contextlib
+import os
+import shutil
 import sys
 import time
 import uuid
@@ -97,7 +99,6 @@ class Expected:
 
 def _start_profilers(out_dir: str, pid: int) -> list[Any]:
     """py-spy record (flame graphs) of the collector and, a moment later, of its children."""
-    import os
     import subprocess
 
     spy = os.environ.get("PY_SPY", "py-spy")
@@ -439,6 +440,11 @@ def main() -> int:
     args = p.parse_args()
     if args.events < 1 or args.partitions < 1 or args.per_message < 1:
         raise SystemExit("--events, --partitions and --per-message must be at least 1")
+    if args.profile and shutil.which(os.environ.get("PY_SPY", "py-spy")) is None:
+        # (checked before the stack starts: not a dev dependency, a tool of one's own)
+        raise SystemExit(
+            "--profile needs py-spy on PATH (`uv tool install py-spy`) or PY_SPY=<its path>"
+        )
     config = None
     if args.object_store:
         from tracemq_devkit.devstack import StackConfig
