@@ -75,3 +75,49 @@ def test_the_driver_heap_starts_at_its_full_size() -> None:
     assert [o for o in kept["spark.driver.extraJavaOptions"].split() if o.startswith("-Xms")] == [
         "-Xms1g"
     ]
+
+
+def test_the_figures_pool_gets_cores_while_a_default_pool_job_has_tasks_queued(spark: Any) -> None:
+    """The session schedules its pools fairly (``spark.scheduler.mode`` FAIR, the packaged
+    allocation file): a job of the figures' pool (``outputs.FIGURES_POOL``) submitted while a
+    job of the default pool still has most of its tasks queued runs on the next free core,
+    instead of behind every one of them (FIFO)."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tracemq_spark.outputs import FIGURES_POOL
+
+    sc = spark.sparkContext
+    assert sc.getConf().get("spark.scheduler.mode") == "FAIR"
+    assert sc._jsc.sc().getPoolForName(FIGURES_POOL).isDefined()  # type: ignore[attr-defined]
+    tasks = 40
+    done = sc.accumulator(0)
+
+    def work(_: Any) -> list[int]:
+        time.sleep(0.2)  # (the task's work: it holds its core for a while)
+        done.add(1)
+        return [1]
+
+    def default_job() -> int:
+        return sc.parallelize(range(tasks), tasks).mapPartitions(work).count()
+
+    def figures_job() -> int:
+        sc.setLocalProperty("spark.scheduler.pool", FIGURES_POOL)
+        try:
+            return sc.parallelize(range(2), 1).count()
+        finally:
+            sc.setLocalProperty("spark.scheduler.pool", None)  # type: ignore[arg-type]
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        big = pool.submit(default_job)
+        deadline = time.monotonic() + 120
+        while done.value < 1:  # the default pool's job is running, the rest queued
+            assert time.monotonic() < deadline, "the default pool's job never ran a task"
+            assert not big.done(), big.exception()
+            time.sleep(0.05)
+        assert pool.submit(figures_job).result(timeout=120) == 2
+        finished_before = done.value
+        assert big.result(timeout=300) == tasks
+    assert finished_before < tasks // 2, (
+        f"the figures' job waited for {finished_before} of the default pool's {tasks} tasks"
+    )

@@ -10,6 +10,7 @@ report. Hashed columns are decoded with the pre-flight scan's dictionary (:func:
 
 from __future__ import annotations
 
+import importlib
 import json
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
@@ -82,30 +83,48 @@ def publish_tables(ctx: _Context) -> None:
     """The anomalies, summary (and with ``keep_classified`` classified) datasets, staged;
     the tally and grouped figures ``summarize`` reads.
 
-    The tally and its grouping (:func:`_figures`) run in a thread of their own beside the
-    anomalies (:func:`_anomalies`): both read the classified rows, neither needs the other,
-    and each is a chain of short jobs whose planning, commits and last tasks left a core idle
-    while the other waited its turn (at 10M messages ~8 s of small jobs after the
-    classification, ~6 s of it with at most one task running)."""
+    The tally, its grouping (:func:`_figures`) and the summary dataset run in a thread of their
+    own beside the anomalies (:func:`_anomalies`): both read the classified rows, neither
+    needs the other, and each is a chain of short jobs whose planning, commits and last tasks
+    left a core idle while the other waited its turn (at 10M messages ~8 s of small jobs after
+    the classification, ~6 s of it with at most one task running). The thread's jobs go to a
+    scheduler pool of their own (:data:`FIGURES_POOL`): with the session's fair scheduling
+    (``spark.scheduler.mode``, :func:`tracemq_spark.session.session_conf`) the two chains
+    share the cores as they go, where in one FIFO queue the tally's tasks waited behind every
+    task of the anomalies' write and its chain then ran alone (~7 s at 10M)."""
     final = final_frame(ctx.spark.read.parquet(ctx.stage.path("_classified")))
     sc = ctx.spark.sparkContext
     group = f"tracemq-reconcile-{ctx.run_id}-figures"
 
     def figures() -> None:
-        # (a thread of the pool's own: its job group goes with it)
+        # (a thread of the pool's own: its job group and scheduler pool go with it)
         sc.setJobGroup(group, "reconcile: tally and grouped figures")
+        sc.setLocalProperty("spark.scheduler.pool", FIGURES_POOL)
         _figures(ctx, final)
+        _summary(ctx)
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reconcile-figures") as pool:
         job = pool.submit(figures)
         try:
             checkpoint(ctx.p, "during_tables")
             _anomalies(ctx, final)
+            if not job.done():
+                # the report's matplotlib (~0.5 s of imports) while this thread would only
+                # wait for the figures' last jobs, not after them
+                importlib.import_module("tracemq_spark.report")
         except BaseException:
             sc.cancelJobGroup(group)  # (and wait below: nothing may write into the staging
             wait([job])  # directory once the run's cleanup starts)
             raise
         job.result()
+
+
+#: the scheduler pool of the figures' thread (:func:`publish_tables`)
+FIGURES_POOL = "reconcile-figures"
+
+
+def _summary(ctx: _Context) -> None:
+    """``summary`` (staged): the grouped figures of each window (``_grouped``'s level 0)."""
     g = ctx.spark.read.parquet(ctx.stage.path("_grouped"))
     per_window = _flatten_percentiles(
         decode(
@@ -114,7 +133,8 @@ def publish_tables(ctx: _Context) -> None:
             [("topic_h", "topic"), ("group_h", "group")],
         )
     )
-    write(ctx.fs, ctx.stage, with_window(per_window, ctx.p.window_ms), "summary")
+    # (the session's setting as it is: the anomalies' write, beside, sets and restores it)
+    write(ctx.fs, ctx.stage, with_window(per_window, ctx.p.window_ms), "summary", open_windows=None)
 
 
 def _figures(ctx: _Context, final: DataFrame) -> None:
@@ -197,7 +217,7 @@ def write(
     df: DataFrame,
     name: str,
     *,
-    open_windows: int = 64,
+    open_windows: int | None = 64,
     plain: tuple[str, ...] = (),
 ) -> None:
     """Write a dataset partitioned by window into the staging directory, then mark it
@@ -208,22 +228,26 @@ def write(
     The sort cost its time, and its generated ``sort_addToSorter``, fused with the
     anomalies' decode and evidence projection, was the largest method C2 compiled in the
     whole job (334 kB, 5.8 s of compiler CPU at 1M messages, JFR). Each open file buffers a
-    Parquet row group: 0 (sort, one file at a time) for a dataset of every classified row.
+    Parquet row group: 0 (sort, one file at a time) for a dataset of every classified row;
+    None leaves the session's setting as it is (a small dataset written beside another write).
     ``plain``: columns written without dictionary encoding (:data:`PLAIN_COLUMNS`)."""
     target = stage.path(name)
-    conf = df.sparkSession.conf
-    old = conf.get(_CONCURRENT_WRITERS, None)
-    conf.set(_CONCURRENT_WRITERS, str(open_windows))
-    try:
-        w = df.write.mode("overwrite").partitionBy("window")
-        for c in plain:
-            w = w.option(f"parquet.enable.dictionary#{c}", "false")
+    w = df.write.mode("overwrite").partitionBy("window")
+    for c in plain:
+        w = w.option(f"parquet.enable.dictionary#{c}", "false")
+    if open_windows is None:
         w.parquet(target)
-    finally:
-        if old is None:
-            conf.unset(_CONCURRENT_WRITERS)
-        else:
-            conf.set(_CONCURRENT_WRITERS, old)
+    else:
+        conf = df.sparkSession.conf
+        old = conf.get(_CONCURRENT_WRITERS, None)
+        conf.set(_CONCURRENT_WRITERS, str(open_windows))
+        try:
+            w.parquet(target)
+        finally:
+            if old is None:
+                conf.unset(_CONCURRENT_WRITERS)
+            else:
+                conf.set(_CONCURRENT_WRITERS, old)
     fs.mkdirs(target)
     fs.write_text(stage.path(name, "_SUCCESS"), "")
 

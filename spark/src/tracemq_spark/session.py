@@ -187,6 +187,12 @@ def session_conf(
         "spark.sql.sources.partitionOverwriteMode": "dynamic",
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         "spark.sql.requireAllClusterKeysForCoPartition": "false",
+        # jobs of threads that name a scheduler pool share the cores with the others
+        # (outputs.publish_tables: the figures beside the anomalies' write); those that name
+        # none are in the default pool, first in first out as before. Read when the context
+        # starts: a session the job is given keeps its own mode (then one queue, slower)
+        "spark.scheduler.mode": "FAIR",
+        "spark.scheduler.allocation.file": str(Path(__file__).with_name("fairscheduler.xml")),
     }
     if s3a is not None:
         conf.update(s3a.conf())
