@@ -94,7 +94,10 @@ def test_the_figures_pool_gets_cores_while_a_default_pool_job_has_tasks_queued(s
     done = sc.accumulator(0)
 
     def work(_: Any) -> list[int]:
-        time.sleep(0.2)  # (the task's work: it holds its core for a while)
+        # (the task's work: it holds its core for half a second, so that the default pool's
+        # job lasts ~10 s on two cores and the figures' job has seconds to be scheduled in
+        # even on a loaded host)
+        time.sleep(0.5)
         done.add(1)
         return [1]
 
