@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -14,7 +16,7 @@ from typing import Any
 import pytest
 from tracemq.errors import StackError
 from tracemq.transport import wait_until_ready
-from tracemq_devkit.devstack import EmbeddedStack, StackConfig, run_coro
+from tracemq_devkit.devstack import EmbeddedStack, StackConfig, run_coro, stack
 from tracemq_devkit.devstack.process import ManagedProcess
 from tracemq_devkit.devstack.stack import tracemq_command
 from tracemq_devkit.devstack.supervisor import ControlChannel, RestartPolicy
@@ -191,6 +193,76 @@ def test_a_process_that_keeps_crashing_is_restarted_with_growing_capped_backoff(
 
         eventually_sync(tansu_back, timeout=30, what="kafka-trace restarted")
         run_coro(wait_until_ready(s.trace_bootstrap, 30))
+    finally:
+        s.stop()
+        _SESSION_STACKS.remove(s)
+
+
+@pytest.mark.timeout(120)
+def test_infrastructure_whose_port_is_taken_before_it_binds_starts_on_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A port is free when the launcher chooses it, not always when Tansu or Redis binds it
+    (another stack starting beside this one, an outgoing connection's ephemeral port): the child
+    exits with "address in use" and is started again on another port, not waited on for a
+    minute. Here the collision is made certain: the first port offered to the business Tansu
+    and to Redis is held by a listener of this test."""
+    held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    taken = held.getsockname()[1]
+    real = stack.free_port
+    calls: list[int] = []
+
+    def offered() -> int:
+        # the order of a stack's start: business Tansu (1st try: taken; 2nd), trace Tansu,
+        # Redis (1st try: taken; 2nd)
+        calls.append(0)
+        return taken if len(calls) in (1, 4) else real()
+
+    monkeypatch.setattr(stack, "free_port", offered)
+    s = EmbeddedStack(
+        StackConfig(workdir=tmp_path / "stack", start_services=False, secrets=SESSION_SECRETS)
+    )
+    _SESSION_STACKS.append(s)
+    try:
+        s.start()  # waits for both clusters and Redis's PING
+        ports = {
+            n: s.processes[n].extra["port"] for n in ("kafka-business", "kafka-trace", "redis")
+        }
+        assert taken not in ports.values() and len(calls) == 5, (ports, taken, calls)
+        assert s.business_bootstrap == f"127.0.0.1:{ports['kafka-business']}"
+        assert f"127.0.0.1:{ports['redis']}/" in s.redis_url
+        for name in ("kafka-business", "redis"):
+            log = s.processes[name].log_path.read_text(errors="replace")
+            assert stack._PORT_TAKEN.search(log), (name, log[-2000:])
+            assert s.processes[name].listens_on(ports[name])
+    finally:
+        held.close()
+        s.stop()
+        _SESSION_STACKS.remove(s)
+
+
+@pytest.mark.timeout(60)
+def test_infrastructure_that_exits_at_start_fails_the_start_at_once_with_its_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any other early exit is not retried: the start fails at once, naming the process and
+    quoting its log (before, a dead Redis was pinged for the whole startup timeout)."""
+    fake = tmp_path / "redis-server"
+    fake.write_text("#!/bin/sh\necho 'FATAL CONFIG FILE ERROR: no such directive' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("TRACEMQ_DEV_REDIS_BIN", str(fake))
+    s = EmbeddedStack(
+        StackConfig(workdir=tmp_path / "stack", start_services=False, secrets=SESSION_SECRETS)
+    )
+    _SESSION_STACKS.append(s)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(StackError, match=r"redis exited with code 1 .*try 1 of 5") as err:
+            s.start()
+        assert "FATAL CONFIG FILE ERROR" in str(err.value)
+        assert time.monotonic() - t0 < s.config.startup_timeout_s / 2
     finally:
         s.stop()
         _SESSION_STACKS.remove(s)

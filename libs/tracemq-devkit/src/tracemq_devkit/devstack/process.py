@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 from tracemq.errors import StackError
 
 _PR_SET_PDEATHSIG = 1
@@ -51,6 +52,8 @@ class ManagedProcess:
     def start(self, *, tie_to_parent: bool = True) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
+            # where this run's lines begin in a log that earlier runs of the process share
+            self.extra["log_offset"] = log.tell()
             self.popen = subprocess.Popen(
                 self.argv,
                 env=self.env,
@@ -69,6 +72,42 @@ class ManagedProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+    def this_run_log(self) -> str:
+        """What this run of the process has logged (not the runs before it in the same file)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(int(self.extra.get("log_offset", 0)))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def listens_on(self, port: int) -> bool:
+        """Whether this very process listens on TCP ``port`` on loopback (a connect would also
+        succeed if some *other* process held the port)."""
+        if not self.alive() or self.popen is None:
+            return False
+        try:
+            conns = psutil.Process(self.popen.pid).net_connections("tcp")
+        except psutil.Error:
+            return False
+        return any(
+            c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns
+        )
+
+    def wait_listening(self, port: int, timeout_s: float) -> bool:
+        """Wait until the process listens on ``port`` (True) or has exited (False)."""
+        deadline = time.monotonic() + timeout_s
+        while self.alive():
+            if self.listens_on(port):
+                return True
+            if time.monotonic() > deadline:
+                raise StackError(
+                    f"{self.name} did not listen on 127.0.0.1:{port} within {timeout_s}s; "
+                    f"log tail:\n{self.log_tail()}"
+                )
+            time.sleep(0.01)
+        return False
 
     def wait_healthy(self, timeout_s: float, check: Callable[[], bool] | None = None) -> None:
         """Poll ``check`` (default: GET health_url == 200) until true; fail fast if the child dies."""

@@ -17,6 +17,7 @@ import contextlib
 import glob
 import json
 import os
+import re
 import socket
 import sys
 import tempfile
@@ -47,6 +48,11 @@ from tracemq_devkit.devstack.supervisor import RestartPolicy, Supervisor
 
 BUSINESS_CLUSTER = "business"
 TRACE_CLUSTER = "trace"
+
+# an infrastructure child that lost its port to another process before it bound it says so
+# (Redis: "Address already in use", Tansu: "AddrInUse") and is started on another port
+_PORT_TAKEN = re.compile(r"address (already )?in use|AddrInUse", re.IGNORECASE)
+_PORT_TRIES = 5
 
 
 def free_port() -> int:
@@ -381,45 +387,76 @@ class EmbeddedStack:
         self, name: str, binary: str | None, storage: str, storage_env: dict[str, str]
     ) -> str:
         assert binary is not None
-        port = free_port()
-        url = f"tcp://127.0.0.1:{port}"
         # a secure stack's clients reach Tansu only through its TLS + SASL gateway
         gateway_port = free_port() if self.config.secure else None
-        advertised = f"tcp://127.0.0.1:{gateway_port}" if gateway_port else url
-        proc = ManagedProcess(
-            name=name,
-            argv=[
-                binary,
-                "broker",
-                "--listener-url",
-                url,
-                "--advertised-listener-url",
-                advertised,
-                "--storage-engine",
-                storage,
-                "--cluster-id",
-                name,
-            ],
-            env={
-                **os.environ,
-                "RUST_LOG": os.environ.get("RUST_LOG", "warn"),
-                **storage_env,
-            },
-            log_path=self.workdir / "logs" / f"{name}.log",
-        )
-        proc.extra["kind"] = "infra"
-        proc.extra["address"] = f"127.0.0.1:{port}"
-        proc.start(tie_to_parent=self.config.tie_to_parent)
-        self.processes[name] = proc
+
+        def spawn(port: int) -> ManagedProcess:
+            url = f"tcp://127.0.0.1:{port}"
+            advertised = f"tcp://127.0.0.1:{gateway_port}" if gateway_port else url
+            return ManagedProcess(
+                name=name,
+                argv=[
+                    binary,
+                    "broker",
+                    "--listener-url",
+                    url,
+                    "--advertised-listener-url",
+                    advertised,
+                    "--storage-engine",
+                    storage,
+                    "--cluster-id",
+                    name,
+                ],
+                env={
+                    **os.environ,
+                    "RUST_LOG": os.environ.get("RUST_LOG", "warn"),
+                    **storage_env,
+                },
+                log_path=self.workdir / "logs" / f"{name}.log",
+            )
+
+        port = self._start_on_free_port(spawn)
         if gateway_port is not None:
             return secure.start_gateway(self, name, gateway_port, port)
         return f"127.0.0.1:{port}"
+
+    def _start_on_free_port(self, spawn: Callable[[int], ManagedProcess]) -> int:
+        """Start an infrastructure process on a free loopback port and wait until it listens.
+
+        A port is free when :func:`free_port` chose it, not necessarily when the child binds
+        it: in between, anything on the host can take it (another stack starting beside this
+        one, an outgoing connection's ephemeral port). The child then exits at once ("address
+        in use"), and it is started again on another port, up to :data:`_PORT_TRIES` times; any
+        other early exit fails the start with the child's log."""
+        for attempt in range(1, _PORT_TRIES + 1):
+            port = free_port()
+            proc = spawn(port)
+            proc.extra["kind"] = "infra"
+            proc.extra["port"] = port
+            proc.extra["address"] = f"127.0.0.1:{port}"
+            proc.start(tie_to_parent=self.config.tie_to_parent)
+            self.processes[proc.name] = proc
+            if proc.wait_listening(port, self.config.startup_timeout_s):
+                return port
+            logged = proc.this_run_log()
+            code = proc.popen.returncode if proc.popen else None
+            if attempt == _PORT_TRIES or not _PORT_TAKEN.search(logged):
+                tail = "\n".join(logged.splitlines()[-30:])
+                raise StackError(
+                    f"{proc.name} exited with code {code} while starting on 127.0.0.1:{port} "
+                    f"(try {attempt} of {_PORT_TRIES}); log tail:\n{tail}"
+                )
+            print(
+                f"warning: {proc.name}: port {port} was taken before it could bind it; "
+                "starting it on another",
+                file=sys.stderr,
+            )
+        raise AssertionError("unreachable")
 
     def _start_redis(self) -> str:
         """Redis on loopback with the stack's generated password (``requirepass``), which every
         ``TRACEMQ_REDIS_URL`` of the stack carries. The password is in a 0600 config file, not
         on the command line (``ps`` shows a command line to every local user)."""
-        port = free_port()
         data = self.workdir / "redis"
         data.mkdir(parents=True, exist_ok=True)
         password = self.secrets.redis_password
@@ -441,40 +478,39 @@ class EmbeddedStack:
                 print(f"warning: Redis without TLS: {exc}", file=sys.stderr)
                 tls = None
         self.redis_tls = tls is not None
-        if tls is not None:
-            # a secure stack's Redis speaks TLS only, with a certificate of the stack's CA
-            listen = ["--port", "0", "--tls-port", str(port), "--tls-auth-clients", "no"]
-            listen += ["--tls-cert-file", str(tls.cert), "--tls-key-file", str(tls.key)]
-            listen += ["--tls-ca-cert-file", str(tls.ca)]
-        else:
-            listen = ["--port", str(port)]
-        proc = ManagedProcess(
-            name="redis",
-            argv=[
-                binary,
-                str(conf),
-                *listen,
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "everysec",
-                "--dir",
-                str(data),
-                "--protected-mode",
-                "no",
-            ],
-            env=dict(os.environ),
-            log_path=self.workdir / "logs" / "redis.log",
-        )
-        proc.extra["kind"] = "infra"
-        proc.extra["port"] = port
-        proc.extra["address"] = f"127.0.0.1:{port}"
-        proc.start(tie_to_parent=self.config.tie_to_parent)
-        self.processes["redis"] = proc
+
+        def spawn(port: int) -> ManagedProcess:
+            if tls is not None:
+                # a secure stack's Redis speaks TLS only, with a certificate of the stack's CA
+                listen = ["--port", "0", "--tls-port", str(port), "--tls-auth-clients", "no"]
+                listen += ["--tls-cert-file", str(tls.cert), "--tls-key-file", str(tls.key)]
+                listen += ["--tls-ca-cert-file", str(tls.ca)]
+            else:
+                listen = ["--port", str(port)]
+            return ManagedProcess(
+                name="redis",
+                argv=[
+                    binary,
+                    str(conf),
+                    *listen,
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "yes",
+                    "--appendfsync",
+                    "everysec",
+                    "--dir",
+                    str(data),
+                    "--protected-mode",
+                    "no",
+                ],
+                env=dict(os.environ),
+                log_path=self.workdir / "logs" / "redis.log",
+            )
+
+        port = self._start_on_free_port(spawn)
         auth = f":{quote(password, safe='')}@127.0.0.1:{port}/0"
         if tls is not None:
             return f"rediss://{auth}?ssl_ca_certs={quote(str(tls.ca), safe='/')}"
@@ -498,8 +534,15 @@ class EmbeddedStack:
         base, tls = redis_url.split(self.redis_url)
         client = redis.Redis.from_url(base, socket_connect_timeout=1, **tls)
         deadline = time.monotonic() + timeout
+        proc = self.processes.get("redis")  # None: an external Redis
         try:
             while time.monotonic() < deadline:
+                if proc is not None and not proc.alive():
+                    code = proc.popen.returncode if proc.popen else None
+                    raise StackError(
+                        f"Redis exited with code {code} before it answered PING; "
+                        f"log tail:\n{proc.log_tail()}"
+                    )
                 try:
                     if client.ping():
                         return
