@@ -205,8 +205,10 @@ def test_infrastructure_whose_port_is_taken_before_it_binds_starts_on_another(
     """A port is free when the launcher chooses it, not always when Tansu or Redis binds it
     (another stack starting beside this one, an outgoing connection's ephemeral port): the child
     exits with "address in use" and is started again on another port, not waited on for a
-    minute. Here the collision is made certain: the first port offered to the business Tansu
-    and to Redis is held by a listener of this test."""
+    minute; a service likewise, and a service is healthy only when it is the one listening on
+    its port (another process's /healthz there would answer 200 too). Here the collision is
+    made certain: the first port offered to the business Tansu, to Redis and to the nameserver
+    is held by a listener of this test."""
     held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     held.bind(("127.0.0.1", 0))
     held.listen()
@@ -216,9 +218,9 @@ def test_infrastructure_whose_port_is_taken_before_it_binds_starts_on_another(
 
     def offered() -> int:
         # the order of a stack's start: business Tansu (1st try: taken; 2nd), trace Tansu,
-        # Redis (1st try: taken; 2nd)
+        # Redis (1st try: taken; 2nd); then the nameserver (1st try: taken; 2nd)
         calls.append(0)
-        return taken if len(calls) in (1, 4) else real()
+        return taken if len(calls) in (1, 4, 6) else real()
 
     monkeypatch.setattr(stack, "free_port", offered)
     s = EmbeddedStack(
@@ -237,6 +239,10 @@ def test_infrastructure_whose_port_is_taken_before_it_binds_starts_on_another(
             log = s.processes[name].log_path.read_text(errors="replace")
             assert stack._PORT_TAKEN.search(log), (name, log[-2000:])
             assert s.processes[name].listens_on(ports[name])
+        ns = s.start_nameserver()
+        port = int(ns.env["TRACEMQ_HTTP_PORT"])
+        assert port != taken and len(calls) == 7 and ns.listens_on(port), (port, calls)
+        assert stack._PORT_TAKEN.search(ns.log_path.read_text(errors="replace"))
     finally:
         held.close()
         s.stop()

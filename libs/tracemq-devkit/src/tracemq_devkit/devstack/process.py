@@ -83,17 +83,26 @@ class ManagedProcess:
             return ""
 
     def listens_on(self, port: int) -> bool:
-        """Whether this very process listens on TCP ``port`` on loopback (a connect would also
-        succeed if some *other* process held the port)."""
+        """Whether this very process (or one of its children) listens on TCP ``port`` — a
+        connect, or a health check's 200, would also succeed if some *other* process held the
+        port."""
         if not self.alive() or self.popen is None:
             return False
         try:
-            conns = psutil.Process(self.popen.pid).net_connections("tcp")
+            me = psutil.Process(self.popen.pid)
+            tree = [me, *me.children(recursive=True)]
         except psutil.Error:
             return False
-        return any(
-            c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns
-        )
+        for p in tree:
+            try:
+                conns = p.net_connections("tcp")
+            except psutil.Error:
+                continue
+            if any(
+                c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns
+            ):
+                return True
+        return False
 
     def wait_listening(self, port: int, timeout_s: float) -> bool:
         """Wait until the process listens on ``port`` (True) or has exited (False)."""
@@ -110,8 +119,10 @@ class ManagedProcess:
         return False
 
     def wait_healthy(self, timeout_s: float, check: Callable[[], bool] | None = None) -> None:
-        """Poll ``check`` (default: GET health_url == 200) until true; fail fast if the child dies."""
-        probe = check or self._http_ok
+        """Poll ``check`` until true; fail fast if the child dies. The default check: GET
+        health_url answers 200 and, for a process with a ``port`` in :attr:`extra`, it is this
+        process that listens there (not another that took the port first)."""
+        probe = check or self._healthy
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not self.alive():
@@ -125,6 +136,10 @@ class ManagedProcess:
         raise StackError(
             f"{self.name} not healthy after {timeout_s}s; log tail:\n{self.log_tail()}"
         )
+
+    def _healthy(self) -> bool:
+        port = self.extra.get("port")
+        return self._http_ok() and (port is None or self.listens_on(int(port)))
 
     def _http_ok(self) -> bool:
         if not self.health_url:

@@ -670,6 +670,7 @@ class EmbeddedStack:
         )
         proc.extra["kind"] = kind
         proc.extra["service_args"] = args
+        proc.extra["port"] = port
         proc.start(tie_to_parent=self.config.tie_to_parent)
         self.processes[name] = proc
         if wait:
@@ -690,10 +691,33 @@ class EmbeddedStack:
         return {f"{prefix}ACCESS_KEY_ID": kid, f"{prefix}SECRET_KEY": secret}
 
     def start_nameserver(self, name: str = "nameserver", **env: str) -> ManagedProcess:
-        port = free_port()
-        return self.spawn_service(
-            name, ["nameserver"], {**self.common_env(port), **self.auth_env(), **env}
+        return self._spawn_on_free_port(
+            name, ["nameserver"], lambda port: {**self.common_env(port), **self.auth_env(), **env}
         )
+
+    def _spawn_on_free_port(
+        self, name: str, args: list[str], env_for: Callable[[int], dict[str, str]]
+    ) -> ManagedProcess:
+        """:meth:`spawn_service` on a free port (``env_for(port)``), waited on until healthy.
+
+        As with the infrastructure (:meth:`_start_on_free_port`): a service that lost its port
+        before it could bind it exits saying so and is started again on another port."""
+        for attempt in range(1, _PORT_TRIES + 1):
+            port = free_port()
+            proc = self.spawn_service(name, args, env_for(port), wait=False)
+            try:
+                proc.wait_healthy(self.config.startup_timeout_s)
+                return proc
+            except StackError:
+                taken = not proc.alive() and _PORT_TAKEN.search(proc.this_run_log())
+                if attempt == _PORT_TRIES or not taken:
+                    raise
+            print(
+                f"warning: {name}: port {port} was taken before it could bind it; "
+                "starting it on another",
+                file=sys.stderr,
+            )
+        raise AssertionError("unreachable")
 
     def broker_env(self, name: str, role: str, port: int) -> dict[str, str]:
         data_bootstrap = self.trace_bootstrap if role == "trace" else self.business_bootstrap
@@ -713,6 +737,10 @@ class EmbeddedStack:
         self, name: str, role: str = "business", *, wait: bool = True, **env: str
     ) -> ManagedProcess:
         old = self.processes.get(name)
+        if old is None and wait:
+            return self._spawn_on_free_port(
+                name, ["broker"], lambda port: {**self.broker_env(name, role, port), **env}
+            )
         # a restarted broker keeps its port (its address) and data dir, as a real host would
         port = int(old.env["TRACEMQ_HTTP_PORT"]) if old is not None else free_port()
         return self.spawn_service(
@@ -721,11 +749,10 @@ class EmbeddedStack:
 
     def start_collector(self, name: str = "collector", **env: str) -> ManagedProcess:
         """A collector whose API and /metrics need the stack's token (``env`` may override it)."""
-        port = free_port()
-        return self.spawn_service(
+        return self._spawn_on_free_port(
             name,
             ["collector"],
-            {
+            lambda port: {
                 **self.common_env(port),
                 "TRACEMQ_COLLECTOR_DATA_DIR": str(self.workdir / "data" / name),
                 "TRACEMQ_COLLECTOR_API_TOKEN": self.secrets.collector_api_token,
