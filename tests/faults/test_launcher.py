@@ -272,3 +272,44 @@ def test_infrastructure_that_exits_at_start_fails_the_start_at_once_with_its_log
     finally:
         s.stop()
         _SESSION_STACKS.remove(s)
+
+
+@pytest.mark.timeout(180)
+def test_the_object_store_whose_port_is_taken_before_it_binds_starts_on_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SeaweedFS (the durable stack's object store) takes eleven ports at once: when one of
+    them is taken, it exits at once ("Port allocation failed") and gets eleven others."""
+    held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    taken = held.getsockname()[1]
+    real = stack.free_ports
+    offered: list[list[int]] = []
+
+    def ports(n: int) -> list[int]:
+        chosen = real(n)
+        if not offered:
+            chosen[1] = taken  # the volume server's port, on the first try
+        offered.append(chosen)
+        return chosen
+
+    monkeypatch.setattr(stack, "free_ports", ports)
+    s = EmbeddedStack(
+        StackConfig(
+            workdir=tmp_path / "stack", start_services=False, durable=True, secrets=SESSION_SECRETS
+        )
+    )
+    _SESSION_STACKS.append(s)
+    try:
+        s.start()  # both clusters keep their logs in its buckets: they answer once it does
+        assert len(offered) == 2 and taken not in offered[1], offered
+        s3 = s.processes["s3"]
+        assert s3.extra["address"] == f"127.0.0.1:{offered[1][3]}"
+        assert s3.listens_on(offered[1][3])
+        log = s3.log_path.read_text(errors="replace")
+        assert stack._PORT_TAKEN.search(log) and str(taken) in log, log[-2000:]
+    finally:
+        held.close()
+        s.stop()
+        _SESSION_STACKS.remove(s)

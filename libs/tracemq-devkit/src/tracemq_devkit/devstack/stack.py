@@ -50,9 +50,19 @@ BUSINESS_CLUSTER = "business"
 TRACE_CLUSTER = "trace"
 
 # an infrastructure child that lost its port to another process before it bound it says so
-# (Redis: "Address already in use", Tansu: "AddrInUse") and is started on another port
-_PORT_TAKEN = re.compile(r"address (already )?in use|AddrInUse", re.IGNORECASE)
+# (Redis: "Address already in use", Tansu: "AddrInUse", SeaweedFS: "Port allocation failed")
+# and is started on another port
+_PORT_TAKEN = re.compile(
+    r"address (already )?in use|AddrInUse|port allocation failed", re.IGNORECASE
+)
 _PORT_TRIES = 5
+
+
+def _listening_and(
+    proc: ManagedProcess, port: int, check: Callable[[], bool]
+) -> Callable[[], bool]:
+    """``check``, once ``proc`` itself listens on ``port`` (not another process there)."""
+    return lambda: proc.listens_on(port) and check()
 
 
 def free_port() -> int:
@@ -321,47 +331,69 @@ class EmbeddedStack:
         data = self.workdir / "s3"
         data.mkdir(parents=True, exist_ok=True)
         names = ("master", "volume", "filer", "s3", "admin")
-        chosen = free_ports(2 * len(names) + 1)
-        ports = dict(zip(names, chosen[: len(names)], strict=True))
-        grpc = dict(zip(names, chosen[len(names) : 2 * len(names)], strict=True))
-        metrics = chosen[-1]
         buckets = {c: f"tracemq-{c}" for c in (BUSINESS_CLUSTER, TRACE_CLUSTER)}
         lake_bucket = "tracemq-lake"
-        argv = [binary, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
-        for n in names:
-            argv += [f"-{n}.port={ports[n]}", f"-{n}.port.grpc={grpc[n]}"]
-        argv += [
-            f"-metricsPort={metrics}",
-            "-admin.ui=false",
-            "-webdav=false",
-            # the Iceberg and Lance endpoints default to fixed ports (8181, 9101): off
-            "-s3.port.iceberg=0",
-            "-s3.port.lance=0",
-            f"-bucket={','.join([*buckets.values(), *([lake_bucket] if lake else [])])}",
-        ]
         env = dict(os.environ)
         if lake:
             # pyarrow's S3 client (the lake) is refused by a SeaweedFS without identities;
             # `weed mini` makes one of these variables (Tansu signs with the same pair)
             env.update(AWS_ACCESS_KEY_ID=_S3_KEY, AWS_SECRET_ACCESS_KEY=_S3_KEY)
-        proc = ManagedProcess(
-            name="s3",
-            argv=argv,
-            env=env,
-            log_path=self.workdir / "logs" / "s3.log",
-            health_url=f"http://127.0.0.1:{ports['s3']}/{buckets[TRACE_CLUSTER]}",
-        )
-        proc.extra["kind"] = "infra"
-        proc.extra["address"] = f"127.0.0.1:{ports['s3']}"
-        # SeaweedFS leaves unix sockets named by port in /tmp when killed
-        proc.extra["leftovers"] = [f"/tmp/seaweedfs-*-{p}.sock" for p in chosen]  # noqa: S108
-        proc.start(tie_to_parent=self.config.tie_to_parent)
-        self.processes["s3"] = proc
-        # both buckets answer (HEAD 200) once SeaweedFS has created them
-        endpoint = f"http://127.0.0.1:{ports['s3']}"
-        for bucket in buckets.values():
-            check = _s3_bucket_ok(endpoint, bucket) if lake else _http_ok(f"{endpoint}/{bucket}")
-            proc.wait_healthy(self.config.startup_timeout_s, check=check)
+        # eleven ports, any of which another process may take before SeaweedFS binds it: it
+        # then exits at once ("Port allocation failed") and gets eleven others, as Tansu and
+        # Redis do (_start_on_free_port)
+        for attempt in range(1, _PORT_TRIES + 1):
+            chosen = free_ports(2 * len(names) + 1)
+            ports = dict(zip(names, chosen[: len(names)], strict=True))
+            grpc = dict(zip(names, chosen[len(names) : 2 * len(names)], strict=True))
+            argv = [binary, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
+            for n in names:
+                argv += [f"-{n}.port={ports[n]}", f"-{n}.port.grpc={grpc[n]}"]
+            argv += [
+                f"-metricsPort={chosen[-1]}",
+                "-admin.ui=false",
+                "-webdav=false",
+                # the Iceberg and Lance endpoints default to fixed ports (8181, 9101): off
+                "-s3.port.iceberg=0",
+                "-s3.port.lance=0",
+                f"-bucket={','.join([*buckets.values(), *([lake_bucket] if lake else [])])}",
+            ]
+            proc = ManagedProcess(
+                name="s3",
+                argv=argv,
+                env=env,
+                log_path=self.workdir / "logs" / "s3.log",
+                health_url=f"http://127.0.0.1:{ports['s3']}/{buckets[TRACE_CLUSTER]}",
+            )
+            proc.extra["kind"] = "infra"
+            proc.extra["address"] = f"127.0.0.1:{ports['s3']}"
+            # SeaweedFS leaves unix sockets named by port in /tmp when killed
+            proc.extra["leftovers"] = [f"/tmp/seaweedfs-*-{p}.sock" for p in chosen]  # noqa: S108
+            proc.start(tie_to_parent=self.config.tie_to_parent)
+            self.processes["s3"] = proc
+            # both buckets answer (HEAD 200) once SeaweedFS has created them — this
+            # SeaweedFS's, listening on its S3 port itself
+            endpoint = f"http://127.0.0.1:{ports['s3']}"
+            try:
+                for bucket in buckets.values():
+                    ok = (
+                        _s3_bucket_ok(endpoint, bucket)
+                        if lake
+                        else _http_ok(f"{endpoint}/{bucket}")
+                    )
+                    proc.wait_healthy(
+                        self.config.startup_timeout_s,
+                        check=_listening_and(proc, ports["s3"], ok),
+                    )
+                break
+            except StackError:
+                taken = not proc.alive() and _PORT_TAKEN.search(proc.this_run_log())
+                if attempt == _PORT_TRIES or not taken:
+                    raise
+            print(
+                "warning: s3: a port was taken before SeaweedFS could bind it; "
+                "starting it on others",
+                file=sys.stderr,
+            )
         if lake:
             proc.wait_healthy(
                 self.config.startup_timeout_s, check=_s3_bucket_ok(endpoint, lake_bucket)
