@@ -264,48 +264,6 @@ async def test_a_compressed_request_carries_the_record_compressed(name: str) -> 
         assert record.value == value and list(record.headers) == HEADERS
 
 
-@pytest.mark.parametrize("large", [True, False], ids=["large-off-loop", "small-in-place"])
-async def test_a_large_record_is_compressed_off_the_event_loop(
-    large: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # a full trace message's compression would block the loop (~135 us - 1 ms): it runs on the
-    # pool's compressor thread; a small record is compressed in place, cheaper than a hand-over
-    import threading
-
-    from tracemq import _record_batch
-    from tracemq._record_batch import codec
-
-    threads: list[str] = []
-    real = _record_batch.compressed_records
-
-    def spy(*args: Any) -> bytes:
-        threads.append(threading.current_thread().name)
-        return real(*args)
-
-    monkeypatch.setattr(_kafka, "compressed_records", spy)
-    monkeypatch.setattr(_record_batch, "compressed_records", spy)
-    client = _Client(leader=2)
-    pool, _ = _pool(client)
-    size = _kafka.COMPRESS_OFF_LOOP_BYTES + (0 if large else -1)
-    value = (b"SubBefore\x01" * size)[:size]
-    await pool.send_alone("b:1", TP, value, HEADERS, compression=codec("zstd"))
-    from aiokafka.protocol.produce import ProduceRequest_v7
-
-    [(_, request)] = client.requests
-    [(_, [(_, data)])] = request.build(ProduceRequest_v7).topics
-    [record] = list(DefaultRecordBatch(bytes(data)))
-    assert record.value == value and list(record.headers) == HEADERS
-    assert len(threads) == 1
-    if large:
-        assert threads[0].startswith("tracemq-compress")
-        assert pool._compressor is not None
-        await pool.close()
-        assert pool._compressor is None
-    else:
-        assert threads == [threading.current_thread().name]
-        assert pool._compressor is None
-
-
 async def test_a_retry_sends_the_body_written_once() -> None:
     # a retried request is the same record: the compressed body is not written again
     from aiokafka.protocol.produce import ProduceRequest_v7

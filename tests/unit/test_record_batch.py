@@ -170,9 +170,3 @@ def test_a_compressed_produce_request_is_aiokafkas_around_the_batch(
     batch = one_record_batch(value, headers, ts, codec)
     assert body[batch_at:] == batch
     assert body == _aiokafka_request(version, -1, 3000, "t", 3, batch)
-    # the records compressed ahead (off the event loop) give the same request
-    ahead = _record_batch.compressed_records(value, headers, codec) if codec else None
-    assert produce_request_body(version, -1, 3000, "t", 3, value, headers, ts, codec, ahead) == (
-        body,
-        batch_at,
-    )

@@ -8,7 +8,6 @@ import contextlib
 import inspect
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -22,7 +21,6 @@ from tracemq._record_batch import (
     HARDWARE_CRC,
     ZSTD_MIN_PRODUCE_VERSION,
     Codec,
-    compressed_records,
     produce_request_body,
 )
 
@@ -145,8 +143,7 @@ if ProduceRequest is not None:
 
         ``compression`` (:func:`tracemq._record_batch.codec`) compresses the batch; zstd only
         in a request of version 7 or later (KIP-110: older brokers refuse it), the batch goes
-        uncompressed in an older one. ``compressed``: the records compressed ahead
-        (:func:`tracemq._record_batch.compressed_records`), used instead of compressing here."""
+        uncompressed in an older one."""
 
         def __init__(
             self,
@@ -156,14 +153,12 @@ if ProduceRequest is not None:
             value: bytes,
             headers: Sequence[tuple[str, bytes | None]],
             compression: Codec | None = None,
-            compressed: bytes | None = None,
         ) -> None:
             super().__init__(None, required_acks, timeout_ms, [])
             self._tp = tp
             self._value = value
             self._headers = headers
             self._compression = compression
-            self._compressed = compressed
             self._timestamp_ms = time.time_ns() // 1_000_000
             self._written: tuple[int, bytes, int] | None = None  # version, body, batch_at
 
@@ -171,17 +166,17 @@ if ProduceRequest is not None:
             version = request_struct_class.API_VERSION
             written = self._written
             if written is None or written[0] != version:
-                compression, compressed = self._compression, self._compressed
+                compression = self._compression
                 if (
                     compression is not None
                     and compression[0] == CODEC_IDS["zstd"]
                     and version < ZSTD_MIN_PRODUCE_VERSION
                 ):
-                    compression = compressed = None
+                    compression = None
                 body, batch_at = produce_request_body(
                     version, self._required_acks, self._timeout, self._tp.topic,
                     self._tp.partition, self._value, self._headers, self._timestamp_ms,
-                    compression, compressed,
+                    compression,
                 )  # fmt: skip
                 written = self._written = (version, body, batch_at)
             _, body, batch_at = written
@@ -233,12 +228,6 @@ def _check_produced(response: Any, tp: TopicPartition) -> None:
 #: retry_backoff_ms is 100 ms), doubled up to the maximum.
 _RETRY_BACKOFF_S = 0.1
 _RETRY_BACKOFF_MAX_S = 1.0
-#: send_alone() compresses a record of at least this many bytes on the pool's compressor
-#: thread, not on the event loop: a full trace message (~146 kB) takes zstd ~135 us of CPU here
-#: (~1 ms on a slow host), one block of the loop per message that the thread takes off it for
-#: ~20 us of hand-over (the compressors release the GIL while they work); a smaller record is
-#: compressed in place, cheaper than the hand-over.
-COMPRESS_OFF_LOOP_BYTES = 32 * 1024
 
 
 class ProducerPool:
@@ -253,10 +242,6 @@ class ProducerPool:
         self._starting: dict[str, asyncio.Task[AIOKafkaProducer]] = {}
         # bootstrap -> (client, acks, request timeout ms): see send_alone()
         self._alone: dict[str, tuple[Any, int, int]] = {}
-        # send_alone()'s compressor thread, started on the first large compressed record,
-        # stopped by close(); one: a record's compression takes a fraction of its round trip
-        # (the dispatcher has a few in flight), and a second would take a core from the loop
-        self._compressor: ThreadPoolExecutor | None = None
 
     def started(self, bootstrap: str) -> AIOKafkaProducer | None:
         """The producer of ``bootstrap`` if it is started (no await on the send path)."""
@@ -321,8 +306,7 @@ class ProducerPool:
         for the record alone (magic 2, no compression, no producer id), with a hardware
         CRC-32C when the CPU has one (:mod:`tracemq._record_batch`), compressed with
         ``compression`` if given (see ``OneRecordProduce``; without the hardware CRC and on
-        the other paths below the record goes uncompressed) — a record of
-        :data:`COMPRESS_OFF_LOOP_BYTES` or more on the pool's compressor thread, off the loop.
+        the other paths below the record goes uncompressed).
 
         As aiokafka's sender does for a batch, a retriable error (a connection closed or a
         request timed out — a hung broker —, a leader moved: metadata is asked for) is
@@ -345,12 +329,7 @@ class ProducerPool:
         client, acks, timeout_ms = alone
         request: Any
         if HARDWARE_CRC:
-            compressed = None
-            if compression is not None and len(value) >= COMPRESS_OFF_LOOP_BYTES:
-                compressed = await self._compress_off_loop(value, headers, compression)
-            request = OneRecordProduce(
-                acks, timeout_ms, tp, value, headers, compression, compressed
-            )
+            request = OneRecordProduce(acks, timeout_ms, tp, value, headers, compression)
         else:
             builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, TRANSPORT_MAX_BYTES)
             builder.append(0, timestamp=None, key=None, value=value, headers=headers)
@@ -386,20 +365,6 @@ class ProducerPool:
                     client.force_metadata_update()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, _RETRY_BACKOFF_MAX_S)
-
-    async def _compress_off_loop(
-        self, value: bytes, headers: list[tuple[str, bytes]], compression: Codec
-    ) -> bytes:
-        """The record's compressed records part, computed on the compressor thread."""
-        compressor = self._compressor
-        if compressor is None:
-            compressor = self._compressor = ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="tracemq-compress"
-            )
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            compressor, compressed_records, value, headers, compression
-        )
 
     async def get(self, bootstrap: str) -> AIOKafkaProducer:
         p = self._producers.get(bootstrap)
@@ -455,8 +420,5 @@ class ProducerPool:
         producers, self._producers = list(self._producers.values()), {}
         self._fast.clear()
         self._alone.clear()
-        compressor, self._compressor = self._compressor, None
-        if compressor is not None:  # (its one task, if any, ends by itself; nothing waits)
-            compressor.shutdown(wait=False, cancel_futures=True)
         for p in producers:
             await p.stop()

@@ -110,10 +110,16 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-def _record_parts(
-    value: bytes | None, headers: Sequence[tuple[str, bytes | None]]
+def _batch_parts(
+    value: bytes | None,
+    headers: Sequence[tuple[str, bytes | None]],
+    timestamp_ms: int | None,
+    compression: Codec | None = None,
 ) -> tuple[list[bytes], int]:
-    """The pieces of the record (its length prefix first) and their total length."""
+    """The pieces of a one-record batch, in order, and their total length; with
+    ``compression`` the record (its length prefix included) compressed."""
+    if timestamp_ms is None:
+        timestamp_ms = time.time_ns() // 1_000_000
     parts = [_RECORD_START]
     if value is None:
         parts.append(b"\x01")  # varint(-1)
@@ -131,40 +137,13 @@ def _record_parts(
             parts.append(_varint(len(header_value)))
             parts.append(header_value)
     record_length = sum(map(len, parts))
-    prefix = _varint(record_length)
-    return [prefix, *parts], len(prefix) + record_length
-
-
-def compressed_records(
-    value: bytes | None, headers: Sequence[tuple[str, bytes | None]], compression: Codec
-) -> bytes:
-    """The records' part of :func:`one_record_batch`'s batch when it is compressed with
-    ``compression``: to be computed ahead, off the event loop (every compressor here releases
-    the GIL while it works), and given back as ``compressed``."""
-    return compression[1](b"".join(_record_parts(value, headers)[0]))
-
-
-def _batch_parts(
-    value: bytes | None,
-    headers: Sequence[tuple[str, bytes | None]],
-    timestamp_ms: int | None,
-    compression: Codec | None = None,
-    compressed: bytes | None = None,
-) -> tuple[list[bytes], int]:
-    """The pieces of a one-record batch, in order, and their total length; with
-    ``compression`` the record (its length prefix included) compressed — ``compressed`` if
-    given (:func:`compressed_records` of the same record and codec), else here."""
-    if timestamp_ms is None:
-        timestamp_ms = time.time_ns() // 1_000_000
+    records = [_varint(record_length), *parts]
+    records_length = len(records[0]) + record_length
     attributes = 0
     if compression is not None:
-        attributes = compression[0]
-        if compressed is None:
-            compressed = compressed_records(value, headers, compression)
-        records = [compressed]
-        records_length = len(compressed)
-    else:
-        records, records_length = _record_parts(value, headers)
+        attributes, compress = compression
+        records = [compress(b"".join(records))]
+        records_length = len(records[0])
     tail = _TAIL.pack(attributes, 0, timestamp_ms, timestamp_ms, -1, -1, -1, 1)
     crc = google_crc32c.value(tail)
     for part in records:
@@ -196,7 +175,6 @@ def produce_request_body(
     headers: Sequence[tuple[str, bytes | None]],
     timestamp_ms: int | None = None,
     compression: Codec | None = None,
-    compressed: bytes | None = None,
 ) -> tuple[bytes, int]:
     """The body of a produce request (versions 0 - 8: Kafka's non-flexible ones; no
     transactional id) of :func:`one_record_batch` for ``topic``'s ``partition``, written in one
@@ -205,11 +183,11 @@ def produce_request_body(
     nesting: five copies of a ~150 kB trace message, each a fresh allocation that glibc's
     malloc maps and unmaps (~60 - 300 us of the client's CPU per request here, against ~10).
     ``compression``: see :func:`one_record_batch` (zstd needs version 7 or later: the caller
-    checks, :data:`ZSTD_MIN_PRODUCE_VERSION`); ``compressed``: see :func:`_batch_parts`."""
+    checks, :data:`ZSTD_MIN_PRODUCE_VERSION`)."""
     if not 0 <= api_version <= 8:
         raise ValueError(f"produce request version {api_version} is not written here (0 - 8)")
     name = topic.encode()
-    parts, batch_length = _batch_parts(value, headers, timestamp_ms, compression, compressed)
+    parts, batch_length = _batch_parts(value, headers, timestamp_ms, compression)
     # (transactional id: a null string) acks, timeout; one topic of one partition, its batch
     prefix = b"".join(
         (
