@@ -45,6 +45,7 @@ traces are incomplete; 2 on a crash.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import shutil
 import statistics
@@ -330,6 +331,155 @@ async def _rounds(
         order.reverse()
 
 
+async def interleaved(
+    stack: EmbeddedStack, args: Any, topic: str, expected: set[str], uid: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """--slice-s: both variants at once, alternating by the slice. Two more groups, one
+    trace off and one trace on, are started together and both read the whole topic; their
+    listeners wait at a gate of their variant's, so that only one variant consumes at any
+    time: its gate is opened for ``--slice-s`` seconds, then closed, the calls already past it
+    finish, the trace-on consumer's dispatcher is flushed (the trace messages of its slice
+    sent inside it), and the other variant's gate opens. A paused variant's queues fill to
+    ``pull_threshold_per_queue`` and its fetches stop, so each slice starts in the steady
+    state. Host swings of a few seconds — the noise of the rounds, whose variants run
+    seconds apart — fall on both variants alike. Per slice: the messages that passed the
+    gate, the wall time and this process's CPU; a variant's last slice, cut short by the end
+    of the topic, is left out. The figures and the two runs (for the trace check)."""
+    n = len(expected)
+    variants = ("off", "on")
+    gates = {v: asyncio.Event() for v in variants}
+    seen: dict[str, set[str]] = {v: set() for v in variants}
+    passed = dict.fromkeys(variants, 0)
+    arrived = {v: asyncio.Event() for v in variants}
+    finished = {v: asyncio.Event() for v in variants}
+
+    def listener_of(v: str) -> Any:
+        gate, ids = gates[v], seen[v]
+
+        async def listener(msgs: list[MessageExt], ctx: object) -> ConsumeConcurrentlyStatus:
+            arrived[v].set()
+            while not gate.is_set():  # (woken after it closed again: wait for the next slice)
+                await gate.wait()
+            passed[v] += len(msgs)
+            for m in msgs:
+                ids.add(m.msg_id)
+            if len(ids) >= n:
+                finished[v].set()
+            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+        return listener
+
+    consumers: dict[str, PushConsumer] = {}
+    groups = {v: f"CG_bench_{v}_il_{uid}" for v in variants}
+    for v in variants:
+        c = PushConsumer(
+            groups[v],
+            consume_from=ConsumeFromWhere.FIRST_OFFSET,
+            enable_msg_trace=(v == "on" and not args.aa),
+            consume_concurrency=args.concurrency,
+            pull_batch_size=args.pull_batch_size,
+            consume_message_batch_max_size=args.consume_batch,
+            trace_options=args.trace_options if v == "on" and not args.aa else None,
+            session_timeout_ms=args.session_timeout_ms,
+            **client_env(stack),
+        )
+        c.subscribe(topic, "*")
+        c.register_message_listener(listener_of(v))
+        consumers[v] = c
+    slices: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+    try:
+        for v in variants:
+            await bounded(consumers[v].start(), 60, f"starting consumer {groups[v]}")
+        for v in variants:
+            await bounded(arrived[v].wait(), 60, f"{groups[v]}'s first message")
+        if not args.keep_heap:
+            gc.collect()
+        say(f"interleaved: {groups['off']} and {groups['on']}, slices of {args.slice_s} s")
+        order = list(variants)
+        deadline = time.monotonic() + max(180.0, 2 * n / 200)
+        while not all(finished[v].is_set() for v in variants):
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"interleaved: not done in time ({ {v: len(seen[v]) for v in variants} } "
+                    f"of {n} msgIds)"
+                )
+            for v in order:
+                if finished[v].is_set():
+                    continue
+                d0, c0, t0 = passed[v], time.process_time(), time.perf_counter()
+                gates[v].set()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(finished[v].wait(), args.slice_s)
+                gates[v].clear()
+                await asyncio.sleep(0)  # (the calls let through just before it closed)
+                dispatcher = consumers[v].trace_dispatcher
+                if dispatcher is not None and not await dispatcher.flush(30):
+                    raise RuntimeError(f"interleaved: {groups[v]}'s traces not sent in 30 s")
+                slices[v].append(
+                    {
+                        "messages": passed[v] - d0,
+                        "s": time.perf_counter() - t0,
+                        "cpu_s": time.process_time() - c0,
+                        "whole": not finished[v].is_set(),
+                    }
+                )
+                crashed_tasks(getattr(consumers[v], "_workers", ()), f"PushConsumer {groups[v]}")
+            order.reverse()
+    finally:
+        for v in variants:
+            gates[v].set()  # (nobody left waiting at a gate while shutting down)
+            await bounded(consumers[v].shutdown(), 120, f"shutting consumer {groups[v]} down")
+    runs = []
+    for v in variants:
+        stats = consumers[v].trace_dispatcher.stats() if consumers[v].trace_dispatcher else {}
+        runs.append(
+            {
+                "variant": v,
+                "group": groups[v],
+                "all_expected": seen[v] == expected,
+                "dispatcher": {k: stats.get(k) for k in ("discarded", "failed")} if stats else None,
+                "_seen": seen[v],
+            }
+        )
+    whole = {v: [x for x in slices[v] if x["whole"] and x["messages"]] for v in variants}
+    per: dict[str, dict[str, float]] = {}
+    for v in variants:
+        msgs = sum(x["messages"] for x in whole[v])
+        per[v] = {
+            "slices": len(whole[v]),
+            "messages": msgs,
+            "msgs_per_s": round(rate(msgs, sum(x["s"] for x in whole[v])), 1),
+            "cpu_us_per_msg": round(sum(x["cpu_s"] for x in whole[v]) / max(msgs, 1) * 1e6, 2),
+        }
+    # each trace-on slice against the trace-off slice just before it (the order alternates,
+    # so either neighbour; pairs k of both lists ran side by side)
+    pairs = [
+        ratio(rate(a["messages"], a["s"]), rate(b["messages"], b["s"]))
+        for a, b in zip(whole["on"], whole["off"], strict=False)
+    ]
+    out = {
+        "slice_s": args.slice_s,
+        "per_variant": per,
+        "on_vs_off": ratio(per["on"]["msgs_per_s"], per["off"]["msgs_per_s"]),
+        "tracing_us": round(per["on"]["cpu_us_per_msg"] - per["off"]["cpu_us_per_msg"], 2),
+        "pair_ratios": pairs,
+        "pair_ratio_median": round(statistics.median(pairs), 4) if pairs else None,
+        "slices": {
+            v: [[x["messages"], round(x["s"], 4), round(x["cpu_s"], 4)] for x in slices[v]]
+            for v in variants
+        },
+        "all_consumed": all(r["all_expected"] for r in runs),
+    }
+    say(
+        f"  interleaved ({per['off']['slices']} + {per['on']['slices']} whole slices of "
+        f"{args.slice_s} s): off {per['off']['msgs_per_s']:,.0f} msg/s, "
+        f"{per['off']['cpu_us_per_msg']:.1f} us/msg; on {per['on']['msgs_per_s']:,.0f} msg/s, "
+        f"{per['on']['cpu_us_per_msg']:.1f} us/msg; on / off {out['on_vs_off']:.3f} (slice "
+        f"pairs' median {out['pair_ratio_median']}), tracing {out['tracing_us']:.2f} us/msg"
+    )
+    return out, runs
+
+
 def _perf_split(recorder: PerfRecorder, runs: list[dict[str, Any]]) -> dict[str, Any]:
     """--perf: this process's CPU in the variants' steady windows, by shared object and
     symbol (bench/_perf.py); what only the trace-on windows ran is tracing's own code."""
@@ -373,6 +523,9 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
         if recorder is not None:
             recorder.stop()
     perf = _perf_split(recorder, runs) if recorder is not None else None
+    il, il_runs = (
+        await interleaved(stack, args, topic, expected, uid) if args.slice_s else (None, [])
+    )
 
     per: dict[str, dict[str, Any]] = {}
     for variant in ("off", "on"):
@@ -447,7 +600,7 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
         f"start() {ratios['on_vs_off_whole_run']:.3f}"
     )
 
-    all_consumed = all(r["all_expected"] for r in runs)
+    all_consumed = all(r["all_expected"] for r in [*runs, *il_runs])
     figures = {
         "steady_msgs_per_s": steady_mps,
         "msgs_per_s": mps,
@@ -457,6 +610,7 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
         "collected_before_each_variant": not args.keep_heap,
         "ratios": ratios,
         "per_round": rounds,
+        "interleaved": il,
         "perf": perf,
         "per_round_median": {
             "tracing_us": round(statistics.median(x["tracing_us"] for x in rounds), 2),
@@ -488,7 +642,7 @@ async def bench(stack: EmbeddedStack, args: Any) -> dict[str, Any]:
     read_s = time.perf_counter() - t0
     checked = missing_before = missing_after = failed_after = dup = 0
     discarded = failed = 0
-    for run in runs:
+    for run in [*runs, *il_runs]:
         if run["variant"] != "on":
             continue
         d = run["dispatcher"] or {}
@@ -594,6 +748,14 @@ def main() -> int:
         "however the host's speed moved meanwhile; needs perf (Debian: linux-perf)",
     )
     parser.add_argument(
+        "--slice-s",
+        type=float,
+        default=0.0,
+        help="after the rounds, two more groups consume the topic side by side, alternating "
+        "every SLICE_S seconds (only one variant runs at a time): the ratio with the host's "
+        "swings falling on both variants alike (0, the default: not run)",
+    )
+    parser.add_argument(
         "--aa",
         action="store_true",
         help="an A/A control: the 'on' variant runs with trace off too, so its difference from "
@@ -611,6 +773,8 @@ def main() -> int:
         raise SystemExit("--session-timeout-ms must be at least 1000")
     if args.perf and shutil.which("perf") is None:
         raise SystemExit("--perf needs Linux perf on PATH (Debian: apt-get install linux-perf)")
+    if args.slice_s < 0:
+        raise SystemExit("--slice-s must not be negative")
     if args.pull_batch_size < 1 or args.consume_batch < 1:
         raise SystemExit("--pull-batch-size and --consume-batch must be at least 1")
     return run_bench("consumer", args, bench)
