@@ -753,7 +753,9 @@ def main() -> int:
         default=0.0,
         help="after the rounds, two more groups consume the topic side by side, alternating "
         "every SLICE_S seconds (only one variant runs at a time): the ratio with the host's "
-        "swings falling on both variants alike (0, the default: not run)",
+        "swings falling on both variants alike (0, the default: not run). A cross-check, "
+        "not the headline: it reads 0.04 - 0.11 above the same run's rounds, A/A controls "
+        "level (docs/performance.md, twenty-first client pass)",
     )
     parser.add_argument(
         "--aa",
