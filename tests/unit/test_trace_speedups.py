@@ -333,6 +333,39 @@ def test_compiled_write_plan_takes_a_clean_stream(limit: int, with_pubs: bool, k
 
 
 @compiled
+def test_compiled_write_plan_writes_large_batches() -> None:
+    # batches that grow its text buffer (from 64 KiB, doubled) several times, one that gives
+    # up half-way (a separator found late), and short ones between them: each written as
+    # the reference writes it
+    def batch(n: int, key_len: int, tag: str) -> list[Any]:
+        return [
+            (c.SUB_PAIR, "Orders", "DefaultRegion", f"{tag}{i:08X}", f"k{i}" + "x" * key_len,
+             1_764_300_000_000 + i, "CG", f"RID{i:08X}", 0, 1_764_300_000_005 + i, 5, True, 0)
+            for i in range(n)
+        ]  # fmt: skip
+
+    limit = 512_000
+    for records in (
+        batch(3000, 200, "A"),  # ~1.5 MB of text: grown
+        batch(50, 3, "B"),  # short: the start of a longer text left behind in the buffer
+        batch(2500, 150, "C"),
+        batch(12_000, 300, "D"),  # ~9 MB
+        batch(10, 0, "E"),
+    ):
+        got = speedups.write_plan(records, 7, limit)
+        assert got is not None
+        assert _plan(lambda *a, got=got: got, records, [], 7, limit) == _reference_plan(
+            records, 7, limit
+        )
+    late = batch(3000, 200, "F")
+    late[-1] = (*late[-1][:4], "k\x01", *late[-1][5:])  # a separator in the last record's keys
+    assert speedups.write_plan(late, 0, limit) is None
+    again = batch(2000, 100, "G")
+    got = speedups.write_plan(again, 0, limit)
+    assert _plan(lambda *a: got, again, [], 0, limit) == _reference_plan(again, 0, limit)
+
+
+@compiled
 def test_compiled_write_plan_leaves_other_batches() -> None:
     pair = (c.SUB_PAIR, "T", "R", "M", "K", 1, "G", "RID", 0, 2, 1, True, 0)
     assert speedups.write_plan([pair], 0, 100) is not None
@@ -482,12 +515,15 @@ _ops = st.lists(
 )
 
 
-def _run_consume_ops(d: Any, before: Any, after: Any, ops: list[Any]) -> list[Any]:
-    """Apply ``ops``; the dispatcher's queue state after each, with each request id replaced
-    by its order of appearance and each clock-read time by a mark (checked, then hidden)."""
+def _run_consume_ops(
+    d: Any, before: Any, after: Any, ops: list[Any], msgs: list[Any] | None = None
+) -> list[Any]:
+    """Apply ``ops`` (to ``_messages()`` unless given); the dispatcher's queue state after
+    each, with each request id replaced by its order of appearance and each clock-read time by
+    a mark (checked, then hidden)."""
     import time
 
-    msgs = _messages()
+    msgs = _messages() if msgs is None else msgs
     tokens: dict[int, Any] = {}
     reads: list[tuple[int, int]] = []  # clock-read windows of the calls
     states = []
@@ -586,6 +622,92 @@ def test_compiled_consume_tracer_equals_the_reference(ops: list[Any]) -> None:
     assert _run_consume_ops(d_c, tracer.before, tracer.after, ops) == _run_consume_ops(
         d_ref, *pure, ops
     )
+
+
+def _other_messages(kind: str) -> list[Any]:
+    """``_messages()`` as another type: the tracer reads a MessageExt's slots itself, and
+    anything else the usual way."""
+    from dataclasses import dataclass
+
+    from tracemq.message import MessageExt
+
+    @dataclass(slots=True)
+    class Sub(MessageExt):  # a subclass (slots of its own): read by attribute
+        note: str = ""
+
+    class Duck:  # not a MessageExt at all
+        def __init__(self, m: Any) -> None:
+            self.__dict__.update({f: getattr(m, f) for f in MessageExt.__dataclass_fields__})
+
+    msgs = _messages()
+    if kind == "subclass":
+        return [Sub(**{f: getattr(m, f) for f in MessageExt.__dataclass_fields__}) for m in msgs]
+    return [Duck(m) for m in msgs]
+
+
+@compiled
+@pytest.mark.parametrize("kind", ["subclass", "duck"])
+@settings(max_examples=100, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=_ops)
+def test_the_compiled_tracer_reads_other_messages_as_the_reference(
+    kind: str, ops: list[Any]
+) -> None:
+    from tracemq.trace._hooks import ConsumeMessageTraceHook
+
+    d_ref, hook = _consume_side()
+    pure = (
+        ConsumeMessageTraceHook.before.__get__(hook),
+        ConsumeMessageTraceHook.after.__get__(hook),
+    )
+    d_c, _ = _consume_side()
+    tracer = speedups.ConsumeTracer(d_c, "RMQ_SYS_TRACE_TOPIC")
+    ours = _run_consume_ops(d_c, tracer.before, tracer.after, ops, _other_messages(kind))
+    assert ours == _run_consume_ops(d_ref, *pure, ops, _other_messages(kind))
+
+
+@compiled
+def test_the_compiled_tracer_reads_empty_slots_as_the_attribute_look_up() -> None:
+    """A half-built MessageExt (a slot left empty): what reading the attribute raises, reading
+    the slot raises too — its queue: the error (as the reference's ``msg.queue``); any other
+    field: the token of a refused SubBefore, nothing queued (its SubAfter then goes alone, if
+    it can be written: never an error)."""
+    d, _ = _consume_side()
+    tracer = speedups.ConsumeTracer(d, "RMQ_SYS_TRACE_TOPIC")
+    for field_name in ("msg_id", "properties", "reconsume_times", "topic"):
+        m = _messages()[0]
+        delattr(m, field_name)
+        token = tracer.before(m, "CG", "R")
+        assert token.seq == -1 and not d._queue
+        tracer.after(token, m, "CG", "R", 5, True, 0)
+        assert all(r[0] == c.SUB_AFTER for r in d._queue)
+        d._queue.clear()
+    m = _messages()[0]
+    del m.queue
+    accepted = d._accepted_seq
+    with pytest.raises(AttributeError, match="'MessageExt' object has no attribute 'queue'"):
+        tracer.before(m, "CG", "R")
+    assert not d._queue and d._accepted_seq == accepted
+
+
+@compiled
+def test_the_compiled_tracer_reads_by_attribute_when_the_message_has_no_slots(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # (a MessageExt some day without __slots__: the tracer still works, reading attributes)
+    import tracemq.message
+
+    class Plain:
+        topic = msg_id = queue = properties = reconsume_times = None
+
+    monkeypatch.setattr(tracemq.message, "MessageExt", Plain)
+    d, _ = _consume_side()
+    tracer = speedups.ConsumeTracer(d, "RMQ_SYS_TRACE_TOPIC")
+    monkeypatch.undo()
+    m = _messages()[1]
+    token = tracer.before(m, "CG", "R")
+    tracer.after(token, m, "CG", "R", 5, True, 0)
+    [record] = d._queue
+    assert record.joined and record.as_tuple()[3:5] == ("MSG1", "k1 j1")
 
 
 @st.composite
@@ -856,7 +978,48 @@ class _BadMsg:
 
 # anything the producer could hand over, and some things it never would
 _any_value = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=3))
+
+
+def _real_message(topic: str, keys: Any, tags: str | None, body: Any, set_keys: bool) -> Any:
+    """A Message (read from its slots by the compiled tracer), its keys set afterwards to
+    anything at all when ``set_keys`` (keys_str is a property the tracer computes itself)."""
+    from tracemq.message import Message
+
+    m = Message(topic, b"body", tags=tags)
+    m.body = body
+    m.keys = keys if set_keys else ([] if keys is None else [k for k in str(keys).split() if k])
+    return m
+
+
+def _real_queue(on: Any, region: str, address: str) -> Any:
+    from tracemq.routing.model import QueueRoute
+
+    return QueueRoute("broker-a", "c", 4, 4, 6, "k:1", address, region_id=region, trace_on=on)
+
+
+def _real_result(offset_msg_id: Any, via_of: bool) -> Any:
+    from tracemq.message import MessageQueue, SendResult, SendStatus
+
+    args = (SendStatus.SEND_OK, "M", offset_msg_id, MessageQueue("Orders", "broker-a", 0), 5,
+            "DefaultRegion", True, 0, None)  # fmt: skip
+    return SendResult._of(*args) if via_of else SendResult(*args)
+
+
 _pub_msg = st.one_of(
+    st.builds(
+        _real_message,
+        st.sampled_from(["Orders", "RMQ_SYS_TRACE_TOPIC", "Pay"]),
+        st.one_of(
+            st.none(),
+            st.text(max_size=6),
+            st.lists(st.text(max_size=3), max_size=3),
+            st.tuples(st.text(max_size=2)),
+            st.integers(),
+        ),  # fmt: skip
+        st.one_of(st.none(), st.sampled_from(["TagA", ""])),
+        st.one_of(st.binary(max_size=8), st.integers()),
+        st.booleans(),
+    ),
     st.builds(
         lambda topic, keys, tags, body: __import__("types").SimpleNamespace(
             topic=topic, keys_str=keys, tags=tags, body=body
@@ -869,9 +1032,12 @@ _pub_msg = st.one_of(
     st.just(_BadMsg()),
 )
 _pub_queue = st.builds(
-    lambda on, region, address: __import__("types").SimpleNamespace(
-        trace_on=on, region_id=region, address=address
-    ),
+    lambda real, on, region, address: (
+        _real_queue(on, region, address)
+        if real
+        else __import__("types").SimpleNamespace(trace_on=on, region_id=region, address=address)
+    ),  # fmt: skip
+    st.booleans(),
     st.one_of(st.booleans(), st.just(1), st.just("")),
     st.sampled_from(["DefaultRegion", "R2"]),
     st.sampled_from(["10.0.0.1:10911", ""]),
@@ -882,6 +1048,7 @@ _pub_result = st.one_of(
         lambda o: __import__("types").SimpleNamespace(offset_msg_id=o),
         st.one_of(st.none(), st.text(max_size=4)),
     ),
+    st.builds(_real_result, st.one_of(st.none(), st.text(max_size=4)), st.booleans()),
 )
 _pub_ops = st.lists(
     st.one_of(

@@ -23,6 +23,12 @@ cdef extern from "Python.h":
     bint PyUnicode_IS_ASCII(object o)
     void* PyUnicode_DATA(object o)
     Py_ssize_t PyUnicode_GET_LENGTH(object o)
+    ctypedef struct PyObject
+    ctypedef struct PyMemberDef
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef* d_member
+    # a slot's value (AttributeError when it is empty), as its member descriptor reads it
+    object PyMember_GetOne(const char* obj_addr, PyMemberDef* m)
 
 # (imported from the codec at the end of its own import: the kinds are compared by identity)
 from tracemq.trace._codec import PUB, SUB_AFTER, SUB_BEFORE, SUB_PAIR, _DECIMALS
@@ -915,6 +921,22 @@ cdef class DispatcherCore:
     cdef public bint _closing
 
 
+cdef PyMemberDef* _slot(cls, name) except NULL:
+    """The member of slot ``name`` of the slotted class ``cls`` (TypeError when it is not a
+    slot of cls's own)."""
+    import types
+
+    descr = cls.__dict__.get(name)
+    if type(descr) is not types.MemberDescriptorType:
+        raise TypeError(f"{cls.__name__}.{name} is not a slot")
+    return (<PyMemberDescrObject*><PyObject*>descr).d_member
+
+
+cdef inline object _get(object obj, PyMemberDef* m):
+    """Slot m of obj, whose type is exactly the slot's class."""
+    return PyMember_GetOne(<const char*><PyObject*>obj, m)
+
+
 cdef class ConsumeTracer:
     """The consumer's per-message trace calls in one compiled step each: the compiled twin of
     ``ConsumeMessageTraceHook.before`` / ``after`` (``tracemq.trace._hooks``, the reference),
@@ -933,9 +955,19 @@ cdef class ConsumeTracer:
     cdef object _rid_head
     cdef long long _rid_block
     cdef unsigned long _rid_epoch
+    # a MessageExt's fields read from its slots, without the attribute look-up (~25 ns
+    # each: the type's dictionaries, then the descriptor); any other type the usual way
+    cdef object _ext, _mq
+    cdef PyMemberDef* _m_queue
+    cdef PyMemberDef* _m_topic
+    cdef PyMemberDef* _m_msg_id
+    cdef PyMemberDef* _m_props
+    cdef PyMemberDef* _m_retry
+    cdef PyMemberDef* _mq_topic
 
     def __init__(self, dispatcher, trace_topic):
         from tracemq import message_id
+        from tracemq.message import MessageExt, MessageQueue
 
         if not isinstance(dispatcher, DispatcherCore):
             raise TypeError(
@@ -950,6 +982,18 @@ cdef class ConsumeTracer:
         self._rid_head = ""
         self._rid_block = -1
         self._rid_epoch = 0
+        self._ext = self._mq = None  # (None: no type is: every field read by attribute)
+        try:
+            self._m_queue = _slot(MessageExt, "queue")
+            self._m_topic = _slot(MessageExt, "topic")
+            self._m_msg_id = _slot(MessageExt, "msg_id")
+            self._m_props = _slot(MessageExt, "properties")
+            self._m_retry = _slot(MessageExt, "reconsume_times")
+            self._ext = MessageExt
+            self._mq_topic = _slot(MessageQueue, "topic")
+            self._mq = MessageQueue
+        except TypeError:  # (a message class without those slots: by attribute)
+            pass
 
     cdef inline void _request_id(self, ConsumeRecord r):
         """r's request id: new_request_id's form (the msgId prefix, a block of 256 in 10 hex
@@ -973,7 +1017,9 @@ cdef class ConsumeTracer:
         """``ConsumeMessageTraceHook.before``: the SubBefore of ``msg`` queued; the token for
         :meth:`after` (its ConsumeRecord: number -1 when refused), None when ``msg`` is not
         traced."""
-        if msg.queue.topic == self._trace_topic:
+        cdef bint ext = type(msg) is self._ext
+        cdef object mq = _get(msg, self._m_queue) if ext else msg.queue
+        if (_get(mq, self._mq_topic) if type(mq) is self._mq else mq.topic) == self._trace_topic:
             return None
         cdef ConsumeRecord r = ConsumeRecord.__new__(ConsumeRecord)
         self._request_id(r)
@@ -989,13 +1035,19 @@ cdef class ConsumeTracer:
             if len(queue) >= self._queue_size:
                 d._discard("queue full")
                 return r
-            props = msg.properties
-            r.topic = msg.topic
+            if ext:
+                props = _get(msg, self._m_props)
+                r.topic = _get(msg, self._m_topic)
+                r.msg_id = _get(msg, self._m_msg_id)
+                r.reconsume_times = _get(msg, self._m_retry)
+            else:
+                props = msg.properties
+                r.topic = msg.topic
+                r.msg_id = msg.msg_id
+                r.reconsume_times = msg.reconsume_times
             r.region = region
-            r.msg_id = msg.msg_id
             r.keys = (<dict>props).get(_KEYS) if type(props) is dict else props.get(_KEYS)
             r.group = group
-            r.reconsume_times = msg.reconsume_times
             queue.append(r)
             seq = d._accepted_seq
             d._accepted_seq = seq + 1
@@ -1030,7 +1082,7 @@ cdef class ConsumeTracer:
             end = _now_ms()
         cost = end - r.begin if end > r.begin else 0
         try:
-            msg_id = msg.msg_id
+            msg_id = _get(msg, self._m_msg_id) if type(msg) is self._ext else msg.msg_id
             if (
                 r.seq >= 0 and not r.sealed and not r.joined and r.msg_id is msg_id
                 and not d._closing
@@ -1064,8 +1116,22 @@ cdef class PubTracer:
 
     cdef DispatcherCore _d
     cdef object _queue, _trace_topic
+    # a Message's, QueueRoute's and SendResult's fields read from their slots (as
+    # ConsumeTracer's; a Message's keys_str, a property, computed here as it computes it)
+    cdef object _msg, _qr, _res, _sep
+    cdef PyMemberDef* _m_topic
+    cdef PyMemberDef* _m_keys
+    cdef PyMemberDef* _m_tags
+    cdef PyMemberDef* _m_body
+    cdef PyMemberDef* _q_trace_on
+    cdef PyMemberDef* _q_address
+    cdef PyMemberDef* _q_region
+    cdef PyMemberDef* _r_offset_msg_id
 
     def __init__(self, dispatcher, trace_topic):
+        from tracemq.message import Message, MessageConst, SendResult
+        from tracemq.routing.model import QueueRoute
+
         if not isinstance(dispatcher, DispatcherCore):
             raise TypeError(
                 f"PubTracer needs an AsyncTraceDispatcher built on DispatcherCore, "
@@ -1074,25 +1140,60 @@ cdef class PubTracer:
         self._d = <DispatcherCore>dispatcher
         self._queue = dispatcher._queue
         self._trace_topic = trace_topic
+        self._sep = MessageConst.KEY_SEPARATOR
+        self._msg = self._qr = self._res = None  # (None: no type is: read by attribute)
+        try:
+            self._m_topic = _slot(Message, "topic")
+            self._m_keys = _slot(Message, "keys")
+            self._m_tags = _slot(Message, "tags")
+            self._m_body = _slot(Message, "body")
+            self._msg = Message
+        except TypeError:
+            pass
+        try:
+            self._q_trace_on = _slot(QueueRoute, "trace_on")
+            self._q_address = _slot(QueueRoute, "address")
+            self._q_region = _slot(QueueRoute, "region_id")
+            self._qr = QueueRoute
+        except TypeError:
+            pass
+        try:
+            self._r_offset_msg_id = _slot(SendResult, "offset_msg_id")
+            self._res = SendResult
+        except TypeError:
+            pass
 
     def one_pub(self, msg, msg_id, group, queue, begin, end, msg_type, result):
         """``SendMessageTraceHook.one_pub``: the Pub of one send attempt of ``msg`` to a
         queue of ``queue`` (``result`` None: it failed) queued. Never raises."""
         cdef DispatcherCore d = self._d
         cdef object q = self._queue, record, topic, store_host = None, offset_msg_id = None
+        cdef object keys, keys_str, tags, body, region
+        cdef bint qr = type(queue) is self._qr, m = type(msg) is self._msg
         try:
-            if not queue.trace_on:
+            if not (_get(queue, self._q_trace_on) if qr else queue.trace_on):
                 return
-            topic = msg.topic
+            topic = _get(msg, self._m_topic) if m else msg.topic
             if topic == self._trace_topic:
                 return
             if result is not None:
-                store_host = queue.address
-                offset_msg_id = result.offset_msg_id
+                store_host = _get(queue, self._q_address) if qr else queue.address
+                offset_msg_id = (
+                    _get(result, self._r_offset_msg_id) if type(result) is self._res
+                    else result.offset_msg_id
+                )
+            region = _get(queue, self._q_region) if qr else queue.region_id
+            if m:
+                keys = _get(msg, self._m_keys)
+                keys_str = self._sep.join(keys) if keys else None  # (Message.keys_str)
+                tags = _get(msg, self._m_tags)
+                body = _get(msg, self._m_body)
+            else:
+                keys_str, tags, body = msg.keys_str, msg.tags, msg.body
             record = (
-                _PUB, topic, queue.region_id, msg_id, msg.keys_str, begin, group, msg.tags,
-                store_host, len(msg.body), end - begin if end > begin else 0, msg_type,
-                offset_msg_id, result is not None,
+                _PUB, topic, region, msg_id, keys_str, begin, group, tags, store_host,
+                len(body), end - begin if end > begin else 0, msg_type, offset_msg_id,
+                result is not None,
             )
             if d._closing:
                 d._discard("dispatcher shut down")
