@@ -67,8 +67,13 @@ def test_bare_lake_has_no_summaries(bare: Path, lake: Lake) -> None:
 
 @pytest.mark.parametrize(
     ("f_ms", "t_ms"),
-    [(START, END), (START + 20 * MIN, END - 7 * MIN), (START - 50 * MIN, START + 3 * MIN)],
-    ids=["hour", "inside-hours", "across-hours"],
+    [
+        (START, END),
+        (START + 20 * MIN, END - 7 * MIN),
+        (START - 50 * MIN, START + 3 * MIN),
+        (START + 20 * MIN + 1500, END - 7 * MIN - 250),
+    ],
+    ids=["hour", "inside-hours", "across-hours", "off-minute"],
 )
 def test_summaries_answer_as_the_scan(
     spark: Any, lake: Lake, bare: Path, f_ms: int, t_ms: int
@@ -78,23 +83,57 @@ def test_summaries_answer_as_the_scan(
     assert answer(with_summaries) == answer(scanned)
     assert scanned.scanned == scanned.files  # no summary: every file read
     assert with_summaries.stats["events_in_window"] > 0
-    assert len(with_summaries.scanned) < len(with_summaries.files)
-    # exactly the files a summary cannot answer for are read
     assert set(with_summaries.summaries) == set(with_summaries.files)
     summaries = with_summaries.summaries
-    assert with_summaries.scanned == [
+    lo, hi = f_ms - HORIZON, t_ms + HORIZON
+    across = [  # the files an edge of the read range or the window cuts
         f for f in with_summaries.files if not with_summaries._answers(summaries[f])
     ]
-    lo, hi = f_ms - HORIZON, t_ms + HORIZON
-    for f in with_summaries.scanned:
-        s = summaries[f]
-        if (f_ms, t_ms) == (START, END):  # hour-aligned: only the read range's last hour
-            assert not s.inside(lo, hi)
-        assert not s.inside(lo, hi) or not (s.inside(f_ms, t_ms) or s.outside(f_ms, t_ms))
+    assert across, "no file across an edge: the test proves little"
+    if f_ms % MIN == 0 and t_ms % MIN == 0:
+        # whole minutes (as every run's edges): each file answered by its summary, those
+        # across an edge by their per-minute counts
+        assert with_summaries.scanned == []
+        assert with_summaries.by_minute == len(across)
+    else:  # an edge inside a minute: the files it cuts are read, and only those
+        cut = [
+            f
+            for f in across
+            if any(
+                summaries[f].min_ts < e <= summaries[f].max_ts  # type: ignore[operator]
+                for e in (lo, f_ms, t_ms, hi)
+            )
+        ]
+        assert cut and with_summaries.scanned == [
+            f for f in with_summaries.files if with_summaries._counts(summaries[f]) is None
+        ]
+        assert with_summaries.scanned == cut
     if (f_ms, t_ms) == (START, END):
         assert with_summaries.broadcast_clients, "no broadcasting client: the test proves little"
-    else:  # an edge inside an hour: files across it are read
-        assert any(summaries[f].inside(lo, hi) for f in with_summaries.scanned)
+
+
+def test_summaries_without_minutes_answer_from_outside_the_edges(
+    spark: Any, lake: Lake, tmp_path: Path
+) -> None:
+    """A lake written before the per-minute counts: its files across an edge are scanned."""
+    import json
+    import shutil
+
+    copy = tmp_path / "lake"
+    shutil.copytree(lake.path, copy)
+    for victim in copy.rglob("*.parquet"):
+        table = pq.read_table(victim, partitioning=None)
+        doc = json.loads(pq.read_metadata(victim).metadata[lake_contract.SUMMARY_KEY])
+        del doc["minutes"]
+        meta = {**(table.schema.metadata or {}), lake_contract.SUMMARY_KEY: json.dumps(doc)}
+        pq.write_table(table.replace_schema_metadata(meta), victim)
+    f_ms, t_ms = START + 20 * MIN, END - 7 * MIN
+    old = preflight(spark, copy, f_ms, t_ms)
+    new = preflight(spark, lake.path, f_ms, t_ms)
+    assert answer(old) == answer(new)
+    assert old.by_minute == 0 and new.scanned == []
+    assert old.scanned == [f for f in old.files if not old._answers(old.summaries[f])]
+    assert len(old.scanned) == new.by_minute > 0
 
 
 def test_a_summary_its_footer_contradicts_is_not_trusted(

@@ -134,3 +134,130 @@ def test_summary_shaped_values_too(doc: dict[str, Any]) -> None:
     except ValueError:
         return
     assert s.rows == sum(g[5] for g in s.groups) and all(g[5] > 0 for g in s.groups)
+
+
+# ---- the per-minute counts: a file across a run's edge answered without a scan
+
+MIN = lake.summary.MINUTE_MS
+# times within a few minutes (either side of 0: the minutes are floored, as UTC minutes are)
+near_row = st.tuples(
+    st.sampled_from(TYPES),
+    st.integers(1, 3),
+    maybe_text,
+    maybe_text,
+    maybe_text,
+    st.integers(-3 * MIN, 4 * MIN),
+)
+# an edge: a whole minute, or any time (counted only when it is outside the rows' span)
+edge = st.integers(-5, 6).map(lambda m: m * MIN) | st.integers(-5 * MIN, 6 * MIN)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(near_row, min_size=1, max_size=60), edge, edge)
+def test_counts_in_a_range_are_a_count_of_the_rows(
+    rows: list[tuple[Any, ...]], lo: int, hi: int
+) -> None:
+    s = lake.parse_summary(lake.summarize(table_of(rows)) or b"")
+    assert s.minutes is not None and len(s.minutes) == len(s.groups)
+    got = s.counts_in(lo, hi)
+    stamps = [r[5] for r in rows]
+    whole = s.inside(lo, hi) or s.outside(lo, hi)  # (answered from the span alone)
+    on_edge = (lo <= min(stamps) or lo > max(stamps) or lo % MIN == 0) and (
+        hi <= min(stamps) or hi > max(stamps) or hi % MIN == 0
+    )
+    if not (whole or on_edge):
+        assert got is None
+        return
+    assert got is not None
+    want = Counter(r[:5] for r in rows if lo <= r[5] < hi)
+    assert {g[:5]: n for g, n in zip(s.groups, got, strict=True) if n} == want
+
+
+def test_a_file_with_no_minutes_answers_only_from_outside_its_span() -> None:
+    rows = [("Pub", 1, "G", "T", None, t) for t in (10 * MIN + 5, 12 * MIN + 7)]
+    doc = json.loads(lake.summarize(table_of(rows)) or b"")
+    assert doc["minutes"] == [[1, 0, 1]]
+    del doc["minutes"]  # (a summary written before the per-minute counts)
+    s = lake.parse_summary(json.dumps(doc))
+    assert s.minutes is None
+    assert s.counts_in(0, 11 * MIN) is None and s.counts_in(0, 10 * MIN) == [0]
+    assert s.counts_in(10 * MIN, 13 * MIN) == [2] and s.counts_in(13 * MIN, 20 * MIN) == [0]
+
+
+def test_too_many_minute_counts_leave_them_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = [("Pub", 1, f"G{i % 2}", "T", None, i * MIN) for i in range(6)]  # 2 groups x 6 min
+    monkeypatch.setattr(summary_mod, "MAX_MINUTE_CELLS", 12)
+    assert "minutes" in json.loads(lake.summarize(table_of(rows)) or b"")
+    monkeypatch.setattr(summary_mod, "MAX_MINUTE_CELLS", 11)
+    doc = json.loads(lake.summarize(table_of(rows)) or b"")
+    assert "minutes" not in doc and doc["groups"] == [
+        ["Pub", 1, "G0", "T", None, 3],
+        ["Pub", 1, "G1", "T", None, 3],
+    ]
+    monkeypatch.setattr(summary_mod, "MAX_MINUTE_CELLS", 5)  # (fewer than the minutes)
+    assert json.loads(lake.summarize(table_of(rows)) or b"")["rows"] == 6
+    monkeypatch.setattr(summary_mod, "MAX_GROUPS", 1)
+    assert lake.summarize(table_of(rows)) is None
+
+
+def test_times_at_the_ends_of_int64_get_their_minutes() -> None:
+    for t0 in (-(2**63), 2**63 - 1 - 3 * MIN):
+        rows = [("Pub", 1, "G", "T", None, t0 + d) for d in (0, 1, 3 * MIN)]
+        s = lake.parse_summary(lake.summarize(table_of(rows)) or b"")
+        assert s.minutes is not None and sum(s.minutes[0]) == 3
+        assert s.minutes[0][0] == (1 if t0 % MIN == MIN - 1 else 2)  # t0, t0 + 1 ms
+
+
+MINUTES = {**GOOD, "min_ts": 5, "max_ts": MIN + 9, "minutes": [[2, 1]]}
+
+
+@pytest.mark.parametrize(
+    ("minutes", "says"),
+    [
+        ({}, "not 1 lists"),
+        ([[2, 1], [0, 0]], "not 1 lists"),
+        ([[3]], "not 2 counts"),
+        ([[2, 1, 0]], "not 2 counts"),
+        ([[2, "1"]], "not all counts"),
+        ([[4, -1]], "not all counts"),
+        ([[2, True]], "not all counts"),
+        ([[1, 1]], "do not add up"),
+        ([[3, 0]], "last minute"),
+    ],
+)
+def test_wrong_minutes_are_refused_saying_what_is_wrong(minutes: Any, says: str) -> None:
+    assert lake.parse_summary(json.dumps(MINUTES)).minutes == ((2, 1),)
+    with pytest.raises(ValueError, match=says):
+        lake.parse_summary(json.dumps({**MINUTES, "minutes": minutes}))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.fixed_dictionaries(
+        {
+            "v": st.just(1),
+            "rows": st.integers(0, 4),
+            "min_ts": st.none() | st.integers(-MIN, MIN),
+            "max_ts": st.none() | st.integers(-MIN, 2 * MIN),
+            "groups": st.lists(
+                st.tuples(st.just("Pub"), st.just(1), st.none(), st.none(), st.none())
+                .map(list)
+                .flatmap(lambda g: st.integers(0, 4).map(lambda n: [*g, n])),
+                max_size=2,
+            ),
+            "minutes": st.none()
+            | st.lists(st.lists(st.integers(-1, 4) | st.booleans(), max_size=4), max_size=3),
+        }
+    )
+)
+def test_minutes_shaped_values_too(doc: dict[str, Any]) -> None:
+    try:
+        s = lake.parse_summary(json.dumps(doc))
+    except ValueError:
+        return
+    if s.minutes:
+        assert [sum(m) for m in s.minutes] == [g[5] for g in s.groups]
+        assert s.min_ts is not None and s.max_ts is not None
+        for lo in range(-2 * MIN, 4 * MIN, MIN):
+            got = s.counts_in(lo, lo + MIN)
+            assert got is not None and all(n >= 0 for n in got)

@@ -64,6 +64,9 @@ class LakeScan:
         self.summaries: dict[str, lake.FileSummary] = {}
         #: the files the pre-flight read (the others answered by their summaries)
         self.scanned: list[str] = []
+        #: of the files answered by their summaries, those across an edge of the read range
+        #: or the window (answered by their per-minute counts)
+        self.by_minute = 0
 
     def discover(self) -> None:
         """The Parquet files of the hour partitions that overlap the read range, and their
@@ -145,25 +148,32 @@ class LakeScan:
         in_window = ((ts >= self.f_ms) & (ts < self.t_ms)).cast("long")
         rows: list[dict[str, Any]] = []
         scan: list[str] = []
+        by_minute = 0
         for f in self.files:
             summary = self.summaries.get(f)
-            if summary is None or not self._answers(summary):
+            counts = None if summary is None else self._counts(summary)
+            if counts is None:
                 scan.append(f)
                 continue
-            inside = summary.inside(self.f_ms, self.t_ms)
-            for trace_type, version, group, topic, client, n in summary.groups:
-                rows.append(
-                    {
-                        "trace_type": trace_type,
-                        "schema_version": version,
-                        "group_name": group,
-                        "topic": topic,
-                        "client_host": client,
-                        "n": n,
-                        "in_window": n if inside else 0,
-                    }
-                )
+            assert summary is not None
+            by_minute += not self._answers(summary)
+            for (trace_type, version, group, topic, client, _), n, n_window in zip(
+                summary.groups, *counts, strict=True
+            ):
+                if n:  # (as the scan: a group with rows in the read range)
+                    rows.append(
+                        {
+                            "trace_type": trace_type,
+                            "schema_version": version,
+                            "group_name": group,
+                            "topic": topic,
+                            "client_host": client,
+                            "n": n,
+                            "in_window": n_window,
+                        }
+                    )
         self.scanned = scan
+        self.by_minute = by_minute
         if scan:
             try:
                 rows += [
@@ -222,8 +232,19 @@ class LakeScan:
         self.say(
             f"{total:,} events in the read range, {in_window_n:,} in the window "
             f"({len(self.files) - len(scan)} of {len(self.files)} files by their summaries, "
-            f"{len(scan)} scanned); {len(self.broadcast_clients)} broadcasting client(s)"
+            f"{by_minute} of them by the minute, {len(scan)} scanned); "
+            f"{len(self.broadcast_clients)} broadcasting client(s)"
         )
+
+    def _counts(self, summary: lake.FileSummary) -> tuple[list[int], list[int]] | None:
+        """Each of ``summary``'s groups' rows in the read range and in the window, or None
+        when the summary cannot tell (:meth:`tracemq.lake.FileSummary.counts_in`: an edge
+        inside the file's span and not on a whole minute, or no per-minute counts)."""
+        read = summary.counts_in(self.read_lo, self.read_hi)
+        window = summary.counts_in(self.f_ms, self.t_ms)
+        if read is None or window is None:
+            return None
+        return read, window
 
     def _answers(self, summary: lake.FileSummary) -> bool:
         """Whether ``summary`` alone answers the pre-flight for its file: all its rows in the
