@@ -210,3 +210,24 @@ def test_the_compiled_footer_reader_says_what_the_py4j_walk_says(
     assert compiled[str(tmp_path / "nulls.parquet")].ranges["timestamp"] is None
     assert compiled[str(tmp_path / "other.parquet")].kv["k"] == "v"
     assert compiled[files[0]].ranges["timestamp"] is not None and compiled[files[0]].rows > 0
+
+
+def test_the_dictionarys_hash_is_sparks_xxhash64(spark: Any) -> None:
+    """The pre-flight hashes its strings in Python (no Spark job): the values must be the ones
+    Spark's ``xxhash64`` gives the same strings in the lake's rows, or nothing decodes."""
+    import random
+
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+    from tracemq_spark.lake_scan import spark_xxhash64
+
+    rnd = random.Random(7)
+    alphabet = "aZ09_-%@.| \x00\x7f\u00e9\u0800\u2028\uffff\U0001f600\U0010ffff"
+    strings = ["", "G1", "RMQ_SYS_TRACE_TOPIC", "%DLQ%G1", "10.0.0.1@4711"] + [
+        "".join(rnd.choice(alphabet) for _ in range(n)) for n in range(100) for _ in range(3)
+    ]  # (every length up to 100: XXH64's 32-byte stripes, its 8-, 4- and 1-byte tails)
+    schema = T.StructType([T.StructField("s", T.StringType(), False)])
+    df = spark.createDataFrame([(s,) for s in strings], schema)
+    got = {r["s"]: r["h"] for r in df.select(F.xxhash64("s").alias("h"), "s").collect()}
+    assert len(got) == len(set(strings))
+    assert {s: spark_xxhash64(s) for s in strings} == got

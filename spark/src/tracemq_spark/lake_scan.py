@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import xxhash
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -255,20 +256,19 @@ class LakeScan:
         )
 
     def _build_dictionary(self, strings: list[str]) -> None:
-        """xxhash64 → string for every string the hot path hashes (computed by Spark, so it
-        is the same hash); a collision (never seen in practice) stops the run."""
-        schema = T.StructType([T.StructField("s", T.StringType(), False)])
-        d = self.spark.createDataFrame([(x,) for x in strings], schema).select(
-            F.xxhash64("s").alias("h"), "s"
-        )
-        pairs = [(r["h"], r["s"]) for r in d.collect()]
+        """xxhash64 → string for every string the hot path hashes (Spark's ``xxhash64`` of a
+        string: XXH64 of its UTF-8 bytes with seed 42, as a signed long — :func:`spark_xxhash64`,
+        held to Spark's by the tests); a collision (never seen in practice) stops the run."""
         table: dict[int, str] = {}
-        for h, v in pairs:
+        hash_of: dict[str, int] = {}
+        for v in strings:
+            h = spark_xxhash64(v)
             if h in table and table[h] != v:
                 raise RuntimeError(f"xxhash64 collision between {table[h]!r} and {v!r}")
             table[h] = v
+            hash_of[v] = h
         self.dictionary = table
-        self.hash_of = {v: h for h, v in pairs}
+        self.hash_of = hash_of
         self.dict_df = self.spark.createDataFrame(
             sorted(table.items()),
             T.StructType(
@@ -276,6 +276,18 @@ class LakeScan:
             ),
         )
 
+
+def spark_xxhash64(value: str) -> int:
+    """Spark SQL's ``xxhash64(value)`` of a string, computed here: a Spark job for the
+    pre-flight's few hundred strings cost ~2 s (the run's first job, cold) on its critical
+    path. A lone surrogate (a JSON input's ``"\\ud800"``; no lake string holds one) has no
+    UTF-8: it is hashed as ``?``, as the JVM's ``String.getBytes(UTF_8)`` gives it to Spark."""
+    h = xxhash.xxh64_intdigest(value.encode("utf-8", "replace"), seed=_SPARK_HASH_SEED)
+    return h - (1 << 64) if h >= (1 << 63) else h
+
+
+#: The seed Spark's ``xxhash64`` function hashes with.
+_SPARK_HASH_SEED = 42
 
 #: The columns the pre-flight scans a file for (its summary's columns, and the time).
 _PREFLIGHT_COLUMNS = ("timestamp", *lake.summary.GROUP_COLUMNS)
